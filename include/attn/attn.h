@@ -1,0 +1,8 @@
+// attn/attn.h — everything in attn.
+#pragma once
+
+#include "attn/attention.h"
+#include "attn/error.h"
+#include "attn/npy.h"
+#include "attn/onnx.h"
+#include "attn/tensor.h"

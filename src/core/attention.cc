@@ -1,0 +1,397 @@
+// src/core/attention.cc — the front of attn::attention: checks every argument, normalises
+// layouts to 4-D strided views, builds the KV cache, allocates outputs and picks a backend.
+// Backends never see user input that was not checked here.
+#include "attn/attention.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "attn/error.h"
+#include "core/problem.h"
+
+namespace attn {
+namespace detail {
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& what) { throw error(fmt::format("{}: {}", op, what)); }
+
+// A q/k/v-like tensor seen as [B, H, N, X]: 4-D as is, 3-D [B, N, H*X] split by `heads`.
+strided4 as_bhnx(const TensorView& t, std::int64_t heads) {
+  strided4 s;
+  s.data = t.data();
+  s.type = t.type();
+  if (t.rank() == 4) {
+    s.sb = t.stride(0), s.sh = t.stride(1), s.sn = t.stride(2), s.sx = t.stride(3);
+  } else {
+    const std::int64_t x = heads ? t.size(2) / heads : 0;
+    s.sb = t.stride(0), s.sh = x * t.stride(2), s.sn = t.stride(1), s.sx = t.stride(2);
+  }
+  return s;
+}
+
+struct qkv_dims {
+  std::int64_t B, Hq, Hkv, Nq, Nk, D, Dv;
+};
+
+qkv_dims check_qkv(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                   const attention_options& o) {
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
+    if (!is_floating(t->type()))
+      fail(op, fmt::format("{} has dtype {}, expected float32, float16, bfloat16 or float64", name, dtype_name(t->type())));
+    if (t->data() == nullptr && t->numel() != 0) fail(op, fmt::format("{} has no data", name));
+  }
+  if (k.type() != q.type() || v.type() != q.type())
+    fail(op, fmt::format("q, k, v have dtypes {}, {}, {}; they must be the same", dtype_name(q.type()),
+                         dtype_name(k.type()), dtype_name(v.type())));
+  if (q.rank() != 4 && q.rank() != 3)
+    fail(op, fmt::format("q has {} dims, expected 4 (B, Hq, Nq, D) or 3 (B, Nq, Hq*D)", q.rank()));
+  if (k.rank() != q.rank() || v.rank() != q.rank())
+    fail(op, fmt::format("q, k, v have {}, {}, {} dims; they must all be 4-D or all 3-D", q.rank(), k.rank(), v.rank()));
+  if (o.q_num_heads < 0 || o.kv_num_heads < 0)
+    fail(op, fmt::format("q_num_heads = {} and kv_num_heads = {} must not be negative", o.q_num_heads, o.kv_num_heads));
+  qkv_dims d{};
+  d.B = q.size(0);
+  if (q.rank() == 4) {
+    d.Hq = q.size(1), d.Nq = q.size(2), d.D = q.size(3);
+    d.Hkv = k.size(1), d.Nk = k.size(2);
+    if (k.size(3) != d.D)
+      fail(op, fmt::format("k has head size {} (shape {}), q has {}; they must match", k.size(3), shape_str(k.shape()), d.D));
+    if (v.size(1) != d.Hkv || v.size(2) != d.Nk)
+      fail(op, fmt::format("v has shape {}, expected [B, {}, {}, Dv] to match k {}", shape_str(v.shape()), d.Hkv, d.Nk,
+                           shape_str(k.shape())));
+    d.Dv = v.size(3);
+    if (o.q_num_heads && o.q_num_heads != d.Hq)
+      fail(op, fmt::format("q_num_heads = {} but 4-D q {} has {} heads", o.q_num_heads, shape_str(q.shape()), d.Hq));
+    if (o.kv_num_heads && o.kv_num_heads != d.Hkv)
+      fail(op, fmt::format("kv_num_heads = {} but 4-D k {} has {} heads", o.kv_num_heads, shape_str(k.shape()), d.Hkv));
+  } else {
+    if (o.q_num_heads == 0 || o.kv_num_heads == 0)
+      fail(op, fmt::format("3-D inputs need q_num_heads and kv_num_heads (got {} and {})", o.q_num_heads, o.kv_num_heads));
+    d.Hq = o.q_num_heads, d.Hkv = o.kv_num_heads;
+    d.Nq = q.size(1), d.Nk = k.size(1);
+    if (q.size(2) % d.Hq)
+      fail(op, fmt::format("q hidden size {} is not a multiple of q_num_heads = {}", q.size(2), d.Hq));
+    if (k.size(2) % d.Hkv)
+      fail(op, fmt::format("k hidden size {} is not a multiple of kv_num_heads = {}", k.size(2), d.Hkv));
+    if (v.size(2) % d.Hkv)
+      fail(op, fmt::format("v hidden size {} is not a multiple of kv_num_heads = {}", v.size(2), d.Hkv));
+    d.D = q.size(2) / d.Hq;
+    d.Dv = v.size(2) / d.Hkv;
+    if (k.size(2) / d.Hkv != d.D)
+      fail(op, fmt::format("k head size {} (hidden {} / {} heads) differs from q head size {}", k.size(2) / d.Hkv,
+                           k.size(2), d.Hkv, d.D));
+    if (v.size(1) != d.Nk)
+      fail(op, fmt::format("v has {} keys, k has {}; they must match", v.size(1), d.Nk));
+  }
+  if (k.size(0) != d.B || v.size(0) != d.B)
+    fail(op, fmt::format("batch sizes differ: q {}, k {}, v {}", d.B, k.size(0), v.size(0)));
+  if (d.Hkv == 0 || d.Hq == 0 || d.Hq % d.Hkv)
+    fail(op, fmt::format("q has {} heads and k/v {}; Hq must be a positive multiple of Hkv", d.Hq, d.Hkv));
+  if (d.D == 0 && !o.scale) fail(op, "head size D is 0; the default scale 1/sqrt(D) is undefined (pass scale)");
+  return d;
+}
+
+// Copies `src` ([B, H, N, X] strided, any float dtype) into rows [n0, n0 + N) of dst.
+void copy_rows(const strided4& src, const strided4& dst, std::int64_t B, std::int64_t H, std::int64_t N,
+               std::int64_t X, std::int64_t n0) {
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t x = 0; x < X; ++x) dst.store(b, h, n0 + n, x, src.load(b, h, n, x));
+}
+
+std::vector<double> small_vector(const char* op, const char* name, const TensorView& t) {
+  if (!is_floating(t.type()))
+    fail(op, fmt::format("{} has dtype {}, expected a float dtype", name, dtype_name(t.type())));
+  std::vector<double> r = to_vector(t);
+  for (double x : r)
+    if (!std::isfinite(x)) fail(op, fmt::format("{} holds a non-finite value ({})", name, x));
+  return r;
+}
+
+}  // namespace
+
+// Everything a problem points into that the front had to allocate.
+struct problem_storage {
+  Tensor present_key, present_value;
+};
+
+problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention_options& o, problem_storage& store) {
+  const qkv_dims d = check_qkv(op, q, k, v, o);
+  problem p;
+  p.B = d.B, p.Hq = d.Hq, p.Hkv = d.Hkv, p.Nq = d.Nq, p.Nk = d.Nk, p.D = d.D, p.Dv = d.Dv;
+  p.q = as_bhnx(q, d.Hq);
+  p.k = as_bhnx(k, d.Hkv);
+  p.v = as_bhnx(v, d.Hkv);
+
+  // KV cache: present = concat(past, new) along the key axis.
+  if (o.past_key.has_value() != o.past_value.has_value())
+    fail(op, "past_key and past_value must be given together");
+  if (o.past_key) {
+    const TensorView& pk = *o.past_key;
+    const TensorView& pv = *o.past_value;
+    if (pk.rank() != 4 || pv.rank() != 4)
+      fail(op, fmt::format("past_key {} and past_value {} must be 4-D [B, Hkv, P, D]", shape_str(pk.shape()),
+                           shape_str(pv.shape())));
+    if (pk.type() != q.type() || pv.type() != q.type())
+      fail(op, fmt::format("past_key/past_value have dtypes {}/{}, expected {} like q", dtype_name(pk.type()),
+                           dtype_name(pv.type()), dtype_name(q.type())));
+    if (pk.size(0) != d.B || pk.size(1) != d.Hkv || pk.size(3) != d.D)
+      fail(op, fmt::format("past_key has shape {}, expected [{}, {}, P, {}]", shape_str(pk.shape()), d.B, d.Hkv, d.D));
+    if (pv.size(0) != d.B || pv.size(1) != d.Hkv || pv.size(2) != pk.size(2) || pv.size(3) != d.Dv)
+      fail(op, fmt::format("past_value has shape {}, expected [{}, {}, {}, {}]", shape_str(pv.shape()), d.B, d.Hkv,
+                           pk.size(2), d.Dv));
+    const std::int64_t P = pk.size(2);
+    store.present_key = Tensor::empty({d.B, d.Hkv, P + d.Nk, d.D}, q.type());
+    store.present_value = Tensor::empty({d.B, d.Hkv, P + d.Nk, d.Dv}, q.type());
+    const strided4 dk = as_bhnx(store.present_key, d.Hkv), dv = as_bhnx(store.present_value, d.Hkv);
+    copy_rows(as_bhnx(pk, d.Hkv), dk, d.B, d.Hkv, P, d.D, 0);
+    copy_rows(p.k, dk, d.B, d.Hkv, d.Nk, d.D, P);
+    copy_rows(as_bhnx(pv, d.Hkv), dv, d.B, d.Hkv, P, d.Dv, 0);
+    copy_rows(p.v, dv, d.B, d.Hkv, d.Nk, d.Dv, P);
+    p.k = dk, p.v = dv;
+    p.Nk = P + d.Nk;
+    p.past_len = P;
+  }
+
+  // Scale, softcap, window, alignment.
+  p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(d.D));
+  if (!std::isfinite(p.scale)) fail(op, fmt::format("scale = {} is not finite", p.scale));
+  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
+    fail(op, fmt::format("softcap = {} must be finite and >= 0 (0 turns it off)", o.softcap));
+  p.softcap = o.softcap;
+  p.causal = o.is_causal;
+  p.alignment = o.alignment;
+  p.window_left = o.window_left < 0 ? -1 : o.window_left;
+  p.window_right = o.window_right < 0 ? -1 : o.window_right;
+
+  // Mask: [.., Nq', Nk'] broadcast to [B, Hq, Nq, Nk] right-aligned; a short last dim is padding.
+  if (o.attn_mask) {
+    const TensorView& m = *o.attn_mask;
+    if (m.type() != dtype::boolean && !is_floating(m.type()))
+      fail(op, fmt::format("attn_mask has dtype {}, expected bool or a float dtype", dtype_name(m.type())));
+    if (m.rank() < 1 || m.rank() > 4)
+      fail(op, fmt::format("attn_mask has {} dims {}, expected 1 to 4 (broadcast to [B, Hq, Nq, Nk])", m.rank(),
+                           shape_str(m.shape())));
+    const std::int64_t full[4] = {p.B, p.Hq, p.Nq, p.Nk};
+    std::int64_t st[4] = {0, 0, 0, 0};
+    const int off = 4 - m.rank();
+    for (int i = 0; i < m.rank(); ++i) {
+      const std::int64_t s = m.size(i), want = full[off + i];
+      if (off + i == 3) {
+        if (s > want)
+          fail(op, fmt::format("attn_mask {} has {} columns but there are {} keys", shape_str(m.shape()), s, want));
+        st[3] = m.stride(i);
+      } else if (s == want && s != 1) {
+        st[off + i] = m.stride(i);
+      } else if (s != 1) {
+        fail(op, fmt::format("attn_mask {} does not broadcast to [B, Hq, Nq, Nk] = {}", shape_str(m.shape()),
+                             shape_str(full)));
+      }
+    }
+    p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
+    p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
+    p.mask_cols = m.size(-1);
+  }
+
+  if (o.nonpad_kv_seqlen) {
+    const TensorView& t = *o.nonpad_kv_seqlen;
+    if (t.type() != dtype::i64) fail(op, fmt::format("nonpad_kv_seqlen has dtype {}, expected int64", dtype_name(t.type())));
+    if (t.rank() != 1 || t.size(0) != p.B)
+      fail(op, fmt::format("nonpad_kv_seqlen has shape {}, expected [B] = [{}]", shape_str(t.shape()), p.B));
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      const auto n = static_cast<const std::int64_t*>(t.data())[b * t.stride(0)];
+      if (n < 0 || n > p.Nk)
+        fail(op, fmt::format("nonpad_kv_seqlen[{}] = {} is outside [0, {}] (the number of keys)", b, n, p.Nk));
+      p.kv_len.push_back(n);
+    }
+  }
+
+  if (o.alibi_slopes) {
+    const TensorView& t = *o.alibi_slopes;
+    const bool ok = (t.rank() == 1 && t.size(0) == p.Hq) || (t.rank() == 2 && t.size(0) == p.B && t.size(1) == p.Hq);
+    if (!ok) fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] = [{}] or [B, Hq] = [{}, {}]",
+                                  shape_str(t.shape()), p.Hq, p.B, p.Hq));
+    std::vector<double> s = small_vector(op, "alibi_slopes", t);
+    if (t.rank() == 1) {
+      p.alibi.resize(std::size_t(p.B * p.Hq));
+      for (std::int64_t b = 0; b < p.B; ++b) std::copy(s.begin(), s.end(), p.alibi.begin() + b * p.Hq);
+    } else {
+      p.alibi = std::move(s);
+    }
+  }
+  if (o.sinks) {
+    const TensorView& t = *o.sinks;
+    if (t.rank() != 1 || t.size(0) != p.Hq)
+      fail(op, fmt::format("sinks has shape {}, expected [Hq] = [{}]", shape_str(t.shape()), p.Hq));
+    p.sinks = small_vector(op, "sinks", t);
+  }
+  if (o.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", o.num_threads));
+  p.num_threads = o.num_threads ? o.num_threads : omp_get_max_threads();
+  return p;
+}
+
+namespace {
+
+const backend_impl& pick(const char* op, const problem& p, const forward_outputs* fo, const backward_io* bo,
+                         backend want) {
+  const char* env = std::getenv("ATTN_BACKEND");
+  std::string want_name;
+  if (want == backend::automatic && env && *env && std::string(env) != "automatic") want_name = env;
+  std::string reasons;
+  bool known = want_name.empty();
+  for (const backend_impl* b : backend_registry()) {
+    if (want != backend::automatic && b->id != want) continue;
+    if (!want_name.empty() && want_name != b->name) continue;
+    known = true;
+    const std::string why = fo ? b->why_not_forward(p, *fo) : b->why_not_backward(p, *bo);
+    if (why.empty()) return *b;
+    reasons += (reasons.empty() ? "" : "; ") + why;
+  }
+  if (!known) fail(op, fmt::format("ATTN_BACKEND = '{}' names no backend", want_name));
+  fail(op, fmt::format("no backend can run this call: {}", reasons.empty() ? "backend not compiled in" : reasons));
+}
+
+Shape out_shape(const TensorView& q, const problem& p) {
+  return q.rank() == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
+}
+
+}  // namespace
+}  // namespace detail
+
+attention_result attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const attention_options& options) {
+  using namespace detail;
+  const char* op = "attention";
+  problem_storage store;
+  problem p = build_problem(op, q, k, v, options, store);
+
+  attention_result r;
+  r.out = Tensor::empty(out_shape(q, p), q.type());
+  r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
+  forward_outputs fo;
+  fo.out = as_bhnx(r.out, p.Hq);
+  fo.lse = r.lse.data();
+  fo.lse_type = r.lse.type();
+  fo.qk_mode = options.return_qk;
+  if (options.return_qk != qk_output::none) {
+    r.qk = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, q.type());
+    fo.qk = as_bhnx(r.qk, p.Hq);
+  }
+  const backend_impl& be = pick(op, p, &fo, nullptr, options.use_backend);
+  be.forward(p, fo);
+  r.backend = be.name;
+  r.present_key = store.present_key;
+  r.present_value = store.present_value;
+  return r;
+}
+
+attention_grads attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                   const attention_options& options) {
+  using namespace detail;
+  const char* op = "attention_backward";
+  if (options.past_key || options.past_value)
+    fail(op, "past_key/past_value are not accepted; pass present_key/present_value as k and v");
+  if (options.return_qk != qk_output::none) fail(op, "return_qk is a forward option; leave it at none");
+  problem_storage store;
+  problem p = build_problem(op, q, k, v, options, store);
+
+  const Shape os = out_shape(q, p);
+  if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
+  if (dout.shape() != os) fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(os)));
+  if (!is_floating(out.type()) || !is_floating(dout.type()))
+    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
+  const Shape ls{p.B, p.Hq, p.Nq};
+  if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected {}", shape_str(lse.shape()), shape_str(ls)));
+  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
+    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+  Tensor lse_c = lse.is_contiguous() ? Tensor() : Tensor::copy_of(lse);
+
+  attention_grads g;
+  g.dq = Tensor::empty(q.shape(), q.type());
+  g.dk = Tensor::empty(k.shape(), q.type());
+  g.dv = Tensor::empty(v.shape(), q.type());
+  backward_io io;
+  io.out = as_bhnx(out, p.Hq);
+  io.dout = as_bhnx(dout, p.Hq);
+  io.lse = lse_c.defined() ? lse_c.data() : lse.data();
+  io.lse_type = lse.type();
+  io.dq = as_bhnx(g.dq, p.Hq);
+  io.dk = as_bhnx(g.dk, p.Hkv);
+  io.dv = as_bhnx(g.dv, p.Hkv);
+
+  Tensor dmask, dalibi, dsinks;
+  if (p.mask == mask_kind::additive) {
+    const TensorView& m = *options.attn_mask;
+    dmask = Tensor::zeros(m.shape(), dtype::f64);
+    // Same broadcast strides as the mask, over the contiguous accumulator.
+    const TensorView acc = dmask.view();
+    std::int64_t st[4] = {0, 0, 0, 0};
+    const int off = 4 - m.rank();
+    for (int i = 0; i < m.rank(); ++i)
+      if (m.size(i) != 1 || off + i == 3) st[off + i] = acc.stride(i);
+    io.dmask = strided4{dmask.data(), dtype::f64, st[0], st[1], st[2], st[3]};
+  }
+  if (!p.alibi.empty()) {
+    dalibi = Tensor::zeros({p.B * p.Hq}, dtype::f64);
+    io.dalibi = dalibi.data_as<double>();
+  }
+  if (!p.sinks.empty()) {
+    dsinks = Tensor::zeros({p.Hq}, dtype::f64);
+    io.dsinks = dsinks.data_as<double>();
+  }
+
+  const backend_impl& be = pick(op, p, nullptr, &io, options.use_backend);
+  be.backward(p, io);
+  g.backend = be.name;
+
+  if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
+  if (dalibi.defined()) {
+    const TensorView& s = *options.alibi_slopes;
+    if (s.rank() == 1) {  // slopes shared by the batch: sum over b
+      Tensor r = Tensor::zeros({p.Hq}, dtype::f64);
+      for (std::int64_t b = 0; b < p.B; ++b)
+        for (std::int64_t h = 0; h < p.Hq; ++h) r.data_as<double>()[h] += dalibi.data_as<double>()[b * p.Hq + h];
+      g.dalibi_slopes = r.to(s.type());
+    } else {
+      g.dalibi_slopes = Tensor::copy_of(dalibi.view().reshape({p.B, p.Hq}), s.type());
+    }
+  }
+  if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
+  return g;
+}
+
+std::string explain_backend(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const attention_options& options, bool backward) {
+  using namespace detail;
+  problem_storage store;
+  attention_options o = options;
+  if (backward) o.past_key.reset(), o.past_value.reset();
+  problem p = build_problem("explain_backend", q, k, v, o, store);
+  forward_outputs fo;
+  fo.qk_mode = options.return_qk;
+  backward_io bo;
+  if (p.mask == mask_kind::additive) bo.dmask.data = &bo;  // "requested"; never written
+  std::string s;
+  for (const backend_impl* b : backend_registry()) {
+    if (options.use_backend != backend::automatic && b->id != options.use_backend) continue;
+    const std::string why = backward ? b->why_not_backward(p, bo) : b->why_not_forward(p, fo);
+    if (why.empty()) return s + (s.empty() ? "" : "; ") + "runs on " + b->name;
+    s += (s.empty() ? "" : "; ") + why;
+  }
+  return s + (s.empty() ? "" : "; ") + "no backend is eligible";
+}
+
+std::vector<std::string> backends() {
+  std::vector<std::string> r;
+  for (const auto* b : detail::backend_registry()) r.push_back(b->name);
+  return r;
+}
+
+}  // namespace attn

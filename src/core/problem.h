@@ -1,0 +1,148 @@
+// src/core/problem.h — the validated, layout-normalised description of one attention call.
+//
+// The front (attention.cc) checks every user argument and builds a `problem`; backends
+// (src/reference, src/cpu) receive it and never check user input again. All tensors are
+// seen as 4-D strided views [B, H, N, X] in elements, whatever layout the user passed.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/attention.h"
+#include "attn/tensor.h"
+
+namespace attn::detail {
+
+// A 4-D strided view: element (b, h, n, x) lives at data + b*sb + h*sh + n*sn + x*sx.
+struct strided4 {
+  void* data = nullptr;
+  dtype type = dtype::f32;
+  std::int64_t sb = 0, sh = 0, sn = 0, sx = 0;
+
+  std::int64_t offset(std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) const {
+    return b * sb + h * sh + n * sn + x * sx;
+  }
+  double load(std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) const {
+    return load_as_double(data, type, offset(b, h, n, x));
+  }
+  void store(std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x, double value) const {
+    store_from_double(data, type, offset(b, h, n, x), value);
+  }
+  template <class T>
+  T* ptr(std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) const {
+    return static_cast<T*>(data) + offset(b, h, n, x);
+  }
+};
+
+enum class mask_kind { none, boolean, additive };
+
+struct problem {
+  std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, D = 0, Dv = 0;
+  strided4 q, k, v;  // q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv]
+
+  // Mask as [B, Hq, Nq, Nk] (stride 0 on broadcast dims). Columns j >= mask_cols are padding:
+  // excluded (ONNX pads a short mask with false / -inf).
+  mask_kind mask = mask_kind::none;
+  strided4 mask_view;
+  std::int64_t mask_cols = 0;
+
+  double scale = 1.0;
+  double softcap = 0.0;  // <= 0: off
+  bool causal = false;
+  causal_alignment alignment = causal_alignment::top_left;
+  std::int64_t past_len = 0;  // P, for causal_alignment::after_past
+  std::int64_t window_left = -1, window_right = -1;
+  std::vector<std::int64_t> kv_len;  // empty, or [B] with 0 <= kv_len[b] <= Nk
+  std::vector<double> alibi;         // empty, or [B * Hq]
+  std::vector<double> sinks;         // empty, or [Hq]
+  int num_threads = 1;
+
+  std::int64_t group() const { return Hq / Hkv; }
+  std::int64_t keys_valid(std::int64_t b) const { return kv_len.empty() ? Nk : kv_len[b]; }
+
+  // Key position of query row i (see causal_alignment).
+  std::int64_t query_pos(std::int64_t b, std::int64_t i) const {
+    switch (alignment) {
+      case causal_alignment::top_left: return i;
+      case causal_alignment::bottom_right: return keys_valid(b) - Nq + i;
+      case causal_alignment::after_past: return past_len + i;
+    }
+    return i;
+  }
+
+  // Keys [lo, hi) left to row i by nonpad_kv_seqlen, the causal frontier and the window
+  // (masks and padding columns are not included). lo >= hi means the row is fully masked.
+  std::pair<std::int64_t, std::int64_t> key_range(std::int64_t b, std::int64_t i) const {
+    std::int64_t lo = 0, hi = keys_valid(b);
+    if (causal || window_left >= 0 || window_right >= 0) {
+      const std::int64_t pos = query_pos(b, i);
+      if (causal) hi = std::min(hi, pos + 1);
+      if (window_right >= 0) hi = std::min(hi, pos + window_right + 1);
+      if (window_left >= 0) lo = std::max<std::int64_t>(lo, pos - window_left);
+    }
+    if (mask != mask_kind::none) hi = std::min(hi, mask_cols);
+    return {lo, std::max(lo, hi)};
+  }
+
+  // Mask + ALiBi bias of (b, h, i, j) for j inside key_range; -inf where a bool mask excludes.
+  double bias(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    double s = 0.0;
+    if (mask == mask_kind::boolean) {
+      if (!static_cast<const bool*>(mask_view.data)[mask_view.offset(b, h, i, j)])
+        return -std::numeric_limits<double>::infinity();
+    } else if (mask == mask_kind::additive) {
+      s = mask_view.load(b, h, i, j);
+    }
+    if (!alibi.empty()) s -= alibi[b * Hq + h] * double(std::abs(query_pos(b, i) - j));
+    return s;
+  }
+  bool has_bias() const { return mask != mask_kind::none || !alibi.empty(); }
+};
+
+// Where a forward pass writes. `out` has the dtype of q; `lse` is contiguous [B, Hq, Nq]
+// (float64 when q is float64, else float32); `qk` is set only when an intermediate is asked.
+struct forward_outputs {
+  strided4 out;
+  void* lse = nullptr;
+  dtype lse_type = dtype::f32;
+  strided4 qk;  // [B, Hq, Nq, Nk]
+  qk_output qk_mode = qk_output::none;
+};
+
+// Inputs and outputs of a backward pass. Gradients of q, k, v are written (not accumulated)
+// in the dtype of q. The optional parameter gradients are float64 accumulators the backend
+// adds into (the front zeroes them): dmask as a [B, Hq, Nq, Nk] strided view with stride 0 on
+// the mask's broadcast dims (so a backend must accumulate, serially or per thread), dalibi
+// [B * Hq], dsinks [Hq]. A null pointer means "not requested".
+struct backward_io {
+  strided4 out, dout;
+  const void* lse = nullptr;
+  dtype lse_type = dtype::f32;
+  strided4 dq, dk, dv;
+  strided4 dmask;  // type f64, data null when not requested
+  double* dalibi = nullptr;
+  double* dsinks = nullptr;
+};
+
+// One backend. `why_not_*` return an empty string when the backend can run the problem, or a
+// short reason ("cpu: qk output needs the reference") when it cannot.
+struct backend_impl {
+  const char* name;
+  backend id;
+  std::string (*why_not_forward)(const problem&, const forward_outputs&);
+  std::string (*why_not_backward)(const problem&, const backward_io&);
+  void (*forward)(const problem&, const forward_outputs&);
+  void (*backward)(const problem&, const backward_io&);
+};
+
+// Backends in the order `backend::automatic` tries them; the reference is always last.
+const std::vector<const backend_impl*>& backend_registry();
+
+const backend_impl& reference_backend();
+
+}  // namespace attn::detail

@@ -1,0 +1,342 @@
+// src/core/tensor.cc — dtypes, views and owning tensors.
+#include "attn/tensor.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "attn/error.h"
+
+namespace attn {
+
+std::size_t dtype_size(dtype t) {
+  switch (t) {
+    case dtype::f32: return 4;
+    case dtype::f16: return 2;
+    case dtype::bf16: return 2;
+    case dtype::f64: return 8;
+    case dtype::boolean: return 1;
+    case dtype::i64: return 8;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(dtype t) {
+  switch (t) {
+    case dtype::f32: return "float32";
+    case dtype::f16: return "float16";
+    case dtype::bf16: return "bfloat16";
+    case dtype::f64: return "float64";
+    case dtype::boolean: return "bool";
+    case dtype::i64: return "int64";
+  }
+  return "?";
+}
+
+bool is_floating(dtype t) {
+  return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16 || t == dtype::f64;
+}
+
+// IEEE binary16 <-> binary32, round to nearest even; handles subnormals, inf and NaN.
+float f16_to_f32(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t man = h & 0x3ffu;
+  std::uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      u = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
+      u = sign | (std::uint32_t(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else {
+    u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::uint16_t f32_to_f16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const std::uint16_t sign = std::uint16_t((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // overflow (>= 65520) and inf
+  if (u < 0x38800000u) {                         // subnormal or zero in f16
+    if (u < 0x33000000u) return sign;            // < 2^-25: rounds to zero
+    const std::uint32_t exp = u >> 23;
+    const std::uint32_t man = (u & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126 - exp;  // 14 + (112 - exp) ... bits to drop
+    const std::uint32_t drop = shift;       // man >> drop gives the f16 subnormal mantissa
+    std::uint32_t r = man >> drop;
+    const std::uint32_t rem = man & ((1u << drop) - 1);
+    const std::uint32_t half = 1u << (drop - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return sign | std::uint16_t(r);
+  }
+  std::uint32_t r = u - 0x38000000u;  // rebias exponent 127 -> 15
+  r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+  return sign | std::uint16_t(r);
+}
+
+std::string shape_str(std::span<const std::int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+namespace {
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  std::int64_t acc = 1;
+  for (int i = int(shape.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return st;
+}
+int norm_dim(int dim, int rank, const char* what) {
+  const int d = dim < 0 ? dim + rank : dim;
+  if (d < 0 || d >= rank) throw error(fmt::format("tensor.{}: dim {} out of range for rank {}", what, dim, rank));
+  return d;
+}
+}  // namespace
+
+TensorView::TensorView(void* data, dtype t, Shape shape, Shape strides)
+    : data_(data), dtype_(t), shape_(std::move(shape)), strides_(std::move(strides)) {
+  for (auto s : shape_)
+    if (s < 0) throw error(fmt::format("tensor: negative size in shape {}", shape_str(shape_)));
+  if (strides_.empty()) {
+    strides_ = contiguous_strides(shape_);
+  } else if (strides_.size() != shape_.size()) {
+    throw error(fmt::format("tensor: {} strides for shape {} of rank {}", strides_.size(), shape_str(shape_),
+                            shape_.size()));
+  }
+  for (auto s : strides_)
+    if (s < 0) throw error(fmt::format("tensor: negative stride in {}", shape_str(strides_)));
+}
+
+std::int64_t TensorView::size(int dim) const { return shape_[norm_dim(dim, rank(), "size")]; }
+std::int64_t TensorView::stride(int dim) const { return strides_[norm_dim(dim, rank(), "stride")]; }
+std::int64_t TensorView::numel() const {
+  return std::accumulate(shape_.begin(), shape_.end(), std::int64_t{1}, std::multiplies<>());
+}
+bool TensorView::is_contiguous() const {
+  std::int64_t acc = 1;
+  for (int i = rank() - 1; i >= 0; --i) {
+    if (shape_[i] != 1 && strides_[i] != acc) return false;
+    acc *= shape_[i];
+  }
+  return true;
+}
+
+TensorView TensorView::transpose(int a, int b) const {
+  a = norm_dim(a, rank(), "transpose");
+  b = norm_dim(b, rank(), "transpose");
+  TensorView r = *this;
+  std::swap(r.shape_[a], r.shape_[b]);
+  std::swap(r.strides_[a], r.strides_[b]);
+  return r;
+}
+
+TensorView TensorView::permute(std::span<const int> order) const {
+  if (int(order.size()) != rank())
+    throw error(fmt::format("tensor.permute: {} dims given for rank {}", order.size(), rank()));
+  std::vector<bool> seen(rank());
+  TensorView r = *this;
+  for (int i = 0; i < rank(); ++i) {
+    const int d = norm_dim(order[i], rank(), "permute");
+    if (seen[d]) throw error(fmt::format("tensor.permute: dim {} repeated", d));
+    seen[d] = true;
+    r.shape_[i] = shape_[d];
+    r.strides_[i] = strides_[d];
+  }
+  return r;
+}
+
+TensorView TensorView::reshape(Shape shape) const {
+  std::int64_t n = 1;
+  int infer = -1;
+  for (int i = 0; i < int(shape.size()); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) throw error("tensor.reshape: more than one -1");
+      infer = i;
+    } else {
+      n *= shape[i];
+    }
+  }
+  if (infer >= 0) shape[infer] = n == 0 ? 0 : numel() / n, n *= shape[infer];
+  if (n != numel())
+    throw error(fmt::format("tensor.reshape: cannot view {} as {}", shape_str(shape_), shape_str(shape)));
+  if (!is_contiguous())
+    throw error(fmt::format("tensor.reshape: view {} with strides {} is not contiguous", shape_str(shape_),
+                            shape_str(strides_)));
+  return TensorView(data_, dtype_, std::move(shape));
+}
+
+TensorView TensorView::broadcast_to(const Shape& shape) const {
+  if (shape.size() < shape_.size())
+    throw error(fmt::format("tensor.broadcast_to: cannot broadcast {} to {}", shape_str(shape_), shape_str(shape)));
+  TensorView r;
+  r.data_ = data_;
+  r.dtype_ = dtype_;
+  r.shape_ = shape;
+  r.strides_.assign(shape.size(), 0);
+  const std::size_t off = shape.size() - shape_.size();
+  for (std::size_t i = 0; i < shape_.size(); ++i) {
+    if (shape_[i] == shape[off + i]) {
+      r.strides_[off + i] = shape_[i] == 1 ? 0 : strides_[i];
+    } else if (shape_[i] != 1) {
+      throw error(fmt::format("tensor.broadcast_to: cannot broadcast {} to {}", shape_str(shape_), shape_str(shape)));
+    }
+  }
+  return r;
+}
+
+TensorView TensorView::slice(int dim, std::int64_t begin, std::int64_t end) const {
+  dim = norm_dim(dim, rank(), "slice");
+  if (begin < 0 || end < begin || end > shape_[dim])
+    throw error(fmt::format("tensor.slice: [{}, {}) out of range for dim {} of size {}", begin, end, dim, shape_[dim]));
+  TensorView r = *this;
+  r.data_ = static_cast<std::byte*>(data_) + begin * strides_[dim] * std::int64_t(dtype_size(dtype_));
+  r.shape_[dim] = end - begin;
+  return r;
+}
+
+std::int64_t TensorView::offset_of(std::span<const std::int64_t> index) const {
+  if (int(index.size()) != rank())
+    throw error(fmt::format("tensor: index of {} dims for rank {}", index.size(), rank()));
+  std::int64_t off = 0;
+  for (int i = 0; i < rank(); ++i) {
+    if (index[i] < 0 || index[i] >= shape_[i])
+      throw error(fmt::format("tensor: index {} out of range for shape {}", shape_str(index), shape_str(shape_)));
+    off += index[i] * strides_[i];
+  }
+  return off;
+}
+
+double load_as_double(const void* base, dtype t, std::int64_t i) {
+  switch (t) {
+    case dtype::f32: return static_cast<const float*>(base)[i];
+    case dtype::f16: return f16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+    case dtype::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+    case dtype::f64: return static_cast<const double*>(base)[i];
+    case dtype::boolean: return static_cast<const bool*>(base)[i] ? 1.0 : 0.0;
+    case dtype::i64: return double(static_cast<const std::int64_t*>(base)[i]);
+  }
+  return 0;
+}
+
+void store_from_double(void* base, dtype t, std::int64_t i, double x) {
+  switch (t) {
+    case dtype::f32: static_cast<float*>(base)[i] = float(x); break;
+    case dtype::f16: static_cast<std::uint16_t*>(base)[i] = f32_to_f16(float(x)); break;
+    case dtype::bf16: static_cast<std::uint16_t*>(base)[i] = f32_to_bf16(float(x)); break;
+    case dtype::f64: static_cast<double*>(base)[i] = x; break;
+    case dtype::boolean: static_cast<bool*>(base)[i] = x != 0.0; break;
+    case dtype::i64: static_cast<std::int64_t*>(base)[i] = std::int64_t(x); break;
+  }
+}
+
+double TensorView::get(std::span<const std::int64_t> index) const {
+  return load_as_double(data_, dtype_, offset_of(index));
+}
+void TensorView::set(std::span<const std::int64_t> index, double value) const {
+  store_from_double(data_, dtype_, offset_of(index), value);
+}
+
+namespace {
+// Calls f(offset) for every element of `shape`/`strides` in C order.
+template <class F>
+void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
+  const int r = int(shape.size());
+  for (auto s : shape)
+    if (s == 0) return;
+  std::vector<std::int64_t> idx(r, 0);
+  std::int64_t off = 0;
+  while (true) {
+    f(off);
+    int d = r - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < shape[d]) {
+        off += strides[d];
+        break;
+      }
+      off -= (shape[d] - 1) * strides[d];
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+}  // namespace
+
+std::vector<double> to_vector(const TensorView& v) {
+  std::vector<double> out;
+  out.reserve(std::size_t(v.numel()));
+  for_each_offset(v.shape(), v.strides(), [&](std::int64_t off) { out.push_back(load_as_double(v.data(), v.type(), off)); });
+  return out;
+}
+
+Tensor Tensor::empty(Shape shape, dtype t) {
+  Tensor r;
+  std::int64_t n = 1;
+  for (auto s : shape) {
+    if (s < 0) throw error(fmt::format("tensor: negative size in shape {}", shape_str(shape)));
+    n *= s;
+  }
+  r.storage_ = std::shared_ptr<std::byte[]>(new std::byte[std::size_t(std::max<std::int64_t>(n, 1)) * dtype_size(t)]);
+  r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
+  return r;
+}
+
+Tensor Tensor::zeros(Shape shape, dtype t) {
+  Tensor r = empty(std::move(shape), t);
+  std::memset(r.data(), 0, std::size_t(r.numel()) * dtype_size(t));
+  return r;
+}
+
+Tensor Tensor::full(Shape shape, dtype t, double value) {
+  Tensor r = empty(std::move(shape), t);
+  for (std::int64_t i = 0; i < r.numel(); ++i) store_from_double(r.data(), t, i, value);
+  return r;
+}
+
+Tensor Tensor::from_values(Shape shape, dtype t, std::span<const double> values) {
+  Tensor r = empty(std::move(shape), t);
+  if (std::int64_t(values.size()) != r.numel())
+    throw error(fmt::format("tensor.from_values: {} values for shape {} ({} elements)", values.size(),
+                            shape_str(r.shape()), r.numel()));
+  for (std::int64_t i = 0; i < r.numel(); ++i) store_from_double(r.data(), t, i, values[std::size_t(i)]);
+  return r;
+}
+
+Tensor Tensor::copy_of(const TensorView& v, dtype t) {
+  Tensor r = empty(v.shape(), t);
+  std::int64_t i = 0;
+  if (t == v.type() && v.is_contiguous()) {
+    std::memcpy(r.data(), v.data(), std::size_t(v.numel()) * dtype_size(t));
+    return r;
+  }
+  if (t == v.type()) {
+    const std::size_t es = dtype_size(t);
+    auto* dst = static_cast<std::byte*>(r.data());
+    const auto* src = static_cast<const std::byte*>(v.data());
+    for_each_offset(v.shape(), v.strides(), [&](std::int64_t off) { std::memcpy(dst + es * std::size_t(i++), src + es * off, es); });
+    return r;
+  }
+  for_each_offset(v.shape(), v.strides(),
+                  [&](std::int64_t off) { store_from_double(r.data(), t, i++, load_as_double(v.data(), v.type(), off)); });
+  return r;
+}
+
+std::vector<double> Tensor::to_vector() const { return attn::to_vector(view_); }
+
+}  // namespace attn

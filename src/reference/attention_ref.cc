@@ -1,0 +1,166 @@
+// src/reference/attention_ref.cc — the float64 reference of attn::attention, forward and
+// backward. Plain loops, one query row at a time, every score materialised for that row;
+// written to be read and trusted, not to be fast. It is the test oracle for every other
+// backend and stays selectable (backend::reference, ATTN_BACKEND=reference).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/problem.h"
+
+namespace attn::detail {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Rows [0, N) of one head of a strided4 as a contiguous float64 [N, X] buffer.
+std::vector<double> gather(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t N, std::int64_t X) {
+  std::vector<double> r(std::size_t(N * X));
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t x = 0; x < X; ++x) r[std::size_t(n * X + x)] = t.load(b, h, n, x);
+  return r;
+}
+
+// The scores of one query row. For each key j:
+//   x[j]   = scale · q·k_j                    ("scaled")
+//   c[j]   = softcap · tanh(x / softcap)      ("softcapped"; == x without softcap)
+//   s[j]   = c[j] + bias, or -inf when key j is excluded   ("biased")
+struct row_scores {
+  std::vector<double> x, c, s;
+};
+
+void score_row(const problem& p, std::int64_t b, std::int64_t h, std::int64_t i, const double* q,
+               const std::vector<double>& K, row_scores& r) {
+  r.x.assign(std::size_t(p.Nk), 0.0);
+  r.c.assign(std::size_t(p.Nk), 0.0);
+  r.s.assign(std::size_t(p.Nk), kNegInf);
+  const auto [lo, hi] = p.key_range(b, i);
+  for (std::int64_t j = 0; j < p.Nk; ++j) {
+    double dot = 0.0;
+    for (std::int64_t d = 0; d < p.D; ++d) dot += q[d] * K[std::size_t(j * p.D + d)];
+    const double x = p.scale * dot;
+    const double c = p.softcap > 0.0 ? p.softcap * std::tanh(x / p.softcap) : x;
+    r.x[std::size_t(j)] = x;
+    r.c[std::size_t(j)] = c;
+    if (j >= lo && j < hi) r.s[std::size_t(j)] = c + p.bias(b, h, i, j);
+  }
+}
+
+double sink_of(const problem& p, std::int64_t h) { return p.sinks.empty() ? kNegInf : p.sinks[std::size_t(h)]; }
+
+void forward(const problem& p, const forward_outputs& o) {
+  row_scores r;
+  std::vector<double> prob(std::size_t(p.Nk)), acc(std::size_t(p.Dv));
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
+      const std::vector<double> K = gather(p.k, b, hk, p.Nk, p.D);
+      const std::vector<double> V = gather(p.v, b, hk, p.Nk, p.Dv);
+      for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+        const std::vector<double> Q = gather(p.q, b, h, p.Nq, p.D);
+        for (std::int64_t i = 0; i < p.Nq; ++i) {
+          score_row(p, b, h, i, Q.data() + i * p.D, K, r);
+          // lse = log(Σ_j exp(s_j) + exp(sink)), computed around the row maximum.
+          double m = sink_of(p, h);
+          for (double s : r.s) m = std::max(m, s);
+          double lse = kNegInf;
+          std::fill(prob.begin(), prob.end(), 0.0);
+          std::fill(acc.begin(), acc.end(), 0.0);
+          if (m != kNegInf) {  // else: fully masked row -> out 0, lse -inf, probabilities 0
+            double sum = p.sinks.empty() ? 0.0 : std::exp(sink_of(p, h) - m);
+            for (std::int64_t j = 0; j < p.Nk; ++j) sum += std::exp(r.s[std::size_t(j)] - m);
+            lse = m + std::log(sum);
+            for (std::int64_t j = 0; j < p.Nk; ++j) {
+              const double pj = std::exp(r.s[std::size_t(j)] - lse);
+              prob[std::size_t(j)] = pj;
+              for (std::int64_t d = 0; d < p.Dv; ++d) acc[std::size_t(d)] += pj * V[std::size_t(j * p.Dv + d)];
+            }
+          }
+          for (std::int64_t d = 0; d < p.Dv; ++d) o.out.store(b, h, i, d, acc[std::size_t(d)]);
+          store_from_double(o.lse, o.lse_type, (b * p.Hq + h) * p.Nq + i, lse);
+          if (o.qk_mode != qk_output::none) {
+            const std::vector<double>& src = o.qk_mode == qk_output::scaled       ? r.x
+                                             : o.qk_mode == qk_output::softcapped ? r.c
+                                             : o.qk_mode == qk_output::biased     ? r.s
+                                                                                  : prob;
+            for (std::int64_t j = 0; j < p.Nk; ++j) o.qk.store(b, h, i, j, src[std::size_t(j)]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Backward of one row, from the saved lse (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
+//   p_j  = exp(s_j - lse)                      dp_j = dO_i·v_j
+//   ds_j = p_j (dp_j - Δ_i)                    -> dmask_j, dalibi (-|pos_i - j|)
+//   dx_j = ds_j (1 - (c_j/softcap)²)           (softcap' ; 1 without softcap)
+//   dq_i += scale dx_j k_j    dk_j += scale dx_j q_i    dv_j += p_j dO_i
+//   dsink_h -= exp(sink_h - lse) Δ_i
+void backward(const problem& p, const backward_io& io) {
+  row_scores r;
+  std::vector<double> dq(std::size_t(p.D)), dO(std::size_t(p.Dv));
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
+      const std::vector<double> K = gather(p.k, b, hk, p.Nk, p.D);
+      const std::vector<double> V = gather(p.v, b, hk, p.Nk, p.Dv);
+      std::vector<double> dK(K.size(), 0.0), dV(V.size(), 0.0);
+      for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+        const std::vector<double> Q = gather(p.q, b, h, p.Nq, p.D);
+        for (std::int64_t i = 0; i < p.Nq; ++i) {
+          std::fill(dq.begin(), dq.end(), 0.0);
+          const double lse = load_as_double(io.lse, io.lse_type, (b * p.Hq + h) * p.Nq + i);
+          if (lse != kNegInf) {
+            const double* q = Q.data() + i * p.D;
+            score_row(p, b, h, i, q, K, r);
+            for (std::int64_t d = 0; d < p.Dv; ++d) dO[std::size_t(d)] = io.dout.load(b, h, i, d);
+            std::vector<double> prob(std::size_t(p.Nk)), dp(std::size_t(p.Nk));
+            double delta = 0.0;
+            for (std::int64_t j = 0; j < p.Nk; ++j) {
+              const double pj = std::exp(r.s[std::size_t(j)] - lse);
+              double dpj = 0.0;
+              for (std::int64_t d = 0; d < p.Dv; ++d) dpj += dO[std::size_t(d)] * V[std::size_t(j * p.Dv + d)];
+              prob[std::size_t(j)] = pj;
+              dp[std::size_t(j)] = dpj;
+              delta += pj * dpj;
+            }
+            for (std::int64_t j = 0; j < p.Nk; ++j) {
+              const double pj = prob[std::size_t(j)];
+              if (pj == 0.0) continue;
+              const double ds = pj * (dp[std::size_t(j)] - delta);
+              if (io.dmask.data) static_cast<double*>(io.dmask.data)[io.dmask.offset(b, h, i, j)] += ds;
+              if (io.dalibi) io.dalibi[b * p.Hq + h] -= ds * double(std::abs(p.query_pos(b, i) - j));
+              double dx = ds;
+              if (p.softcap > 0.0) {
+                const double t = r.c[std::size_t(j)] / p.softcap;
+                dx *= 1.0 - t * t;
+              }
+              for (std::int64_t d = 0; d < p.D; ++d) {
+                dq[std::size_t(d)] += p.scale * dx * K[std::size_t(j * p.D + d)];
+                dK[std::size_t(j * p.D + d)] += p.scale * dx * q[d];
+              }
+              for (std::int64_t d = 0; d < p.Dv; ++d) dV[std::size_t(j * p.Dv + d)] += pj * dO[std::size_t(d)];
+            }
+            if (io.dsinks) io.dsinks[h] -= std::exp(sink_of(p, h) - lse) * delta;
+          }
+          for (std::int64_t d = 0; d < p.D; ++d) io.dq.store(b, h, i, d, dq[std::size_t(d)]);
+        }
+      }
+      for (std::int64_t j = 0; j < p.Nk; ++j) {
+        for (std::int64_t d = 0; d < p.D; ++d) io.dk.store(b, hk, j, d, dK[std::size_t(j * p.D + d)]);
+        for (std::int64_t d = 0; d < p.Dv; ++d) io.dv.store(b, hk, j, d, dV[std::size_t(j * p.Dv + d)]);
+      }
+    }
+  }
+}
+
+std::string always(const problem&, const forward_outputs&) { return {}; }
+std::string always_b(const problem&, const backward_io&) { return {}; }
+
+}  // namespace
+
+const backend_impl& reference_backend() {
+  static const backend_impl impl{"reference", backend::reference, always, always_b, forward, backward};
+  return impl;
+}
+
+}  // namespace attn::detail
