@@ -1,34 +1,27 @@
-// tools/attn/main.cc — the `attn` command-line tool (placeholder entry; subcommands follow).
+// tools/attn/main.cc — the `attn` command-line tool.
+//   attn conformance DIR...      run ONNX Attention conformance cases
+//   attn run --q q.npy ...       one attention from .npy files
+// Exit status: 0 success, 1 a check failed (conformance), 2 bad arguments or files.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 
-#include "attn/attn.h"
+#include "cli.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"attn: attention mechanisms"};
+  CLI::App app{"attn: attention mechanisms (https://github.com/attn)", "attn"};
   app.require_subcommand(1);
-  std::vector<std::string> dirs;
-  auto* conf = app.add_subcommand("conformance", "run ONNX Attention conformance case folders");
-  conf->add_option("dirs", dirs, "case folders, or folders of case folders")->required();
+  int exit_code = 0;
+  attn::cli::add_conformance(app, exit_code);
+  attn::cli::add_run(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
-  }
-  int passed = 0, failed = 0;
-  try {
-    for (const auto& d : dirs)
-      for (const auto& c : attn::onnx::find_cases(d)) {
-        auto r = attn::onnx::run_case(c);
-        if (r.passed) ++passed;
-        else ++failed, fmt::print("FAIL {}: {}\n", r.name, r.detail);
-      }
   } catch (const std::exception& e) {
     fmt::print(stderr, "attn: {}\n", e.what());
     return 2;
   }
-  fmt::print("{} passed, {} failed\n", passed, failed);
-  return failed ? 1 : 0;
+  return exit_code;
 }

@@ -1,0 +1,85 @@
+// tests/test_util.h — helpers shared by attn's tests: random tensors, comparisons with
+// dtype-aware tolerances, and EXPECT_THROW_MSG (an exception of type attn::error whose
+// message contains a substring).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "attn/attn.h"
+
+namespace attn::testing {
+
+inline Tensor random_tensor(const Shape& shape, dtype t, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(std::size_t(TensorView(nullptr, t, shape).numel()));
+  for (auto& x : v) x = u(rng);
+  return Tensor::from_values(shape, t, v);
+}
+
+inline Tensor random_bool(const Shape& shape, std::mt19937& rng, double p_true = 0.7) {
+  std::bernoulli_distribution u(p_true);
+  std::vector<double> v(std::size_t(TensorView(nullptr, dtype::boolean, shape).numel()));
+  for (auto& x : v) x = u(rng) ? 1.0 : 0.0;
+  return Tensor::from_values(shape, dtype::boolean, v);
+}
+
+// Tolerance for comparing a result computed in `t` against a float64 reference.
+inline double tolerance_for(dtype t) {
+  switch (t) {
+    case dtype::f64: return 1e-10;
+    case dtype::f32: return 2e-5;
+    case dtype::f16: return 2e-3;
+    case dtype::bf16: return 1.6e-2;
+    default: return 0;
+  }
+}
+
+// |got - want| <= atol + rtol |want| elementwise (NaN and inf must match exactly).
+inline ::testing::AssertionResult all_close(const TensorView& got, const TensorView& want, double atol, double rtol) {
+  if (got.shape() != want.shape())
+    return ::testing::AssertionFailure() << "shape " << shape_str(got.shape()) << " vs " << shape_str(want.shape());
+  const auto g = to_vector(got), w = to_vector(want);
+  double worst = 0;
+  std::size_t wi = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i]) || std::isnan(w[i]) || std::isinf(g[i]) || std::isinf(w[i])) {
+      if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))))
+        return ::testing::AssertionFailure() << "at " << i << ": got " << g[i] << ", want " << w[i];
+      continue;
+    }
+    const double ex = std::abs(g[i] - w[i]) - (atol + rtol * std::abs(w[i]));
+    if (ex > worst) worst = ex, wi = i;
+  }
+  if (worst > 0)
+    return ::testing::AssertionFailure() << "worst at flat index " << wi << ": got " << g[wi] << ", want " << w[wi]
+                                         << " (atol " << atol << ", rtol " << rtol << ")";
+  return ::testing::AssertionSuccess();
+}
+
+inline ::testing::AssertionResult all_close(const TensorView& got, const TensorView& want, double tol) {
+  return all_close(got, want, tol, tol);
+}
+
+inline bool any_nan(const TensorView& t) {
+  for (double x : to_vector(t))
+    if (std::isnan(x)) return true;
+  return false;
+}
+
+}  // namespace attn::testing
+
+// Expects `stmt` to throw attn::error with a message containing `substr`.
+#define EXPECT_THROW_MSG(stmt, substr)                                                              \
+  do {                                                                                              \
+    try {                                                                                           \
+      stmt;                                                                                         \
+      ADD_FAILURE() << "expected attn::error containing \"" << (substr) << "\", nothing thrown";    \
+    } catch (const attn::error& e_) {                                                               \
+      EXPECT_NE(std::string(e_.what()).find(substr), std::string::npos)                             \
+          << "message \"" << e_.what() << "\" lacks \"" << (substr) << "\"";                        \
+    }                                                                                               \
+  } while (0)

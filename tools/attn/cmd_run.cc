@@ -1,0 +1,168 @@
+// tools/attn/cmd_run.cc — `attn run`: one attention (and optionally its backward) from .npy
+// files, with every option of attn::attention.
+//
+//   attn run --q q.npy --k k.npy --v v.npy --causal --out out.npy --lse lse.npy
+//   attn run ... --dout dout.npy --dq dq.npy --dk dk.npy --dv dv.npy      (backward too)
+#include <fmt/format.h>
+
+#include <map>
+#include <optional>
+
+#include "attn/attn.h"
+#include "cli.h"
+
+namespace attn::cli {
+namespace {
+
+struct run_args {
+  std::string q, k, v, out, lse, probs, qk, mask, past_key, past_value, present_key, present_value, nonpad, alibi,
+      sinks, dout, dq, dk, dv, dmask, dalibi, dsinks;
+  std::string dtype_name = "input", alignment = "top_left", qk_mode = "none", backend = "automatic";
+  std::optional<double> scale;
+  double softcap = 0;
+  bool causal = false, explain = false;
+  std::int64_t window_left = -1, window_right = -1, q_heads = 0, kv_heads = 0;
+  int threads = 0;
+};
+
+dtype parse_dtype(const std::string& s) {
+  static const std::map<std::string, dtype> m = {{"f32", dtype::f32},  {"float32", dtype::f32}, {"f16", dtype::f16},
+                                                 {"float16", dtype::f16}, {"bf16", dtype::bf16}, {"bfloat16", dtype::bf16},
+                                                 {"f64", dtype::f64},  {"float64", dtype::f64}};
+  return m.at(s);
+}
+
+void write_if(const std::string& path, const Tensor& t, const char* what) {
+  if (path.empty()) return;
+  if (!t.defined()) throw error(fmt::format("attn run: --{} was asked for but this call produces none", what));
+  write_npy(path, t);
+}
+
+int run(const run_args& a) {
+  Tensor q = read_npy(a.q), k = read_npy(a.k), v = read_npy(a.v);
+  if (a.dtype_name != "input") {
+    const dtype t = parse_dtype(a.dtype_name);
+    q = q.to(t), k = k.to(t), v = v.to(t);
+  }
+  attention_options o;
+  o.scale = a.scale;
+  o.is_causal = a.causal;
+  o.alignment = a.alignment == "bottom_right" ? causal_alignment::bottom_right
+                : a.alignment == "after_past" ? causal_alignment::after_past
+                                              : causal_alignment::top_left;
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.softcap = a.softcap;
+  o.q_num_heads = a.q_heads;
+  o.kv_num_heads = a.kv_heads;
+  o.num_threads = a.threads;
+  o.use_backend = a.backend == "reference" ? backend::reference : a.backend == "cpu" ? backend::cpu : backend::automatic;
+  static const std::map<std::string, qk_output> modes = {{"none", qk_output::none},
+                                                         {"scaled", qk_output::scaled},
+                                                         {"softcapped", qk_output::softcapped},
+                                                         {"biased", qk_output::biased},
+                                                         {"probabilities", qk_output::probabilities}};
+  o.return_qk = modes.at(a.qk_mode);
+  if (!a.probs.empty()) {
+    if (o.return_qk != qk_output::none && o.return_qk != qk_output::probabilities)
+      throw error("attn run: --probs and --qk-mode other than probabilities cannot be combined");
+    o.return_qk = qk_output::probabilities;
+  }
+  if (!a.qk.empty() && o.return_qk == qk_output::none)
+    throw error("attn run: --qk needs --qk-mode (scaled, softcapped, biased or probabilities)");
+  std::vector<Tensor> keep;
+  auto opt = [&](const std::string& path) -> std::optional<TensorView> {
+    if (path.empty()) return std::nullopt;
+    keep.push_back(read_npy(path));
+    return keep.back().view();
+  };
+  auto opt_as_q = [&](const std::string& path) -> std::optional<TensorView> {
+    if (path.empty()) return std::nullopt;
+    keep.push_back(read_npy(path).to(q.type()));
+    return keep.back().view();
+  };
+  o.attn_mask = opt(a.mask);
+  o.past_key = opt_as_q(a.past_key);
+  o.past_value = opt_as_q(a.past_value);
+  o.nonpad_kv_seqlen = opt(a.nonpad);
+  o.alibi_slopes = opt(a.alibi);
+  o.sinks = opt(a.sinks);
+
+  if (a.explain) fmt::print("{}\n", explain_backend(q, k, v, o));
+  const attention_result r = attention(q, k, v, o);
+  write_npy(a.out, r.out);
+  write_if(a.lse, r.lse, "lse");
+  write_if(a.probs, r.qk, "probs");
+  write_if(a.qk, r.qk, "qk");
+  write_if(a.present_key, r.present_key, "present-key");
+  write_if(a.present_value, r.present_value, "present-value");
+
+  const bool want_grad = !a.dq.empty() || !a.dk.empty() || !a.dv.empty() || !a.dmask.empty() || !a.dalibi.empty() ||
+                         !a.dsinks.empty();
+  if (want_grad && a.dout.empty()) throw error("attn run: gradients need --dout");
+  if (!a.dout.empty()) {
+    const Tensor dout = read_npy(a.dout).to(q.type());
+    attention_options ob = o;
+    ob.return_qk = qk_output::none;
+    TensorView kk = k, vv = v;
+    if (o.past_key) ob.past_key.reset(), ob.past_value.reset(), kk = r.present_key, vv = r.present_value;
+    const attention_grads g = attention_backward(q, kk, vv, r.out, dout, r.lse, ob);
+    write_if(a.dq, g.dq, "dq");
+    write_if(a.dk, g.dk, "dk");
+    write_if(a.dv, g.dv, "dv");
+    write_if(a.dmask, g.dattn_mask, "dmask");
+    write_if(a.dalibi, g.dalibi_slopes, "dalibi");
+    write_if(a.dsinks, g.dsinks, "dsinks");
+  }
+  fmt::print("out {} {} (backend {})\n", shape_str(r.out.shape()), dtype_name(r.out.type()), r.backend);
+  return 0;
+}
+
+}  // namespace
+
+void add_run(CLI::App& app, int& exit_code) {
+  auto* s = app.add_subcommand("run", "Compute one attention (and optionally its gradients) from .npy files");
+  auto a = std::make_shared<run_args>();
+  s->add_option("--q", a->q, "queries [B, Hq, Nq, D] or [B, Nq, Hq*D]")->required();
+  s->add_option("--k", a->k, "keys [B, Hkv, Nk, D] or [B, Nk, Hkv*D]")->required();
+  s->add_option("--v", a->v, "values [B, Hkv, Nk, Dv] or [B, Nk, Hkv*Dv]")->required();
+  s->add_option("--out", a->out, "output file")->required();
+  s->add_option("--lse", a->lse, "write the log-sum-exp [B, Hq, Nq]");
+  s->add_option("--probs", a->probs, "write the probabilities [B, Hq, Nq, Nk]");
+  s->add_option("--qk", a->qk, "write the intermediate chosen by --qk-mode");
+  s->add_option("--qk-mode", a->qk_mode, "scaled | softcapped | biased | probabilities")
+      ->check(CLI::IsMember({"none", "scaled", "softcapped", "biased", "probabilities"}));
+  s->add_option("--dtype", a->dtype_name, "compute dtype: input (as read) | f32 | f16 | bf16 | f64")
+      ->check(CLI::IsMember({"input", "f32", "float32", "f16", "float16", "bf16", "bfloat16", "f64", "float64"}));
+  s->add_option("--scale", a->scale, "score scale (default 1/sqrt(D))");
+  s->add_flag("--causal", a->causal, "causal mask");
+  s->add_option("--alignment", a->alignment, "causal/window alignment: top_left | bottom_right | after_past")
+      ->check(CLI::IsMember({"top_left", "bottom_right", "after_past"}));
+  s->add_option("--window-left", a->window_left, "sliding window: keys before the query position kept (-1: all)");
+  s->add_option("--window-right", a->window_right, "sliding window: keys after the query position kept (-1: all)");
+  s->add_option("--softcap", a->softcap, "softcap * tanh(x / softcap) on the scores (0: off)");
+  s->add_option("--mask", a->mask, "bool (true = attend) or float additive mask, broadcast to [B, Hq, Nq, Nk]");
+  s->add_option("--nonpad-kv-seqlen", a->nonpad, "int64 [B]: valid keys per batch row");
+  s->add_option("--alibi-slopes", a->alibi, "ALiBi slopes [Hq] or [B, Hq]");
+  s->add_option("--sinks", a->sinks, "attention-sink logits [Hq]");
+  s->add_option("--past-key", a->past_key, "KV cache keys [B, Hkv, P, D]");
+  s->add_option("--past-value", a->past_value, "KV cache values [B, Hkv, P, Dv]");
+  s->add_option("--present-key", a->present_key, "write the concatenated keys");
+  s->add_option("--present-value", a->present_value, "write the concatenated values");
+  s->add_option("--q-num-heads", a->q_heads, "query heads (required for 3-D inputs)");
+  s->add_option("--kv-num-heads", a->kv_heads, "key/value heads (required for 3-D inputs)");
+  s->add_option("--backend", a->backend, "automatic | reference | cpu")
+      ->check(CLI::IsMember({"automatic", "reference", "cpu"}));
+  s->add_option("--threads", a->threads, "threads (0: all)");
+  s->add_flag("--explain", a->explain, "print which backend runs and why others do not");
+  s->add_option("--dout", a->dout, "upstream gradient of out: runs the backward");
+  s->add_option("--dq", a->dq, "write dq");
+  s->add_option("--dk", a->dk, "write dk");
+  s->add_option("--dv", a->dv, "write dv");
+  s->add_option("--dmask", a->dmask, "write the gradient of a float mask");
+  s->add_option("--dalibi", a->dalibi, "write the gradient of the ALiBi slopes");
+  s->add_option("--dsinks", a->dsinks, "write the gradient of the sink logits");
+  s->callback([a, &exit_code] { exit_code = run(*a); });
+}
+
+}  // namespace attn::cli
