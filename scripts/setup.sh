@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Command 1 of the README: install dependencies, build the release preset, run the main job
+# (the ONNX conformance cases through the `attn` tool, and the example).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+cmake --preset release
+cmake --build build/release -j"$(nproc)"
+./build/release/examples/example_basic
+./build/release/tools/attn/attn conformance ../shared/conformance/onnx-attention
