@@ -73,6 +73,7 @@ TEST(TensorView, ConversionsThroughCopy) {
   EXPECT_EQ(t.to(dtype::bf16).to_vector(), (std::vector<double>{1.5, -2.25}));
   EXPECT_EQ(t.to(dtype::f16).to(dtype::f32).to_vector(), (std::vector<double>{1.5, -2.25}));
   EXPECT_EQ(Tensor::zeros({0, 3}, dtype::f32).numel(), 0);
+  EXPECT_EQ(Tensor::zeros({2, 0, 3}, dtype::f32).view().reshape({2, 0, 1, 3}).shape(), (Shape{2, 0, 1, 3}));
   EXPECT_EQ(Tensor::full({2}, dtype::i64, 3).to_vector(), (std::vector<double>{3, 3}));
 }
 

@@ -184,7 +184,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     for (int i = 0; i < m.rank(); ++i) {
       const std::int64_t s = m.size(i), want = full[off + i];
       if (off + i == 3) {
-        if (s > want)
+        if (s > want && s != 1)  // a size-1 dim still broadcasts onto Nk = 0
           fail(op, fmt::format("attn_mask {} has {} columns but there are {} keys", shape_str(m.shape()), s, want));
         st[3] = m.stride(i);
       } else if (s == want && s != 1) {
@@ -196,7 +196,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     }
     p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
     p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
-    p.mask_cols = m.size(-1);
+    p.mask_cols = std::min(m.size(-1), p.Nk);
   }
 
   if (o.nonpad_kv_seqlen) {

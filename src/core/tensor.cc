@@ -130,6 +130,7 @@ std::int64_t TensorView::numel() const {
   return std::accumulate(shape_.begin(), shape_.end(), std::int64_t{1}, std::multiplies<>());
 }
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // nothing to lay out
   std::int64_t acc = 1;
   for (int i = rank() - 1; i >= 0; --i) {
     if (shape_[i] != 1 && strides_[i] != acc) return false;
