@@ -91,8 +91,8 @@ void check_base(const char* op, double base) {
 void check_relative(const char* op, const relative_position_options& o) {
   const std::int64_t nb = o.bidirectional ? o.num_buckets / 2 : o.num_buckets;
   if (nb / 2 < 1)
-    fail(op, fmt::format("num_buckets = {} is too small; T5 needs max_exact = {} >= 1, so num_buckets >= {}",
-                         o.num_buckets, o.bidirectional ? "num_buckets / 4" : "num_buckets / 2",
+    fail(op, fmt::format("num_buckets = {} is too small; T5 needs max_exact = {} = {} >= 1, so num_buckets >= {}",
+                         o.num_buckets, o.bidirectional ? "num_buckets / 4" : "num_buckets / 2", nb / 2,
                          o.bidirectional ? 4 : 2));
   if (o.max_distance <= nb / 2)
     fail(op, fmt::format("max_distance = {} must exceed max_exact = {} (num_buckets = {}, {})", o.max_distance, nb / 2,
