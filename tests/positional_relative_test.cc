@@ -2,6 +2,7 @@
 // small configurations and the bucket edges of T5's defaults, the bias gather and its
 // scatter-add backward (fast against reference, finite differences in f64), bad input.
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <tuple>
@@ -37,6 +38,8 @@ TEST(RelativeBucket, BidirectionalByHand) {
   for (std::int64_t r = -7; r <= 7; ++r) EXPECT_EQ(relative_position_bucket(r, o), want[r + 7]) << "r = " << r;
   EXPECT_EQ(relative_position_bucket(-1000000, o), 3);
   EXPECT_EQ(relative_position_bucket(1000000, o), 7);
+  EXPECT_EQ(relative_position_bucket(INT64_MIN, o), 3);
+  EXPECT_EQ(relative_position_bucket(INT64_MAX, o), 7);
 }
 
 TEST(RelativeBucket, CausalByHand) {

@@ -63,6 +63,7 @@ struct relative_problem {
 
 // The T5 bucket formula (documented in positional.h); options were validated by the front.
 inline std::int64_t t5_bucket(std::int64_t r, const relative_position_options& o) {
+  if (r < -INT64_MAX) r = -INT64_MAX;  // so that −r exists; the bucket is the last one either way
   std::int64_t nb = o.num_buckets, bucket = 0, n = 0;
   if (o.bidirectional) {
     nb /= 2;
