@@ -5,4 +5,5 @@
 #include "attn/error.h"
 #include "attn/npy.h"
 #include "attn/onnx.h"
+#include "attn/positional.h"
 #include "attn/tensor.h"
