@@ -194,6 +194,25 @@ TEST(FamilyProperties, NamesRoundTrip) {
   EXPECT_THROW_MSG(parse_distribution_kind("argmax"), "distribution: 'argmax' is not one of softmax");
 }
 
+TEST(FamilyProperties, EmptyShapes) {
+  std::mt19937 rng(38);
+  for (auto [Nq, Nk, Dv] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{0, 5, 2}, {3, 0, 2}, {3, 5, 0}})
+    for (score_kind s : {score_kind::scaled_dot, score_kind::additive, score_kind::triangle})
+      for (distribution_kind d : {distribution_kind::softmax, distribution_kind::sparsemax, distribution_kind::topk}) {
+        family_case c(s, d, rng, 1, 2, 1, Nq, Nk, 3, Dv);
+        if (s == score_kind::triangle && d == distribution_kind::softmax) c.opt.distribution.kind = distribution_kind::kernel;
+        const Tensor dout = Tensor::zeros({1, 2, Nq, Dv}, dtype::f64);
+        for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference}) {
+          c.opt.path = p;
+          const family_result r = attention_family(c.q, c.k, c.v, c.opt);
+          EXPECT_EQ(r.out.shape(), (Shape{1, 2, Nq, Dv}));
+          for (double x : r.out.to_vector()) EXPECT_EQ(x, 0.0);
+          const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+          EXPECT_EQ(g.dk.shape(), c.k.shape());
+        }
+      }
+}
+
 // ---- bad input ----
 
 TEST(FamilyErrors, NameTheOpArgumentAndValues) {

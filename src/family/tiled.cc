@@ -40,12 +40,13 @@ struct row_state {
   std::vector<std::vector<std::int64_t>> top_keys;                // [F] sorted keys of `top`
   std::vector<std::int64_t> support;         // union of selected keys (hardmax, topk)
   std::vector<std::vector<double>> row;      // [F][keys] sparsemax, entmax15
+  std::vector<double> best, sum;             // [F] online log-sum-exp
 
   explicit row_state(const fproblem& fp) {
     const std::size_t F = std::size_t(fp.F), n = std::size_t(kBlock) * F;
     e.resize(n), alpha.resize(n), dalpha.resize(n), de.resize(n);
     lse.resize(F), S.resize(F), tau.resize(F), r.resize(F), c.resize(F), arg.resize(F), arg_score.resize(F);
-    top.resize(F), top_keys.resize(F), row.resize(F);
+    top.resize(F), top_keys.resize(F), row.resize(F), best.resize(F), sum.resize(F);
   }
 };
 
@@ -97,7 +98,10 @@ class row_engine {
     std::fill(st_.arg_score.begin(), st_.arg_score.end(), kNegInf);
     for (auto& t : st_.top) t.clear();
     for (auto& t : st_.row) t.clear();
-    std::vector<double> best(std::size_t(F), kNegInf), sum(std::size_t(F), 0.0);
+    std::vector<double>& best = st_.best;
+    std::vector<double>& sum = st_.sum;
+    std::fill(best.begin(), best.end(), kNegInf);
+    std::fill(sum.begin(), sum.end(), 0.0);
     const distribution_kind d = fp_.dist;
     const bool want_lse = d == distribution_kind::softmax ||
                           (d == distribution_kind::hardmax && fp_.hardmax_grad == hardmax_gradient::straight_through);
