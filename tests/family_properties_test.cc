@@ -45,11 +45,16 @@ TEST(FamilyProperties, RowsSumToOneAndSparsity) {
           } else {
             EXPECT_NEAR(sum, 1.0, 1e-12) << to_string(d);
           }
-          if (d == distribution_kind::hardmax) EXPECT_EQ(nnz, 1);
-          if (d == distribution_kind::topk) EXPECT_EQ(nnz, c.opt.distribution.k);
+          if (d == distribution_kind::hardmax) {
+            EXPECT_EQ(nnz, 1);
+          }
+          if (d == distribution_kind::topk) {
+            EXPECT_EQ(nnz, c.opt.distribution.k);
+          }
         }
-    if (d == distribution_kind::sparsemax || d == distribution_kind::entmax15 || d == distribution_kind::topk)
+    if (d == distribution_kind::sparsemax || d == distribution_kind::entmax15 || d == distribution_kind::topk) {
       EXPECT_GT(zeros, 0) << to_string(d) << " gave no exact zero";
+    }
   }
 }
 
@@ -153,7 +158,9 @@ TEST(FamilyProperties, FullyMaskedRowGivesZerosNeverNaN) {
         for (std::int64_t h = 0; h < 2; ++h)
           for (std::int64_t x = 0; x < 2; ++x) {
             EXPECT_EQ(r.out.get({0, h, 1, x}), 0.0) << what;
-            if (s != score_kind::location) EXPECT_EQ(g.dq.get({0, h, 1, x}), 0.0) << what;
+            if (s != score_kind::location) {
+              EXPECT_EQ(g.dq.get({0, h, 1, x}), 0.0) << what;
+            }
           }
       }
     }

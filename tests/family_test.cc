@@ -32,7 +32,9 @@ void expect_same(const grads_of& got, const grads_of& want, double tol, const st
                             {"dW_q", &got.g.dW_q, &want.g.dW_q}, {"dW_k", &got.g.dW_k, &want.g.dW_k},
                             {"dw_v", &got.g.dw_v, &want.g.dw_v}, {"dW_a", &got.g.dW_a, &want.g.dW_a}}) {
     ASSERT_EQ(a->defined(), b->defined()) << name;
-    if (a->defined()) EXPECT_TRUE(all_close(*a, *b, tol)) << name;
+    if (a->defined()) {
+      EXPECT_TRUE(all_close(*a, *b, tol)) << name;
+    }
   }
   EXPECT_NEAR(got.g.dtemperature, want.g.dtemperature, tol * (1 + std::abs(want.g.dtemperature)));
   EXPECT_NEAR(got.g.dbandwidth, want.g.dbandwidth, tol * (1 + std::abs(want.g.dbandwidth)));
