@@ -115,11 +115,6 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
 
 }  // namespace
 
-// Everything a problem points into that the front had to allocate.
-struct problem_storage {
-  Tensor present_key, present_value;
-};
-
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention_options& o, problem_storage& store) {
   const qkv_dims d = check_qkv(op, q, k, v, o);

@@ -145,4 +145,14 @@ const std::vector<const backend_impl*>& backend_registry();
 
 const backend_impl& reference_backend();
 
+// Everything a problem points into that the front had to allocate.
+struct problem_storage {
+  Tensor present_key, present_value;
+};
+
+// Checks every argument of an attention call and builds its problem (src/core/attention.cc).
+// Other fronts (src/family) reuse it for the mask, causal, window and padding semantics.
+problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention_options& o, problem_storage& store);
+
 }  // namespace attn::detail

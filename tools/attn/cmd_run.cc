@@ -3,6 +3,8 @@
 //
 //   attn run --q q.npy --k k.npy --v v.npy --causal --out out.npy --lse lse.npy
 //   attn run ... --dout dout.npy --dq dq.npy --dk dk.npy --dv dv.npy      (backward too)
+//   attn run ... --score additive --W-q wq.npy --W-k wk.npy --w-v wv.npy --distribution entmax15
+//                                                   (the attention family, include/attn/family.h)
 #include <fmt/format.h>
 
 #include <map>
@@ -23,6 +25,12 @@ struct run_args {
   bool causal = false, explain = false;
   std::int64_t window_left = -1, window_right = -1, q_heads = 0, kv_heads = 0;
   int threads = 0;
+  // The attention family (--score / --distribution): see run_family.
+  std::string score, distribution, activation = "tanh", hardmax_gradient = "zero", family_path = "automatic", W, b,
+      W_q, W_k, w_v, W_a, dW, db, dW_q, dW_k, dw_v, dW_a;
+  double temperature = 1.0, bandwidth = 1.0;
+  std::optional<double> sigmoid_bias;
+  std::int64_t topk = 1;
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -38,12 +46,81 @@ void write_if(const std::string& path, const Tensor& t, const char* what) {
   write_npy(path, t);
 }
 
+// attn run with --score or --distribution: attn::attention_family on the same .npy inputs and
+// masks. Options of the core op that the family does not take are refused by name.
+int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::pair<const char*, bool> core_only[] = {
+      {"--lse", !a.lse.empty()},          {"--qk", !a.qk.empty()},           {"--qk-mode", a.qk_mode != "none"},
+      {"--softcap", a.softcap != 0},      {"--alibi-slopes", !a.alibi.empty()}, {"--sinks", !a.sinks.empty()},
+      {"--past-key", !a.past_key.empty()}, {"--past-value", !a.past_value.empty()},
+      {"--present-key", !a.present_key.empty()}, {"--present-value", !a.present_value.empty()},
+      {"--backend", a.backend != "automatic"}, {"--explain", a.explain}, {"--dmask", !a.dmask.empty()},
+      {"--dalibi", !a.dalibi.empty()},    {"--dsinks", !a.dsinks.empty()}};
+  for (auto [name, given] : core_only)
+    if (given) throw error(fmt::format("attn run: {} is an option of the core op, not of --score/--distribution", name));
+  family_options o;
+  o.score.kind = parse_score_kind(a.score.empty() ? "scaled_dot" : a.score);
+  o.distribution.kind = parse_distribution_kind(a.distribution.empty() ? "softmax" : a.distribution);
+  o.score.scale = a.scale;
+  o.score.activation = parse_score_activation(a.activation);
+  o.score.temperature = a.temperature;
+  o.score.bandwidth = a.bandwidth;
+  o.distribution.sigmoid_bias = a.sigmoid_bias;
+  o.distribution.k = a.topk;
+  o.distribution.hardmax_grad = parse_hardmax_gradient(a.hardmax_gradient);
+  o.path = parse_family_path(a.family_path);
+  o.is_causal = a.causal;
+  o.alignment = a.alignment == "bottom_right" ? causal_alignment::bottom_right
+                : a.alignment == "after_past" ? causal_alignment::after_past
+                                              : causal_alignment::top_left;
+  o.window_left = a.window_left, o.window_right = a.window_right;
+  o.q_num_heads = a.q_heads, o.kv_num_heads = a.kv_heads;
+  o.num_threads = a.threads;
+  std::vector<Tensor> keep;
+  auto opt = [&](const std::string& path) -> std::optional<TensorView> {
+    if (path.empty()) return std::nullopt;
+    keep.push_back(read_npy(path));
+    return keep.back().view();
+  };
+  o.attn_mask = opt(a.mask);
+  o.nonpad_kv_seqlen = opt(a.nonpad);
+  o.score.W = opt(a.W), o.score.b = opt(a.b), o.score.W_q = opt(a.W_q), o.score.W_k = opt(a.W_k);
+  o.score.w_v = opt(a.w_v), o.score.W_a = opt(a.W_a);
+
+  const family_result r = attention_family(q, k, v, o);
+  write_npy(a.out, r.out);
+  if (!a.probs.empty()) write_npy(a.probs, attention_family_weights(q, k, v, o));
+  const bool want_grad = !a.dq.empty() || !a.dk.empty() || !a.dv.empty() || !a.dW.empty() || !a.db.empty() ||
+                         !a.dW_q.empty() || !a.dW_k.empty() || !a.dw_v.empty() || !a.dW_a.empty();
+  if (want_grad && a.dout.empty()) throw error("attn run: gradients need --dout");
+  if (!a.dout.empty()) {
+    const family_grads g = attention_family_backward(q, k, v, read_npy(a.dout).to(q.type()), o);
+    write_if(a.dq, g.dq, "dq");
+    write_if(a.dk, g.dk, "dk");
+    write_if(a.dv, g.dv, "dv");
+    write_if(a.dW, g.dW, "dW");
+    write_if(a.db, g.db, "db");
+    write_if(a.dW_q, g.dW_q, "dW-q");
+    write_if(a.dW_k, g.dW_k, "dW-k");
+    write_if(a.dw_v, g.dw_v, "dw-v");
+    write_if(a.dW_a, g.dW_a, "dW-a");
+    if (o.score.kind == score_kind::cosine) fmt::print("dtemperature {}\n", g.dtemperature);
+    if (o.score.kind == score_kind::gaussian || o.score.kind == score_kind::box || o.score.kind == score_kind::triangle)
+      fmt::print("dbandwidth {}\n", g.dbandwidth);
+    if (o.distribution.kind == distribution_kind::sigmoid) fmt::print("dsigmoid_bias {}\n", g.dsigmoid_bias);
+  }
+  fmt::print("out {} {} ({} x {}, path {})\n", shape_str(r.out.shape()), dtype_name(r.out.type()),
+             to_string(o.score.kind), to_string(o.distribution.kind), r.path);
+  return 0;
+}
+
 int run(const run_args& a) {
   Tensor q = read_npy(a.q), k = read_npy(a.k), v = read_npy(a.v);
   if (a.dtype_name != "input") {
     const dtype t = parse_dtype(a.dtype_name);
     q = q.to(t), k = k.to(t), v = v.to(t);
   }
+  if (!a.score.empty() || !a.distribution.empty()) return run_family(a, q, k, v);
   attention_options o;
   o.scale = a.scale;
   o.is_causal = a.causal;
@@ -162,6 +239,37 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--dmask", a->dmask, "write the gradient of a float mask");
   s->add_option("--dalibi", a->dalibi, "write the gradient of the ALiBi slopes");
   s->add_option("--dsinks", a->dsinks, "write the gradient of the sink logits");
+  // The attention family (include/attn/family.h, docs/FAMILY.md).
+  s->add_option("--score", a->score,
+                "family score: dot | scaled_dot | general | biased_general | activated_general | additive | cosine | "
+                "location | gaussian | box | triangle (runs attn::attention_family)")
+      ->check(CLI::IsMember({"dot", "scaled_dot", "general", "biased_general", "activated_general", "additive",
+                             "cosine", "location", "gaussian", "box", "triangle"}));
+  s->add_option("--distribution", a->distribution,
+                "family distribution: softmax | sigmoid | sparsemax | entmax15 | hardmax | topk | kernel")
+      ->check(CLI::IsMember({"softmax", "sigmoid", "sparsemax", "entmax15", "hardmax", "topk", "kernel"}));
+  s->add_option("--activation", a->activation, "activated_general: tanh | relu | sigmoid")
+      ->check(CLI::IsMember({"tanh", "relu", "sigmoid"}));
+  s->add_option("--temperature", a->temperature, "cosine: temperature tau > 0 (default 1)");
+  s->add_option("--bandwidth", a->bandwidth, "gaussian, box, triangle: bandwidth h > 0 (default 1)");
+  s->add_option("--W", a->W, "general family: W [D, Dk]");
+  s->add_option("--b", a->b, "biased/activated_general: b [] or [1]; additive: b [A]");
+  s->add_option("--W-q", a->W_q, "additive: W_q [A, D]");
+  s->add_option("--W-k", a->W_k, "additive: W_k [A, Dk]");
+  s->add_option("--w-v", a->w_v, "additive: w_v [A], or [Dv, A] for multi-dimensional attention");
+  s->add_option("--W-a", a->W_a, "location: W_a [Nk, D]");
+  s->add_option("--sigmoid-bias", a->sigmoid_bias, "sigmoid: bias b (default -log Nk)");
+  s->add_option("--topk", a->topk, "topk: k >= 1 (default 1)");
+  s->add_option("--hardmax-gradient", a->hardmax_gradient, "hardmax backward: zero | straight_through")
+      ->check(CLI::IsMember({"zero", "straight_through"}));
+  s->add_option("--family-path", a->family_path, "automatic | core | tiled | reference")
+      ->check(CLI::IsMember({"automatic", "core", "tiled", "reference"}));
+  s->add_option("--dW", a->dW, "write the gradient of W");
+  s->add_option("--db", a->db, "write the gradient of b");
+  s->add_option("--dW-q", a->dW_q, "write the gradient of W_q");
+  s->add_option("--dW-k", a->dW_k, "write the gradient of W_k");
+  s->add_option("--dw-v", a->dw_v, "write the gradient of w_v");
+  s->add_option("--dW-a", a->dW_a, "write the gradient of W_a");
   s->callback([a, &exit_code] { exit_code = run(*a); });
 }
 

@@ -1,0 +1,187 @@
+// attn/family.h — the attention family: score × distribution × masks, forward and backward.
+//
+// Attention is score → distribution → weighted sum. For query row i of batch b and head h
+// (shape legend of attention.h: B, Hq, Hkv, Nq, Nk, D, Dv; Dk is the key size, which may
+// differ from D for the general, additive and location scores):
+//   e_ij  = score(q_i, k_j)                   ∈ R^F, F = 1 (or Dv: multi-dimensional)
+//   s_ij  = e_ij + mask_ij, or -inf where a key is excluded (bool mask, causal, window, padding)
+//   α_i·f = distribution(s_i·f)                one distribution per feature f
+//   out_i[x] = Σ_j α_ij[f(x)] v_j[x]            f(x) = 0 when F = 1, x when F = Dv
+// Masks, heads/GQA, 3-D and 4-D layouts, causal alignment and windows mean exactly what they
+// mean for attn::attention. A row with no key left gives out = 0 and zero gradients, never NaN.
+//
+// Scores (learned parameters are shared by every batch and head; each gets a gradient):
+//   dot               q·k
+//   scaled_dot        scale · q·k                           scale defaults to 1/sqrt(D)
+//   general           qᵀ W k                                W [D, Dk]
+//   biased_general    qᵀ W k + b                            b [] or [1]
+//   activated_general act(qᵀ W k + b)                       act: tanh | relu | sigmoid
+//   additive          w_vᵀ tanh(W_q q + W_k k + b)          W_q [A, D], W_k [A, Dk], b [A], w_v [A]
+//                     multi-dimensional when w_v is [Dv, A]: e_ij ∈ R^Dv, one weight per value feature
+//   cosine            q·k / (‖q‖ ‖k‖ τ)                     0 when q or k is the zero vector
+//   location          e_ij = (W_a q_i)_j (ignores the keys)  W_a [Nk, D]
+//   gaussian          -‖q-k‖² / (2h²)   (the log of the Gaussian kernel; softmax of it is the
+//                                        Nadaraya–Watson weight exp(-‖q-k‖²/2h²) / Σ ...)
+//   box               1{‖q-k‖ <= h}
+//   triangle          max(0, 1 - ‖q-k‖/h)
+// Distributions:
+//   softmax           exp(s_j) / Σ exp(s)
+//   sigmoid           σ(s_j + b_σ)                          b_σ defaults to -log(Nk)
+//   sparsemax         argmin_{p ∈ simplex} ‖p - s‖²        (exact, sort-based; exact zeros)
+//   entmax15          1.5-entmax: [s_j/2 - τ]₊², Σ = 1      (exact, sort-based; exact zeros)
+//   hardmax           one-hot at the first arg max          gradient: see hardmax_gradient
+//   topk              softmax over the k largest s_j (first index wins ties), exactly 0 elsewhere
+//   kernel            K_ij / Σ_j K_ij for box and triangle (no key in reach: zeros);
+//                     softmax of the gaussian score (same thing, computed stably)
+//
+// Memory: no call allocates Nq × Nk. Every pair streams over blocks of keys with O(block · F)
+// scratch per thread, except sparsemax and entmax15, which keep one row of scores per query in
+// flight (O(Nk · F) per thread). dot, scaled_dot, general (W folded into q), cosine (vectors
+// normalised first) and gaussian (‖q‖² + ‖k‖² - 2q·k as a dot product of augmented vectors)
+// with softmax run on attn::attention, and so on its fastest backend.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "attn/attention.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+enum class score_kind {
+  dot, scaled_dot, general, biased_general, activated_general, additive, cosine, location,
+  gaussian, box, triangle,
+};
+enum class score_activation { tanh, relu, sigmoid };
+
+enum class distribution_kind { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, kernel };
+
+// Gradient of hardmax with respect to the scores.
+enum class hardmax_gradient {
+  zero,              // the true derivative (hardmax is piecewise constant): no gradient reaches
+                     // q, k or the score parameters; v_{j*} still gets dout
+  straight_through,  // forward one-hot, backward the softmax Jacobian at the same scores
+};
+
+// Which implementation runs. `automatic`: attn::attention for the pairs it can run (see the
+// header comment), else the tiled float64 kernels. `reference` materialises each row and uses
+// independent algorithms (bisection for sparsemax/entmax15, a full sort for topk); it is the
+// test oracle. ATTN_FAMILY_PATH=reference|tiled|core overrides `automatic`.
+enum class family_path { automatic, core, tiled, reference };
+
+struct score_spec {
+  score_kind kind = score_kind::scaled_dot;
+  std::optional<double> scale;                           // scaled_dot; default 1/sqrt(D)
+  score_activation activation = score_activation::tanh;  // activated_general
+  double temperature = 1.0;                              // cosine τ > 0
+  double bandwidth = 1.0;                                // gaussian, box, triangle: h > 0
+  std::optional<TensorView> W;    // general family: [D, Dk]
+  std::optional<TensorView> b;    // biased_general, activated_general: [] or [1]; additive: [A]
+  std::optional<TensorView> W_q;  // additive: [A, D]
+  std::optional<TensorView> W_k;  // additive: [A, Dk]
+  std::optional<TensorView> w_v;  // additive: [A], or [Dv, A] for multi-dimensional attention
+  std::optional<TensorView> W_a;  // location: [Nk, D]
+};
+
+struct distribution_spec {
+  distribution_kind kind = distribution_kind::softmax;
+  std::optional<double> sigmoid_bias;  // sigmoid: default -log(Nk)
+  std::int64_t k = 1;                  // topk: k >= 1 (rows with fewer keys keep them all)
+  hardmax_gradient hardmax_grad = hardmax_gradient::zero;
+};
+
+struct family_options {
+  score_spec score;
+  distribution_spec distribution;
+  // The masks of attn::attention (see attention.h). Float masks are added to the scores and
+  // get no gradient; the kernel distribution of box and triangle takes bool masks only.
+  bool is_causal = false;
+  causal_alignment alignment = causal_alignment::top_left;  // after_past: no past here, == top_left
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  std::optional<TensorView> attn_mask;
+  std::optional<TensorView> nonpad_kv_seqlen;
+  std::int64_t q_num_heads = 0;   // required for 3-D inputs
+  std::int64_t kv_num_heads = 0;  // required for 3-D inputs
+  family_path path = family_path::automatic;
+  int num_threads = 0;  // 0: all available
+};
+
+struct family_result {
+  Tensor out;        // layout and dtype of q, Dv features
+  std::string path;  // "core (cpu)", "tiled", "reference"
+};
+
+struct family_grads {
+  Tensor dq, dk, dv;           // shapes, layouts of q, k, v; dtype of q
+  Tensor dW, db, dW_q, dW_k, dw_v, dW_a;  // each in the shape and dtype of its parameter, when given
+  double dtemperature = 0.0;   // cosine
+  double dbandwidth = 0.0;     // gaussian, triangle (box: 0 almost everywhere)
+  double dsigmoid_bias = 0.0;  // sigmoid
+  std::string path;
+};
+
+// Forward. q, k, v: f32, f16, bf16 or f64 (all the same dtype); the tiled kernels compute in
+// float64, attn::attention in its own precision.
+//
+//   attn::family_options o;
+//   o.score.kind = attn::score_kind::cosine;
+//   o.score.temperature = 0.1;
+//   o.distribution.kind = attn::distribution_kind::sparsemax;
+//   auto r = attn::attention_family(q, k, v, o);   // r.out: [B, Hq, Nq, Dv]
+family_result attention_family(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const family_options& options);
+
+// Backward: gradients of Σ dout · out with respect to q, k, v and every learned parameter.
+// It recomputes the forward statistics from the inputs (no saved state), one extra pass over
+// the keys.
+family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& dout, const family_options& options);
+
+// The attention weights α, float64 [B, Hq, Nq, Nk] (or [B, Hq, Nq, Nk, Dv] when
+// multi-dimensional), from the reference. For inspection and tests: it is Nq × Nk by nature.
+Tensor attention_family_weights(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const family_options& options);
+
+// ---- named helpers: attention_family with one score / distribution filled in ----
+
+// Bahdanau attention, softmax unless `o.distribution` says otherwise.
+//   auto r = attn::additive_attention(q, k, v, Wq, Wk, b, wv);
+family_result additive_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& W_q, const TensorView& W_k, const TensorView& b,
+                                 const TensorView& w_v, family_options o = {});
+// Luong general attention qᵀ W k.
+family_result general_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& W, family_options o = {});
+// Cosine-similarity attention with temperature τ.
+family_result cosine_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                               double temperature, family_options o = {});
+// Luong location-based attention: α_i = distribution(W_a q_i).
+family_result location_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const TensorView& W_a, family_options o = {});
+// Nadaraya–Watson kernel regression: kernel ∈ {gaussian, box, triangle}, bandwidth h;
+// out_i = Σ_j K(q_i, k_j) v_j / Σ_j K(q_i, k_j).
+//   auto r = attn::nadaraya_watson(x_query, x_train, y_train, attn::score_kind::gaussian, 0.5);
+family_result nadaraya_watson(const TensorView& q, const TensorView& k, const TensorView& v, score_kind kernel,
+                              double bandwidth, family_options o = {});
+// Scaled-dot scores with another distribution (score left as given in `o`).
+family_result sigmoid_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
+family_result sparsemax_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
+family_result entmax15_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
+family_result hard_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
+family_result topk_attention(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t k_top,
+                             family_options o = {});
+
+// "scaled_dot", "softmax", "tanh", "straight_through", "tiled", and back (throws attn::error
+// naming the list of valid names). Used by `attn run`.
+std::string to_string(score_kind s);
+std::string to_string(distribution_kind d);
+score_kind parse_score_kind(const std::string& s);
+distribution_kind parse_distribution_kind(const std::string& s);
+score_activation parse_score_activation(const std::string& s);
+hardmax_gradient parse_hardmax_gradient(const std::string& s);
+family_path parse_family_path(const std::string& s);
+
+}  // namespace attn

@@ -1,0 +1,131 @@
+// src/family/family_impl.h — the validated, prepared description of one attention_family call,
+// shared by the front (front.cc), the tiled kernels (tiled.cc) and the reference (reference.cc).
+//
+// The front turns every score into a "kernel" on prepared vectors, so the kernels never see
+// the user's parameters in their raw form:
+//   Qp [B, Hq, Nq, Pq]   the query side, e.g. W_q q for additive, q/(‖q‖τ) for cosine
+//   Kp [B, Hkv, Nk, Pk]  the key side,   e.g. W_k k + b for additive, k/‖k‖ for cosine
+//   V  [B, Hkv, Nk, Dv]
+// and the chain rule back through that preparation is applied once, after the kernels have
+// produced dQp and dKp (front.cc, `finish`). All buffers are contiguous float64.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attn/family.h"
+#include "core/problem.h"
+
+namespace attn::detail::family {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// What the kernels evaluate on prepared vectors (qp, kp), per key j:
+enum class kernel_kind {
+  dot,       // e = act(qp·kp + bias)                      dot, scaled, general*, cosine, gaussian
+  additive,  // e_f = Σ_a w_v[f, a] tanh(qp_a + kp_a)     F = 1 or Dv
+  location,  // e = Σ_d W_a[j, d] qp_d                    keys unused
+  box,       // e = 1{‖qp - kp‖ <= h}
+  triangle,  // e = max(0, 1 - ‖qp - kp‖/h)
+};
+
+enum class act_kind { identity, tanh, relu, sigmoid };
+
+struct fproblem {
+  problem p;  // masks, causal frontier, window, padding and threads (its q/k/v are not used)
+  std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dv = 0;
+  std::int64_t Pq = 0, Pk = 0, F = 1;
+  std::vector<double> Qp, Kp, V;
+
+  kernel_kind kernel = kernel_kind::dot;
+  act_kind act = act_kind::identity;
+  double bias = 0.0;          // dot kernel
+  std::vector<double> w_v;    // additive [F, Pq]
+  std::vector<double> W_a;    // location [Nk, Pq]
+  double h = 1.0;             // box, triangle
+
+  distribution_kind dist = distribution_kind::softmax;  // kernel+gaussian arrives as softmax
+  double sigmoid_bias = 0.0;
+  std::int64_t topk = 1;
+  hardmax_gradient hardmax_grad = hardmax_gradient::zero;
+
+  std::int64_t group() const { return Hq / Hkv; }
+  const double* qp(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return Qp.data() + ((b * Hq + h) * Nq + i) * Pq;
+  }
+  const double* kp(std::int64_t b, std::int64_t hk) const { return Kp.data() + (b * Hkv + hk) * Nk * Pk; }
+  const double* v(std::int64_t b, std::int64_t hk) const { return V.data() + (b * Hkv + hk) * Nk * Dv; }
+};
+
+// Gradients one thread accumulates (reduced by the caller). dKp, dV are [B, Hkv, Nk, Pk|Dv].
+struct grad_acc {
+  std::vector<double> dKp, dV, dw_v, dW_a;
+  double dbias = 0.0, dh = 0.0, dsigmoid_bias = 0.0;
+
+  void init(const fproblem& fp) {
+    dKp.assign(std::size_t(fp.B * fp.Hkv * fp.Nk * fp.Pk), 0.0);
+    dV.assign(std::size_t(fp.B * fp.Hkv * fp.Nk * fp.Dv), 0.0);
+    dw_v.assign(fp.w_v.size(), 0.0);
+    dW_a.assign(fp.W_a.size(), 0.0);
+  }
+  void add(const grad_acc& o) {
+    for (std::size_t i = 0; i < dKp.size(); ++i) dKp[i] += o.dKp[i];
+    for (std::size_t i = 0; i < dV.size(); ++i) dV[i] += o.dV[i];
+    for (std::size_t i = 0; i < dw_v.size(); ++i) dw_v[i] += o.dw_v[i];
+    for (std::size_t i = 0; i < dW_a.size(); ++i) dW_a[i] += o.dW_a[i];
+    dbias += o.dbias, dh += o.dh, dsigmoid_bias += o.dsigmoid_bias;
+  }
+};
+
+// One query row: where its prepared vectors live and which keys [lo, hi) it may see.
+struct row_ctx {
+  std::int64_t b, h, hk, i, lo, hi;
+  const double* qp;
+  const double* kp;  // key 0 of head hk
+  const double* v;   // key 0 of head hk
+};
+
+inline row_ctx make_row(const fproblem& fp, std::int64_t b, std::int64_t h, std::int64_t i) {
+  const std::int64_t hk = h / fp.group();
+  const auto [lo, hi] = fp.p.key_range(b, i);
+  return {b, h, hk, i, lo, hi, fp.qp(b, h, i), fp.kp(b, hk), fp.v(b, hk)};
+}
+
+// ---- kernels (kernels.cc) ----
+// Scores of keys [j0, j1) of a row, e[(j - j0) * F + f], with the mask applied (+ additive
+// mask; -inf for excluded keys).
+void eval_scores(const fproblem& fp, const row_ctx& r, std::int64_t j0, std::int64_t j1, double* e);
+// Backward of eval_scores: given de for keys [j0, j1), adds into dqp (the row's dQp) and acc.
+void backprop_scores(const fproblem& fp, const row_ctx& r, std::int64_t j0, std::int64_t j1, const double* de,
+                     double* dqp, grad_acc& acc);
+
+// ---- implementations (tiled.cc, reference.cc): write out [B, Hq, Nq, Dv] / gradients ----
+void tiled_forward(const fproblem& fp, std::vector<double>& out);
+void tiled_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp, grad_acc& acc);
+void reference_forward(const fproblem& fp, std::vector<double>& out, std::vector<double>* weights);
+void reference_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp,
+                        grad_acc& acc);
+
+// Activation and its derivative written in terms of z.
+inline double activate(act_kind a, double z) {
+  switch (a) {
+    case act_kind::identity: return z;
+    case act_kind::tanh: return std::tanh(z);
+    case act_kind::relu: return z > 0.0 ? z : 0.0;
+    case act_kind::sigmoid: return 1.0 / (1.0 + std::exp(-z));
+  }
+  return z;
+}
+inline double activate_grad(act_kind a, double z) {
+  switch (a) {
+    case act_kind::identity: return 1.0;
+    case act_kind::tanh: { const double t = std::tanh(z); return 1.0 - t * t; }
+    case act_kind::relu: return z > 0.0 ? 1.0 : 0.0;
+    case act_kind::sigmoid: { const double s = 1.0 / (1.0 + std::exp(-z)); return s * (1.0 - s); }
+  }
+  return 1.0;
+}
+
+}  // namespace attn::detail::family
