@@ -16,8 +16,25 @@
 namespace attn {
 namespace detail {
 namespace {
-
 [[noreturn]] void fail(const char* op, const std::string& what) { throw error(fmt::format("{}: {}", op, what)); }
+}  // namespace
+
+void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, const TensorView& v) {
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
+    if (!is_floating(t->type()))
+      fail(op, fmt::format("{} has dtype {}, expected float32, float16, bfloat16 or float64", name, dtype_name(t->type())));
+    if (t->data() == nullptr && t->numel() != 0) fail(op, fmt::format("{} has no data", name));
+  }
+  if (k.type() != q.type() || v.type() != q.type())
+    fail(op, fmt::format("q, k, v have dtypes {}, {}, {}; they must be the same", dtype_name(q.type()),
+                         dtype_name(k.type()), dtype_name(v.type())));
+  if (q.rank() != 4 && q.rank() != 3)
+    fail(op, fmt::format("q has {} dims, expected 4 (B, Hq, Nq, D) or 3 (B, Nq, Hq*D)", q.rank()));
+  if (k.rank() != q.rank() || v.rank() != q.rank())
+    fail(op, fmt::format("q, k, v have {}, {}, {} dims; they must all be 4-D or all 3-D", q.rank(), k.rank(), v.rank()));
+}
+
+namespace {
 
 // A q/k/v-like tensor seen as [B, H, N, X]: 4-D as is, 3-D [B, N, H*X] split by `heads`.
 strided4 as_bhnx(const TensorView& t, std::int64_t heads) {
@@ -39,18 +56,7 @@ struct qkv_dims {
 
 qkv_dims check_qkv(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                    const attention_options& o) {
-  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
-    if (!is_floating(t->type()))
-      fail(op, fmt::format("{} has dtype {}, expected float32, float16, bfloat16 or float64", name, dtype_name(t->type())));
-    if (t->data() == nullptr && t->numel() != 0) fail(op, fmt::format("{} has no data", name));
-  }
-  if (k.type() != q.type() || v.type() != q.type())
-    fail(op, fmt::format("q, k, v have dtypes {}, {}, {}; they must be the same", dtype_name(q.type()),
-                         dtype_name(k.type()), dtype_name(v.type())));
-  if (q.rank() != 4 && q.rank() != 3)
-    fail(op, fmt::format("q has {} dims, expected 4 (B, Hq, Nq, D) or 3 (B, Nq, Hq*D)", q.rank()));
-  if (k.rank() != q.rank() || v.rank() != q.rank())
-    fail(op, fmt::format("q, k, v have {}, {}, {} dims; they must all be 4-D or all 3-D", q.rank(), k.rank(), v.rank()));
+  check_qkv_types(op, q, k, v);
   if (o.q_num_heads < 0 || o.kv_num_heads < 0)
     fail(op, fmt::format("q_num_heads = {} and kv_num_heads = {} must not be negative", o.q_num_heads, o.kv_num_heads));
   qkv_dims d{};

@@ -150,6 +150,9 @@ struct problem_storage {
   Tensor present_key, present_value;
 };
 
+// q, k, v: float dtypes, all the same; all 4-D or all 3-D. Throws attn::error naming `op`.
+void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, const TensorView& v);
+
 // Checks every argument of an attention call and builds its problem (src/core/attention.cc).
 // Other fronts (src/family) reuse it for the mask, causal, window and padding semantics.
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,

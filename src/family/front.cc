@@ -134,19 +134,7 @@ family_path resolve_path(const char* op, const family_options& o, bool core_ok) 
 
 void prepare(const char* op, const TensorView& q, const TensorView& k, const TensorView& v, const family_options& o,
              prepared& P) {
-  // q, k, v
-  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
-    if (!is_floating(t->type()))
-      fail(op, fmt::format("{} has dtype {}, expected float32, float16, bfloat16 or float64", name, dtype_name(t->type())));
-    if (t->data() == nullptr && t->numel() != 0) fail(op, fmt::format("{} has no data", name));
-  }
-  if (k.type() != q.type() || v.type() != q.type())
-    fail(op, fmt::format("q, k, v have dtypes {}, {}, {}; they must be the same", dtype_name(q.type()),
-                         dtype_name(k.type()), dtype_name(v.type())));
-  if (q.rank() != 4 && q.rank() != 3)
-    fail(op, fmt::format("q has {} dims, expected 4 (B, Hq, Nq, D) or 3 (B, Nq, Hq*D)", q.rank()));
-  if (k.rank() != q.rank() || v.rank() != q.rank())
-    fail(op, fmt::format("q, k, v have {}, {}, {} dims; they must all be 4-D or all 3-D", q.rank(), k.rank(), v.rank()));
+  detail::check_qkv_types(op, q, k, v);
   std::int64_t Hq = 0, Hkv = 0;
   if (q.rank() == 3) {
     Hq = o.q_num_heads, Hkv = o.kv_num_heads;
