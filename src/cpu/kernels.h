@@ -99,8 +99,8 @@ inline constexpr std::int64_t kLaneKeyBlock = 64;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
 inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
-  (void)D, (void)Dv;
-  return 4 * kLaneKeyBlock * L + 8 * L;
+  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 2 * L * 64 + 64;  // decode: rows, sums, bias, padded block
+  return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
 inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
 
