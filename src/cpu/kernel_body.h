@@ -184,6 +184,45 @@ inline bool block_ranged(const lane_block& lb, std::int64_t j0, std::int64_t j1)
 // ---- forward, lane layout ----
 //   Sᵀ[j][lane] = k_j · qᵀ_lane         (q pre-scaled)
 //   m' = max(m, max_j s), p = e^{s - m'}, l = l·e^{m - m'} + Σ p, Oᵀ = Oᵀ·e^{m - m'} + Vᵀ P
+
+// The online-softmax step of keys [j0, j0 + nb) on the scores S (in place → p), then Oᵀ *= α.
+template <int CC>
+void softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc, float* S, float* bias,
+                   float* alpha, std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  const bool ranged = block_ranged(lb, j0, j0 + nb);
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+    const vf m_old = load(io.m + c * W);
+    vf mx = m_old, t;
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sp = S + jj * L + c * W;
+      const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+      store(sp, s);
+      mx = vmax(mx, s);
+    }
+    const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
+    const vf a = vexp(m_old - mu);
+    vf sum{};
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sp = S + jj * L + c * W;
+      const vf p = vexp(load(sp) - mu);
+      store(sp, p);
+      sum += p;
+    }
+    store(io.l + c * W, load(io.l + c * W) * a + sum);
+    store(io.m + c * W, mx);
+    store(alpha + c * W, a);
+  }
+  for (std::int64_t d = 0; d < lb.Dv; ++d)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+}
+
 template <int CC>
 void forward_impl(const lane_block& lb, const forward_io& io) {
   const std::int64_t L = CC * W;
@@ -195,37 +234,7 @@ void forward_impl(const lane_block& lb, const forward_io& io) {
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, kr.kmax - j0);
     gemm(nb, L, lb.D, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
-    if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
-    const bool ranged = block_ranged(lb, j0, j0 + nb);
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
-      const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
-      const vf m_old = load(io.m + c * W);
-      vf mx = m_old, t;
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        float* sp = S + jj * L + c * W;
-        const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-        store(sp, s);
-        mx = vmax(mx, s);
-      }
-      const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
-      const vf a = vexp(m_old - mu);
-      vf sum{};
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        float* sp = S + jj * L + c * W;
-        const vf p = vexp(load(sp) - mu);
-        store(sp, p);
-        sum += p;
-      }
-      store(io.l + c * W, load(io.l + c * W) * a + sum);
-      store(io.m + c * W, mx);
-      store(alpha + c * W, a);
-    }
-    for (std::int64_t d = 0; d < lb.Dv; ++d)
-#pragma GCC unroll 4
-      for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+    softmax_block<CC>(lb, io, sc, S, bias, alpha, j0, nb);
     gemm(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, io.ot, L, true);
   }
 }
@@ -512,8 +521,9 @@ void dq_entry(const lane_block& lb, const dq_io& io) {
   dq_impl<1>(lb, io);
 }
 
-constexpr kernel_table make_table(const char* name) {
-  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl};
+constexpr kernel_table make_table(const char* name,
+                                  void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr) {
+  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl, forward_bf16};
 }
 
 }  // namespace
