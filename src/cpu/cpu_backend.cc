@@ -95,9 +95,15 @@ rows_f32 as_rows(const strided4& t, std::int64_t B, std::int64_t H, std::int64_t
 // Writes X floats (times `mul`) to row (b, h, n) of a strided output of any float dtype.
 void store_row(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
                std::int64_t src_stride, float mul) {
-  if (t.type == dtype::f32 && (t.sx == 1 || X <= 1)) {
+  if (t.type == dtype::f32) {
     float* d = t.ptr<float>(b, h, n, 0);
-    for (std::int64_t x = 0; x < X; ++x) d[x] = src[x * src_stride] * mul;
+    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = src[x * src_stride] * mul;
+  } else if (t.type == dtype::bf16) {
+    std::uint16_t* d = t.ptr<std::uint16_t>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_bf16(src[x * src_stride] * mul);
+  } else if (t.type == dtype::f16) {
+    std::uint16_t* d = t.ptr<std::uint16_t>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_f16(src[x * src_stride] * mul);
   } else {
     for (std::int64_t x = 0; x < X; ++x) t.store(b, h, n, x, double(src[x * src_stride] * mul));
   }

@@ -95,7 +95,7 @@ struct dkdv_pair {
 
 // Key-block sizes: the lane-layout kernels visit keys in blocks of kLaneKeyBlock; the row
 // layout packs kRowKeyBlock keys per task.
-inline constexpr std::int64_t kLaneKeyBlock = 64;
+inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
 inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
