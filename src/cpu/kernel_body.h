@@ -30,6 +30,21 @@ inline vi loadi(const std::int32_t* p) {
   return v;
 }
 inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+// W floats from f32 or bf16 storage (bf16 → f32 is a 16-bit shift).
+typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
+inline vf load_row(const float* p) { return load(p); }
+inline vf load_row(const std::uint16_t* p) {
+  vh h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return (vf)(__builtin_convertvector(h, vi) << 16);
+}
+inline float scalar_row(const float* p) { return *p; }
+inline float scalar_row(const std::uint16_t* p) {
+  const std::uint32_t u = std::uint32_t(*p) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
 inline vf splat(float s) { return s - vf{}; }  // x - 0 folds away; x + 0 would not (-0)
 inline vi splati(std::int32_t s) { return s - vi{}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
@@ -393,20 +408,20 @@ inline float decode_softmax(const lane_block& lb, const forward_io& io, const de
 
 // NC = D / W = Dv / W vectors: q row and output row live in registers; K and V rows are read
 // once per row from a base pointer and stride (so nothing spills).
-template <int NC>
+template <int NC, class T>
 void decode_block(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                  std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb, std::int64_t vs) {
+                  std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
   for (std::int64_t g = 0; g < st.nr; ++g) {
     vf qv[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) qv[c] = load(st.qr + g * st.Dp + c * W);
     vf acc[W];
-    const float* kp = kb;
+    const T* kp = kb;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, kp += ks) {
-      vf a = load(kp) * qv[0];
+      vf a = load_row(kp) * qv[0];
 #pragma GCC unroll 8
-      for (int c = 1; c < NC; ++c) a += load(kp + c * W) * qv[c];
+      for (int c = 1; c < NC; ++c) a += load_row(kp + c * W) * qv[c];
       acc[x] = a;
     }
     reduce_step(acc);
@@ -415,12 +430,12 @@ void decode_block(const lane_block& lb, const forward_io& io, const decode_state
     vf ov[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) ov[c] = load(o + c * W) * a;
-    const float* vp = vb;
+    const T* vp = vb;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, vp += vs) {
       const vf px = splat(st.pb[x]);
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) ov[c] += px * load(vp + c * W);
+      for (int c = 0; c < NC; ++c) ov[c] += px * load_row(vp + c * W);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) store(o + c * W, ov[c]);
@@ -460,12 +475,11 @@ void decode_block_any(const lane_block& lb, const forward_io& io, const decode_s
   }
 }
 
-template <int NC = 8>
+template <int NC = 8, class T>
 void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                     std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb,
-                     std::int64_t vs) {
+                     std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
   if constexpr (NC == 0) {
-    decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    if constexpr (sizeof(T) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
   } else {
     if (nc == NC) return decode_block<NC>(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
     decode_dispatch<NC - 1>(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
@@ -479,30 +493,49 @@ void decode_impl(const lane_block& lb, const forward_io& io) {
   // The specialised kernel when D == Dv is a multiple of W up to 8 vectors; 0 = any shape.
   const int nc = st.D == st.Dv && st.D % W == 0 && st.D / W <= 8 ? int(st.D / W) : 0;
   constexpr std::int64_t kAhead = 4 * W;  // prefetch distance in keys
+  const bool b16 = lb.k16 != nullptr;
+  const std::int64_t esize = b16 ? 2 : 4;
+  const char* kbase = b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
+  const char* vbase = b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const float *kb = lb.k + j0 * lb.ksn, *vb = lb.v + j0 * lb.vsn;
-    std::int64_t ks = lb.ksn, vs = lb.vsn;
-    if (nb < W) {  // short last block: copy, zero-padded
-      for (std::int64_t x = 0; x < W; ++x) {
-        for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kb[x * ks + d] : 0.0f;
-        for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vb[x * vs + d] : 0.0f;
-      }
-      kb = st.kpad, vb = st.vpad, ks = st.Dp, vs = st.Dvp;
-    } else if (j0 + kAhead + W <= kr.kmax) {
-      for (std::int64_t x = 0; x < W; ++x) {
-        const char* kp = reinterpret_cast<const char*>(lb.k + (j0 + kAhead + x) * lb.ksn);
-        const char* vp = reinterpret_cast<const char*>(lb.v + (j0 + kAhead + x) * lb.vsn);
-        for (std::int64_t o = 0; o < st.D * 4; o += 64) __builtin_prefetch(kp + o);
-        for (std::int64_t o = 0; o < st.Dv * 4; o += 64) __builtin_prefetch(vp + o);
-      }
-    }
+    const char* kb = kbase + j0 * lb.ksn * esize;
+    const char* vb = vbase + j0 * lb.vsn * esize;
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
       for (std::int64_t g = 0; g < st.nr; ++g)
         for (std::int64_t x = nb; x < W; ++x) st.bias[g * W + x] = 0.0f;
     }
-    decode_dispatch(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    if (nb < W || (b16 && nc == 0)) {  // short last block, or bf16 of a general shape: f32 copy, zero-padded
+      for (std::int64_t x = 0; x < W; ++x) {
+        const auto kat = [&](std::int64_t d) {
+          return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(kb) + x * lb.ksn + d)
+                     : reinterpret_cast<const float*>(kb)[x * lb.ksn + d];
+        };
+        const auto vat = [&](std::int64_t d) {
+          return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(vb) + x * lb.vsn + d)
+                     : reinterpret_cast<const float*>(vb)[x * lb.vsn + d];
+        };
+        for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kat(d) : 0.0f;
+        for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vat(d) : 0.0f;
+      }
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, st.kpad, st.Dp, st.vpad, st.Dvp);
+      continue;
+    }
+    if (j0 + kAhead + W <= kr.kmax) {
+      for (std::int64_t x = 0; x < W; ++x) {
+        const char* kp = kbase + (j0 + kAhead + x) * lb.ksn * esize;
+        const char* vp = vbase + (j0 + kAhead + x) * lb.vsn * esize;
+        for (std::int64_t o = 0; o < st.D * esize; o += 64) __builtin_prefetch(kp + o);
+        for (std::int64_t o = 0; o < st.Dv * esize; o += 64) __builtin_prefetch(vp + o);
+      }
+    }
+    if (b16)
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const std::uint16_t*>(kb), lb.ksn,
+                      reinterpret_cast<const std::uint16_t*>(vb), lb.vsn);
+    else
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const float*>(kb), lb.ksn,
+                      reinterpret_cast<const float*>(vb), lb.vsn);
   }
   for (std::int64_t g = 0; g < st.nr; ++g) {
     float l = 0.0f;

@@ -44,6 +44,8 @@ struct lane_block {
   const float* k = nullptr;            // key rows of this (b, hkv): k + j·ksn, unit x-stride
   const float* v = nullptr;
   std::int64_t ksn = 0, vsn = 0;
+  const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
+  const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
   const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
   const std::int32_t* hi = nullptr;
   const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)
