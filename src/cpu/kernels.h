@@ -101,7 +101,7 @@ inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
 inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
-  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 2 * L * 64 + 64;  // decode: rows, sums, bias, padded block
+  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 4 * L * 64 + 64;  // decode: rows, sums, bias, padded block
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
 inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
