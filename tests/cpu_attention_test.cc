@@ -267,29 +267,30 @@ TEST(cpu_attention, bitwise_identical_across_threads) {
     std::int64_t Hq, Hkv, Nq, Nk, D;
     bool causal;
   };
-  for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 17, false}}) {
-    SCOPED_TRACE(fmt::format("Hq {} Nq {} Nk {}", s.Hq, s.Nq, s.Nk));
-    std::mt19937 rng(11);
-    Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, dtype::f32, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, dtype::f32, rng),
-           v = random_tensor({1, s.Hkv, s.Nk, s.D}, dtype::f32, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, dtype::f32, rng);
-    Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
-    std::vector<std::vector<double>> first;
-    for (int threads : {1, 2, 3}) {
-      attention_options o;
-      o.is_causal = s.causal;
-      o.alibi_slopes = alibi, o.sinks = sinks;
-      o.use_backend = backend::cpu;
-      o.num_threads = threads;
-      const auto r = attention(q, k, v, o);
-      const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
-      std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
-                                              g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
-      if (first.empty()) first = all;
-      for (std::size_t t = 0; t < all.size(); ++t)
-        EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
-            << "output " << t << " differs with " << threads << " threads";
+  for (dtype type : {dtype::f32, dtype::bf16})
+    for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 18, false}}) {
+      SCOPED_TRACE(fmt::format("{} Hq {} Nq {} Nk {}", std::string(dtype_name(type)), s.Hq, s.Nq, s.Nk));
+      std::mt19937 rng(11);
+      Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng),
+             v = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng);
+      Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
+      std::vector<std::vector<double>> first;
+      for (int threads : {1, 2, 3}) {
+        attention_options o;
+        o.is_causal = s.causal;
+        o.alibi_slopes = alibi, o.sinks = sinks;
+        o.use_backend = backend::cpu;
+        o.num_threads = threads;
+        const auto r = attention(q, k, v, o);
+        const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+        std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
+                                                g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
+        if (first.empty()) first = all;
+        for (std::size_t t = 0; t < all.size(); ++t)
+          EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
+              << "output " << t << " differs with " << threads << " threads";
+      }
     }
-  }
 }
 
 // The decode kernel and split-KV (few rows, many keys) against the reference, GQA 4, every ISA;

@@ -256,6 +256,32 @@ void forward_impl(const lane_block& lb, const forward_io& io) {
 
 // ---- backward dq, lane layout (recompute from lse) ----
 //   p = e^{s - lse}, dp = dout·v_j, ds = p (dp - Δ) (· (1 - t²) with softcap), dqᵀ += Kᵀ dS
+
+// From the raw scores S and dP of keys [j0, j0 + nb), writes dS into S.
+template <int CC>
+void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc, float* S, float* bias, const float* dP,
+               std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  const bool ranged = block_ranged(lb, j0, j0 + nb);
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+    const vf lse = load(io.lse + c * W), delta = load(io.delta + c * W);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sp = S + jj * L + c * W;
+      vf t{};
+      const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+      const vf p = vexp(s - lse);
+      vf ds = p * (load(dP + jj * L + c * W) - delta);
+      if (sc.softcap) ds *= splat(1.0f) - t * t;
+      store(sp, ds);
+    }
+  }
+}
+
 template <int CC>
 void dq_impl(const lane_block& lb, const dq_io& io) {
   const std::int64_t L = CC * W;
@@ -269,38 +295,18 @@ void dq_impl(const lane_block& lb, const dq_io& io) {
     const std::int64_t nb = imin(kLaneKeyBlock, kr.kmax - j0);
     gemm(nb, L, lb.D, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
     gemm(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.dot, L, dP, L, false);
-    if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
-    const bool ranged = block_ranged(lb, j0, j0 + nb);
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
-      const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
-      const vf lse = load(io.lse + c * W), delta = load(io.delta + c * W);
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        float* sp = S + jj * L + c * W;
-        vf t{};
-        const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-        const vf p = vexp(s - lse);
-        vf ds = p * (load(dP + jj * L + c * W) - delta);
-        if (sc.softcap) ds *= splat(1.0f) - t * t;
-        store(sp, ds);
-      }
-    }
+    dq_scores<CC>(lb, io, sc, S, bias, dP, j0, nb);
     gemm(lb.D, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);
   }
 }
 
 // ---- backward dk, dv, row layout: one query block against one key block ----
-//   S = Q Kᵀ, dP = dO Vᵀ, P = e^{scale·S… - lse}, dS = P (dP - Δ),  dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS
-void dkdv_impl(const dkdv_pair& a) {
+//   S = Q Kᵀ, dP = dO Vᵀ, P = e^{scale·s' - lse} (s' the transformed score), dS = P (dP - Δ),
+//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS
+
+// From the raw S and dP of the pair, writes P into S and dS into dP; adds the ALiBi gradient.
+void dkdv_scores(const dkdv_pair& a, const score_consts& sc, float* S, float* dP, float* bias) {
   const std::int64_t ld = a.ldk, nq = a.nq;
-  float* S = a.scratch;
-  float* dP = S + nq * ld;
-  float* bias = dP + nq * ld;
-  const score_consts sc(a.sp);
-  gemm(nq, ld, a.D, a.q, a.qsn, 1, a.kt, ld, S, ld, false);
-  gemm(nq, ld, a.Dv, a.dout, a.dsn, 1, a.vt, ld, dP, ld, false);
   if (sc.bias) {
     a.sp.bias(a.sp.bias_ctx, a.j0, a.nb, bias, ld, 1);
     for (std::int64_t r = 0; r < nq; ++r)
@@ -328,13 +334,24 @@ void dkdv_impl(const dkdv_pair& a) {
       store(dP + r * ld + x, ds);
     }
   }
-  gemm(a.Dv, ld, nq, a.dout, 1, a.dsn, S, ld, a.dvt, ld, true);
-  gemm(a.D, ld, nq, a.q, 1, a.qsn, dP, ld, a.dkt, ld, true);
   if (sc.alibi) {
     double sum = 0.0;
     for (int x = 0; x < W; ++x) sum += double(dalibi[x]);
     *a.dalibi += sum;
   }
+}
+
+void dkdv_impl(const dkdv_pair& a) {
+  const std::int64_t ld = a.ldk, nq = a.nq;
+  float* S = a.scratch;
+  float* dP = S + nq * ld;
+  float* bias = dP + nq * ld;
+  const score_consts sc(a.sp);
+  gemm(nq, ld, a.D, a.q, a.qsn, 1, a.kt, ld, S, ld, false);
+  gemm(nq, ld, a.Dv, a.dout, a.dsn, 1, a.vt, ld, dP, ld, false);
+  dkdv_scores(a, sc, S, dP, bias);
+  gemm(a.Dv, ld, nq, a.dout, 1, a.dsn, S, ld, a.dvt, ld, true);
+  gemm(a.D, ld, nq, a.q, 1, a.qsn, dP, ld, a.dkt, ld, true);
 }
 
 // ---- decode, rows ≤ W (Nq·G small): D in SIMD lanes for the dots, W keys in lanes for the softmax ----
@@ -575,9 +592,8 @@ void dq_entry(const lane_block& lb, const dq_io& io) {
   dq_impl<1>(lb, io);
 }
 
-constexpr kernel_table make_table(const char* name,
-                                  void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr) {
-  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl, forward_bf16};
+constexpr kernel_table make_table(const char* name) {
+  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl, nullptr, nullptr, nullptr};
 }
 
 }  // namespace

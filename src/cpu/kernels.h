@@ -104,7 +104,7 @@ inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int
   const std::int64_t decode = (L + 64) * (D + Dv + 128) + 4 * L * 64 + 64;  // decode: rows, sums, bias, padded block
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
-inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
+inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
 
 // bf16 operands of the AVX512_BF16 forward, in pairs along the dot's reduction axis (one 32-bit
 // word = two bf16): qp [D/2][L] (pair d of lane x at qp[(d/2)·L + x]), k [Nk'][ldk] rows with
@@ -115,6 +115,28 @@ struct bf16_operands {
   const std::uint16_t* k = nullptr;
   std::int64_t ldk = 0;
   const std::uint32_t* vp = nullptr;
+};
+
+// bf16 operands of the AVX512_BF16 backward (D and Dv even; words = bf16 pairs, low half first).
+//   dq pass (lane layout): qp [D/2][L], dop [Dv/2][L] lane words of q and dout; k, v: key rows
+//     [Nk'][D|Dv]; kpairs [Nk'/2][D] (keys 2j', 2j'+1 of column d at kpairs[j'·D + d]).
+struct bf16_dq_operands {
+  const std::uint32_t* qp = nullptr;
+  const std::uint32_t* dop = nullptr;
+  const std::uint16_t* k = nullptr;
+  const std::uint16_t* v = nullptr;
+  const std::uint32_t* kpairs = nullptr;
+};
+//   dk/dv pass (row layout): q, dout: the pair's rows [nq][D|Dv]; qpairs [nq'/2][D], dopairs
+//     [nq'/2][Dv] (rows 2r', 2r'+1; nq' = nq rounded up to even, the extra row zero);
+//     ktp [D/2][ldk], vtp [Dv/2][ldk] (pair d/2 of key x at [d/2·ldk + x]).
+struct bf16_dkdv_operands {
+  const std::uint16_t* q = nullptr;
+  const std::uint16_t* dout = nullptr;
+  const std::uint32_t* qpairs = nullptr;
+  const std::uint32_t* dopairs = nullptr;
+  const std::uint32_t* ktp = nullptr;
+  const std::uint32_t* vtp = nullptr;
 };
 
 struct kernel_table {
@@ -128,6 +150,9 @@ struct kernel_table {
   // Forward from bf16 operands with fp32 accumulation (AVX512_BF16 only; null elsewhere).
   // Uses lanes == kernel_table::lanes; scratch as lane_scratch_floats plus bf16_scratch_floats.
   void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&);
+  // Backward passes from bf16 operands, fp32 accumulation (AVX512_BF16 only; null elsewhere).
+  void (*dq_bf16)(const lane_block&, const bf16_dq_operands&, const dq_io&);
+  void (*dkdv_bf16)(const dkdv_pair&, const bf16_dkdv_operands&);
 };
 
 inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
