@@ -13,6 +13,10 @@
 //     reductions.
 //   row layout (dk/dv): one query row per tile row, keys in SIMD lanes, Kᵀ/Vᵀ packed per key
 //     block; dKᵀ/dVᵀ accumulate over every query row and every head of the GQA group.
+// Decode (a (b, hkv) with at most W query rows: Nq·G small) uses neither: D sits in the SIMD
+// lanes for the q·k dots (W dots folded into one vector by a shuffle tree), so each K/V row is
+// read once, as is, for all the rows of the group — f32 or bf16, no copy.
+// bf16 inputs on the avx512bf16 level use the same layouts with bf16 pairs (bf16_operands).
 //
 // ISA code must not call inline functions shared with other translation units (they may be
 // merged by the linker with the copy built for another ISA): everything in kernel_body.h is
