@@ -207,18 +207,23 @@ void softmax_block(const lane_block& lb, const forward_io& io, const score_const
   const std::int64_t L = CC * W;
   if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
   const bool ranged = block_ranged(lb, j0, j0 + nb);
+  const bool identity = !ranged && !sc.softcap && !sc.bias && !sc.alibi && lb.sp.scale == 1.0f;
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
     const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
     const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
     const vf m_old = load(io.m + c * W);
     vf mx = m_old, t;
-    for (std::int64_t jj = 0; jj < nb; ++jj) {
-      float* sp = S + jj * L + c * W;
-      const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-      store(sp, s);
-      mx = vmax(mx, s);
+    if (identity) {  // plain scores (the common case): only the max
+      for (std::int64_t jj = 0; jj < nb; ++jj) mx = vmax(mx, load(S + jj * L + c * W));
+    } else {
+      for (std::int64_t jj = 0; jj < nb; ++jj) {
+        float* sp = S + jj * L + c * W;
+        const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+        store(sp, s);
+        mx = vmax(mx, s);
+      }
     }
     const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
     const vf a = vexp(m_old - mu);
