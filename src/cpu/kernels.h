@@ -168,9 +168,9 @@ const kernel_table& kernels_avx512();
 const kernel_table& kernels_avx512bf16();
 
 // Runtime ISA dispatch — the one place that asks the CPU what it supports (isa.cc). The
-// environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on every call,
-// so tests can walk every path); an unknown name or a level the CPU lacks gives the best
-// level available below it.
+// environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on
+// every call, so tests can walk every path); an unknown name is ignored, and a level above
+// what the CPU runs gives the best level it has.
 const kernel_table& select_kernels();
 // Every ISA level this CPU can run, lowest first ("generic", ...).
 const char* const* available_isas(int* count);
