@@ -9,9 +9,18 @@
 // so that every gradient element has exactly one writer: dq over lane blocks (like the
 // forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
 //
+// Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
+// fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
+// them. Other levels, and f16, convert to f32 on load.
+//
+// Memory: per-thread tiles (tens to hundreds of KiB) plus Δ and lse ([B, Hq, Nq] floats); inputs
+// are copied only when they are not f32 with unit x-stride (once, to f32), and bf16 K/V are
+// packed once per call for the dot-product kernels. Nothing of size Nq × Nk is ever allocated.
+//
 // Determinism: the partition into tasks, the chunking, and every reduction order depend only on
 // the problem's shape — never on the number of threads or on which thread runs a task — so
-// results are bitwise identical for any num_threads, forward and backward (tested).
+// results are bitwise identical for any num_threads, forward and backward (tested). Different
+// ISA levels (ATTN_CPU_ISA) sum in different orders and may differ in the last bits.
 #include <omp.h>
 
 #include <algorithm>
