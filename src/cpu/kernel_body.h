@@ -447,15 +447,15 @@ inline void decode_softmax(const lane_block& lb, const forward_io& io, const dec
 // overlaps (one row alone is a chain of dependent latencies): the dots of every row (q in
 // registers, W dots folded at once), the softmax of every row, then P·V two rows at a time
 // (each V vector read once for both, 2·NC independent accumulator chains).
-template <int NC, class T>
+template <int NC, class TK, class TV>
 void decode_block(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                  std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
+                  std::int64_t j0, std::int64_t nb, const TK* kb, std::int64_t ks, const TV* vb, std::int64_t vs) {
   for (std::int64_t g = 0; g < st.nr; ++g) {
     vf qv[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) qv[c] = load(st.qr + g * st.Dp + c * W);
     vf acc[W];
-    const T* kp = kb;
+    const TK* kp = kb;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, kp += ks) {
       vf a = load_row(kp) * qv[0];
@@ -475,7 +475,7 @@ void decode_block(const lane_block& lb, const forward_io& io, const decode_state
     const float a0 = st.alpha[g], a1 = st.alpha[g1];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) ov0[c] = load(o0 + c * W) * a0, ov1[c] = load(o1 + c * W) * a1;
-    const T* vp = vb;
+    const TV* vp = vb;
     const float *p0 = st.pb + g * W, *p1 = st.pb + g1 * W;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, vp += vs) {
@@ -527,11 +527,11 @@ void decode_block_any(const lane_block& lb, const forward_io& io, const decode_s
   }
 }
 
-template <int NC = 8, class T>
+template <int NC = 8, class TK, class TV>
 void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                     std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
+                     std::int64_t j0, std::int64_t nb, const TK* kb, std::int64_t ks, const TV* vb, std::int64_t vs) {
   if constexpr (NC == 0) {
-    if constexpr (sizeof(T) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    if constexpr (sizeof(TK) == 4 && sizeof(TV) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
   } else {
     if (nc == NC) return decode_block<NC>(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
     decode_dispatch<NC - 1>(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
@@ -570,15 +570,20 @@ void decode_impl(const lane_block& lb, const forward_io& io) {
         for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kat(d) : 0.0f;
         for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vat(d) : 0.0f;
       }
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, st.kpad, st.Dp, st.vpad, st.Dvp);
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, static_cast<const float*>(st.kpad), st.Dp,
+                      static_cast<const float*>(st.vpad), st.Dvp);
       continue;
     }
-    if (b16)
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const std::uint16_t*>(kb), lb.ksn,
+    if (b16) {  // keys converted once per block for all rows; values as they are (each read once)
+      for (std::int64_t x = 0; x < W; ++x)
+        for (std::int64_t d = 0; d < st.D; d += W)
+          store(st.kpad + x * st.Dp + d, load_row(reinterpret_cast<const std::uint16_t*>(kb) + x * lb.ksn + d));
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, static_cast<const float*>(st.kpad), st.Dp,
                       reinterpret_cast<const std::uint16_t*>(vb), lb.vsn);
-    else
+    } else {
       decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const float*>(kb), lb.ksn,
                       reinterpret_cast<const float*>(vb), lb.vsn);
+    }
   }
   for (std::int64_t g = 0; g < st.nr; ++g) {
     float l = 0.0f;
