@@ -143,7 +143,8 @@ struct backend_impl {
 // Backends in the order `backend::automatic` tries them; the reference is always last.
 const std::vector<const backend_impl*>& backend_registry();
 
-const backend_impl& reference_backend();
+const backend_impl& reference_backend();  // src/reference
+const backend_impl& cpu_backend();        // src/cpu
 
 // Everything a problem points into that the front had to allocate.
 struct problem_storage {
