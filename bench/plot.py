@@ -25,9 +25,10 @@ def main(path, png):
     rows = list(csv.DictReader(open(path)))
     panels = OrderedDict()
     for r in rows:
-        panels.setdefault((r["pass"], r["dtype"], r["threads"]), []).append(r)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(14, 3.6 * len(panels)), squeeze=False)
-    for ax, ((pas, dt, thr), rs) in zip(axes[:, 0], panels.items()):
+        kind = "decode" if r["Nq"] == "1" else "prefill"
+        panels.setdefault((kind, r["pass"], r["dtype"], r["threads"]), []).append(r)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.4 * len(panels)), squeeze=False)
+    for ax, ((kind, pas, dt, thr), rs) in zip(axes[:, 0], panels.items()):
         configs = list(OrderedDict.fromkeys(label(r) for r in rs))
         decode = {label(r) for r in rs if r["Nq"] == "1"}
         width = 0.8 / len(IMPLS)
@@ -40,18 +41,22 @@ def main(path, png):
                     ys.append(float(m[0]["gbps" if c in decode else "gflops"]))
             if xs:
                 ax.bar(xs, ys, width, label=impl, color=COLORS[impl])
-        peak = float(rs[0]["peak_gflops"])
-        ax.axhline(peak, color="k", ls="--", lw=0.8)
-        ax.text(len(configs) - 0.5, peak, f"FMA peak {peak:.0f} GFLOP/s", ha="right", va="bottom", fontsize=8)
-        if decode and rs[0]["dram_gbps"]:
-            dram = float(rs[0]["dram_gbps"])
-            first = configs.index(sorted(decode, key=configs.index)[0])
-            ax.hlines(dram, first - 0.5, len(configs) - 0.5, colors="m", ls=":", lw=1)
-            ax.text(first - 0.4, dram, f"DRAM read {dram:.0f} GB/s", color="m", va="bottom", fontsize=8)
+        ax.set_xlim(-0.5, len(configs) - 0.5)
+        if kind == "decode":
+            if rs[0]["dram_gbps"]:
+                dram = float(rs[0]["dram_gbps"])
+                ax.axhline(dram, color="m", ls=":", lw=1)
+                ax.text(len(configs) - 0.5, dram, f"DRAM read {dram:.0f} GB/s", color="m", ha="right", va="bottom",
+                        fontsize=8)
+            ax.set_ylabel("GB/s of K and V read")
+        else:
+            peak = float(rs[0]["peak_gflops"])
+            ax.axhline(peak, color="k", ls="--", lw=0.8)
+            ax.text(len(configs) - 0.5, peak, f"FMA peak {peak:.0f} GFLOP/s", ha="right", va="bottom", fontsize=8)
+            ax.set_ylabel("GFLOP/s")
         ax.set_xticks(range(len(configs)))
         ax.set_xticklabels(configs, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("GFLOP/s (decode: GB/s of K,V)")
-        ax.set_title(f"{pas}, {dt}, {thr} threads — {rs[0]['cpu']}", fontsize=10)
+        ax.set_title(f"{kind} {pas}, {dt}, {thr} threads — {rs[0]['cpu']}", fontsize=10)
         ax.legend(fontsize=8, ncol=4)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -307,7 +307,9 @@ struct machine {
   std::map<std::string, std::string> peer_versions;
 
   double peak(dtype t, int threads) const {
-    return (t == dtype::bf16 ? bf16_peak : f32_peak).at(threads).value;
+    const auto& m = t == dtype::bf16 ? bf16_peak : f32_peak;
+    const auto it = m.find(threads);
+    return it == m.end() ? NAN : it->second.value;
   }
 };
 
@@ -471,6 +473,7 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
     csv.open(a.csv);
     if (!csv) throw error(fmt::format("attn bench: cannot write --csv {}", a.csv));
     row dummy;
+    dummy.threads = threads.front();
     bool first = true;
     for (const auto& [k, v] : fields(dummy, m)) csv << (first ? "" : ",") << k, first = false;
     csv << "\n";
