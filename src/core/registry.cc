@@ -4,8 +4,10 @@
 
 namespace attn::detail {
 
+const backend_impl& cpu_backend();  // src/cpu
+
 const std::vector<const backend_impl*>& backend_registry() {
-  static const std::vector<const backend_impl*> list = {&reference_backend()};
+  static const std::vector<const backend_impl*> list = {&cpu_backend(), &reference_backend()};
   return list;
 }
 

@@ -1,0 +1,446 @@
+// src/cpu/cpu_backend.cc — the fused CPU backend ("cpu"): eligibility, work partition,
+// threads, and the scalar set-up around the SIMD kernels of kernels.h.
+//
+// Forward: tasks are (b, hkv, lane block[, key chunk]); each runs an online softmax over the
+// keys its rows may see (causal / window / kv-length block skipping) and saves only the lse.
+// Decode-shaped calls (few lane blocks, many keys) split the keys into fixed chunks merged in
+// chunk order afterwards (split-KV), so every thread has work.
+// Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)) runs in two passes
+// so that every gradient element has exactly one writer: dq over lane blocks (like the
+// forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
+//
+// Determinism: the partition into tasks, the chunking, and every reduction order depend only on
+// the problem's shape — never on the number of threads or on which thread runs a task — so
+// results are bitwise identical for any num_threads, forward and backward (tested).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "core/problem.h"
+#include "cpu/kernels.h"
+
+namespace attn::detail {
+namespace {
+
+using namespace cpu;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr float kInfF = std::numeric_limits<float>::infinity();
+
+// Split-KV: used when fewer than kSplitUnits (b, hkv, lane block) units exist; chunks of
+// kSplitKeys keys. Both constants, never the thread count, decide the partition.
+constexpr std::int64_t kSplitUnits = 32;
+constexpr std::int64_t kSplitKeys = 2048;
+// Query rows per row-layout block in the dk/dv pass.
+constexpr std::int64_t kRowQueryBlock = 64;
+
+struct free_deleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using fbuf = std::unique_ptr<float[], free_deleter>;
+
+fbuf alloc_floats(std::int64_t n) {
+  const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
+  return fbuf(static_cast<float*>(std::aligned_alloc(64, bytes)));
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// [B, H, N, X] as f32 rows with unit x-stride: the user's memory when it already is, else a copy.
+struct rows_f32 {
+  const float* data = nullptr;
+  std::int64_t sb = 0, sh = 0, sn = 0;
+  fbuf own;
+  const float* row(std::int64_t b, std::int64_t h, std::int64_t n) const { return data + b * sb + h * sh + n * sn; }
+};
+
+rows_f32 as_rows(const strided4& t, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
+  rows_f32 r;
+  if (t.type == dtype::f32 && (t.sx == 1 || X <= 1)) {
+    r.data = static_cast<const float*>(t.data);
+    r.sb = t.sb, r.sh = t.sh, r.sn = t.sn;
+    return r;
+  }
+  r.own = alloc_floats(B * H * N * X);
+  r.data = r.own.get();
+  r.sn = X, r.sh = N * X, r.sb = H * N * X;
+  float* dst = r.own.get();
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t row = 0; row < B * H * N; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    float* d = dst + row * X;
+    const std::int64_t base = t.offset(b, h, n, 0);
+    switch (t.type) {
+      case dtype::f32:
+        for (std::int64_t x = 0; x < X; ++x) d[x] = static_cast<const float*>(t.data)[base + x * t.sx];
+        break;
+      case dtype::bf16:
+        for (std::int64_t x = 0; x < X; ++x) d[x] = bf16_to_f32(static_cast<const std::uint16_t*>(t.data)[base + x * t.sx]);
+        break;
+      case dtype::f16:
+        for (std::int64_t x = 0; x < X; ++x) d[x] = f16_to_f32(static_cast<const std::uint16_t*>(t.data)[base + x * t.sx]);
+        break;
+      default:
+        for (std::int64_t x = 0; x < X; ++x) d[x] = float(load_as_double(t.data, t.type, base + x * t.sx));
+    }
+  }
+  return r;
+}
+
+// Writes X floats (times `mul`) to row (b, h, n) of a strided output of any float dtype.
+void store_row(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
+               std::int64_t src_stride, float mul) {
+  if (t.type == dtype::f32 && (t.sx == 1 || X <= 1)) {
+    float* d = t.ptr<float>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) d[x] = src[x * src_stride] * mul;
+  } else {
+    for (std::int64_t x = 0; x < X; ++x) t.store(b, h, n, x, double(src[x * src_stride] * mul));
+  }
+}
+
+// The mask bias of rows (h[r], i[r]) of batch b; rows >= valid get 0.
+struct bias_ctx {
+  const problem* p = nullptr;
+  std::int64_t b = 0, valid = 0, total = 0;
+  const std::int64_t* h = nullptr;
+  const std::int64_t* i = nullptr;
+};
+
+void fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
+  const bias_ctx& c = *static_cast<const bias_ctx*>(vctx);
+  const strided4& m = c.p->mask_view;
+  const std::int64_t cols = c.p->mask_cols;
+  for (std::int64_t r = 0; r < c.total; ++r) {
+    float* t = tile + r * rs;
+    if (r >= c.valid) {
+      for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = 0.0f;
+      continue;
+    }
+    const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], 0);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      const std::int64_t j = j0 + jj;
+      float v;
+      if (j >= cols) v = -kInfF;  // padding columns (also outside key_range)
+      else if (c.p->mask == mask_kind::boolean) v = static_cast<const bool*>(m.data)[base + j * m.sx] ? 0.0f : -kInfF;
+      else if (m.type == dtype::f32) v = static_cast<const float*>(m.data)[base + j * m.sx];
+      else v = float(load_as_double(m.data, m.type, base + j * m.sx));
+      t[jj * ks] = v;
+    }
+  }
+}
+
+// Lanes of one lane block: row r = lb·L + x of (b, hkv) is query i = r / G of head hkv·G + r % G.
+struct lane_setup {
+  std::int64_t L = 0, nl = 0;
+  std::vector<std::int32_t> lo, hi, pos;
+  std::vector<float> slope;
+  std::vector<std::int64_t> h, i;
+  fbuf qt;
+
+  lane_setup(std::int64_t L_, std::int64_t D) : L(L_), lo(L_), hi(L_), pos(L_), slope(L_), h(L_), i(L_), qt(alloc_floats(D * L_)) {}
+
+  // Q null: lane positions only (no qᵀ).
+  void set(const problem& p, const rows_f32* Q, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
+    const std::int64_t G = p.group(), rows = p.Nq * G;
+    nl = std::min(L, rows - lbi * L);
+    const float scale = float(p.scale);
+    for (std::int64_t x = 0; x < L; ++x) {
+      if (x >= nl) {
+        lo[x] = hi[x] = pos[x] = 0, slope[x] = 0.0f, h[x] = i[x] = 0;
+        if (Q)
+          for (std::int64_t d = 0; d < p.D; ++d) qt[d * L + x] = 0.0f;
+        continue;
+      }
+      const std::int64_t r = lbi * L + x;
+      i[x] = r / G, h[x] = hkv * G + r % G;
+      const auto [a, e] = p.key_range(b, i[x]);
+      lo[x] = std::int32_t(a), hi[x] = std::int32_t(e), pos[x] = std::int32_t(p.query_pos(b, i[x]));
+      slope[x] = p.alibi.empty() ? 0.0f : float(p.alibi[b * p.Hq + h[x]]);
+      if (!Q) continue;
+      const float* q = Q->row(b, h[x], i[x]);
+      for (std::int64_t d = 0; d < p.D; ++d) qt[d * L + x] = q[d] * scale;
+    }
+  }
+};
+
+score_params make_score_params(const problem& p, const bias_ctx* bc, float scale) {
+  score_params sp;
+  sp.scale = scale;
+  sp.softcap = float(p.softcap);
+  sp.alibi = !p.alibi.empty();
+  if (p.mask != mask_kind::none) sp.bias = fill_bias, sp.bias_ctx = bc;
+  return sp;
+}
+
+lane_block make_lane_block(const problem& p, const lane_setup& ls, const rows_f32& K, const rows_f32& V,
+                           std::int64_t b, std::int64_t hkv, const score_params& sp, float* scratch) {
+  lane_block lb;
+  lb.L = ls.L, lb.nl = ls.nl, lb.D = p.D, lb.Dv = p.Dv;
+  lb.qt = ls.qt.get();
+  lb.k = K.row(b, hkv, 0), lb.v = V.row(b, hkv, 0);
+  lb.ksn = K.sn, lb.vsn = V.sn;
+  lb.lo = ls.lo.data(), lb.hi = ls.hi.data(), lb.pos = ls.pos.data(), lb.slope = ls.slope.data();
+  lb.klo = 0, lb.khi = p.Nk;
+  lb.sp = sp;
+  lb.scratch = scratch;
+  return lb;
+}
+
+std::int64_t lanes_for(const problem& p, const kernel_table& kt) {
+  return p.Nq * p.group() <= kt.lanes_small ? kt.lanes_small : kt.lanes;
+}
+
+// ---- forward ----
+
+void forward(const problem& p, const forward_outputs& o) {
+  if (p.B * p.Hq * p.Nq == 0) return;
+  const kernel_table& kt = select_kernels();
+  const int nt = std::max(1, p.num_threads);
+  const rows_f32 Q = as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
+  const rows_f32 K = as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V = as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
+  const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
+  const std::int64_t units = p.B * p.Hkv * nlb;
+  std::int64_t nchunk = 1, chunk = std::max<std::int64_t>(p.Nk, 1);
+  if (units < kSplitUnits && p.Nk >= 2 * kSplitKeys) nchunk = ceil_div(p.Nk, kSplitKeys), chunk = kSplitKeys;
+  const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
+  fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
+
+  // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
+  auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
+    for (std::int64_t x = 0; x < ls.nl; ++x) {
+      const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+      store_row(o.out, b, ls.h[x], ls.i[x], p.Dv, ot + x, ls.L, inv);
+      const double lse = l[x] > 0.0f ? double(m[x] + std::log(l[x])) : kNegInf;
+      store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
+    }
+  };
+
+#pragma omp parallel num_threads(nt)
+  {
+    lane_setup ls(L, p.D);
+    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv));
+    fbuf mlo = alloc_floats(per);
+    float *m = mlo.get(), *l = m + L, *ot = l + L;
+    bias_ctx bc;
+    bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+    const score_params sp = make_score_params(p, &bc, 1.0f);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < units * nchunk; ++t) {
+      const std::int64_t c = t % nchunk, u = t / nchunk;
+      const std::int64_t lbi = nlb - 1 - u % nlb;  // later query blocks see more keys (causal): start them first
+      const std::int64_t hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+      ls.set(p, &Q, b, hkv, lbi);
+      bc.b = b, bc.valid = ls.nl;
+      for (std::int64_t x = 0; x < L; ++x) {
+        const bool sink = !p.sinks.empty() && x < ls.nl && c == 0;
+        m[x] = sink ? float(p.sinks[ls.h[x]]) : -kInfF;
+        l[x] = sink ? 1.0f : 0.0f;
+      }
+      std::fill(ot, ot + p.Dv * L, 0.0f);
+      lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
+      lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
+      kt.forward(lb, forward_io{m, l, ot});
+      if (nchunk == 1) finish(ls, b, m, l, ot);
+      else std::copy(m, m + per, part.get() + t * per);
+    }
+  }
+  if (nchunk == 1) return;
+
+  // Split-KV merge, chunk by chunk in key order.
+#pragma omp parallel num_threads(nt)
+  {
+    lane_setup ls(L, 0);
+    fbuf acc = alloc_floats(per);
+    float *m = acc.get(), *l = m + L, *ot = l + L;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < units; ++u) {
+      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+      ls.set(p, nullptr, b, hkv, lbi);
+      const float* pc = part.get() + u * nchunk * per;
+      for (std::int64_t x = 0; x < L; ++x) {
+        float mx = -kInfF;
+        for (std::int64_t c = 0; c < nchunk; ++c) mx = std::max(mx, pc[c * per + x]);
+        l[x] = 0.0f, m[x] = mx;
+        for (std::int64_t d = 0; d < p.Dv; ++d) ot[d * L + x] = 0.0f;
+        if (mx == -kInfF) continue;
+        for (std::int64_t c = 0; c < nchunk; ++c) {
+          const float* q = pc + c * per;
+          const float w = std::exp(q[x] - mx);
+          l[x] += w * q[L + x];
+          for (std::int64_t d = 0; d < p.Dv; ++d) ot[d * L + x] += w * q[2 * L + d * L + x];
+        }
+      }
+      finish(ls, b, m, l, ot);
+    }
+  }
+}
+
+// ---- backward ----
+
+void backward(const problem& p, const backward_io& io) {
+  const kernel_table& kt = select_kernels();
+  const int nt = std::max(1, p.num_threads);
+  const std::int64_t G = p.group();
+  const rows_f32 Q = as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
+  const rows_f32 K = as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V = as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
+  const rows_f32 dO = as_rows(io.dout, p.B, p.Hq, p.Nq, p.Dv, nt);
+  const float scale = float(p.scale);
+
+  // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
+  const std::int64_t nrows = p.B * p.Hq * p.Nq;
+  fbuf delta = alloc_floats(nrows), lse = alloc_floats(nrows);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t r = 0; r < nrows; ++r) {
+    const std::int64_t i = r % p.Nq, h = r / p.Nq % p.Hq, b = r / p.Nq / p.Hq;
+    double s = 0.0;
+    const float* d = dO.row(b, h, i);
+    for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * io.out.load(b, h, i, x);
+    delta[r] = float(s);
+    const double l = load_as_double(io.lse, io.lse_type, r);
+    lse[r] = l == kNegInf ? kInfF : float(l);
+  }
+  if (io.dsinks) {  // dsink_h = -Σ_{b,i} e^{sink_h - lse} Δ_i, in (b, i) order
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (std::int64_t h = 0; h < p.Hq; ++h) {
+      double s = 0.0;
+      for (std::int64_t b = 0; b < p.B; ++b)
+        for (std::int64_t i = 0; i < p.Nq; ++i) {
+          const std::int64_t r = (b * p.Hq + h) * p.Nq + i;
+          if (lse[r] != kInfF) s += std::exp(p.sinks[h] - double(lse[r])) * double(delta[r]);
+        }
+      io.dsinks[h] -= s;
+    }
+  }
+
+  // Pass 1: dq, lane layout over (b, hkv, lane block).
+  const std::int64_t L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
+#pragma omp parallel num_threads(nt)
+  {
+    lane_setup ls(L, p.D);
+    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv));
+    fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
+    bias_ctx bc;
+    bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+    const score_params sp = make_score_params(p, &bc, 1.0f);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
+      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+      ls.set(p, &Q, b, hkv, lbi);
+      bc.b = b, bc.valid = ls.nl;
+      for (std::int64_t x = 0; x < L; ++x) {
+        const std::int64_t r = (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x];
+        const bool ok = x < ls.nl;
+        lv[x] = ok ? lse[r] : kInfF;
+        lv[L + x] = ok ? delta[r] : 0.0f;
+        const float* d = dO.row(b, ls.h[x], ls.i[x]);
+        for (std::int64_t y = 0; y < p.Dv; ++y) dot[y * L + x] = ok ? d[y] : 0.0f;
+      }
+      const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
+      kt.dq(lb, dq_io{dot.get(), lv.get(), lv.get() + L, dqt.get()});
+      for (std::int64_t x = 0; x < ls.nl; ++x) store_row(io.dq, b, ls.h[x], ls.i[x], p.D, dqt.get() + x, L, scale);
+    }
+  }
+
+  // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the group.
+  const std::int64_t nkb = ceil_div(p.Nk, kRowKeyBlock);
+  const std::int64_t ntask = p.B * p.Hkv * nkb;
+  std::vector<double> dalibi_part(io.dalibi ? std::size_t(ntask * G) : 0, 0.0);
+#pragma omp parallel num_threads(nt)
+  {
+    const std::int64_t ldk = ceil_div(kRowKeyBlock, kt.W) * kt.W;
+    fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk);
+    float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;
+    fbuf scratch = alloc_floats(row_scratch_floats(kRowQueryBlock, ldk));
+    std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
+    std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
+    bias_ctx bc;
+    bc.p = &p, bc.h = hs.data(), bc.i = is.data();
+    const score_params sp = make_score_params(p, &bc, scale);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t t = 0; t < ntask; ++t) {
+      const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
+      const std::int64_t j0 = kb * kRowKeyBlock, nb = std::min(kRowKeyBlock, p.Nk - j0);
+      const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
+      for (std::int64_t d = 0; d < p.D; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) ktp[d * ld + x] = x < nb ? K.row(b, hkv, j0 + x)[d] : 0.0f;
+      for (std::int64_t d = 0; d < p.Dv; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) vtp[d * ld + x] = x < nb ? V.row(b, hkv, j0 + x)[d] : 0.0f;
+      std::fill(dkt, dkt + p.D * ld, 0.0f);
+      std::fill(dvt, dvt + p.Dv * ld, 0.0f);
+      for (std::int64_t g = 0; g < G; ++g) {
+        const std::int64_t h = hkv * G + g;
+        for (std::int64_t i0 = 0; i0 < p.Nq; i0 += kRowQueryBlock) {
+          const std::int64_t nq = std::min(kRowQueryBlock, p.Nq - i0);
+          bool any = false;
+          for (std::int64_t r = 0; r < nq; ++r) {
+            const auto [a, e] = p.key_range(b, i0 + r);
+            lo[r] = std::int32_t(a), hi[r] = std::int32_t(e), pos[r] = std::int32_t(p.query_pos(b, i0 + r));
+            hs[r] = h, is[r] = i0 + r;
+            any |= a < e && a < j0 + nb && e > j0;
+          }
+          if (!any) continue;
+          bc.b = b, bc.valid = bc.total = nq;
+          dkdv_pair pr;
+          pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.D = p.D, pr.Dv = p.Dv, pr.j0 = j0;
+          pr.q = Q.row(b, h, i0), pr.qsn = Q.sn;
+          pr.dout = dO.row(b, h, i0), pr.dsn = dO.sn;
+          const std::int64_t r0 = (b * p.Hq + h) * p.Nq + i0;
+          pr.lse = lse.get() + r0, pr.delta = delta.get() + r0;
+          pr.lo = lo.data(), pr.hi = hi.data(), pr.pos = pos.data();
+          pr.slope = p.alibi.empty() ? 0.0f : float(p.alibi[b * p.Hq + h]);
+          pr.kt = ktp, pr.vt = vtp, pr.dkt = dkt, pr.dvt = dvt;
+          pr.sp = sp;
+          pr.dalibi = io.dalibi ? &dalibi_part[std::size_t(t * G + g)] : nullptr;
+          pr.scratch = scratch.get();
+          kt.dkdv(pr);
+        }
+      }
+      for (std::int64_t x = 0; x < nb; ++x) {
+        store_row(io.dk, b, hkv, j0 + x, p.D, dkt + x, ld, scale);
+        store_row(io.dv, b, hkv, j0 + x, p.Dv, dvt + x, ld, 1.0f);
+      }
+    }
+  }
+  if (io.dalibi) {
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t h = 0; h < p.Hq; ++h)
+        for (std::int64_t kb = 0; kb < nkb; ++kb)
+          io.dalibi[b * p.Hq + h] += dalibi_part[std::size_t(((b * p.Hkv + h / G) * nkb + kb) * G + h % G)];
+  }
+}
+
+// ---- eligibility ----
+
+constexpr std::int64_t kMaxLen = std::int64_t(1) << 30;  // positions are int32 in the kernels
+
+std::string why_not_common(const problem& p) {
+  if (p.q.type == dtype::f64) return "cpu: float64 inputs need the reference";
+  if (p.Nq >= kMaxLen || p.Nk >= kMaxLen || p.past_len >= kMaxLen) return "cpu: sequences of 2^30 or more need the reference";
+  return {};
+}
+
+std::string why_not_forward(const problem& p, const forward_outputs& o) {
+  if (o.qk_mode != qk_output::none) return "cpu: qk output needs the reference";
+  return why_not_common(p);
+}
+
+std::string why_not_backward(const problem& p, const backward_io& io) {
+  if (io.dmask.data) return "cpu: the gradient of a float attn_mask needs the reference";
+  return why_not_common(p);
+}
+
+}  // namespace
+
+const backend_impl& cpu_backend() {
+  static const backend_impl impl{"cpu", backend::cpu, why_not_forward, why_not_backward, forward, backward};
+  return impl;
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,49 @@
+// src/cpu/isa.cc — runtime ISA dispatch for the cpu backend: the one place that asks the CPU
+// what it supports. Levels, lowest first:
+//   generic  baseline x86-64 (SSE2, 4 floats per vector)     runs anywhere
+//   avx2     AVX2 + FMA + F16C (8 floats)
+//   avx512   AVX-512 F/BW/VL/DQ (16 floats)
+// ATTN_CPU_ISA=<level> caps the level (read on every call so tests can walk every path).
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/kernels.h"
+
+namespace attn::detail::cpu {
+namespace {
+
+const char* const kLevels[] = {"generic", "avx2", "avx512"};
+
+int detected_level() {
+  static const int level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+    return 0;
+  }();
+  return level;
+}
+
+}  // namespace
+
+const char* const* available_isas(int* count) {
+  *count = detected_level() + 1;
+  return kLevels;
+}
+
+const kernel_table& select_kernels() {
+  int level = detected_level();
+  if (const char* env = std::getenv("ATTN_CPU_ISA"); env && *env) {
+    for (int i = 0; i < 3; ++i)
+      if (std::strcmp(env, kLevels[i]) == 0 && i < level) level = i;
+  }
+  switch (level) {
+    case 2: return kernels_avx512();
+    case 1: return kernels_avx2();
+    default: return kernels_generic();
+  }
+}
+
+}  // namespace attn::detail::cpu

@@ -1,0 +1,130 @@
+// src/cpu/kernels.h — the plain interface between the cpu backend's driver (cpu_backend.cc,
+// compiled for baseline x86-64) and its SIMD kernels (kernel_body.h, compiled once per ISA in
+// kernels_<isa>.cc with that ISA's flags). No SIMD types here.
+//
+// Two tile layouts, both fed to one register-blocked micro-kernel
+//   out[r][x..x+W) (+)= Σ_k a[r·ars + k·aks] · b[k·bks + x..x+W)     (a broadcast, b vector)
+// so that only our own padded buffers are ever read as vectors (b) and user rows (q, k, v,
+// dout, converted to f32 with unit x-stride) are only read as scalars (a):
+//   lane layout (forward, dq):  query rows are SIMD lanes. A lane block holds up to L rows
+//     (i, g) of one (b, hkv) — i-major, so the G query heads sharing a K/V head sit side by
+//     side and each K/V block is read once for all of them. Scores are kept transposed,
+//     Sᵀ[key][lane]; the softmax state (m, l) is one vector per lane group, with no horizontal
+//     reductions.
+//   row layout (dk/dv): one query row per tile row, keys in SIMD lanes, Kᵀ/Vᵀ packed per key
+//     block; dKᵀ/dVᵀ accumulate over every query row and every head of the GQA group.
+//
+// ISA code must not call inline functions shared with other translation units (they may be
+// merged by the linker with the copy built for another ISA): everything in kernel_body.h is
+// in an anonymous namespace and uses only builtins.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::detail::cpu {
+
+// Fills a tile with the mask bias of keys [j0, j0 + nb) for every row of the block:
+// tile[row·row_stride + (j - j0)·key_stride] = 0 / -inf (bool) or the additive value.
+using bias_fn = void (*)(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t row_stride,
+                         std::int64_t key_stride);
+
+// What every score transform needs: x = scale·q·k → softcap → + mask + ALiBi → -inf outside [lo, hi).
+struct score_params {
+  float scale = 1.0f;     // applied to q·k (1 when q is pre-scaled)
+  float softcap = 0.0f;   // <= 0: off
+  bool alibi = false;     // slopes given
+  bias_fn bias = nullptr; // mask present
+  const void* bias_ctx = nullptr;
+};
+
+// Lane layout: one block of L lanes of one (b, hkv). Lanes >= nl are padding (zero q, lo = hi).
+struct lane_block {
+  std::int64_t L = 0, nl = 0, D = 0, Dv = 0;
+  const float* qt = nullptr;           // [D][L] pre-scaled q (forward, dq)
+  const float* k = nullptr;            // key rows of this (b, hkv): k + j·ksn, unit x-stride
+  const float* v = nullptr;
+  std::int64_t ksn = 0, vsn = 0;
+  const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
+  const std::int32_t* hi = nullptr;
+  const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)
+  const float* slope = nullptr;        // [L] ALiBi slope (when score_params::alibi)
+  std::int64_t klo = 0, khi = 0;       // keys this call may visit (split-KV chunk)
+  score_params sp;
+  float* scratch = nullptr;            // lane_scratch_floats(...) floats, 64-byte aligned
+};
+
+// Forward: online softmax over the keys of the block. m, l: [L] running max and sum (callers
+// initialise them: m = sink, l = 1 with sinks, else -inf, 0); ot: [Dv][L] unnormalised output.
+struct forward_io {
+  float* m = nullptr;
+  float* l = nullptr;
+  float* ot = nullptr;
+};
+
+// dq from the saved lse: dot: [Dv][L] dout rows, lse: [L] (+inf on fully masked rows),
+// delta: [L] rowsum(dout∘out); dqt: [D][L] receives Σ_j ds_ij k_j (the caller multiplies by scale).
+struct dq_io {
+  const float* dot = nullptr;
+  const float* lse = nullptr;
+  const float* delta = nullptr;
+  float* dqt = nullptr;
+};
+
+// Row layout: rows [0, nq) are queries q + r·qsn of one head against keys [j0, j0 + nb).
+// kt [D][ldk], vt [Dv][ldk] hold the key block transposed and zero-padded to ldk (a multiple
+// of W); dkt, dvt [D|Dv][ldk] accumulate Σ ds q and Σ p dout.
+struct dkdv_pair {
+  std::int64_t nq = 0, nb = 0, ldk = 0, D = 0, Dv = 0, j0 = 0;
+  const float* q = nullptr;
+  const float* dout = nullptr;
+  std::int64_t qsn = 0, dsn = 0;
+  const float* lse = nullptr;          // [nq], +inf on fully masked rows
+  const float* delta = nullptr;        // [nq]
+  const std::int32_t* lo = nullptr;    // [nq]
+  const std::int32_t* hi = nullptr;
+  const std::int32_t* pos = nullptr;
+  float slope = 0.0f;
+  const float* kt = nullptr;
+  const float* vt = nullptr;
+  float* dkt = nullptr;
+  float* dvt = nullptr;
+  score_params sp;
+  double* dalibi = nullptr;            // += Σ ds · -|pos - j| (when sp.alibi)
+  float* scratch = nullptr;            // row_scratch_floats(...) floats, 64-byte aligned
+};
+
+// Key-block sizes: the lane-layout kernels visit keys in blocks of kLaneKeyBlock; the row
+// layout packs kRowKeyBlock keys per task.
+inline constexpr std::int64_t kLaneKeyBlock = 64;
+inline constexpr std::int64_t kRowKeyBlock = 64;
+
+inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
+  (void)D, (void)Dv;
+  return 4 * kLaneKeyBlock * L + 8 * L;
+}
+inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
+
+struct kernel_table {
+  const char* name;       // "generic", "avx2", "avx512"
+  int W;                  // floats per vector
+  int lanes;              // L for prefill-sized lane blocks
+  int lanes_small;        // L when the whole (b, hkv) has at most this many rows (decode)
+  void (*forward)(const lane_block&, const forward_io&);
+  void (*dq)(const lane_block&, const dq_io&);
+  void (*dkdv)(const dkdv_pair&);
+};
+
+// The kernels of each ISA compiled in (each defined in its own kernels_<isa>.cc).
+const kernel_table& kernels_generic();
+const kernel_table& kernels_avx2();
+const kernel_table& kernels_avx512();
+
+// Runtime ISA dispatch — the one place that asks the CPU what it supports (isa.cc). The
+// environment variable ATTN_CPU_ISA=generic|avx2|avx512 caps the level (read on every call,
+// so tests can walk every path); an unknown name or a level the CPU lacks gives the best
+// level available below it.
+const kernel_table& select_kernels();
+// Every ISA level this CPU can run, lowest first ("generic", ...).
+const char* const* available_isas(int* count);
+
+}  // namespace attn::detail::cpu

@@ -1,0 +1,15 @@
+# src/cpu — the fused CPU backend. Each ISA level is its own translation unit with its own
+# flags; the driver and the runtime dispatch (isa.cc) are built for baseline x86-64.
+target_sources(attn PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc
+  ${CMAKE_CURRENT_LIST_DIR}/isa.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_generic.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_avx2.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_avx512.cc
+)
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_generic.cc PROPERTIES
+  COMPILE_OPTIONS "-ffp-contract=fast")
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_avx2.cc PROPERTIES
+  COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-ffp-contract=fast")
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_avx512.cc PROPERTIES
+  COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c;-ffp-contract=fast")

@@ -1,0 +1,325 @@
+// tests/cpu_attention_test.cc — the fused cpu backend against the float64 reference: random
+// sweeps over shapes, layouts, masks, alignments, windows, kv lengths, softcap, ALiBi, sinks,
+// GQA ratios and dtypes, forward and every gradient, on every ISA level this CPU runs; bitwise
+// equality across thread counts; fully masked rows; eligibility messages.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+using testing::all_close;
+using testing::random_bool;
+using testing::random_tensor;
+
+// Sets ATTN_CPU_ISA for the lifetime of the object.
+struct isa_scope {
+  explicit isa_scope(const char* isa) { setenv("ATTN_CPU_ISA", isa, 1); }
+  ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
+};
+
+std::vector<std::string> isas() {
+  int n = 0;
+  const char* const* names = detail::cpu::available_isas(&n);
+  return std::vector<std::string>(names, names + n);
+}
+
+enum class mask_type { none, boolean, additive };
+
+struct config {
+  std::int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, D = 4, Dv = 4;
+  dtype type = dtype::f32;
+  bool three_d = false, transposed = false;
+  mask_type mask = mask_type::none;
+  int mask_rank = 4;          // 2: [Nq, Nk'] broadcast over B, H; 4: [B, Hq|1, Nq, Nk']
+  bool mask_short = false;    // fewer mask columns than keys (padding)
+  bool kv_len = false, alibi = false, sinks = false;
+  attention_options opt;
+
+  std::string str() const {
+    return fmt::format("B{} Hq{} Hkv{} Nq{} Nk{} D{} Dv{} {} 3d{} tr{} mask{}/{}{} causal{} align{} win{},{} cap{} kvlen{} alibi{} sinks{}",
+                       B, Hq, Hkv, Nq, Nk, D, Dv, std::string(dtype_name(type)), three_d, transposed, int(mask), mask_rank,
+                       mask_short ? "s" : "", opt.is_causal, int(opt.alignment), opt.window_left, opt.window_right,
+                       opt.softcap, kv_len, alibi, sinks);
+  }
+};
+
+// Inputs of one case, kept alive together.
+struct inputs {
+  Tensor q, k, v, dout, mask, kvlen, alibi, sinks;
+  TensorView qv, kv, vv, doutv;
+  attention_options opt;
+};
+
+Tensor make_qkv(const config& c, std::int64_t H, std::int64_t N, std::int64_t X, std::mt19937& rng, TensorView& view) {
+  if (c.three_d) {
+    Tensor t = random_tensor({c.B, N, H * X}, c.type, rng);
+    view = t;
+    return t;
+  }
+  if (c.transposed) {  // stored [B, N, H, X], viewed [B, H, N, X]
+    Tensor t = random_tensor({c.B, N, H, X}, c.type, rng);
+    view = t.view().transpose(1, 2);
+    return t;
+  }
+  Tensor t = random_tensor({c.B, H, N, X}, c.type, rng);
+  view = t;
+  return t;
+}
+
+inputs make_inputs(const config& c, std::mt19937& rng) {
+  inputs in;
+  in.q = make_qkv(c, c.Hq, c.Nq, c.D, rng, in.qv);
+  in.k = make_qkv(c, c.Hkv, c.Nk, c.D, rng, in.kv);
+  in.v = make_qkv(c, c.Hkv, c.Nk, c.Dv, rng, in.vv);
+  in.dout = make_qkv(c, c.Hq, c.Nq, c.Dv, rng, in.doutv);
+  in.opt = c.opt;
+  if (c.three_d) in.opt.q_num_heads = c.Hq, in.opt.kv_num_heads = c.Hkv;
+  const std::int64_t cols = c.mask_short ? std::max<std::int64_t>(c.Nk - 3, 0) : c.Nk;
+  const Shape ms = c.mask_rank == 2 ? Shape{c.Nq, cols} : Shape{c.B, c.Hq, c.Nq, cols};
+  if (c.mask == mask_type::boolean) in.mask = random_bool(ms, rng, 0.75);
+  if (c.mask == mask_type::additive) in.mask = random_tensor(ms, c.type, rng, -2.0, 2.0);
+  if (c.mask != mask_type::none) in.opt.attn_mask = in.mask;
+  if (c.kv_len) {
+    std::uniform_int_distribution<std::int64_t> u(0, c.Nk);
+    std::vector<double> n(std::size_t(c.B));
+    for (auto& x : n) x = double(u(rng));
+    in.kvlen = Tensor::from_values({c.B}, dtype::i64, n);
+    in.opt.nonpad_kv_seqlen = in.kvlen;
+  }
+  if (c.alibi) {
+    in.alibi = random_tensor({c.Hq}, dtype::f32, rng, 0.0, 0.5);
+    in.opt.alibi_slopes = in.alibi;
+  }
+  if (c.sinks) {
+    in.sinks = random_tensor({c.Hq}, dtype::f32, rng, -1.0, 1.0);
+    in.opt.sinks = in.sinks;
+  }
+  return in;
+}
+
+config random_config(std::mt19937& rng) {
+  auto pick = [&](std::initializer_list<std::int64_t> v) {
+    return *(v.begin() + std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng));
+  };
+  auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  config c;
+  c.B = pick({1, 2});
+  c.Hkv = pick({1, 2});
+  c.Hq = c.Hkv * pick({1, 2, 3, 8});
+  c.Nq = pick({0, 1, 2, 5, 17, 33, 70});
+  c.Nk = pick({0, 1, 3, 16, 31, 64, 65, 130});
+  c.D = pick({1, 3, 8, 17, 32, 72});
+  c.Dv = coin(0.7) ? c.D : pick({1, 5, 16, 40});
+  c.type = coin(0.7) ? dtype::f32 : coin(0.5) ? dtype::f16 : dtype::bf16;
+  c.three_d = coin(0.2);
+  c.transposed = !c.three_d && coin(0.3);
+  c.mask = coin(0.6) ? mask_type::none : coin(0.5) ? mask_type::boolean : mask_type::additive;
+  c.mask_rank = coin(0.5) ? 2 : 4;
+  c.mask_short = coin(0.3);
+  c.opt.is_causal = coin(0.4);
+  c.opt.alignment = coin(0.5) ? causal_alignment::top_left : causal_alignment::bottom_right;
+  if (coin(0.25)) c.opt.window_left = pick({0, 2, 9}), c.opt.window_right = pick({-1, 0, 3});
+  if (coin(0.2)) c.opt.softcap = pick({2, 20});
+  c.kv_len = coin(0.2);
+  c.alibi = coin(0.2);
+  c.sinks = coin(0.2);
+  if (coin(0.2)) c.opt.scale = 0.3;
+  return c;
+}
+
+double fwd_tol(dtype t) { return t == dtype::f32 ? 2e-5 : testing::tolerance_for(t); }
+double bwd_tol(dtype t) { return t == dtype::f32 ? 1e-4 : 2 * testing::tolerance_for(t); }
+
+// Forward and backward of `c` on the cpu backend against the reference.
+void check_case(const config& c, std::uint32_t seed) {
+  SCOPED_TRACE(c.str() + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  inputs in = make_inputs(c, rng);
+  attention_options ref_opt = in.opt, cpu_opt = in.opt;
+  ref_opt.use_backend = backend::reference;
+  cpu_opt.use_backend = backend::cpu;
+  const attention_result ref = attention(in.qv, in.kv, in.vv, ref_opt);
+  const attention_result got = attention(in.qv, in.kv, in.vv, cpu_opt);
+  ASSERT_EQ(got.backend, "cpu");
+  const double ft = fwd_tol(c.type);
+  EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
+  EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
+  EXPECT_FALSE(testing::any_nan(got.out));
+
+  if (c.mask == mask_type::additive) return;  // its gradient runs on the reference (see eligibility test)
+  const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, ref.out, in.doutv, ref.lse, ref_opt);
+  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, ref.out, in.doutv, ref.lse, cpu_opt);
+  ASSERT_EQ(gc.backend, "cpu");
+  const double bt = bwd_tol(c.type);
+  EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
+  EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
+  EXPECT_TRUE(all_close(gc.dv, gr.dv, bt, bt)) << "dv";
+  if (c.alibi) EXPECT_TRUE(all_close(gc.dalibi_slopes, gr.dalibi_slopes, 10 * bt, bt)) << "dalibi";
+  if (c.sinks) EXPECT_TRUE(all_close(gc.dsinks, gr.dsinks, bt, bt)) << "dsinks";
+}
+
+TEST(cpu_attention, random_sweep_every_isa) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(1234);
+    for (int n = 0; n < 120; ++n) {
+      const config c = random_config(rng);
+      check_case(c, std::uint32_t(n));
+    }
+  }
+}
+
+TEST(cpu_attention, edge_shapes) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (std::int64_t D : {1, 3, 17, 72, 130})
+      for (std::int64_t Nq : {0, 1, 67})
+        for (std::int64_t Nk : {0, 1, 67}) {
+          config c;
+          c.Hq = 3, c.Hkv = 1, c.Nq = Nq, c.Nk = Nk, c.D = D, c.Dv = D;
+          c.opt.is_causal = Nq == Nk;
+          check_case(c, std::uint32_t(D * 100 + Nq * 10 + Nk));
+        }
+  }
+}
+
+// Every alignment and window against a mask with padding columns, GQA 8, all ISAs.
+TEST(cpu_attention, causal_alignments_windows) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (auto al : {causal_alignment::top_left, causal_alignment::bottom_right})
+      for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, -1}, {-1, 4}, {70, 2}})
+        for (auto [nq, nk] : {std::pair{90, 90}, {40, 150}, {150, 40}}) {
+          config c;
+          c.B = 2, c.Hq = 8, c.Hkv = 1, c.Nq = nq, c.Nk = nk, c.D = 16, c.Dv = 16;
+          c.opt.is_causal = wr != 4;
+          c.opt.alignment = al;
+          c.opt.window_left = wl, c.opt.window_right = wr;
+          c.mask = mask_type::boolean, c.mask_rank = 2, c.mask_short = true;
+          c.kv_len = true;
+          check_case(c, std::uint32_t(nq + nk + wl));
+        }
+  }
+}
+
+// A KV cache (after_past alignment) runs on the cpu backend and matches the reference.
+TEST(cpu_attention, kv_cache_after_past) {
+  std::mt19937 rng(7);
+  Tensor q = random_tensor({1, 4, 3, 16}, dtype::f32, rng), k = random_tensor({1, 2, 3, 16}, dtype::f32, rng),
+         v = random_tensor({1, 2, 3, 16}, dtype::f32, rng), pk = random_tensor({1, 2, 50, 16}, dtype::f32, rng),
+         pv = random_tensor({1, 2, 50, 16}, dtype::f32, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::after_past;
+  o.past_key = pk, o.past_value = pv;
+  o.use_backend = backend::reference;
+  const auto ref = attention(q, k, v, o);
+  o.use_backend = backend::cpu;
+  const auto got = attention(q, k, v, o);
+  EXPECT_TRUE(all_close(got.out, ref.out, 2e-5));
+  EXPECT_TRUE(all_close(got.lse, ref.lse, 2e-5));
+}
+
+// Fully masked rows: out 0, lse -inf (or the sink), zero gradients, no NaN — on every ISA.
+TEST(cpu_attention, fully_masked_rows) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(3);
+    Tensor q = random_tensor({1, 2, 5, 8}, dtype::f32, rng), k = random_tensor({1, 2, 7, 8}, dtype::f32, rng),
+           v = random_tensor({1, 2, 7, 8}, dtype::f32, rng), dout = random_tensor({1, 2, 5, 8}, dtype::f32, rng);
+    Tensor mask = random_bool({5, 7}, rng, 0.8);
+    for (std::int64_t j = 0; j < 7; ++j) mask.set({2, j}, 0.0);  // row 2 sees nothing
+    attention_options o;
+    o.attn_mask = mask;
+    o.use_backend = backend::cpu;
+    const auto r = attention(q, k, v, o);
+    EXPECT_FALSE(testing::any_nan(r.out));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(r.lse.get({0, h, 2}), -std::numeric_limits<double>::infinity());
+      for (std::int64_t d = 0; d < 8; ++d) EXPECT_EQ(r.out.get({0, h, 2, d}), 0.0);
+    }
+    const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+    EXPECT_FALSE(testing::any_nan(g.dq) || testing::any_nan(g.dk) || testing::any_nan(g.dv));
+    for (std::int64_t d = 0; d < 8; ++d) EXPECT_EQ(g.dq.get({0, 1, 2, d}), 0.0);
+  }
+}
+
+// Results are bitwise identical for any number of threads, forward and backward, including the
+// split-KV decode path and the parameter gradients.
+TEST(cpu_attention, bitwise_identical_across_threads) {
+  struct shape {
+    std::int64_t Hq, Hkv, Nq, Nk, D;
+    bool causal;
+  };
+  for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 17, false}}) {
+    SCOPED_TRACE(fmt::format("Hq {} Nq {} Nk {}", s.Hq, s.Nq, s.Nk));
+    std::mt19937 rng(11);
+    Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, dtype::f32, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, dtype::f32, rng),
+           v = random_tensor({1, s.Hkv, s.Nk, s.D}, dtype::f32, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, dtype::f32, rng);
+    Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
+    std::vector<std::vector<double>> first;
+    for (int threads : {1, 2, 3}) {
+      attention_options o;
+      o.is_causal = s.causal;
+      o.alibi_slopes = alibi, o.sinks = sinks;
+      o.use_backend = backend::cpu;
+      o.num_threads = threads;
+      const auto r = attention(q, k, v, o);
+      const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+      std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
+                                              g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
+      if (first.empty()) first = all;
+      for (std::size_t t = 0; t < all.size(); ++t)
+        EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
+            << "output " << t << " differs with " << threads << " threads";
+    }
+  }
+}
+
+// The split-KV decode path (few rows, many keys) against the reference, GQA 4, every ISA.
+TEST(cpu_attention, split_kv_decode) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    config c;
+    c.Hq = 8, c.Hkv = 2, c.Nq = 1, c.Nk = 5000, c.D = 40, c.Dv = 40;
+    c.sinks = true, c.kv_len = true;
+    check_case(c, 5);
+  }
+}
+
+TEST(cpu_attention, eligibility_says_why) {
+  std::mt19937 rng(1);
+  Tensor q = random_tensor({1, 1, 4, 8}, dtype::f32, rng);
+  attention_options o;
+  EXPECT_NE(explain_backend(q, q, q, o).find("runs on cpu"), std::string::npos);
+  o.return_qk = qk_output::scaled;
+  EXPECT_NE(explain_backend(q, q, q, o).find("cpu: qk output needs the reference"), std::string::npos);
+  Tensor q64 = random_tensor({1, 1, 4, 8}, dtype::f64, rng);
+  EXPECT_NE(explain_backend(q64, q64, q64, {}).find("cpu: float64 inputs need the reference"), std::string::npos);
+  attention_options m;
+  Tensor mask = random_tensor({4, 4}, dtype::f32, rng);
+  m.attn_mask = mask;
+  EXPECT_NE(explain_backend(q, q, q, m).find("runs on cpu"), std::string::npos);
+  EXPECT_NE(explain_backend(q, q, q, m, true).find("cpu: the gradient of a float attn_mask needs the reference"),
+            std::string::npos);
+  m.use_backend = backend::cpu;
+  const auto r = attention(q, q, q, m);
+  EXPECT_THROW_MSG(attention_backward(q, q, q, r.out, r.out, r.lse, m), "gradient of a float attn_mask");
+  EXPECT_EQ(backends().front(), "cpu");
+}
+
+}  // namespace
+}  // namespace attn
