@@ -13,6 +13,7 @@
 //   torch     torch.nn.functional.scaled_dot_product_attention   } bench/peers.py, run by the
 //   ggml      ggml_flash_attn_ext (forward only)                 } benchmark venv's python
 #include <fmt/format.h>
+#include <malloc.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -66,6 +67,7 @@ struct row {
   bool peer = false;
   double median_ms = 0, min_ms = 0;
   double attn_ms = 0;  // attn's median on the same configuration (for the speed-up column)
+  double work_mib = NAN;  // attn only: memory the call used beyond its inputs and results
 };
 
 double elem_bytes(dtype t) { return double(dtype_size(t)); }
@@ -145,14 +147,48 @@ struct timing {
   double median_ms, min_ms;
 };
 
-timing time_it(int warmup, int reps, const std::function<void()>& fn) {
+// kB of a "Vm..." line of /proc/self/status, or -1.
+double proc_status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  const std::string k = std::string(key) + ":";
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(k, 0) == 0) return std::stod(line.substr(k.size()));
+  return -1;
+}
+
+// Peak resident memory added by one call: free heap pages are returned first (malloc_trim) and
+// the kernel's high-water mark reset (clear_refs 5), so HWM − RSS before is what the call
+// touched. Linux only; NAN elsewhere.
+struct memory_probe {
+  double base_kb = -1;
+  void begin() {
+    malloc_trim(0);
+    std::ofstream("/proc/self/clear_refs") << "5";
+    base_kb = proc_status_kb("VmRSS");
+  }
+  double end_mib() const {
+    const double hwm = proc_status_kb("VmHWM");
+    return base_kb < 0 || hwm < 0 ? NAN : (hwm - base_kb) / 1024.0;
+  }
+};
+
+// One warm-up call (or the first timed call, without warm-up) also measures memory into *mib.
+timing time_it(int warmup, int reps, const std::function<void()>& fn, double* mib = nullptr) {
   using clk = std::chrono::steady_clock;
-  for (int i = 0; i < warmup; ++i) fn();
+  memory_probe mem;
+  for (int i = 0; i < warmup; ++i) {
+    if (i == 0 && mib) mem.begin();
+    fn();
+    if (i == 0 && mib) *mib = mem.end_mib();
+  }
   std::vector<double> ms;
   for (int i = 0; i < std::max(1, reps); ++i) {
+    const bool probe = mib && warmup == 0 && i == 0;
+    if (probe) mem.begin();
     const auto t0 = clk::now();
     fn();
     ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
+    if (probe) *mib = mem.end_mib();
   }
   std::sort(ms.begin(), ms.end());
   const std::size_t n = ms.size();
@@ -360,6 +396,7 @@ std::vector<std::pair<std::string, std::string>> fields(const row& r, const mach
       {"dram_gbps", json_num(dram)},
       {"pct_dram", json_num(dram > 0 ? 100.0 * gbps / dram : NAN)},
       {"attn_speedup", json_num(r.peer && r.attn_ms > 0 ? r.median_ms / r.attn_ms : NAN)},
+      {"work_mib", json_num(r.work_mib)},
       {"peak_rss_mib", json_num(peak_rss_mib())},
       {"cpu", json_str(m.cpu)},
   };
@@ -508,15 +545,22 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
       o.use_backend = be;
       row r{c, t, "attn", "", false};
       timing tm{};
+      // Results of one call (freed after it): out and lse, or dq, dk and dv.
+      const double result_mib =
+          (c.backward ? double(q.numel() + k.numel() + v.numel()) * elem_bytes(p.type)
+                      : double(p.B * p.Hq * p.Nq) * (double(p.Dv) * elem_bytes(p.type) + 4.0)) /
+          (1 << 20);
+      double call_mib = NAN;
       if (!c.backward) {
-        tm = time_it(a.warmup, a.reps, [&] { r.detail = attention(q, k, v, o).backend; });
+        tm = time_it(a.warmup, a.reps, [&] { r.detail = attention(q, k, v, o).backend; }, &call_mib);
       } else {
         const attention_result fwd = attention(q, k, v, o);
         const Tensor dout = random_tensor(fwd.out.shape(), p.type, 4);
-        tm = time_it(a.warmup, a.reps,
-                     [&] { r.detail = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o).backend; });
+        tm = time_it(
+            a.warmup, a.reps, [&] { r.detail = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o).backend; },
+            &call_mib);
       }
-      r.median_ms = tm.median_ms, r.min_ms = tm.min_ms;
+      r.median_ms = tm.median_ms, r.min_ms = tm.min_ms, r.work_mib = call_mib - result_mib;
       emit(r);
       const double attn_ms = r.median_ms;
 
