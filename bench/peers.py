@@ -72,8 +72,8 @@ class TorchPeer:
         try:
             from torch.nn.attention import SDPBackend  # noqa: PLC0415
 
-            args = (q, k, v, None, 0.0, causal, None) + ((gqa,) if self.has_gqa else ())
-            return SDPBackend(torch._fused_sdp_choice(*args)).name.lower()
+            kw = {"scale": None, "enable_gqa": gqa} if self.has_gqa else {}
+            return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, **kw)).name.lower()
         except Exception:  # noqa: BLE001 - private API, informative only
             return "?"
 
