@@ -300,6 +300,27 @@ TEST(cpu_attention, split_kv_decode) {
   }
 }
 
+// bf16 inputs on every ISA (the avx512bf16 level multiplies in bf16 with fp32 accumulation):
+// odd key counts, windows that start a block on an odd key, masks, GQA.
+TEST(cpu_attention, bf16_every_isa) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (std::int64_t nk : {77, 128}) {
+      config c;
+      c.type = dtype::bf16;
+      c.B = 2, c.Hq = 4, c.Hkv = 2, c.Nq = 100, c.Nk = nk, c.D = 32, c.Dv = 24;
+      c.opt.is_causal = true, c.opt.alignment = causal_alignment::bottom_right;
+      c.opt.window_left = 7;
+      c.mask = mask_type::boolean, c.mask_short = true;
+      c.alibi = c.sinks = true;
+      check_case(c, std::uint32_t(nk));
+      c.opt.is_causal = false, c.opt.window_left = -1, c.mask = mask_type::additive, c.opt.softcap = 5;
+      check_case(c, std::uint32_t(nk + 1));
+    }
+  }
+}
+
 TEST(cpu_attention, eligibility_says_why) {
   std::mt19937 rng(1);
   Tensor q = random_tensor({1, 1, 4, 8}, dtype::f32, rng);

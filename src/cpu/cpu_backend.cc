@@ -95,9 +95,15 @@ rows_f32 as_rows(const strided4& t, std::int64_t B, std::int64_t H, std::int64_t
 // Writes X floats (times `mul`) to row (b, h, n) of a strided output of any float dtype.
 void store_row(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
                std::int64_t src_stride, float mul) {
-  if (t.type == dtype::f32 && (t.sx == 1 || X <= 1)) {
+  if (t.type == dtype::f32) {
     float* d = t.ptr<float>(b, h, n, 0);
-    for (std::int64_t x = 0; x < X; ++x) d[x] = src[x * src_stride] * mul;
+    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = src[x * src_stride] * mul;
+  } else if (t.type == dtype::bf16) {
+    std::uint16_t* d = t.ptr<std::uint16_t>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_bf16(src[x * src_stride] * mul);
+  } else if (t.type == dtype::f16) {
+    std::uint16_t* d = t.ptr<std::uint16_t>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_f16(src[x * src_stride] * mul);
   } else {
     for (std::int64_t x = 0; x < X; ++x) t.store(b, h, n, x, double(src[x * src_stride] * mul));
   }
@@ -197,15 +203,46 @@ std::int64_t lanes_for(const problem& p, const kernel_table& kt) {
 
 // ---- forward ----
 
+// bf16 operands for kernel_table::forward_bf16, packed once per call: K rows [Nk'][D] and V in
+// key pairs [Nk'/2][Dv] (Nk' = Nk rounded up to even, the extra key zero).
+struct bf16_pack {
+  std::vector<std::uint16_t> k;
+  std::vector<std::uint32_t> vp;
+  std::int64_t nk2 = 0;  // Nk'
+
+  bf16_pack(const problem& p, int nt) : nk2((p.Nk + 1) / 2 * 2) {
+    k.assign(std::size_t(p.B * p.Hkv * nk2 * p.D), 0);
+    vp.assign(std::size_t(p.B * p.Hkv * nk2 / 2 * p.Dv), 0);
+    auto bits = [](const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) {
+      return static_cast<const std::uint16_t*>(t.data)[t.offset(b, h, n, x)];
+    };
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (std::int64_t r = 0; r < p.B * p.Hkv * nk2 / 2; ++r) {
+      const std::int64_t jp = r % (nk2 / 2), hkv = r / (nk2 / 2) % p.Hkv, b = r / (nk2 / 2) / p.Hkv;
+      const std::int64_t base = (b * p.Hkv + hkv) * nk2;
+      for (std::int64_t e = 0; e < 2; ++e) {
+        const std::int64_t j = 2 * jp + e;
+        if (j >= p.Nk) continue;
+        for (std::int64_t d = 0; d < p.D; ++d) k[std::size_t((base + j) * p.D + d)] = bits(p.k, b, hkv, j, d);
+        for (std::int64_t d = 0; d < p.Dv; ++d)
+          vp[std::size_t((base / 2 + jp) * p.Dv + d)] |= std::uint32_t(bits(p.v, b, hkv, j, d)) << (16 * e);
+      }
+    }
+  }
+};
+
 void forward(const problem& p, const forward_outputs& o) {
   if (p.B * p.Hq * p.Nq == 0) return;
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
-  const rows_f32 Q = as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
-  const rows_f32 K = as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
-  const rows_f32 V = as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
   const std::int64_t units = p.B * p.Hkv * nlb;
+  // bf16 dot products: bf16 inputs, even D, prefill-sized lane blocks (decode reads f32 rows).
+  const bool dp = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && L == kt.lanes;
+  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt) : nullptr;
+  const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
+  const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   std::int64_t nchunk = 1, chunk = std::max<std::int64_t>(p.Nk, 1);
   if (units < kSplitUnits && p.Nk >= 2 * kSplitKeys) nchunk = ceil_div(p.Nk, kSplitKeys), chunk = kSplitKeys;
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
@@ -224,18 +261,20 @@ void forward(const problem& p, const forward_outputs& o) {
 #pragma omp parallel num_threads(nt)
   {
     lane_setup ls(L, p.D);
-    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv));
+    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
+    std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0);
     fbuf mlo = alloc_floats(per);
     float *m = mlo.get(), *l = m + L, *ot = l + L;
     bias_ctx bc;
     bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
-    const score_params sp = make_score_params(p, &bc, 1.0f);
+    // q is pre-scaled on the f32 path; the bf16 path scales the scores.
+    const score_params sp = make_score_params(p, &bc, dp ? float(p.scale) : 1.0f);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < units * nchunk; ++t) {
       const std::int64_t c = t % nchunk, u = t / nchunk;
       const std::int64_t lbi = nlb - 1 - u % nlb;  // later query blocks see more keys (causal): start them first
       const std::int64_t hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-      ls.set(p, &Q, b, hkv, lbi);
+      ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
       bc.b = b, bc.valid = ls.nl;
       for (std::int64_t x = 0; x < L; ++x) {
         const bool sink = !p.sinks.empty() && x < ls.nl && c == 0;
@@ -245,7 +284,21 @@ void forward(const problem& p, const forward_outputs& o) {
       std::fill(ot, ot + p.Dv * L, 0.0f);
       lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
       lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
-      kt.forward(lb, forward_io{m, l, ot});
+      if (dp) {
+        const auto* q16 = static_cast<const std::uint16_t*>(p.q.data);
+        for (std::int64_t x = 0; x < L; ++x)
+          for (std::int64_t d = 0; d < p.D; d += 2) {
+            std::uint32_t w = 0;
+            if (x < ls.nl)
+              w = q16[p.q.offset(b, ls.h[x], ls.i[x], d)] | std::uint32_t(q16[p.q.offset(b, ls.h[x], ls.i[x], d + 1)]) << 16;
+            qp[std::size_t(d / 2 * L + x)] = w;
+          }
+        const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
+        bf16_operands op{qp.data(), pack->k.data() + base * p.D, p.D, pack->vp.data() + base / 2 * p.Dv};
+        kt.forward_bf16(lb, op, forward_io{m, l, ot});
+      } else {
+        kt.forward(lb, forward_io{m, l, ot});
+      }
       if (nchunk == 1) finish(ls, b, m, l, ot);
       else std::copy(m, m + per, part.get() + t * per);
     }

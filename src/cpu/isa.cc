@@ -3,6 +3,7 @@
 //   generic  baseline x86-64 (SSE2, 4 floats per vector)     runs anywhere
 //   avx2     AVX2 + FMA + F16C (8 floats)
 //   avx512   AVX-512 F/BW/VL/DQ (16 floats)
+//   avx512bf16  the same plus AVX512_BF16 dot products for the bf16 forward
 // ATTN_CPU_ISA=<level> caps the level (read on every call so tests can walk every path).
 #include <cstdlib>
 #include <cstring>
@@ -12,14 +13,14 @@
 namespace attn::detail::cpu {
 namespace {
 
-const char* const kLevels[] = {"generic", "avx2", "avx512"};
+const char* const kLevels[] = {"generic", "avx2", "avx512", "avx512bf16"};
 
 int detected_level() {
   static const int level = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return 2;
+      return __builtin_cpu_supports("avx512bf16") ? 3 : 2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
     return 0;
   }();
@@ -36,10 +37,11 @@ const char* const* available_isas(int* count) {
 const kernel_table& select_kernels() {
   int level = detected_level();
   if (const char* env = std::getenv("ATTN_CPU_ISA"); env && *env) {
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
       if (std::strcmp(env, kLevels[i]) == 0 && i < level) level = i;
   }
   switch (level) {
+    case 3: return kernels_avx512bf16();
     case 2: return kernels_avx512();
     case 1: return kernels_avx2();
     default: return kernels_generic();

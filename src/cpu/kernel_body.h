@@ -9,6 +9,7 @@
 // through the same exp. Every reduction runs in a fixed order inside one block, so a result
 // never depends on which thread computed it.
 #include <cstdint>
+#include <utility>
 
 #include "cpu/kernels.h"
 
@@ -29,8 +30,8 @@ inline vi loadi(const std::int32_t* p) {
   return v;
 }
 inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
-inline vf splat(float s) { return vf{} + s; }
-inline vi splati(std::int32_t s) { return vi{} + s; }
+inline vf splat(float s) { return s - vf{}; }  // x - 0 folds away; x + 0 would not (-0)
+inline vi splati(std::int32_t s) { return s - vi{}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vi iota() {
   vi r;
@@ -183,6 +184,45 @@ inline bool block_ranged(const lane_block& lb, std::int64_t j0, std::int64_t j1)
 // ---- forward, lane layout ----
 //   Sᵀ[j][lane] = k_j · qᵀ_lane         (q pre-scaled)
 //   m' = max(m, max_j s), p = e^{s - m'}, l = l·e^{m - m'} + Σ p, Oᵀ = Oᵀ·e^{m - m'} + Vᵀ P
+
+// The online-softmax step of keys [j0, j0 + nb) on the scores S (in place → p), then Oᵀ *= α.
+template <int CC>
+void softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc, float* S, float* bias,
+                   float* alpha, std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  const bool ranged = block_ranged(lb, j0, j0 + nb);
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+    const vf m_old = load(io.m + c * W);
+    vf mx = m_old, t;
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sp = S + jj * L + c * W;
+      const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+      store(sp, s);
+      mx = vmax(mx, s);
+    }
+    const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
+    const vf a = vexp(m_old - mu);
+    vf sum{};
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sp = S + jj * L + c * W;
+      const vf p = vexp(load(sp) - mu);
+      store(sp, p);
+      sum += p;
+    }
+    store(io.l + c * W, load(io.l + c * W) * a + sum);
+    store(io.m + c * W, mx);
+    store(alpha + c * W, a);
+  }
+  for (std::int64_t d = 0; d < lb.Dv; ++d)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+}
+
 template <int CC>
 void forward_impl(const lane_block& lb, const forward_io& io) {
   const std::int64_t L = CC * W;
@@ -194,37 +234,7 @@ void forward_impl(const lane_block& lb, const forward_io& io) {
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, kr.kmax - j0);
     gemm(nb, L, lb.D, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
-    if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
-    const bool ranged = block_ranged(lb, j0, j0 + nb);
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
-      const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
-      const vf m_old = load(io.m + c * W);
-      vf mx = m_old, t;
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        float* sp = S + jj * L + c * W;
-        const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-        store(sp, s);
-        mx = vmax(mx, s);
-      }
-      const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
-      const vf a = vexp(m_old - mu);
-      vf sum{};
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        float* sp = S + jj * L + c * W;
-        const vf p = vexp(load(sp) - mu);
-        store(sp, p);
-        sum += p;
-      }
-      store(io.l + c * W, load(io.l + c * W) * a + sum);
-      store(io.m + c * W, mx);
-      store(alpha + c * W, a);
-    }
-    for (std::int64_t d = 0; d < lb.Dv; ++d)
-#pragma GCC unroll 4
-      for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+    softmax_block<CC>(lb, io, sc, S, bias, alpha, j0, nb);
     gemm(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, io.ot, L, true);
   }
 }
@@ -312,17 +322,208 @@ void dkdv_impl(const dkdv_pair& a) {
   }
 }
 
+// ---- decode, rows ≤ W (Nq·G small): D in SIMD lanes for the dots, W keys in lanes for the softmax ----
+// Per row g and key block j0..j0+W:  s = Σ_d q_g k_j  (W dot products folded into one vector),
+// then the online softmax with a scalar running max per row, and O_g += Σ_j p_j v_j.
+
+// fold(a, b) over groups of 2h lanes: first h lanes = a's group folded in half, next h = b's.
+constexpr int fold_index(int x, int h, int second) {
+  const int g = x / (2 * h) * (2 * h), o = x % (2 * h);
+  return (o < h ? g + o : W + g + o - h) + second * h;
+}
+template <int H, int S, int... X>
+constexpr vi fold_mask(std::integer_sequence<int, X...>) {
+  return vi{fold_index(X, H, S)...};
+}
+template <int H>
+inline vf fold(vf a, vf b) {
+  constexpr vi m1 = fold_mask<H, 0>(std::make_integer_sequence<int, W>{});
+  constexpr vi m2 = fold_mask<H, 1>(std::make_integer_sequence<int, W>{});
+  return __builtin_shuffle(a, b, m1) + __builtin_shuffle(a, b, m2);
+}
+// v[0..W) → one vector whose lane x is the sum of v[x]'s lanes.
+template <int N = W>
+inline void reduce_step(vf* v) {
+  if constexpr (N > 1) {
+#pragma GCC unroll 16
+    for (int i = 0; i < N / 2; ++i) v[i] = fold<N / 2>(v[i], v[i + N / 2]);
+    reduce_step<N / 2>(v);
+  }
+}
+
+// Per-row state of the decode kernel, kept in scratch.
+struct decode_state {
+  std::int64_t L, nr, D, Dv, Dp, Dvp;
+  float *qr, *orow, *lvec, *pb, *bias, *kpad, *vpad;
+  decode_state(const lane_block& lb, const forward_io& io)
+      : L(lb.L), nr(lb.nl), D(lb.D), Dv(lb.Dv), Dp((D + W - 1) / W * W), Dvp((Dv + W - 1) / W * W) {
+    qr = lb.scratch;          // [nr][Dp] q rows (pre-scaled)
+    orow = qr + L * Dp;       // [nr][Dvp] unnormalised outputs
+    lvec = orow + L * Dvp;    // [nr][W] per-lane partial sums of p
+    pb = lvec + L * W;        // [W] p of the current row and key block
+    bias = pb + W;            // [nr][W]
+    kpad = bias + L * W;      // [W][Dp] a short last key block, zero-padded
+    vpad = kpad + W * Dp;     // [W][Dvp]
+    for (std::int64_t g = 0; g < nr; ++g) {
+      for (std::int64_t d = 0; d < Dp; ++d) qr[g * Dp + d] = d < D ? lb.qt[d * L + g] : 0.0f;
+      for (std::int64_t d = 0; d < Dvp; ++d) orow[g * Dvp + d] = 0.0f;
+      for (int x = 0; x < W; ++x) lvec[g * W + x] = x == 0 ? io.l[g] : 0.0f;
+    }
+  }
+};
+
+// Online-softmax update of row g from the raw dots of keys j0 + [0, W); leaves p in st.pb and
+// returns the rescale factor of the row's running output.
+inline float decode_softmax(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
+                            std::int64_t g, vf dot, std::int64_t j0, std::int64_t nb) {
+  vf t;
+  const vf s = transform(dot, sc, &t, sc.bias ? load(st.bias + g * W) : vf{}, iota() + std::int32_t(j0),
+                         splati(lb.pos[g]), splati(lb.lo[g]), splati(std::int32_t(imin(lb.hi[g], j0 + nb))),
+                         splat(sc.alibi ? lb.slope[g] : 0.0f), true);
+  float mx = io.m[g];
+  for (int x = 0; x < W; ++x) mx = s[x] > mx ? s[x] : mx;
+  const float mu = mx == -kInf ? 0.0f : mx;
+  const float a = vexp(splat(io.m[g] - mu))[0];
+  const vf p = vexp(s - splat(mu));
+  store(st.lvec + g * W, load(st.lvec + g * W) * a + p);
+  io.m[g] = mx;
+  store(st.pb, p);
+  return a;
+}
+
+// NC = D / W = Dv / W vectors: q row and output row live in registers; K and V rows are read
+// once per row from a base pointer and stride (so nothing spills).
+template <int NC>
+void decode_block(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
+                  std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb, std::int64_t vs) {
+  for (std::int64_t g = 0; g < st.nr; ++g) {
+    vf qv[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) qv[c] = load(st.qr + g * st.Dp + c * W);
+    vf acc[W];
+    const float* kp = kb;
+#pragma GCC unroll 16
+    for (int x = 0; x < W; ++x, kp += ks) {
+      vf a = load(kp) * qv[0];
+#pragma GCC unroll 8
+      for (int c = 1; c < NC; ++c) a += load(kp + c * W) * qv[c];
+      acc[x] = a;
+    }
+    reduce_step(acc);
+    const float a = decode_softmax(lb, io, st, sc, g, acc[0], j0, nb);
+    float* o = st.orow + g * st.Dvp;
+    vf ov[NC];
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) ov[c] = load(o + c * W) * a;
+    const float* vp = vb;
+#pragma GCC unroll 16
+    for (int x = 0; x < W; ++x, vp += vs) {
+      const vf px = splat(st.pb[x]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NC; ++c) ov[c] += px * load(vp + c * W);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) store(o + c * W, ov[c]);
+  }
+}
+
+// Any D, Dv: vectors over the padded rows, scalar tails.
+void decode_block_any(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
+                      std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb,
+                      std::int64_t vs) {
+  const std::int64_t Df = st.D / W * W, Dvf = st.Dv / W * W;
+  for (std::int64_t g = 0; g < st.nr; ++g) {
+    const float* q = st.qr + g * st.Dp;
+    vf acc[W];
+    for (int x = 0; x < W; ++x) {
+      const float* kp = kb + x * ks;
+      vf a{};
+      for (std::int64_t d = 0; d < Df; d += W) a += load(kp + d) * load(q + d);
+      acc[x] = a;
+    }
+    reduce_step(acc);
+    vf dot = acc[0];
+    for (int x = 0; x < W; ++x)
+      for (std::int64_t d = Df; d < st.D; ++d) dot[x] += q[d] * kb[x * ks + d];
+    const float a = decode_softmax(lb, io, st, sc, g, dot, j0, nb);
+    float* o = st.orow + g * st.Dvp;
+    for (std::int64_t d = 0; d < Dvf; d += W) {
+      vf oa = load(o + d) * a;
+      for (int x = 0; x < W; ++x) oa += splat(st.pb[x]) * load(vb + x * vs + d);
+      store(o + d, oa);
+    }
+    for (std::int64_t d = Dvf; d < st.Dv; ++d) {
+      float oa = o[d] * a;
+      for (int x = 0; x < W; ++x) oa += st.pb[x] * vb[x * vs + d];
+      o[d] = oa;
+    }
+  }
+}
+
+template <int NC = 8>
+void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
+                     std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb,
+                     std::int64_t vs) {
+  if constexpr (NC == 0) {
+    decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+  } else {
+    if (nc == NC) return decode_block<NC>(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    decode_dispatch<NC - 1>(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+  }
+}
+
+void decode_impl(const lane_block& lb, const forward_io& io) {
+  const decode_state st(lb, io);
+  const score_consts sc(lb.sp);
+  const lane_range kr(lb);
+  // The specialised kernel when D == Dv is a multiple of W up to 8 vectors; 0 = any shape.
+  const int nc = st.D == st.Dv && st.D % W == 0 && st.D / W <= 8 ? int(st.D / W) : 0;
+  constexpr std::int64_t kAhead = 4 * W;  // prefetch distance in keys
+  for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
+    const std::int64_t nb = imin(W, kr.kmax - j0);
+    const float *kb = lb.k + j0 * lb.ksn, *vb = lb.v + j0 * lb.vsn;
+    std::int64_t ks = lb.ksn, vs = lb.vsn;
+    if (nb < W) {  // short last block: copy, zero-padded
+      for (std::int64_t x = 0; x < W; ++x) {
+        for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kb[x * ks + d] : 0.0f;
+        for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vb[x * vs + d] : 0.0f;
+      }
+      kb = st.kpad, vb = st.vpad, ks = st.Dp, vs = st.Dvp;
+    } else if (j0 + kAhead + W <= kr.kmax) {
+      for (std::int64_t x = 0; x < W; ++x) {
+        const char* kp = reinterpret_cast<const char*>(lb.k + (j0 + kAhead + x) * lb.ksn);
+        const char* vp = reinterpret_cast<const char*>(lb.v + (j0 + kAhead + x) * lb.vsn);
+        for (std::int64_t o = 0; o < st.D * 4; o += 64) __builtin_prefetch(kp + o);
+        for (std::int64_t o = 0; o < st.Dv * 4; o += 64) __builtin_prefetch(vp + o);
+      }
+    }
+    if (sc.bias) {
+      lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
+      for (std::int64_t g = 0; g < st.nr; ++g)
+        for (std::int64_t x = nb; x < W; ++x) st.bias[g * W + x] = 0.0f;
+    }
+    decode_dispatch(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+  }
+  for (std::int64_t g = 0; g < st.nr; ++g) {
+    float l = 0.0f;
+    for (int x = 0; x < W; ++x) l += st.lvec[g * W + x];
+    io.l[g] = l;
+    for (std::int64_t d = 0; d < st.Dv; ++d) io.ot[d * st.L + g] = st.orow[g * st.Dvp + d];
+  }
+}
+
 void forward_entry(const lane_block& lb, const forward_io& io) {
   if (lb.L == C * W) return forward_impl<C>(lb, io);
-  forward_impl<1>(lb, io);
+  decode_impl(lb, io);
 }
 void dq_entry(const lane_block& lb, const dq_io& io) {
   if (lb.L == C * W) return dq_impl<C>(lb, io);
   dq_impl<1>(lb, io);
 }
 
-constexpr kernel_table make_table(const char* name) {
-  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl};
+constexpr kernel_table make_table(const char* name,
+                                  void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr) {
+  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl, forward_bf16};
 }
 
 }  // namespace

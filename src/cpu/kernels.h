@@ -95,14 +95,25 @@ struct dkdv_pair {
 
 // Key-block sizes: the lane-layout kernels visit keys in blocks of kLaneKeyBlock; the row
 // layout packs kRowKeyBlock keys per task.
-inline constexpr std::int64_t kLaneKeyBlock = 64;
+inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
 inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
-  (void)D, (void)Dv;
-  return 4 * kLaneKeyBlock * L + 8 * L;
+  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 2 * L * 64 + 64;  // decode: rows, sums, bias, padded block
+  return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
 inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
+
+// bf16 operands of the AVX512_BF16 forward, in pairs along the dot's reduction axis (one 32-bit
+// word = two bf16): qp [D/2][L] (pair d of lane x at qp[(d/2)·L + x]), k [Nk'][ldk] rows with
+// ldk even, vp [Nk'/2][Dv] (keys 2j', 2j'+1 of column x at vp[j'·Dv + x]); Nk' = Nk rounded up
+// to even, the extra row zero. D is even; scores are scaled by score_params::scale.
+struct bf16_operands {
+  const std::uint32_t* qp = nullptr;
+  const std::uint16_t* k = nullptr;
+  std::int64_t ldk = 0;
+  const std::uint32_t* vp = nullptr;
+};
 
 struct kernel_table {
   const char* name;       // "generic", "avx2", "avx512"
@@ -112,15 +123,21 @@ struct kernel_table {
   void (*forward)(const lane_block&, const forward_io&);
   void (*dq)(const lane_block&, const dq_io&);
   void (*dkdv)(const dkdv_pair&);
+  // Forward from bf16 operands with fp32 accumulation (AVX512_BF16 only; null elsewhere).
+  // Uses lanes == kernel_table::lanes; scratch as lane_scratch_floats plus bf16_scratch_floats.
+  void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&);
 };
+
+inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
 
 // The kernels of each ISA compiled in (each defined in its own kernels_<isa>.cc).
 const kernel_table& kernels_generic();
 const kernel_table& kernels_avx2();
 const kernel_table& kernels_avx512();
+const kernel_table& kernels_avx512bf16();
 
 // Runtime ISA dispatch — the one place that asks the CPU what it supports (isa.cc). The
-// environment variable ATTN_CPU_ISA=generic|avx2|avx512 caps the level (read on every call,
+// environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on every call,
 // so tests can walk every path); an unknown name or a level the CPU lacks gives the best
 // level available below it.
 const kernel_table& select_kernels();

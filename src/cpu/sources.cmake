@@ -6,6 +6,7 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/kernels_generic.cc
   ${CMAKE_CURRENT_LIST_DIR}/kernels_avx2.cc
   ${CMAKE_CURRENT_LIST_DIR}/kernels_avx512.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_avx512bf16.cc
 )
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_generic.cc PROPERTIES
   COMPILE_OPTIONS "-ffp-contract=fast")
@@ -13,3 +14,5 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_avx2.cc PROPERTIES
   COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_avx512.cc PROPERTIES
   COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_avx512bf16.cc PROPERTIES
+  COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
