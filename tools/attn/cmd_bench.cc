@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -47,7 +48,7 @@ struct bench_args {
   std::int64_t batch = 1, hq = 8, hkv = 0, nq = 1024, nk = 0, d = 64, dv = 0;
   std::string dtype_name = "f32", pass = "forward", backend_name = "automatic", grid = "none", csv, peers = "blas,torch,ggml";
   std::string python, peer_script, openblas_coretype = "auto";
-  bool causal = false, backward = false, json = false;
+  bool causal = false, backward = false, json = false, check = false;
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
   std::int64_t probe_mib = 512;
@@ -68,7 +69,17 @@ struct row {
   double median_ms = 0, min_ms = 0;
   double attn_ms = 0;  // attn's median on the same configuration (for the speed-up column)
   double work_mib = NAN;  // attn only: memory the call used beyond its inputs and results
+  double max_abs_diff = NAN;  // blas_unfused with --check: largest |baseline − attn| of the results
 };
+
+// Largest |a − b| over two tensors of one shape.
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const Tensor fa = a.to(dtype::f32), fb = b.to(dtype::f32);
+  const float *pa = fa.data_as<float>(), *pb = fb.data_as<float>();
+  double m = 0;
+  for (std::int64_t i = 0; i < fa.numel(); ++i) m = std::max(m, double(std::fabs(pa[i] - pb[i])));
+  return m;
+}
 
 double elem_bytes(dtype t) { return double(dtype_size(t)); }
 
@@ -216,6 +227,7 @@ std::string exe_dir() {
 class python_peers {
  public:
   python_peers(const std::string& python, const std::string& script, const std::string& which) {
+    std::signal(SIGPIPE, SIG_IGN);  // a peer process that dies must not take attn bench with it
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) {
       why_ = "pipe() failed";
@@ -397,6 +409,7 @@ std::vector<std::pair<std::string, std::string>> fields(const row& r, const mach
       {"pct_dram", json_num(dram > 0 ? 100.0 * gbps / dram : NAN)},
       {"attn_speedup", json_num(r.peer && r.attn_ms > 0 ? r.median_ms / r.attn_ms : NAN)},
       {"work_mib", json_num(r.work_mib)},
+      {"max_abs_diff", json_num(r.max_abs_diff)},
       {"peak_rss_mib", json_num(peak_rss_mib())},
       {"cpu", json_str(m.cpu)},
   };
@@ -474,10 +487,19 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
   const backend be = a.backend_name == "reference" ? backend::reference
                      : a.backend_name == "cpu"     ? backend::cpu
                                                    : backend::automatic;
-  const bool want_blas = a.peers.find("blas") != std::string::npos;
+  bool want_blas = false;
   std::string py_peers;
-  for (const char* p : {"torch", "ggml"})
-    if (a.peers.find(p) != std::string::npos) py_peers += std::string(py_peers.empty() ? "" : ",") + p;
+  {
+    std::stringstream ss(a.peers);
+    for (std::string name; std::getline(ss, name, ',');) {
+      if (name == "blas")
+        want_blas = true;
+      else if (name == "torch" || name == "ggml")
+        py_peers += (py_peers.empty() ? "" : ",") + name;
+      else if (name != "none" && !name.empty())
+        throw error(fmt::format("attn bench: --peers {}: '{}' is not one of blas, torch, ggml, none", a.peers, name));
+    }
+  }
 
   // What the machine can do, probed now (the same run as the timings below).
   machine m;
@@ -533,6 +555,7 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
     }
   };
 
+  int failed_checks = 0;
   for (const config& c : configs) {
     const problem& p = c.p;
     const Tensor q = random_tensor({p.B, p.Hq, p.Nq, p.D}, p.type, 1);
@@ -579,6 +602,19 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
             const Tensor dq = Tensor::empty(q.shape(), p.type), dk = Tensor::empty(k.shape(), p.type),
                          dv = Tensor::empty(v.shape(), p.type);
             tm = time_it(a.warmup, a.reps, [&] { blas->backward(p, q, k, v, out, dout, dq, dk, dv, t); });
+            if (a.check) {
+              const attention_result fwd = attention(q, k, v, o);
+              const attention_grads g = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o);
+              b.max_abs_diff = std::max({max_abs_diff(dq, g.dq), max_abs_diff(dk, g.dk), max_abs_diff(dv, g.dv)});
+            }
+          }
+          if (a.check && !c.backward) b.max_abs_diff = max_abs_diff(out, attention(q, k, v, o).out);
+          // Inputs are uniform in [-1, 1): results are O(1) (gradients O(√Nk) at most).
+          const double tol = (p.type == dtype::f32 ? 2e-3 : 6e-2) * (c.backward ? std::sqrt(double(p.Nk)) : 1.0);
+          if (b.max_abs_diff > tol) {
+            fmt::print(stderr, "attn bench: check failed: {} {} {}: |blas_unfused − attn| = {:.3g} > {:.3g}\n",
+                       shape_label(p), short_dtype(p.type), c.backward ? "backward" : "forward", b.max_abs_diff, tol);
+            failed_checks++;
           }
           b.median_ms = tm.median_ms, b.min_ms = tm.min_ms;
           emit(b);
@@ -597,7 +633,7 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
       }
     }
   }
-  return 0;
+  return failed_checks ? 1 : 0;
 }
 
 }  // namespace
@@ -627,6 +663,8 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"none", "standard"}));
   s->add_flag("--json", a->json, "one JSON object per line and configuration (the header goes to stderr)");
   s->add_option("--csv", a->csv, "also write every row to this CSV file");
+  s->add_flag("--check", a->check,
+              "compare the OpenBLAS baseline's results with attn's (exit status 1 when they differ)");
   s->add_option("--peers", a->peers, "peers to measure, comma-separated: blas, torch, ggml, or none");
   s->add_option("--python", a->python, "python of the benchmark venv (default $ATTN_BENCH_PYTHON, ~/.cache/attn-bench-venv)");
   s->add_option("--peer-script", a->peer_script, "bench/peers.py (found next to the build tree by default)");
