@@ -6,18 +6,20 @@
   ggml_flash_attn_ext  ggml's fused CPU attention through ggml-python, forward only (ggml has
                        no backward for it)
 
-Protocol (tab-separated lines; `attn bench` is the other end):
-  start:  "peer\t<impl>\t<version>" or "skip\t<impl>\t<why>" per peer, then "ready"
-  stdin:  "B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup reps"
-  stdout: "result\t<impl>\t<median_ms>\t<min_ms>\t<detail>" or "skip\t<impl>\t<why>" per
-          peer, then "done"
-Layouts are attn's: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv]; causal is
-top-left aligned. Each peer: one warm-up call (or --warmup), then `reps` timed calls, median.
+Protocol (`attn bench` is the other end; replies are tab-separated lines closed by "done"):
+  start:    "peer\t<impl>\t<version>" or "skip\t<impl>\t<why>" per peer, then "ready"
+  prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup
+            -> "ready\t<impl>\t<detail>" or "skip\t<impl>\t<why>" per peer (warm-up calls done)
+  rep       -> "time\t<impl>\t<ms>" per ready peer: one timed call each
+  release   -> frees the configuration's tensors
+attn bench alternates single calls of attn, its OpenBLAS baseline and these peers, and takes
+the medians. Layouts are attn's: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv];
+causal is top-left aligned.
 """
 import argparse
 import ctypes
+import gc
 import math
-import statistics
 import sys
 import time
 
@@ -26,25 +28,14 @@ def say(*fields):
     print("\t".join(str(f).replace("\t", " ").replace("\n", " ") for f in fields), flush=True)
 
 
-def timed(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    ms = []
-    for _ in range(max(1, reps)):
-        t0 = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ms), min(ms)
-
-
 class Config:
-    def __init__(self, line):
-        f = line.split()
+    def __init__(self, fields):
+        f = fields
         self.B, self.Hq, self.Hkv, self.Nq, self.Nk, self.D, self.Dv = map(int, f[:7])
         self.causal = f[7] == "1"
         self.dtype = f[8]
         self.backward = f[9] == "backward"
-        self.threads, self.warmup, self.reps = map(int, f[10:13])
+        self.threads, self.warmup = map(int, f[10:12])
 
 
 # ---- PyTorch ----------------------------------------------------------------------------------
@@ -77,7 +68,8 @@ class TorchPeer:
         except Exception:  # noqa: BLE001 - private API, informative only
             return "?"
 
-    def run(self, c):
+    def prepare(self, c):
+        """(call, detail, cleanup) for one configuration, or (None, why, None)."""
         torch, F = self.torch, self.F
         dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[c.dtype]
         torch.set_num_threads(c.threads)
@@ -97,15 +89,15 @@ class TorchPeer:
         kernel = self.kernel_name(q, k, v, c.causal, gqa and self.has_gqa)
         detail = f"{self.version}, sdpa backend {kernel}{note}"
         if not c.backward:
-            with torch.inference_mode():
-                med, best = timed(lambda: F.scaled_dot_product_attention(q, k, v, **kw), c.warmup, c.reps)
-            return med, best, detail
+            def forward():
+                with torch.inference_mode():
+                    F.scaled_dot_product_attention(q, k, v, **kw)
+            return forward, detail, None
         for t in (q, k, v):
             t.requires_grad_(True)
         out = F.scaled_dot_product_attention(q, k, v, **kw)
         dout = torch.rand(out.shape, generator=g).mul_(2).sub_(1).to(dt)
-        med, best = timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), c.warmup, c.reps)
-        return med, best, detail
+        return (lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)), detail, None
 
 
 # ---- ggml -------------------------------------------------------------------------------------
@@ -126,9 +118,9 @@ class GgmlPeer:
             v = "?"
         self.version = f"ggml-python {v}"
 
-    def run(self, c):
+    def prepare(self, c):
         if c.backward:
-            return None, None, "ggml has no backward for flash_attn_ext"
+            return None, "ggml has no backward for flash_attn_ext", None
         ggml, np = self.ggml, self.np
         kv_type = {"f32": ggml.GGML_TYPE_F32, "f16": ggml.GGML_TYPE_F16, "bf16": ggml.GGML_TYPE_BF16}[c.dtype]
         esize = 4 if c.dtype == "f32" else 2
@@ -137,7 +129,7 @@ class GgmlPeer:
         mem = tensor_bytes + 16 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead() + (1 << 20)
         ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
         if not ctx:
-            return None, None, "ggml_init failed"
+            return None, "ggml_init failed", None
         try:
             # ggml dims are innermost first: q [D, Nq, Hq, B], k [D, Nk, Hkv, B], v [Dv, Nk, Hkv, B].
             q = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F32, c.D, c.Nq, c.Hq, c.B)
@@ -159,12 +151,16 @@ class GgmlPeer:
             plan = ggml.ggml_graph_plan(gf, c.threads, None)
             work = (ctypes.c_uint8 * max(1, plan.work_size))()
             plan.work_data = ctypes.cast(work, ctypes.POINTER(ctypes.c_uint8))
-            run = lambda: ggml.ggml_graph_compute(gf, ctypes.byref(plan))  # noqa: E731
-            med, best = timed(run, c.warmup, c.reps)
             kv = {"f32": "F32", "f16": "F16", "bf16": "BF16"}[c.dtype]
-            return med, best, f"{self.version}, K/V {kv}, Q F32{', causal as an f16 -inf mask' if c.causal else ''}"
-        finally:
+            detail = f"{self.version}, K/V {kv}, Q F32{', causal as an f16 -inf mask' if c.causal else ''}"
+
+            def compute():
+                work  # noqa: B018 - the work buffer lives as long as this closure
+                ggml.ggml_graph_compute(gf, ctypes.byref(plan))
+            return compute, detail, lambda: ggml.ggml_free(ctx)
+        except BaseException:
             ggml.ggml_free(ctx)
+            raise
 
     def fill(self, tensor, values, dtype):
         np = self.np
@@ -195,21 +191,44 @@ def main():
         except Exception as e:  # noqa: BLE001 - a missing peer is reported, not fatal
             say("skip", cls.impl, f"{type(e).__name__}: {e}")
     say("ready")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        c = Config(line)
-        for p in peers:
-            try:
-                med, best, detail = p.run(c)
-                if med is None:
-                    say("skip", p.impl, detail)
-                else:
-                    say("result", p.impl, f"{med:.6f}", f"{best:.6f}", detail)
-            except Exception as e:  # noqa: BLE001
-                say("skip", p.impl, f"{type(e).__name__}: {e}")
-        say("done")
+    prepared = {}  # impl -> (call, cleanup)
 
+    def release():
+        for _, cleanup in prepared.values():
+            if cleanup:
+                cleanup()
+        prepared.clear()
+        gc.collect()
+
+    for line in sys.stdin:
+        cmd, *fields = line.split()
+        if cmd == "prepare":
+            release()
+            c = Config(fields)
+            for p in peers:
+                try:
+                    call, detail, cleanup = p.prepare(c)
+                    if call is None:
+                        say("skip", p.impl, detail)
+                        continue
+                    prepared[p.impl] = (call, cleanup)
+                    for _ in range(c.warmup):
+                        call()
+                    say("ready", p.impl, detail)
+                except Exception as e:  # noqa: BLE001 - reported, the other peers go on
+                    prepared.pop(p.impl, None)
+                    say("skip", p.impl, f"{type(e).__name__}: {e}")
+        elif cmd == "rep":
+            for impl, (call, _) in list(prepared.items()):
+                try:
+                    t0 = time.perf_counter()
+                    call()
+                    say("time", impl, f"{(time.perf_counter() - t0) * 1e3:.6f}")
+                except Exception:  # noqa: BLE001 - dropped from the timing
+                    prepared.pop(impl)
+        elif cmd == "release":
+            release()
+        say("done")
 
 if __name__ == "__main__":
     main()

@@ -183,26 +183,14 @@ struct memory_probe {
   }
 };
 
-// One warm-up call (or the first timed call, without warm-up) also measures memory into *mib.
-timing time_it(int warmup, int reps, const std::function<void()>& fn, double* mib = nullptr) {
-  using clk = std::chrono::steady_clock;
-  memory_probe mem;
-  for (int i = 0; i < warmup; ++i) {
-    if (i == 0 && mib) mem.begin();
-    fn();
-    if (i == 0 && mib) *mib = mem.end_mib();
-  }
-  std::vector<double> ms;
-  for (int i = 0; i < std::max(1, reps); ++i) {
-    const bool probe = mib && warmup == 0 && i == 0;
-    if (probe) mem.begin();
-    const auto t0 = clk::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(clk::now() - t0).count());
-    if (probe) *mib = mem.end_mib();
-  }
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+timing summarize(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   const std::size_t n = ms.size();
+  if (n == 0) return {NAN, NAN};
   return {n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]), ms.front()};
 }
 
@@ -220,10 +208,15 @@ std::string exe_dir() {
 
 // ---- the Python peers (bench/peers.py), one process for the whole run ----
 //
-// Protocol, one line each way per configuration (tab-separated):
-//   to python:   B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup reps
-//   from python: "result\t<impl>\t<median_ms>\t<min_ms>\t<detail>" or "skip\t<impl>\t<why>" lines,
-//                then "done". At start it sends "peer\t<impl>\t<version>" lines, then "ready".
+// Protocol (bench/peers.py has the other end): commands one line each, replies tab-separated
+// lines closed by "done". At start the peers send "peer\t<impl>\t<version>" (or "skip") lines,
+// then "ready".
+//   prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup
+//                 -> "ready\t<impl>\t<detail>" or "skip\t<impl>\t<why>" per peer
+//   rep           -> "time\t<impl>\t<ms>" per ready peer (one timed call each)
+//   release       -> (frees the configuration's tensors)
+// attn bench alternates single calls — attn, the OpenBLAS baseline, then one `rep` of the
+// Python peers — so that a change of load on a shared machine falls on all of them alike.
 class python_peers {
  public:
   python_peers(const std::string& python, const std::string& script, const std::string& which) {
@@ -275,32 +268,47 @@ class python_peers {
   const std::string& why() const { return why_; }
   const std::map<std::string, std::string>& versions() const { return versions_; }
 
-  struct reply {
+  struct peer_state {
     std::string impl;
-    std::optional<timing> t;
-    std::string detail;  // version and path used, or why it was skipped
+    bool ready = false;
+    std::string detail;  // version and kernel used, or why it is skipped
   };
-  std::vector<reply> run(const config& c, int threads, int warmup, int reps) {
-    std::vector<reply> out;
-    if (!ok_) return out;
+  // Builds the inputs of every peer for one configuration and runs its warm-up calls.
+  std::vector<peer_state> prepare(const config& c, int threads, int warmup) {
     const problem& p = c.p;
-    fmt::print(in_, "{} {} {} {} {} {} {} {} {} {} {} {} {}\n", p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.D, p.Dv, int(p.causal),
-               short_dtype(p.type), c.backward ? "backward" : "forward", threads, warmup, reps);
-    fflush(in_);
-    for (std::string line; read_line(line);) {
-      if (line == "done") return out;
-      auto f = split(line);
-      if (f.size() >= 5 && f[0] == "result")
-        out.push_back({f[1], timing{std::stod(f[2]), std::stod(f[3])}, f[4]});
-      else if (f.size() >= 3 && f[0] == "skip")
-        out.push_back({f[1], std::nullopt, f[2]});
-    }
-    ok_ = false;  // the process ended
-    why_ = "the peer process ended early";
+    std::vector<peer_state> out;
+    for (const auto& f : transact(fmt::format("prepare {} {} {} {} {} {} {} {} {} {} {} {}", p.B, p.Hq, p.Hkv, p.Nq,
+                                              p.Nk, p.D, p.Dv, int(p.causal), short_dtype(p.type),
+                                              c.backward ? "backward" : "forward", threads, warmup)))
+      if (f.size() >= 3 && (f[0] == "ready" || f[0] == "skip")) out.push_back({f[1], f[0] == "ready", f[2]});
     return out;
   }
+  // One timed call of every prepared peer: (impl, milliseconds); a peer that failed is absent.
+  std::vector<std::pair<std::string, double>> rep() {
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& f : transact("rep"))
+      if (f.size() >= 3 && f[0] == "time") out.emplace_back(f[1], std::stod(f[2]));
+    return out;
+  }
+  // Frees the inputs of the configuration.
+  void release() { transact("release"); }
 
  private:
+  // Sends one command line; returns the reply lines up to "done", split at tabs.
+  std::vector<std::vector<std::string>> transact(const std::string& command) {
+    std::vector<std::vector<std::string>> lines;
+    if (!ok_) return lines;
+    fmt::print(in_, "{}\n", command);
+    fflush(in_);
+    for (std::string line; read_line(line);) {
+      if (line == "done") return lines;
+      lines.push_back(split(line));
+    }
+    ok_ = false;
+    why_ = "the peer process ended early";
+    return lines;
+  }
+
   bool read_line(std::string& line) {
     line.clear();
     for (int ch; (ch = fgetc(out_)) != EOF;) {
@@ -561,76 +569,115 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
     const Tensor q = random_tensor({p.B, p.Hq, p.Nq, p.D}, p.type, 1);
     const Tensor k = random_tensor({p.B, p.Hkv, p.Nk, p.D}, p.type, 2);
     const Tensor v = random_tensor({p.B, p.Hkv, p.Nk, p.Dv}, p.type, 3);
+    const Tensor dout = random_tensor({p.B, p.Hq, p.Nq, p.Dv}, p.type, 4);
     for (int t : threads) {
       attention_options o;
       o.is_causal = p.causal;
       o.num_threads = t;
       o.use_backend = be;
-      row r{c, t, "attn", "", false};
-      timing tm{};
-      // Results of one call (freed after it): out and lse, or dq, dk and dv.
+
+      // The contenders run in process (attn, the OpenBLAS baseline) or in the peer process.
+      struct local {
+        row r;
+        std::function<void()> call;
+        std::vector<double> ms;
+      };
+      std::vector<local> locals;
+      row attn_row{c, t, "attn", "", false};
+      attention_result fwd;  // the forward that the backward differentiates (not timed)
+      if (c.backward) fwd = attention(q, k, v, o);
+      if (!c.backward)
+        locals.push_back({attn_row, [&, &r = locals] { r[0].r.detail = attention(q, k, v, o).backend; }, {}});
+      else
+        locals.push_back({attn_row, [&, &r = locals] {
+                            r[0].r.detail = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o).backend;
+                          }, {}});
+      const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
+      Tensor dq, dk, dv;
+      if (blas) {
+        row b{c, t, "blas_unfused", blas->describe(), true};
+        if (const std::string why = blas->skip_reason(p, t); !why.empty()) {
+          if (!a.json) fmt::print("{:<36} {:<4} {:<3} {:>3} {:<20} skipped: {}\n", "", "", "", t, b.impl, why);
+        } else if (!c.backward) {
+          locals.push_back({b, [&] { blas->forward(p, q, k, v, out, t); }, {}});
+        } else {
+          blas->forward(p, q, k, v, out, t);
+          dq = Tensor::empty(q.shape(), p.type), dk = Tensor::empty(k.shape(), p.type);
+          dv = Tensor::empty(v.shape(), p.type);
+          locals.push_back({b, [&] { blas->backward(p, q, k, v, out, dout, dq, dk, dv, t); }, {}});
+        }
+      }
+      std::vector<python_peers::peer_state> remote;
+      std::map<std::string, std::vector<double>> remote_ms;
+      if (py && py->ok()) remote = py->prepare(c, t, a.warmup);
+
+      // Warm-up; attn's first call also measures the memory it touches beyond its results
+      // (out and lse, or dq, dk and dv).
+      for (auto& l : locals)
+        for (int i = 0; i < a.warmup; ++i) {
+          const bool probe = i == 0 && &l == &locals[0];
+          memory_probe mem;
+          if (probe) mem.begin();
+          l.call();
+          if (probe) l.r.work_mib = mem.end_mib();
+        }
+      // Timed calls, alternating between the contenders.
+      for (int rep = 0; rep < a.reps; ++rep) {
+        for (auto& l : locals) {
+          const bool probe = a.warmup == 0 && rep == 0 && &l == &locals[0];
+          memory_probe mem;
+          if (probe) mem.begin();
+          const auto t0 = std::chrono::steady_clock::now();
+          l.call();
+          l.ms.push_back(ms_since(t0));
+          if (probe) l.r.work_mib = mem.end_mib();
+        }
+        if (py && py->ok() && !remote.empty())
+          for (const auto& [impl, ms] : py->rep()) remote_ms[impl].push_back(ms);
+      }
+
       const double result_mib =
           (c.backward ? double(q.numel() + k.numel() + v.numel()) * elem_bytes(p.type)
                       : double(p.B * p.Hq * p.Nq) * (double(p.Dv) * elem_bytes(p.type) + 4.0)) /
           (1 << 20);
-      double call_mib = NAN;
-      if (!c.backward) {
-        tm = time_it(a.warmup, a.reps, [&] { r.detail = attention(q, k, v, o).backend; }, &call_mib);
-      } else {
-        const attention_result fwd = attention(q, k, v, o);
-        const Tensor dout = random_tensor(fwd.out.shape(), p.type, 4);
-        tm = time_it(
-            a.warmup, a.reps, [&] { r.detail = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o).backend; },
-            &call_mib);
+      locals[0].r.work_mib -= result_mib;
+      const timing attn_t = summarize(locals[0].ms);
+      for (auto& l : locals) {
+        const timing tm = summarize(l.ms);
+        l.r.median_ms = tm.median_ms, l.r.min_ms = tm.min_ms;
+        if (l.r.peer) l.r.attn_ms = attn_t.median_ms;
       }
-      r.median_ms = tm.median_ms, r.min_ms = tm.min_ms, r.work_mib = call_mib - result_mib;
-      emit(r);
-      const double attn_ms = r.median_ms;
-
-      if (blas) {
-        row b{c, t, "blas_unfused", blas->describe(), true};
-        b.attn_ms = attn_ms;
-        if (const std::string why = blas->skip_reason(p, t); !why.empty()) {
-          if (!a.json) fmt::print("{:<36} {:<4} {:<3} {:>3} {:<20} skipped: {}\n", "", "", "", t, b.impl, why);
+      if (a.check && locals.size() > 1) {  // the baseline's results against attn's
+        row& b = locals[1].r;
+        if (!c.backward) {
+          b.max_abs_diff = max_abs_diff(out, attention(q, k, v, o).out);
         } else {
-          const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
-          if (!c.backward) {
-            tm = time_it(a.warmup, a.reps, [&] { blas->forward(p, q, k, v, out, t); });
-          } else {
-            blas->forward(p, q, k, v, out, t);
-            const Tensor dout = random_tensor(out.shape(), p.type, 4);
-            const Tensor dq = Tensor::empty(q.shape(), p.type), dk = Tensor::empty(k.shape(), p.type),
-                         dv = Tensor::empty(v.shape(), p.type);
-            tm = time_it(a.warmup, a.reps, [&] { blas->backward(p, q, k, v, out, dout, dq, dk, dv, t); });
-            if (a.check) {
-              const attention_result fwd = attention(q, k, v, o);
-              const attention_grads g = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o);
-              b.max_abs_diff = std::max({max_abs_diff(dq, g.dq), max_abs_diff(dk, g.dk), max_abs_diff(dv, g.dv)});
-            }
-          }
-          if (a.check && !c.backward) b.max_abs_diff = max_abs_diff(out, attention(q, k, v, o).out);
-          // Inputs are uniform in [-1, 1): results are O(1) (gradients O(√Nk) at most).
-          const double tol = (p.type == dtype::f32 ? 2e-3 : 6e-2) * (c.backward ? std::sqrt(double(p.Nk)) : 1.0);
-          if (b.max_abs_diff > tol) {
-            fmt::print(stderr, "attn bench: check failed: {} {} {}: |blas_unfused − attn| = {:.3g} > {:.3g}\n",
-                       shape_label(p), short_dtype(p.type), c.backward ? "backward" : "forward", b.max_abs_diff, tol);
-            failed_checks++;
-          }
-          b.median_ms = tm.median_ms, b.min_ms = tm.min_ms;
-          emit(b);
+          const attention_grads g = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o);
+          b.max_abs_diff = std::max({max_abs_diff(dq, g.dq), max_abs_diff(dk, g.dk), max_abs_diff(dv, g.dv)});
+        }
+        // Inputs are uniform in [-1, 1): results are O(1), gradients O(√Nk) at most.
+        const double tol = (p.type == dtype::f32 ? 2e-3 : 6e-2) * (c.backward ? std::sqrt(double(p.Nk)) : 1.0);
+        if (!(b.max_abs_diff <= tol)) {
+          fmt::print(stderr, "attn bench: check failed: {} {} {}: |blas_unfused − attn| = {:.3g} > {:.3g}\n",
+                     shape_label(p), short_dtype(p.type), c.backward ? "backward" : "forward", b.max_abs_diff, tol);
+          failed_checks++;
         }
       }
-      if (py && py->ok()) {
-        for (const auto& rep : py->run(c, t, a.warmup, a.reps)) {
-          if (!rep.t) {
-            if (!a.json) fmt::print("{:<36} {:<4} {:<3} {:>3} {:<20} skipped: {}\n", "", "", "", t, rep.impl, rep.detail);
-            continue;
-          }
-          row pr{c, t, rep.impl, rep.detail, true};
-          pr.median_ms = rep.t->median_ms, pr.min_ms = rep.t->min_ms, pr.attn_ms = attn_ms;
-          emit(pr);
+      for (const auto& l : locals) emit(l.r);
+      for (const auto& ps : remote) {
+        const auto it = remote_ms.find(ps.impl);
+        if (!ps.ready || it == remote_ms.end()) {
+          if (!a.json)
+            fmt::print("{:<36} {:<4} {:<3} {:>3} {:<20} skipped: {}\n", "", "", "", t, ps.impl,
+                       ps.ready ? "failed while timed" : ps.detail);
+          continue;
         }
+        row pr{c, t, ps.impl, ps.detail, true};
+        const timing tm = summarize(it->second);
+        pr.median_ms = tm.median_ms, pr.min_ms = tm.min_ms, pr.attn_ms = attn_t.median_ms;
+        emit(pr);
       }
+      if (py && py->ok()) py->release();
     }
   }
   return failed_checks ? 1 : 0;
