@@ -163,8 +163,12 @@ void check_case(const config& c, std::uint32_t seed) {
   EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
   EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
   EXPECT_TRUE(all_close(gc.dv, gr.dv, bt, bt)) << "dv";
-  if (c.alibi) EXPECT_TRUE(all_close(gc.dalibi_slopes, gr.dalibi_slopes, 10 * bt, bt)) << "dalibi";
-  if (c.sinks) EXPECT_TRUE(all_close(gc.dsinks, gr.dsinks, bt, bt)) << "dsinks";
+  if (c.alibi) {
+    EXPECT_TRUE(all_close(gc.dalibi_slopes, gr.dalibi_slopes, 10 * bt, bt)) << "dalibi";
+  }
+  if (c.sinks) {
+    EXPECT_TRUE(all_close(gc.dsinks, gr.dsinks, bt, bt)) << "dsinks";
+  }
 }
 
 TEST(cpu_attention, random_sweep_every_isa) {
@@ -288,15 +292,20 @@ TEST(cpu_attention, bitwise_identical_across_threads) {
   }
 }
 
-// The split-KV decode path (few rows, many keys) against the reference, GQA 4, every ISA.
+// The decode kernel and split-KV (few rows, many keys) against the reference, GQA 4, every ISA;
+// f32 and bf16 (read as bf16), head sizes that do and do not fill whole vectors.
 TEST(cpu_attention, split_kv_decode) {
   for (const std::string& isa : isas()) {
     SCOPED_TRACE("isa " + isa);
     isa_scope scope(isa.c_str());
-    config c;
-    c.Hq = 8, c.Hkv = 2, c.Nq = 1, c.Nk = 5000, c.D = 40, c.Dv = 40;
-    c.sinks = true, c.kv_len = true;
-    check_case(c, 5);
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (std::int64_t D : {40, 64}) {
+        config c;
+        c.type = t;
+        c.Hq = 8, c.Hkv = 2, c.Nq = 1, c.Nk = 4111, c.D = D, c.Dv = D;
+        c.sinks = true, c.kv_len = true, c.transposed = D == 64;
+        check_case(c, std::uint32_t(D));
+      }
   }
 }
 

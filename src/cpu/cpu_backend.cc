@@ -241,8 +241,11 @@ void forward(const problem& p, const forward_outputs& o) {
   const bool dp = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && L == kt.lanes;
   std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt) : nullptr;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
-  const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
-  const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
+  // Decode reads bf16 key/value rows as they are (memory-bound: no f32 copy).
+  const bool k16 = L == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
+                   (p.v.sx == 1 || p.Dv <= 1);
+  const rows_f32 K = dp || k16 ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V = dp || k16 ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   std::int64_t nchunk = 1, chunk = std::max<std::int64_t>(p.Nk, 1);
   if (units < kSplitUnits && p.Nk >= 2 * kSplitKeys) nchunk = ceil_div(p.Nk, kSplitKeys), chunk = kSplitKeys;
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
@@ -284,6 +287,10 @@ void forward(const problem& p, const forward_outputs& o) {
       std::fill(ot, ot + p.Dv * L, 0.0f);
       lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
       lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
+      if (k16) {
+        lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + p.k.offset(b, hkv, 0, 0), lb.ksn = p.k.sn;
+        lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + p.v.offset(b, hkv, 0, 0), lb.vsn = p.v.sn;
+      }
       if (dp) {
         const auto* q16 = static_cast<const std::uint16_t*>(p.q.data);
         for (std::int64_t x = 0; x < L; ++x)

@@ -30,6 +30,21 @@ inline vi loadi(const std::int32_t* p) {
   return v;
 }
 inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+// W floats from f32 or bf16 storage (bf16 → f32 is a 16-bit shift).
+typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
+inline vf load_row(const float* p) { return load(p); }
+inline vf load_row(const std::uint16_t* p) {
+  vh h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return (vf)(__builtin_convertvector(h, vi) << 16);
+}
+inline float scalar_row(const float* p) { return *p; }
+inline float scalar_row(const std::uint16_t* p) {
+  const std::uint32_t u = std::uint32_t(*p) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
 inline vf splat(float s) { return s - vf{}; }  // x - 0 folds away; x + 0 would not (-0)
 inline vi splati(std::int32_t s) { return s - vi{}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
@@ -341,6 +356,10 @@ inline vf fold(vf a, vf b) {
   constexpr vi m2 = fold_mask<H, 1>(std::make_integer_sequence<int, W>{});
   return __builtin_shuffle(a, b, m1) + __builtin_shuffle(a, b, m2);
 }
+template <int H, int... X>
+constexpr vi xor_mask(std::integer_sequence<int, X...>) {
+  return vi{(X ^ H)...};
+}
 // v[0..W) → one vector whose lane x is the sum of v[x]'s lanes.
 template <int N = W>
 inline void reduce_step(vf* v) {
@@ -354,14 +373,16 @@ inline void reduce_step(vf* v) {
 // Per-row state of the decode kernel, kept in scratch.
 struct decode_state {
   std::int64_t L, nr, D, Dv, Dp, Dvp;
-  float *qr, *orow, *lvec, *pb, *bias, *kpad, *vpad;
+  float *qr, *orow, *lvec, *pb, *dots, *alpha, *bias, *kpad, *vpad;
   decode_state(const lane_block& lb, const forward_io& io)
       : L(lb.L), nr(lb.nl), D(lb.D), Dv(lb.Dv), Dp((D + W - 1) / W * W), Dvp((Dv + W - 1) / W * W) {
     qr = lb.scratch;          // [nr][Dp] q rows (pre-scaled)
     orow = qr + L * Dp;       // [nr][Dvp] unnormalised outputs
     lvec = orow + L * Dvp;    // [nr][W] per-lane partial sums of p
-    pb = lvec + L * W;        // [W] p of the current row and key block
-    bias = pb + W;            // [nr][W]
+    pb = lvec + L * W;        // [nr][W] p of the current key block
+    dots = pb + L * W;        // [nr][W] q·k of the current key block
+    alpha = dots + L * W;     // [nr] rescale factors of the current key block
+    bias = alpha + L;         // [nr][W]
     kpad = bias + L * W;      // [W][Dp] a short last key block, zero-padded
     vpad = kpad + W * Dp;     // [W][Dvp]
     for (std::int64_t g = 0; g < nr; ++g) {
@@ -372,58 +393,80 @@ struct decode_state {
   }
 };
 
-// Online-softmax update of row g from the raw dots of keys j0 + [0, W); leaves p in st.pb and
-// returns the rescale factor of the row's running output.
-inline float decode_softmax(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                            std::int64_t g, vf dot, std::int64_t j0, std::int64_t nb) {
+template <int H = W / 2>
+inline vf hmax_step(vf v) {
+  if constexpr (H == 0) {
+    return v;
+  } else {
+    constexpr vi m = xor_mask<H>(std::make_integer_sequence<int, W>{});
+    return hmax_step<H / 2>(vmax(v, __builtin_shuffle(v, m)));
+  }
+}
+
+// Online-softmax update of row g from the raw dots of keys j0 + [0, W); leaves p in st.pb[g]
+// and the rescale factor of the row's running output in st.alpha[g].
+inline void decode_softmax(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
+                           std::int64_t g, vf dot, std::int64_t j0, std::int64_t nb) {
   vf t;
   const vf s = transform(dot, sc, &t, sc.bias ? load(st.bias + g * W) : vf{}, iota() + std::int32_t(j0),
                          splati(lb.pos[g]), splati(lb.lo[g]), splati(std::int32_t(imin(lb.hi[g], j0 + nb))),
                          splat(sc.alibi ? lb.slope[g] : 0.0f), true);
-  float mx = io.m[g];
-  for (int x = 0; x < W; ++x) mx = s[x] > mx ? s[x] : mx;
-  const float mu = mx == -kInf ? 0.0f : mx;
-  const float a = vexp(splat(io.m[g] - mu))[0];
-  const vf p = vexp(s - splat(mu));
+  const vf mxv = vmax(hmax_step(s), splat(io.m[g]));  // every lane holds the new max
+  const vf mu = mxv == splat(-kInf) ? vf{} : mxv;
+  const vf a = vexp(splat(io.m[g]) - mu);
+  const vf p = vexp(s - mu);
   store(st.lvec + g * W, load(st.lvec + g * W) * a + p);
-  io.m[g] = mx;
-  store(st.pb, p);
-  return a;
+  io.m[g] = mxv[0];
+  store(st.pb + g * W, p);
+  st.alpha[g] = a[0];
 }
 
-// NC = D / W = Dv / W vectors: q row and output row live in registers; K and V rows are read
-// once per row from a base pointer and stride (so nothing spills).
-template <int NC>
+// NC = D / W = Dv / W vectors. Three passes over the rows so that the rows' independent work
+// overlaps (one row alone is a chain of dependent latencies): the dots of every row (q in
+// registers, W dots folded at once), the softmax of every row, then P·V two rows at a time
+// (each V vector read once for both, 2·NC independent accumulator chains).
+template <int NC, class T>
 void decode_block(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                  std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb, std::int64_t vs) {
+                  std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
   for (std::int64_t g = 0; g < st.nr; ++g) {
     vf qv[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) qv[c] = load(st.qr + g * st.Dp + c * W);
     vf acc[W];
-    const float* kp = kb;
+    const T* kp = kb;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, kp += ks) {
-      vf a = load(kp) * qv[0];
+      vf a = load_row(kp) * qv[0];
 #pragma GCC unroll 8
-      for (int c = 1; c < NC; ++c) a += load(kp + c * W) * qv[c];
+      for (int c = 1; c < NC; ++c) a += load_row(kp + c * W) * qv[c];
       acc[x] = a;
     }
     reduce_step(acc);
-    const float a = decode_softmax(lb, io, st, sc, g, acc[0], j0, nb);
-    float* o = st.orow + g * st.Dvp;
-    vf ov[NC];
+    store(st.dots + g * W, acc[0]);
+  }
+  for (std::int64_t g = 0; g < st.nr; ++g) decode_softmax(lb, io, st, sc, g, load(st.dots + g * W), j0, nb);
+  for (std::int64_t g = 0; g < st.nr; g += 2) {
+    const std::int64_t g1 = g + 1 < st.nr ? g + 1 : g;  // an odd last row pairs with itself
+    float* o0 = st.orow + g * st.Dvp;
+    float* o1 = st.orow + g1 * st.Dvp;
+    vf ov0[NC], ov1[NC];
+    const float a0 = st.alpha[g], a1 = st.alpha[g1];
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) ov[c] = load(o + c * W) * a;
-    const float* vp = vb;
+    for (int c = 0; c < NC; ++c) ov0[c] = load(o0 + c * W) * a0, ov1[c] = load(o1 + c * W) * a1;
+    const T* vp = vb;
+    const float *p0 = st.pb + g * W, *p1 = st.pb + g1 * W;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, vp += vs) {
-      const vf px = splat(st.pb[x]);
+      const vf px0 = splat(p0[x]), px1 = splat(p1[x]);
 #pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) ov[c] += px * load(vp + c * W);
+      for (int c = 0; c < NC; ++c) {
+        const vf vv = load_row(vp + c * W);
+        ov0[c] += px0 * vv;
+        ov1[c] += px1 * vv;
+      }
     }
 #pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) store(o + c * W, ov[c]);
+    for (int c = 0; c < NC; ++c) store(o1 + c * W, ov1[c]), store(o0 + c * W, ov0[c]);
   }
 }
 
@@ -445,27 +488,28 @@ void decode_block_any(const lane_block& lb, const forward_io& io, const decode_s
     vf dot = acc[0];
     for (int x = 0; x < W; ++x)
       for (std::int64_t d = Df; d < st.D; ++d) dot[x] += q[d] * kb[x * ks + d];
-    const float a = decode_softmax(lb, io, st, sc, g, dot, j0, nb);
+    decode_softmax(lb, io, st, sc, g, dot, j0, nb);
+    const float a = st.alpha[g];
+    const float* pb = st.pb + g * W;
     float* o = st.orow + g * st.Dvp;
     for (std::int64_t d = 0; d < Dvf; d += W) {
       vf oa = load(o + d) * a;
-      for (int x = 0; x < W; ++x) oa += splat(st.pb[x]) * load(vb + x * vs + d);
+      for (int x = 0; x < W; ++x) oa += splat(pb[x]) * load(vb + x * vs + d);
       store(o + d, oa);
     }
     for (std::int64_t d = Dvf; d < st.Dv; ++d) {
       float oa = o[d] * a;
-      for (int x = 0; x < W; ++x) oa += st.pb[x] * vb[x * vs + d];
+      for (int x = 0; x < W; ++x) oa += pb[x] * vb[x * vs + d];
       o[d] = oa;
     }
   }
 }
 
-template <int NC = 8>
+template <int NC = 8, class T>
 void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                     std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb,
-                     std::int64_t vs) {
+                     std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
   if constexpr (NC == 0) {
-    decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    if constexpr (sizeof(T) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
   } else {
     if (nc == NC) return decode_block<NC>(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
     decode_dispatch<NC - 1>(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
@@ -473,36 +517,46 @@ void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const d
 }
 
 void decode_impl(const lane_block& lb, const forward_io& io) {
-  const decode_state st(lb, io);
+  const decode_state st(lb, io);  // (its pointers are const; the floats they point to are not)
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
   // The specialised kernel when D == Dv is a multiple of W up to 8 vectors; 0 = any shape.
   const int nc = st.D == st.Dv && st.D % W == 0 && st.D / W <= 8 ? int(st.D / W) : 0;
-  constexpr std::int64_t kAhead = 4 * W;  // prefetch distance in keys
+  const bool b16 = lb.k16 != nullptr;
+  const std::int64_t esize = b16 ? 2 : 4;
+  const char* kbase = b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
+  const char* vbase = b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const float *kb = lb.k + j0 * lb.ksn, *vb = lb.v + j0 * lb.vsn;
-    std::int64_t ks = lb.ksn, vs = lb.vsn;
-    if (nb < W) {  // short last block: copy, zero-padded
-      for (std::int64_t x = 0; x < W; ++x) {
-        for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kb[x * ks + d] : 0.0f;
-        for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vb[x * vs + d] : 0.0f;
-      }
-      kb = st.kpad, vb = st.vpad, ks = st.Dp, vs = st.Dvp;
-    } else if (j0 + kAhead + W <= kr.kmax) {
-      for (std::int64_t x = 0; x < W; ++x) {
-        const char* kp = reinterpret_cast<const char*>(lb.k + (j0 + kAhead + x) * lb.ksn);
-        const char* vp = reinterpret_cast<const char*>(lb.v + (j0 + kAhead + x) * lb.vsn);
-        for (std::int64_t o = 0; o < st.D * 4; o += 64) __builtin_prefetch(kp + o);
-        for (std::int64_t o = 0; o < st.Dv * 4; o += 64) __builtin_prefetch(vp + o);
-      }
-    }
+    const char* kb = kbase + j0 * lb.ksn * esize;
+    const char* vb = vbase + j0 * lb.vsn * esize;
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
       for (std::int64_t g = 0; g < st.nr; ++g)
         for (std::int64_t x = nb; x < W; ++x) st.bias[g * W + x] = 0.0f;
     }
-    decode_dispatch(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    if (nb < W || (b16 && nc == 0)) {  // short last block, or bf16 of a general shape: f32 copy, zero-padded
+      for (std::int64_t x = 0; x < W; ++x) {
+        const auto kat = [&](std::int64_t d) {
+          return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(kb) + x * lb.ksn + d)
+                     : reinterpret_cast<const float*>(kb)[x * lb.ksn + d];
+        };
+        const auto vat = [&](std::int64_t d) {
+          return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(vb) + x * lb.vsn + d)
+                     : reinterpret_cast<const float*>(vb)[x * lb.vsn + d];
+        };
+        for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kat(d) : 0.0f;
+        for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vat(d) : 0.0f;
+      }
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, st.kpad, st.Dp, st.vpad, st.Dvp);
+      continue;
+    }
+    if (b16)
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const std::uint16_t*>(kb), lb.ksn,
+                      reinterpret_cast<const std::uint16_t*>(vb), lb.vsn);
+    else
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const float*>(kb), lb.ksn,
+                      reinterpret_cast<const float*>(vb), lb.vsn);
   }
   for (std::int64_t g = 0; g < st.nr; ++g) {
     float l = 0.0f;

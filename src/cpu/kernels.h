@@ -44,6 +44,8 @@ struct lane_block {
   const float* k = nullptr;            // key rows of this (b, hkv): k + j·ksn, unit x-stride
   const float* v = nullptr;
   std::int64_t ksn = 0, vsn = 0;
+  const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
+  const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
   const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
   const std::int32_t* hi = nullptr;
   const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)
@@ -99,7 +101,7 @@ inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
 inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
-  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 2 * L * 64 + 64;  // decode: rows, sums, bias, padded block
+  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 4 * L * 64 + 64;  // decode: rows, sums, bias, padded block
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
 inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
