@@ -5,10 +5,11 @@
 //   attn bench --grid standard --threads 1,2 --csv out.csv    the grid, two thread counts
 //   attn bench --nq 16 --nk 16 --d 8 --reps 1 --json          CI smoke test
 //
-// Every configuration is timed as: one warm-up call, then --reps calls, the median reported.
+// Every configuration is timed as: --warmup untimed calls of each contender, then --reps rounds
+// of one timed call each (attn, then every peer), the medians reported.
 // FLOPs: forward 4·B·Hq·Nq·Nk·D (2·B·Hq·Nq·Nk·(D + Dv) in general), halved for causal;
 // backward 2.5× the forward. GB/s: bytes of K and V (read once per call at least) per second.
-// Peers, measured right after attn on the same inputs and threads:
+// Peers, alternating with attn on the same inputs and threads (docs/PERFORMANCE.md):
 //   blas      attention as OpenBLAS GEMM + softmax + GEMM (bench_blas.h), in this process
 //   torch     torch.nn.functional.scaled_dot_product_attention   } bench/peers.py, run by the
 //   ggml      ggml_flash_attn_ext (forward only)                 } benchmark venv's python
