@@ -41,6 +41,7 @@ struct config {
   mask_type mask = mask_type::none;
   int mask_rank = 4;          // 2: [Nq, Nk'] broadcast over B, H; 4: [B, Hq|1, Nq, Nk']
   bool mask_short = false;    // fewer mask columns than keys (padding)
+  bool mask_heads = true;     // rank 4: one mask per head (else broadcast over heads)
   bool kv_len = false, alibi = false, sinks = false;
   attention_options opt;
 
@@ -84,7 +85,7 @@ inputs make_inputs(const config& c, std::mt19937& rng) {
   in.opt = c.opt;
   if (c.three_d) in.opt.q_num_heads = c.Hq, in.opt.kv_num_heads = c.Hkv;
   const std::int64_t cols = c.mask_short ? std::max<std::int64_t>(c.Nk - 3, 0) : c.Nk;
-  const Shape ms = c.mask_rank == 2 ? Shape{c.Nq, cols} : Shape{c.B, c.Hq, c.Nq, cols};
+  const Shape ms = c.mask_rank == 2 ? Shape{c.Nq, cols} : Shape{c.B, c.mask_heads ? c.Hq : 1, c.Nq, cols};
   if (c.mask == mask_type::boolean) in.mask = random_bool(ms, rng, 0.75);
   if (c.mask == mask_type::additive) in.mask = random_tensor(ms, c.type, rng, -2.0, 2.0);
   if (c.mask != mask_type::none) in.opt.attn_mask = in.mask;
@@ -125,6 +126,7 @@ config random_config(std::mt19937& rng) {
   c.mask = coin(0.6) ? mask_type::none : coin(0.5) ? mask_type::boolean : mask_type::additive;
   c.mask_rank = coin(0.5) ? 2 : 4;
   c.mask_short = coin(0.3);
+  c.mask_heads = coin(0.5);
   c.opt.is_causal = coin(0.4);
   c.opt.alignment = coin(0.5) ? causal_alignment::top_left : causal_alignment::bottom_right;
   if (coin(0.25)) c.opt.window_left = pick({0, 2, 9}), c.opt.window_right = pick({-1, 0, 3});
@@ -156,8 +158,15 @@ void check_case(const config& c, std::uint32_t seed) {
   EXPECT_FALSE(testing::any_nan(got.out));
 
   if (c.mask == mask_type::additive) return;  // its gradient runs on the reference (see eligibility test)
-  const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, ref.out, in.doutv, ref.lse, ref_opt);
-  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, ref.out, in.doutv, ref.lse, cpu_opt);
+  // The backward takes Δ = rowsum(dout∘out) from `out`; a 16-bit `out` perturbs Δ, and the ALiBi
+  // gradient Σ ds·|pos - j| amplifies that by |pos - j| (the reference recomputes Δ from P). So
+  // both backends get the same f32 out/lse, computed from the same (16-bit) input values.
+  attention_result fo = ref;
+  if (c.type != dtype::f32)
+    fo = attention(Tensor::copy_of(in.qv, dtype::f32), Tensor::copy_of(in.kv, dtype::f32),
+                   Tensor::copy_of(in.vv, dtype::f32), ref_opt);
+  const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, ref_opt);
+  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, cpu_opt);
   ASSERT_EQ(gc.backend, "cpu");
   const double bt = bwd_tol(c.type);
   EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
@@ -218,6 +227,41 @@ TEST(cpu_attention, causal_alignments_windows) {
   }
 }
 
+// Views: k/v broadcast over the batch (stride 0), q sliced out of a wider buffer (row stride
+// 2D), dout with D as its slowest axis (x-stride Nq), a mask broadcast over heads.
+TEST(cpu_attention, strided_and_broadcast_views) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      std::mt19937 rng(21);
+      const std::int64_t B = 2, Hq = 4, Hkv = 2, Nq = 37, Nk = 45, D = 24;
+      Tensor qw = random_tensor({B, Hq, Nq, 2 * D}, t, rng);
+      const TensorView q = qw.view().slice(3, 0, D);
+      Tensor k1 = random_tensor({1, Hkv, Nk, D}, t, rng), v1 = random_tensor({1, Hkv, Nk, D}, t, rng);
+      const TensorView k = k1.view().broadcast_to({B, Hkv, Nk, D}), v = v1.view().broadcast_to({B, Hkv, Nk, D});
+      Tensor dt = random_tensor({B, Hq, D, Nq}, t, rng);
+      const TensorView dout = dt.view().transpose(2, 3);
+      Tensor mask = random_bool({B, 1, Nq, Nk}, rng, 0.8);
+      attention_options o;
+      o.attn_mask = mask;
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+      o.use_backend = backend::reference;
+      const auto ref = attention(q, k, v, o);
+      const auto gr = attention_backward(q, k, v, ref.out, dout, ref.lse, o);
+      o.use_backend = backend::cpu;
+      const auto got = attention(q, k, v, o);
+      const auto gc = attention_backward(q, k, v, ref.out, dout, ref.lse, o);
+      const double ft = fwd_tol(t), bt = bwd_tol(t);
+      EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
+      EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
+      EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
+      EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
+      EXPECT_TRUE(all_close(gc.dv, gr.dv, bt, bt)) << "dv";
+    }
+  }
+}
+
 // A KV cache (after_past alignment) runs on the cpu backend and matches the reference.
 TEST(cpu_attention, kv_cache_after_past) {
   std::mt19937 rng(7);
@@ -267,29 +311,30 @@ TEST(cpu_attention, bitwise_identical_across_threads) {
     std::int64_t Hq, Hkv, Nq, Nk, D;
     bool causal;
   };
-  for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 17, false}}) {
-    SCOPED_TRACE(fmt::format("Hq {} Nq {} Nk {}", s.Hq, s.Nq, s.Nk));
-    std::mt19937 rng(11);
-    Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, dtype::f32, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, dtype::f32, rng),
-           v = random_tensor({1, s.Hkv, s.Nk, s.D}, dtype::f32, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, dtype::f32, rng);
-    Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
-    std::vector<std::vector<double>> first;
-    for (int threads : {1, 2, 3}) {
-      attention_options o;
-      o.is_causal = s.causal;
-      o.alibi_slopes = alibi, o.sinks = sinks;
-      o.use_backend = backend::cpu;
-      o.num_threads = threads;
-      const auto r = attention(q, k, v, o);
-      const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
-      std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
-                                              g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
-      if (first.empty()) first = all;
-      for (std::size_t t = 0; t < all.size(); ++t)
-        EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
-            << "output " << t << " differs with " << threads << " threads";
+  for (dtype type : {dtype::f32, dtype::bf16})
+    for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 18, false}}) {
+      SCOPED_TRACE(fmt::format("{} Hq {} Nq {} Nk {}", std::string(dtype_name(type)), s.Hq, s.Nq, s.Nk));
+      std::mt19937 rng(11);
+      Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng),
+             v = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng);
+      Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
+      std::vector<std::vector<double>> first;
+      for (int threads : {1, 2, 3}) {
+        attention_options o;
+        o.is_causal = s.causal;
+        o.alibi_slopes = alibi, o.sinks = sinks;
+        o.use_backend = backend::cpu;
+        o.num_threads = threads;
+        const auto r = attention(q, k, v, o);
+        const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+        std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
+                                                g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
+        if (first.empty()) first = all;
+        for (std::size_t t = 0; t < all.size(); ++t)
+          EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
+              << "output " << t << " differs with " << threads << " threads";
+      }
     }
-  }
 }
 
 // The decode kernel and split-KV (few rows, many keys) against the reference, GQA 4, every ISA;

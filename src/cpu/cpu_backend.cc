@@ -9,9 +9,18 @@
 // so that every gradient element has exactly one writer: dq over lane blocks (like the
 // forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
 //
+// Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
+// fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
+// them. Other levels, and f16, convert to f32 on load.
+//
+// Memory: per-thread tiles (tens to hundreds of KiB) plus Δ and lse ([B, Hq, Nq] floats); inputs
+// are copied only when they are not f32 with unit x-stride (once, to f32), and bf16 K/V are
+// packed once per call for the dot-product kernels. Nothing of size Nq × Nk is ever allocated.
+//
 // Determinism: the partition into tasks, the chunking, and every reduction order depend only on
 // the problem's shape — never on the number of threads or on which thread runs a task — so
-// results are bitwise identical for any num_threads, forward and backward (tested).
+// results are bitwise identical for any num_threads, forward and backward (tested). Different
+// ISA levels (ATTN_CPU_ISA) sum in different orders and may differ in the last bits.
 #include <omp.h>
 
 #include <algorithm>
@@ -203,33 +212,52 @@ std::int64_t lanes_for(const problem& p, const kernel_table& kt) {
 
 // ---- forward ----
 
-// bf16 operands for kernel_table::forward_bf16, packed once per call: K rows [Nk'][D] and V in
-// key pairs [Nk'/2][Dv] (Nk' = Nk rounded up to even, the extra key zero).
-struct bf16_pack {
-  std::vector<std::uint16_t> k;
-  std::vector<std::uint32_t> vp;
-  std::int64_t nk2 = 0;  // Nk'
+// bf16 bits of element (b, h, n, x) of a bf16 view.
+std::uint16_t bits(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) {
+  return static_cast<const std::uint16_t*>(t.data)[t.offset(b, h, n, x)];
+}
+std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32_t(hi) << 16; }
 
-  bf16_pack(const problem& p, int nt) : nk2((p.Nk + 1) / 2 * 2) {
-    k.assign(std::size_t(p.B * p.Hkv * nk2 * p.D), 0);
-    vp.assign(std::size_t(p.B * p.Hkv * nk2 / 2 * p.Dv), 0);
-    auto bits = [](const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) {
-      return static_cast<const std::uint16_t*>(t.data)[t.offset(b, h, n, x)];
-    };
+// Keys and values of every (b, hkv) for the AVX512_BF16 kernels, packed once per call: rows
+// [Nk'][D|Dv] and key pairs [Nk'/2][D|Dv] (Nk' = Nk rounded up to even, the extra key zero);
+// only the layouts asked for.
+struct bf16_pack {
+  std::vector<std::uint16_t> k, v;
+  std::vector<std::uint32_t> kp, vp;
+  std::int64_t nk2 = 0;
+
+  bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs) : nk2((p.Nk + 1) / 2 * 2) {
+    const std::int64_t n = p.B * p.Hkv * nk2;
+    if (k_rows) k.assign(std::size_t(n * p.D), 0);
+    if (v_rows) v.assign(std::size_t(n * p.Dv), 0);
+    if (k_pairs) kp.assign(std::size_t(n / 2 * p.D), 0);
+    if (v_pairs) vp.assign(std::size_t(n / 2 * p.Dv), 0);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (std::int64_t r = 0; r < p.B * p.Hkv * nk2 / 2; ++r) {
+    for (std::int64_t r = 0; r < n / 2; ++r) {
       const std::int64_t jp = r % (nk2 / 2), hkv = r / (nk2 / 2) % p.Hkv, b = r / (nk2 / 2) / p.Hkv;
-      const std::int64_t base = (b * p.Hkv + hkv) * nk2;
-      for (std::int64_t e = 0; e < 2; ++e) {
-        const std::int64_t j = 2 * jp + e;
-        if (j >= p.Nk) continue;
-        for (std::int64_t d = 0; d < p.D; ++d) k[std::size_t((base + j) * p.D + d)] = bits(p.k, b, hkv, j, d);
-        for (std::int64_t d = 0; d < p.Dv; ++d)
-          vp[std::size_t((base / 2 + jp) * p.Dv + d)] |= std::uint32_t(bits(p.v, b, hkv, j, d)) << (16 * e);
+      for (std::int64_t e = 0; e < 2 && 2 * jp + e < p.Nk; ++e) {
+        const std::int64_t j = 2 * jp + e, row = 2 * r + e;
+        for (std::int64_t d = 0; d < p.D; ++d) {
+          const std::uint16_t x = bits(p.k, b, hkv, j, d);
+          if (k_rows) k[std::size_t(row * p.D + d)] = x;
+          if (k_pairs) kp[std::size_t(r * p.D + d)] |= std::uint32_t(x) << (16 * e);
+        }
+        for (std::int64_t d = 0; d < p.Dv; ++d) {
+          const std::uint16_t x = bits(p.v, b, hkv, j, d);
+          if (v_rows) v[std::size_t(row * p.Dv + d)] = x;
+          if (v_pairs) vp[std::size_t(r * p.Dv + d)] |= std::uint32_t(x) << (16 * e);
+        }
       }
     }
   }
 };
+
+// Lane words [X/2][L] of rows (b, h[x], i[x]) of a bf16 view (zero past the valid lanes).
+void pack_lane_words(const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X, std::uint32_t* out) {
+  for (std::int64_t x = 0; x < ls.L; ++x)
+    for (std::int64_t d = 0; d < X; d += 2)
+      out[d / 2 * ls.L + x] = x < ls.nl ? word(bits(t, b, ls.h[x], ls.i[x], d), bits(t, b, ls.h[x], ls.i[x], d + 1)) : 0;
+}
 
 void forward(const problem& p, const forward_outputs& o) {
   if (p.B * p.Hq * p.Nq == 0) return;
@@ -239,7 +267,7 @@ void forward(const problem& p, const forward_outputs& o) {
   const std::int64_t units = p.B * p.Hkv * nlb;
   // bf16 dot products: bf16 inputs, even D, prefill-sized lane blocks (decode reads f32 rows).
   const bool dp = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && L == kt.lanes;
-  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt) : nullptr;
+  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, true) : nullptr;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
   // Decode reads bf16 key/value rows as they are (memory-bound: no f32 copy).
   const bool k16 = L == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
@@ -292,14 +320,7 @@ void forward(const problem& p, const forward_outputs& o) {
         lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + p.v.offset(b, hkv, 0, 0), lb.vsn = p.v.sn;
       }
       if (dp) {
-        const auto* q16 = static_cast<const std::uint16_t*>(p.q.data);
-        for (std::int64_t x = 0; x < L; ++x)
-          for (std::int64_t d = 0; d < p.D; d += 2) {
-            std::uint32_t w = 0;
-            if (x < ls.nl)
-              w = q16[p.q.offset(b, ls.h[x], ls.i[x], d)] | std::uint32_t(q16[p.q.offset(b, ls.h[x], ls.i[x], d + 1)]) << 16;
-            qp[std::size_t(d / 2 * L + x)] = w;
-          }
+        pack_lane_words(p.q, b, ls, p.D, qp.data());
         const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
         bf16_operands op{qp.data(), pack->k.data() + base * p.D, p.D, pack->vp.data() + base / 2 * p.Dv};
         kt.forward_bf16(lb, op, forward_io{m, l, ot});
@@ -346,11 +367,15 @@ void forward(const problem& p, const forward_outputs& o) {
 void backward(const problem& p, const backward_io& io) {
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
-  const std::int64_t G = p.group();
-  const rows_f32 Q = as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
-  const rows_f32 K = as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
-  const rows_f32 V = as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
-  const rows_f32 dO = as_rows(io.dout, p.B, p.Hq, p.Nq, p.Dv, nt);
+  const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
+  // bf16 dot products: bf16 inputs and dout, even D and Dv, prefill-sized lane blocks.
+  const bool dp = kt.dq_bf16 && p.q.type == dtype::bf16 && io.dout.type == dtype::bf16 && p.D % 2 == 0 &&
+                  p.Dv % 2 == 0 && L == kt.lanes;
+  const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
+  const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
+  const rows_f32 dO = dp ? rows_f32{} : as_rows(io.dout, p.B, p.Hq, p.Nq, p.Dv, nt);
+  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, true, true, false) : nullptr;
   const float scale = float(p.scale);
 
   // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
@@ -360,8 +385,12 @@ void backward(const problem& p, const backward_io& io) {
   for (std::int64_t r = 0; r < nrows; ++r) {
     const std::int64_t i = r % p.Nq, h = r / p.Nq % p.Hq, b = r / p.Nq / p.Hq;
     double s = 0.0;
-    const float* d = dO.row(b, h, i);
-    for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * io.out.load(b, h, i, x);
+    if (dp) {
+      for (std::int64_t x = 0; x < p.Dv; ++x) s += io.dout.load(b, h, i, x) * io.out.load(b, h, i, x);
+    } else {
+      const float* d = dO.row(b, h, i);
+      for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * io.out.load(b, h, i, x);
+    }
     delta[r] = float(s);
     const double l = load_as_double(io.lse, io.lse_type, r);
     lse[r] = l == kNegInf ? kInfF : float(l);
@@ -380,30 +409,41 @@ void backward(const problem& p, const backward_io& io) {
   }
 
   // Pass 1: dq, lane layout over (b, hkv, lane block).
-  const std::int64_t L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
 #pragma omp parallel num_threads(nt)
   {
     lane_setup ls(L, p.D);
-    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv));
+    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
     fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
+    std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
     bias_ctx bc;
     bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
-    const score_params sp = make_score_params(p, &bc, 1.0f);
+    const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-      ls.set(p, &Q, b, hkv, lbi);
+      ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
       bc.b = b, bc.valid = ls.nl;
       for (std::int64_t x = 0; x < L; ++x) {
         const std::int64_t r = (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x];
         const bool ok = x < ls.nl;
         lv[x] = ok ? lse[r] : kInfF;
         lv[L + x] = ok ? delta[r] : 0.0f;
+        if (dp) continue;
         const float* d = dO.row(b, ls.h[x], ls.i[x]);
         for (std::int64_t y = 0; y < p.Dv; ++y) dot[y * L + x] = ok ? d[y] : 0.0f;
       }
       const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
-      kt.dq(lb, dq_io{dot.get(), lv.get(), lv.get() + L, dqt.get()});
+      const dq_io dio{dot.get(), lv.get(), lv.get() + L, dqt.get()};
+      if (dp) {
+        pack_lane_words(p.q, b, ls, p.D, qp.data());
+        pack_lane_words(io.dout, b, ls, p.Dv, dop.data());
+        const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
+        kt.dq_bf16(lb, bf16_dq_operands{qp.data(), dop.data(), pack->k.data() + base * p.D,
+                                        pack->v.data() + base * p.Dv, pack->kp.data() + base / 2 * p.D},
+                   dio);
+      } else {
+        kt.dq(lb, dio);
+      }
       for (std::int64_t x = 0; x < ls.nl; ++x) store_row(io.dq, b, ls.h[x], ls.i[x], p.D, dqt.get() + x, L, scale);
     }
   }
@@ -423,15 +463,29 @@ void backward(const problem& p, const backward_io& io) {
     bias_ctx bc;
     bc.p = &p, bc.h = hs.data(), bc.i = is.data();
     const score_params sp = make_score_params(p, &bc, scale);
+    // bf16: key block words, the pair's rows, and its row pairs.
+    const std::int64_t nq2 = (kRowQueryBlock + 1) / 2;
+    std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);
+    std::vector<std::uint16_t> q16(dp ? std::size_t(kRowQueryBlock * p.D) : 0), do16(dp ? std::size_t(kRowQueryBlock * p.Dv) : 0);
+    std::vector<std::uint32_t> qpr(dp ? std::size_t(nq2 * p.D) : 0), dopr(dp ? std::size_t(nq2 * p.Dv) : 0);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < ntask; ++t) {
       const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
       const std::int64_t j0 = kb * kRowKeyBlock, nb = std::min(kRowKeyBlock, p.Nk - j0);
       const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
-      for (std::int64_t d = 0; d < p.D; ++d)
-        for (std::int64_t x = 0; x < ld; ++x) ktp[d * ld + x] = x < nb ? K.row(b, hkv, j0 + x)[d] : 0.0f;
-      for (std::int64_t d = 0; d < p.Dv; ++d)
-        for (std::int64_t x = 0; x < ld; ++x) vtp[d * ld + x] = x < nb ? V.row(b, hkv, j0 + x)[d] : 0.0f;
+      if (dp) {
+        for (std::int64_t d = 0; d < p.D; d += 2)
+          for (std::int64_t x = 0; x < ld; ++x)
+            ktw[std::size_t(d / 2 * ld + x)] = x < nb ? word(bits(p.k, b, hkv, j0 + x, d), bits(p.k, b, hkv, j0 + x, d + 1)) : 0;
+        for (std::int64_t d = 0; d < p.Dv; d += 2)
+          for (std::int64_t x = 0; x < ld; ++x)
+            vtw[std::size_t(d / 2 * ld + x)] = x < nb ? word(bits(p.v, b, hkv, j0 + x, d), bits(p.v, b, hkv, j0 + x, d + 1)) : 0;
+      } else {
+        for (std::int64_t d = 0; d < p.D; ++d)
+          for (std::int64_t x = 0; x < ld; ++x) ktp[d * ld + x] = x < nb ? K.row(b, hkv, j0 + x)[d] : 0.0f;
+        for (std::int64_t d = 0; d < p.Dv; ++d)
+          for (std::int64_t x = 0; x < ld; ++x) vtp[d * ld + x] = x < nb ? V.row(b, hkv, j0 + x)[d] : 0.0f;
+      }
       std::fill(dkt, dkt + p.D * ld, 0.0f);
       std::fill(dvt, dvt + p.Dv * ld, 0.0f);
       for (std::int64_t g = 0; g < G; ++g) {
@@ -449,8 +503,7 @@ void backward(const problem& p, const backward_io& io) {
           bc.b = b, bc.valid = bc.total = nq;
           dkdv_pair pr;
           pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.D = p.D, pr.Dv = p.Dv, pr.j0 = j0;
-          pr.q = Q.row(b, h, i0), pr.qsn = Q.sn;
-          pr.dout = dO.row(b, h, i0), pr.dsn = dO.sn;
+          if (!dp) pr.q = Q.row(b, h, i0), pr.qsn = Q.sn, pr.dout = dO.row(b, h, i0), pr.dsn = dO.sn;
           const std::int64_t r0 = (b * p.Hq + h) * p.Nq + i0;
           pr.lse = lse.get() + r0, pr.delta = delta.get() + r0;
           pr.lo = lo.data(), pr.hi = hi.data(), pr.pos = pos.data();
@@ -459,7 +512,22 @@ void backward(const problem& p, const backward_io& io) {
           pr.sp = sp;
           pr.dalibi = io.dalibi ? &dalibi_part[std::size_t(t * G + g)] : nullptr;
           pr.scratch = scratch.get();
-          kt.dkdv(pr);
+          if (!dp) {
+            kt.dkdv(pr);
+            continue;
+          }
+          for (std::int64_t r = 0; r < nq; ++r) {
+            for (std::int64_t d = 0; d < p.D; ++d) q16[std::size_t(r * p.D + d)] = bits(p.q, b, h, i0 + r, d);
+            for (std::int64_t d = 0; d < p.Dv; ++d) do16[std::size_t(r * p.Dv + d)] = bits(io.dout, b, h, i0 + r, d);
+          }
+          for (std::int64_t r = 0; r < (nq + 1) / 2; ++r) {
+            const bool two = 2 * r + 1 < nq;
+            for (std::int64_t d = 0; d < p.D; ++d)
+              qpr[std::size_t(r * p.D + d)] = word(q16[std::size_t(2 * r * p.D + d)], two ? q16[std::size_t((2 * r + 1) * p.D + d)] : 0);
+            for (std::int64_t d = 0; d < p.Dv; ++d)
+              dopr[std::size_t(r * p.Dv + d)] = word(do16[std::size_t(2 * r * p.Dv + d)], two ? do16[std::size_t((2 * r + 1) * p.Dv + d)] : 0);
+          }
+          kt.dkdv_bf16(pr, bf16_dkdv_operands{q16.data(), do16.data(), qpr.data(), dopr.data(), ktw.data(), vtw.data()});
         }
       }
       for (std::int64_t x = 0; x < nb; ++x) {

@@ -207,18 +207,23 @@ void softmax_block(const lane_block& lb, const forward_io& io, const score_const
   const std::int64_t L = CC * W;
   if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
   const bool ranged = block_ranged(lb, j0, j0 + nb);
+  const bool identity = !ranged && !sc.softcap && !sc.bias && !sc.alibi && lb.sp.scale == 1.0f;
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
     const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
     const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
     const vf m_old = load(io.m + c * W);
     vf mx = m_old, t;
-    for (std::int64_t jj = 0; jj < nb; ++jj) {
-      float* sp = S + jj * L + c * W;
-      const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-      store(sp, s);
-      mx = vmax(mx, s);
+    if (identity) {  // plain scores (the common case): only the max
+      for (std::int64_t jj = 0; jj < nb; ++jj) mx = vmax(mx, load(S + jj * L + c * W));
+    } else {
+      for (std::int64_t jj = 0; jj < nb; ++jj) {
+        float* sp = S + jj * L + c * W;
+        const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+        store(sp, s);
+        mx = vmax(mx, s);
+      }
     }
     const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
     const vf a = vexp(m_old - mu);
@@ -256,6 +261,32 @@ void forward_impl(const lane_block& lb, const forward_io& io) {
 
 // ---- backward dq, lane layout (recompute from lse) ----
 //   p = e^{s - lse}, dp = dout·v_j, ds = p (dp - Δ) (· (1 - t²) with softcap), dqᵀ += Kᵀ dS
+
+// From the raw scores S and dP of keys [j0, j0 + nb), writes dS into S.
+template <int CC>
+void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc, float* S, float* bias, const float* dP,
+               std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  const bool ranged = block_ranged(lb, j0, j0 + nb);
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+    const vf lse = load(io.lse + c * W), delta = load(io.delta + c * W);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sp = S + jj * L + c * W;
+      vf t{};
+      const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+      const vf p = vexp(s - lse);
+      vf ds = p * (load(dP + jj * L + c * W) - delta);
+      if (sc.softcap) ds *= splat(1.0f) - t * t;
+      store(sp, ds);
+    }
+  }
+}
+
 template <int CC>
 void dq_impl(const lane_block& lb, const dq_io& io) {
   const std::int64_t L = CC * W;
@@ -269,38 +300,18 @@ void dq_impl(const lane_block& lb, const dq_io& io) {
     const std::int64_t nb = imin(kLaneKeyBlock, kr.kmax - j0);
     gemm(nb, L, lb.D, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
     gemm(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.dot, L, dP, L, false);
-    if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
-    const bool ranged = block_ranged(lb, j0, j0 + nb);
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
-      const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
-      const vf lse = load(io.lse + c * W), delta = load(io.delta + c * W);
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        float* sp = S + jj * L + c * W;
-        vf t{};
-        const vf s = transform(load(sp), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-        const vf p = vexp(s - lse);
-        vf ds = p * (load(dP + jj * L + c * W) - delta);
-        if (sc.softcap) ds *= splat(1.0f) - t * t;
-        store(sp, ds);
-      }
-    }
+    dq_scores<CC>(lb, io, sc, S, bias, dP, j0, nb);
     gemm(lb.D, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);
   }
 }
 
 // ---- backward dk, dv, row layout: one query block against one key block ----
-//   S = Q Kᵀ, dP = dO Vᵀ, P = e^{scale·S… - lse}, dS = P (dP - Δ),  dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS
-void dkdv_impl(const dkdv_pair& a) {
+//   S = Q Kᵀ, dP = dO Vᵀ, P = e^{scale·s' - lse} (s' the transformed score), dS = P (dP - Δ),
+//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS
+
+// From the raw S and dP of the pair, writes P into S and dS into dP; adds the ALiBi gradient.
+void dkdv_scores(const dkdv_pair& a, const score_consts& sc, float* S, float* dP, float* bias) {
   const std::int64_t ld = a.ldk, nq = a.nq;
-  float* S = a.scratch;
-  float* dP = S + nq * ld;
-  float* bias = dP + nq * ld;
-  const score_consts sc(a.sp);
-  gemm(nq, ld, a.D, a.q, a.qsn, 1, a.kt, ld, S, ld, false);
-  gemm(nq, ld, a.Dv, a.dout, a.dsn, 1, a.vt, ld, dP, ld, false);
   if (sc.bias) {
     a.sp.bias(a.sp.bias_ctx, a.j0, a.nb, bias, ld, 1);
     for (std::int64_t r = 0; r < nq; ++r)
@@ -328,13 +339,24 @@ void dkdv_impl(const dkdv_pair& a) {
       store(dP + r * ld + x, ds);
     }
   }
-  gemm(a.Dv, ld, nq, a.dout, 1, a.dsn, S, ld, a.dvt, ld, true);
-  gemm(a.D, ld, nq, a.q, 1, a.qsn, dP, ld, a.dkt, ld, true);
   if (sc.alibi) {
     double sum = 0.0;
     for (int x = 0; x < W; ++x) sum += double(dalibi[x]);
     *a.dalibi += sum;
   }
+}
+
+void dkdv_impl(const dkdv_pair& a) {
+  const std::int64_t ld = a.ldk, nq = a.nq;
+  float* S = a.scratch;
+  float* dP = S + nq * ld;
+  float* bias = dP + nq * ld;
+  const score_consts sc(a.sp);
+  gemm(nq, ld, a.D, a.q, a.qsn, 1, a.kt, ld, S, ld, false);
+  gemm(nq, ld, a.Dv, a.dout, a.dsn, 1, a.vt, ld, dP, ld, false);
+  dkdv_scores(a, sc, S, dP, bias);
+  gemm(a.Dv, ld, nq, a.dout, 1, a.dsn, S, ld, a.dvt, ld, true);
+  gemm(a.D, ld, nq, a.q, 1, a.qsn, dP, ld, a.dkt, ld, true);
 }
 
 // ---- decode, rows ≤ W (Nq·G small): D in SIMD lanes for the dots, W keys in lanes for the softmax ----
@@ -425,15 +447,15 @@ inline void decode_softmax(const lane_block& lb, const forward_io& io, const dec
 // overlaps (one row alone is a chain of dependent latencies): the dots of every row (q in
 // registers, W dots folded at once), the softmax of every row, then P·V two rows at a time
 // (each V vector read once for both, 2·NC independent accumulator chains).
-template <int NC, class T>
+template <int NC, class TK, class TV>
 void decode_block(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                  std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
+                  std::int64_t j0, std::int64_t nb, const TK* kb, std::int64_t ks, const TV* vb, std::int64_t vs) {
   for (std::int64_t g = 0; g < st.nr; ++g) {
     vf qv[NC];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) qv[c] = load(st.qr + g * st.Dp + c * W);
     vf acc[W];
-    const T* kp = kb;
+    const TK* kp = kb;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, kp += ks) {
       vf a = load_row(kp) * qv[0];
@@ -453,7 +475,7 @@ void decode_block(const lane_block& lb, const forward_io& io, const decode_state
     const float a0 = st.alpha[g], a1 = st.alpha[g1];
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) ov0[c] = load(o0 + c * W) * a0, ov1[c] = load(o1 + c * W) * a1;
-    const T* vp = vb;
+    const TV* vp = vb;
     const float *p0 = st.pb + g * W, *p1 = st.pb + g1 * W;
 #pragma GCC unroll 16
     for (int x = 0; x < W; ++x, vp += vs) {
@@ -505,11 +527,11 @@ void decode_block_any(const lane_block& lb, const forward_io& io, const decode_s
   }
 }
 
-template <int NC = 8, class T>
+template <int NC = 8, class TK, class TV>
 void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                     std::int64_t j0, std::int64_t nb, const T* kb, std::int64_t ks, const T* vb, std::int64_t vs) {
+                     std::int64_t j0, std::int64_t nb, const TK* kb, std::int64_t ks, const TV* vb, std::int64_t vs) {
   if constexpr (NC == 0) {
-    if constexpr (sizeof(T) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+    if constexpr (sizeof(TK) == 4 && sizeof(TV) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
   } else {
     if (nc == NC) return decode_block<NC>(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
     decode_dispatch<NC - 1>(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
@@ -548,15 +570,20 @@ void decode_impl(const lane_block& lb, const forward_io& io) {
         for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kat(d) : 0.0f;
         for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vat(d) : 0.0f;
       }
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, st.kpad, st.Dp, st.vpad, st.Dvp);
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, static_cast<const float*>(st.kpad), st.Dp,
+                      static_cast<const float*>(st.vpad), st.Dvp);
       continue;
     }
-    if (b16)
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const std::uint16_t*>(kb), lb.ksn,
+    if (b16) {  // keys converted once per block for all rows; values as they are (each read once)
+      for (std::int64_t x = 0; x < W; ++x)
+        for (std::int64_t d = 0; d < st.D; d += W)
+          store(st.kpad + x * st.Dp + d, load_row(reinterpret_cast<const std::uint16_t*>(kb) + x * lb.ksn + d));
+      decode_dispatch(nc, lb, io, st, sc, j0, nb, static_cast<const float*>(st.kpad), st.Dp,
                       reinterpret_cast<const std::uint16_t*>(vb), lb.vsn);
-    else
+    } else {
       decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const float*>(kb), lb.ksn,
                       reinterpret_cast<const float*>(vb), lb.vsn);
+    }
   }
   for (std::int64_t g = 0; g < st.nr; ++g) {
     float l = 0.0f;
@@ -575,9 +602,8 @@ void dq_entry(const lane_block& lb, const dq_io& io) {
   dq_impl<1>(lb, io);
 }
 
-constexpr kernel_table make_table(const char* name,
-                                  void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr) {
-  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl, forward_bf16};
+constexpr kernel_table make_table(const char* name) {
+  return kernel_table{name, W, C * W, W, forward_entry, dq_entry, dkdv_impl, nullptr, nullptr, nullptr};
 }
 
 }  // namespace

@@ -13,6 +13,10 @@
 //     reductions.
 //   row layout (dk/dv): one query row per tile row, keys in SIMD lanes, Kᵀ/Vᵀ packed per key
 //     block; dKᵀ/dVᵀ accumulate over every query row and every head of the GQA group.
+// Decode (a (b, hkv) with at most W query rows: Nq·G small) uses neither: D sits in the SIMD
+// lanes for the q·k dots (W dots folded into one vector by a shuffle tree), so each K/V row is
+// read once, as is, for all the rows of the group — f32 or bf16, no copy.
+// bf16 inputs on the avx512bf16 level use the same layouts with bf16 pairs (bf16_operands).
 //
 // ISA code must not call inline functions shared with other translation units (they may be
 // merged by the linker with the copy built for another ISA): everything in kernel_body.h is
@@ -104,7 +108,7 @@ inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int
   const std::int64_t decode = (L + 64) * (D + Dv + 128) + 4 * L * 64 + 64;  // decode: rows, sums, bias, padded block
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
-inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 4 * rows * ldk + 64; }
+inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
 
 // bf16 operands of the AVX512_BF16 forward, in pairs along the dot's reduction axis (one 32-bit
 // word = two bf16): qp [D/2][L] (pair d of lane x at qp[(d/2)·L + x]), k [Nk'][ldk] rows with
@@ -115,6 +119,28 @@ struct bf16_operands {
   const std::uint16_t* k = nullptr;
   std::int64_t ldk = 0;
   const std::uint32_t* vp = nullptr;
+};
+
+// bf16 operands of the AVX512_BF16 backward (D and Dv even; words = bf16 pairs, low half first).
+//   dq pass (lane layout): qp [D/2][L], dop [Dv/2][L] lane words of q and dout; k, v: key rows
+//     [Nk'][D|Dv]; kpairs [Nk'/2][D] (keys 2j', 2j'+1 of column d at kpairs[j'·D + d]).
+struct bf16_dq_operands {
+  const std::uint32_t* qp = nullptr;
+  const std::uint32_t* dop = nullptr;
+  const std::uint16_t* k = nullptr;
+  const std::uint16_t* v = nullptr;
+  const std::uint32_t* kpairs = nullptr;
+};
+//   dk/dv pass (row layout): q, dout: the pair's rows [nq][D|Dv]; qpairs [nq'/2][D], dopairs
+//     [nq'/2][Dv] (rows 2r', 2r'+1; nq' = nq rounded up to even, the extra row zero);
+//     ktp [D/2][ldk], vtp [Dv/2][ldk] (pair d/2 of key x at [d/2·ldk + x]).
+struct bf16_dkdv_operands {
+  const std::uint16_t* q = nullptr;
+  const std::uint16_t* dout = nullptr;
+  const std::uint32_t* qpairs = nullptr;
+  const std::uint32_t* dopairs = nullptr;
+  const std::uint32_t* ktp = nullptr;
+  const std::uint32_t* vtp = nullptr;
 };
 
 struct kernel_table {
@@ -128,6 +154,9 @@ struct kernel_table {
   // Forward from bf16 operands with fp32 accumulation (AVX512_BF16 only; null elsewhere).
   // Uses lanes == kernel_table::lanes; scratch as lane_scratch_floats plus bf16_scratch_floats.
   void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&);
+  // Backward passes from bf16 operands, fp32 accumulation (AVX512_BF16 only; null elsewhere).
+  void (*dq_bf16)(const lane_block&, const bf16_dq_operands&, const dq_io&);
+  void (*dkdv_bf16)(const dkdv_pair&, const bf16_dkdv_operands&);
 };
 
 inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
@@ -139,9 +168,9 @@ const kernel_table& kernels_avx512();
 const kernel_table& kernels_avx512bf16();
 
 // Runtime ISA dispatch — the one place that asks the CPU what it supports (isa.cc). The
-// environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on every call,
-// so tests can walk every path); an unknown name or a level the CPU lacks gives the best
-// level available below it.
+// environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on
+// every call, so tests can walk every path); an unknown name is ignored, and a level above
+// what the CPU runs gives the best level it has.
 const kernel_table& select_kernels();
 // Every ISA level this CPU can run, lowest first ("generic", ...).
 const char* const* available_isas(int* count);
