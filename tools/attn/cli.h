@@ -9,5 +9,6 @@ namespace attn::cli {
 
 void add_conformance(CLI::App& app, int& exit_code);
 void add_run(CLI::App& app, int& exit_code);
+void add_bench(CLI::App& app, int& exit_code);
 
 }  // namespace attn::cli

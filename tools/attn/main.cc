@@ -1,6 +1,7 @@
 // tools/attn/main.cc — the `attn` command-line tool.
 //   attn conformance DIR...      run ONNX Attention conformance cases
 //   attn run --q q.npy ...       one attention from .npy files
+//   attn bench [--grid standard] time attention and its peers against the machine's peak
 // Exit status: 0 success, 1 a check failed (conformance), 2 bad arguments or files.
 #include <fmt/format.h>
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   attn::cli::add_conformance(app, exit_code);
   attn::cli::add_run(app, exit_code);
+  attn::cli::add_bench(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""bench/peers.py — the Python peers of `attn bench`, run by it in the benchmark venv
+(bench/setup_venv.sh). Not part of the attn library.
+
+  torch_sdpa           torch.nn.functional.scaled_dot_product_attention, forward and backward
+  ggml_flash_attn_ext  ggml's fused CPU attention through ggml-python, forward only (ggml has
+                       no backward for it)
+
+Protocol (`attn bench` is the other end; replies are tab-separated lines closed by "done"):
+  start:    "peer\t<impl>\t<version>" or "skip\t<impl>\t<why>" per peer, then "ready"
+  prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup
+            -> "ready\t<impl>\t<detail>" or "skip\t<impl>\t<why>" per peer (warm-up calls done)
+  rep       -> "time\t<impl>\t<ms>" per ready peer: one timed call each
+  release   -> frees the configuration's tensors
+attn bench alternates single calls of attn, its OpenBLAS baseline and these peers, and takes
+the medians. Layouts are attn's: q [B, Hq, Nq, D], k [B, Hkv, Nk, D], v [B, Hkv, Nk, Dv];
+causal is top-left aligned.
+"""
+import argparse
+import ctypes
+import gc
+import math
+import sys
+import time
+
+
+def say(*fields):
+    print("\t".join(str(f).replace("\t", " ").replace("\n", " ") for f in fields), flush=True)
+
+
+class Config:
+    def __init__(self, fields):
+        f = fields
+        self.B, self.Hq, self.Hkv, self.Nq, self.Nk, self.D, self.Dv = map(int, f[:7])
+        self.causal = f[7] == "1"
+        self.dtype = f[8]
+        self.backward = f[9] == "backward"
+        self.threads, self.warmup = map(int, f[10:12])
+
+
+# ---- PyTorch ----------------------------------------------------------------------------------
+
+class TorchPeer:
+    impl = "torch_sdpa"
+
+    def __init__(self):
+        import torch  # noqa: PLC0415 - optional
+        import torch.nn.functional as F  # noqa: PLC0415
+
+        self.torch, self.F = torch, F
+        info = [l for l in torch.__config__.parallel_info().splitlines() if "parallel backend" in l]
+        backend = info[0].split(":", 1)[1].strip() if info else "?"
+        try:
+            cap = torch.backends.cpu.get_cpu_capability()
+        except Exception:  # noqa: BLE001 - older torch
+            cap = "?"
+        self.version = f"torch {torch.__version__} (CPU {cap}, {backend})"
+        self.has_gqa = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+    def kernel_name(self, q, k, v, causal, gqa):
+        """Which SDPA backend torch picks on this input (flash/math), where torch can tell."""
+        torch = self.torch
+        try:
+            from torch.nn.attention import SDPBackend  # noqa: PLC0415
+
+            kw = {"scale": None, "enable_gqa": gqa} if self.has_gqa else {}
+            return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, causal, **kw)).name.lower()
+        except Exception:  # noqa: BLE001 - private API, informative only
+            return "?"
+
+    def prepare(self, c):
+        """(call, detail, cleanup) for one configuration, or (None, why, None)."""
+        torch, F = self.torch, self.F
+        dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[c.dtype]
+        torch.set_num_threads(c.threads)
+        g = torch.Generator().manual_seed(1)
+        q = torch.rand(c.B, c.Hq, c.Nq, c.D, generator=g).mul_(2).sub_(1).to(dt)
+        k = torch.rand(c.B, c.Hkv, c.Nk, c.D, generator=g).mul_(2).sub_(1).to(dt)
+        v = torch.rand(c.B, c.Hkv, c.Nk, c.Dv, generator=g).mul_(2).sub_(1).to(dt)
+        gqa = c.Hq != c.Hkv
+        kw = {"is_causal": c.causal}
+        note = ""
+        if gqa and self.has_gqa:
+            kw["enable_gqa"] = True
+        elif gqa:  # old torch: repeat the key/value heads outside the timed region
+            k = k.repeat_interleave(c.Hq // c.Hkv, dim=1)
+            v = v.repeat_interleave(c.Hq // c.Hkv, dim=1)
+            note = ", K/V heads repeated before timing"
+        kernel = self.kernel_name(q, k, v, c.causal, gqa and self.has_gqa)
+        detail = f"{self.version}, sdpa backend {kernel}{note}"
+        if not c.backward:
+            def forward():
+                with torch.inference_mode():
+                    F.scaled_dot_product_attention(q, k, v, **kw)
+            return forward, detail, None
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+        dout = torch.rand(out.shape, generator=g).mul_(2).sub_(1).to(dt)
+        return (lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)), detail, None
+
+
+# ---- ggml -------------------------------------------------------------------------------------
+
+class GgmlPeer:
+    impl = "ggml_flash_attn_ext"
+
+    def __init__(self):
+        import ggml  # noqa: PLC0415 - optional
+        import numpy as np  # noqa: PLC0415
+
+        self.ggml, self.np = ggml, np
+        try:
+            from importlib.metadata import version  # noqa: PLC0415
+
+            v = version("ggml-python")
+        except Exception:  # noqa: BLE001
+            v = "?"
+        self.version = f"ggml-python {v}"
+
+    def prepare(self, c):
+        if c.backward:
+            return None, "ggml has no backward for flash_attn_ext", None
+        ggml, np = self.ggml, self.np
+        kv_type = {"f32": ggml.GGML_TYPE_F32, "f16": ggml.GGML_TYPE_F16, "bf16": ggml.GGML_TYPE_BF16}[c.dtype]
+        esize = 4 if c.dtype == "f32" else 2
+        tensor_bytes = (4 * c.B * c.Hq * c.Nq * c.D + esize * c.B * c.Hkv * c.Nk * (c.D + c.Dv)
+                        + 2 * c.Nk * c.Nq + 4 * c.B * c.Hq * c.Nq * c.Dv)
+        mem = tensor_bytes + 16 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead() + (1 << 20)
+        ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
+        if not ctx:
+            return None, "ggml_init failed", None
+        try:
+            # ggml dims are innermost first: q [D, Nq, Hq, B], k [D, Nk, Hkv, B], v [Dv, Nk, Hkv, B].
+            q = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F32, c.D, c.Nq, c.Hq, c.B)
+            k = ggml.ggml_new_tensor_4d(ctx, kv_type, c.D, c.Nk, c.Hkv, c.B)
+            v = ggml.ggml_new_tensor_4d(ctx, kv_type, c.Dv, c.Nk, c.Hkv, c.B)
+            rng = np.random.default_rng(1)
+            self.fill(q, rng.uniform(-1, 1, c.B * c.Hq * c.Nq * c.D).astype(np.float32), "f32")
+            self.fill(k, rng.uniform(-1, 1, c.B * c.Hkv * c.Nk * c.D).astype(np.float32), c.dtype)
+            self.fill(v, rng.uniform(-1, 1, c.B * c.Hkv * c.Nk * c.Dv).astype(np.float32), c.dtype)
+            mask = None
+            if c.causal:  # f16 [Nk, Nq]: 0 where key j <= query i, -inf after (ggml skips those keys)
+                mask = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F16, c.Nk, c.Nq, 1, 1)
+                m = np.where(np.arange(c.Nk)[None, :] <= np.arange(c.Nq)[:, None], 0.0, -np.inf)
+                self.fill(mask, m.astype(np.float16).ravel(), "f16")
+            out = ggml.ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0 / math.sqrt(c.D), 0.0, 0.0)
+            ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_F32)
+            gf = ggml.ggml_new_graph(ctx)
+            ggml.ggml_build_forward_expand(gf, out)
+            plan = ggml.ggml_graph_plan(gf, c.threads, None)
+            work = (ctypes.c_uint8 * max(1, plan.work_size))()
+            plan.work_data = ctypes.cast(work, ctypes.POINTER(ctypes.c_uint8))
+            kv = {"f32": "F32", "f16": "F16", "bf16": "BF16"}[c.dtype]
+            detail = f"{self.version}, K/V {kv}, Q F32{', causal as an f16 -inf mask' if c.causal else ''}"
+
+            def compute():
+                work  # noqa: B018 - the work buffer lives as long as this closure
+                ggml.ggml_graph_compute(gf, ctypes.byref(plan))
+            return compute, detail, lambda: ggml.ggml_free(ctx)
+        except BaseException:
+            ggml.ggml_free(ctx)
+            raise
+
+    def fill(self, tensor, values, dtype):
+        np = self.np
+        if dtype == "f32":
+            raw = values.astype(np.float32)
+        elif dtype == "f16":
+            raw = values.astype(np.float16)
+        else:  # bf16: round to nearest even from f32
+            u = values.astype(np.float32).view(np.uint32)
+            raw = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        data = self.ggml.ggml_get_data(tensor)
+        assert self.ggml.ggml_nbytes(tensor) == raw.nbytes
+        ctypes.memmove(data, raw.ctypes.data, raw.nbytes)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", default="torch,ggml", help="comma-separated: torch, ggml")
+    args = ap.parse_args()
+    peers = []
+    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer)):
+        if name not in args.peers.split(","):
+            continue
+        try:
+            p = cls()
+            peers.append(p)
+            say("peer", p.impl, p.version)
+        except Exception as e:  # noqa: BLE001 - a missing peer is reported, not fatal
+            say("skip", cls.impl, f"{type(e).__name__}: {e}")
+    say("ready")
+    prepared = {}  # impl -> (call, cleanup)
+
+    def release():
+        for _, cleanup in prepared.values():
+            if cleanup:
+                cleanup()
+        prepared.clear()
+        gc.collect()
+
+    for line in sys.stdin:
+        cmd, *fields = line.split()
+        if cmd == "prepare":
+            release()
+            c = Config(fields)
+            for p in peers:
+                try:
+                    call, detail, cleanup = p.prepare(c)
+                    if call is None:
+                        say("skip", p.impl, detail)
+                        continue
+                    prepared[p.impl] = (call, cleanup)
+                    for _ in range(c.warmup):
+                        call()
+                    say("ready", p.impl, detail)
+                except Exception as e:  # noqa: BLE001 - reported, the other peers go on
+                    prepared.pop(p.impl, None)
+                    say("skip", p.impl, f"{type(e).__name__}: {e}")
+        elif cmd == "rep":
+            for impl, (call, _) in list(prepared.items()):
+                try:
+                    t0 = time.perf_counter()
+                    call()
+                    say("time", impl, f"{(time.perf_counter() - t0) * 1e3:.6f}")
+                except Exception:  # noqa: BLE001 - dropped from the timing
+                    prepared.pop(impl)
+        elif cmd == "release":
+            release()
+        say("done")
+
+if __name__ == "__main__":
+    main()

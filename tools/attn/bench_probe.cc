@@ -1,0 +1,241 @@
+// tools/attn/bench_probe.cc — FMA-peak and DRAM-bandwidth probes for `attn bench`.
+//
+// Each probe exists once per ISA, compiled with a target attribute (never with -march), and
+// the choice among them is made in exactly one place per probe, from cpuid. Threads are plain
+// std::threads released together by a barrier: the time of a run is from the barrier to the
+// last thread's end, the best of a few runs is kept (a probe measures what the machine can do;
+// the benchmarks themselves report medians).
+#include "bench_probe.h"
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+// GCC 12's reduce/cast intrinsics start from _mm512_undefined_*, which -Wuninitialized flags
+// inside the header: a known false positive.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#define ATTN_BENCH_X86 1
+#endif
+
+namespace attn::cli::bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// Runs body(tid) on `threads` threads after a common barrier; returns the seconds from the
+// release to the end of the slowest thread.
+double timed_parallel(int threads, const std::function<void(int)>& body) {
+  threads = std::max(1, threads);
+  std::barrier start(threads + 1);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      start.arrive_and_wait();
+      body(t);
+    });
+  const auto t0 = clock_type::now();
+  start.arrive_and_wait();
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The kernels return a value that depends on every accumulator so the loop cannot be removed.
+// kAcc independent chains cover latency x pipes (4 x 2 on current cores) with room to spare.
+constexpr int kAcc = 16;
+
+double fma_portable(std::int64_t iters) {
+  float a[kAcc];
+  for (int j = 0; j < kAcc; ++j) a[j] = float(j);
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kAcc; ++j) a[j] = a[j] * 0.999999f + 1e-6f;
+  double s = 0;
+  for (float x : a) s += x;
+  return s;
+}
+constexpr int kPortableFlopsPerIter = kAcc * 2;
+
+#ifdef ATTN_BENCH_X86
+__attribute__((target("avx2,fma"))) double fma_avx2(std::int64_t iters) {
+  __m256 a[kAcc];
+  for (int j = 0; j < kAcc; ++j) a[j] = _mm256_set1_ps(float(j));
+  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-6f);
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kAcc; ++j) a[j] = _mm256_fmadd_ps(a[j], x, y);
+  __m256 s = a[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm256_add_ps(s, a[j]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  return out[0] + out[7];
+}
+
+__attribute__((target("avx512f"))) double fma_avx512(std::int64_t iters) {
+  __m512 a[kAcc];
+  for (int j = 0; j < kAcc; ++j) a[j] = _mm512_set1_ps(float(j));
+  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-6f);
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kAcc; ++j) a[j] = _mm512_fmadd_ps(a[j], x, y);
+  __m512 s = a[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm512_add_ps(s, a[j]);
+  return _mm512_reduce_add_ps(s);
+}
+
+// vdpbf16ps: per f32 lane, acc += a0*b0 + a1*b1 — 4 flops per lane, 64 per instruction.
+__attribute__((target("avx512f,avx512bf16"))) double dpbf16_avx512(std::int64_t iters) {
+  __m512 a[kAcc];
+  for (int j = 0; j < kAcc; ++j) a[j] = _mm512_setzero_ps();
+  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(2e-3f));
+  const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(3e-3f), _mm512_set1_ps(1e-3f));
+  for (std::int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kAcc; ++j) a[j] = _mm512_dpbf16_ps(a[j], x, y);
+  __m512 s = a[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm512_add_ps(s, a[j]);
+  return _mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx512f"))) std::uint64_t read_avx512(const std::byte* p, std::size_t bytes) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 256 <= bytes; i += 256) {
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
+  }
+  return std::uint64_t(_mm512_reduce_add_epi64(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3))));
+}
+
+__attribute__((target("avx2"))) std::uint64_t read_avx2(const std::byte* p, std::size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (std::size_t i = 0; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_xor_si256(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_xor_si256(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_xor_si256(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_xor_si256(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+  return std::uint64_t(_mm256_extract_epi64(s, 0) ^ _mm256_extract_epi64(s, 3));
+}
+#endif
+
+std::uint64_t read_portable(const std::byte* p, std::size_t bytes) {
+  const auto* w = reinterpret_cast<const std::uint64_t*>(p);
+  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (std::size_t i = 0; i + 4 <= bytes / 8; i += 4) a0 ^= w[i], a1 ^= w[i + 1], a2 ^= w[i + 2], a3 ^= w[i + 3];
+  return a0 ^ a1 ^ a2 ^ a3;
+}
+
+struct fma_kernel {
+  double (*run)(std::int64_t);
+  double flops_per_iter;
+  const char* isa;
+};
+
+// The one ISA choice for the FMA probe.
+fma_kernel pick_fma_kernel(dtype t) {
+#ifdef ATTN_BENCH_X86
+  __builtin_cpu_init();
+  if (t == dtype::bf16 && __builtin_cpu_supports("avx512bf16")) return {dpbf16_avx512, kAcc * 16.0 * 4, "avx512_bf16"};
+  if (__builtin_cpu_supports("avx512f")) return {fma_avx512, kAcc * 16.0 * 2, "avx512f"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {fma_avx2, kAcc * 8.0 * 2, "avx2+fma"};
+#endif
+  return {fma_portable, double(kPortableFlopsPerIter), "portable"};
+}
+
+struct read_kernel {
+  std::uint64_t (*run)(const std::byte*, std::size_t);
+  const char* isa;
+};
+
+// The one ISA choice for the bandwidth probe.
+read_kernel pick_read_kernel() {
+#ifdef ATTN_BENCH_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {read_avx512, "avx512f"};
+  if (__builtin_cpu_supports("avx2")) return {read_avx2, "avx2"};
+#endif
+  return {read_portable, "portable"};
+}
+
+volatile double g_sink_f;
+volatile std::uint64_t g_sink_u;
+
+}  // namespace
+
+bool cpu_has_avx512f() {
+#ifdef ATTN_BENCH_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+probe_result probe_fma_peak(dtype t, int threads) {
+  const fma_kernel k = pick_fma_kernel(t);
+  // Size one run at about 10 ms from a 2 ms calibration run (which also wakes the cores up),
+  // then keep the best of at least 10 runs and 0.4 s: on a busy machine the best run is one
+  // where every thread had its core to itself.
+  std::int64_t iters = 1 << 16;
+  for (;;) {
+    const double s = timed_parallel(1, [&](int) { g_sink_f = k.run(iters); });
+    if (s > 2e-3 || iters > (std::int64_t(1) << 34)) {
+      iters = std::max<std::int64_t>(iters, std::int64_t(double(iters) * 0.01 / std::max(s, 1e-9)));
+      break;
+    }
+    iters *= 4;
+  }
+  double best = 0, spent = 0;
+  for (int run = 0; run < 10 || (run < 200 && spent < 0.4); ++run) {
+    const double s = timed_parallel(threads, [&](int) { g_sink_f = k.run(iters); });
+    best = std::max(best, double(iters) * k.flops_per_iter * threads / s / 1e9);
+    spent += s;
+  }
+  return {best, k.isa};
+}
+
+probe_result probe_dram_read(int threads, std::size_t bytes) {
+  const read_kernel k = pick_read_kernel();
+  threads = std::max(1, threads);
+  const std::size_t chunk = (bytes / std::size_t(threads)) / 4096 * 4096;
+  if (chunk == 0) return {0, k.isa};
+  auto* raw = static_cast<std::byte*>(std::aligned_alloc(4096, chunk * threads));
+  if (!raw) return {0, k.isa};
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(raw, &std::free);
+  // First touch by the thread that reads the chunk (pages land on its memory node).
+  timed_parallel(threads, [&](int t) {
+    std::byte* p = raw + chunk * std::size_t(t);
+    for (std::size_t i = 0; i < chunk; i += 64) p[i] = std::byte(i >> 6);
+  });
+  // At least 6 passes, then more up to about 0.6 s: on a busy machine the best pass is the one
+  // that ran undisturbed.
+  double best = 0, spent = 0;
+  for (int pass = 0; pass < 6 || (pass < 40 && spent < 0.6); ++pass) {
+    const double s = timed_parallel(threads, [&](int t) { g_sink_u = k.run(raw + chunk * std::size_t(t), chunk); });
+    best = std::max(best, double(chunk) * threads / s / 1e9);
+    spent += s;
+  }
+  return {best, k.isa};
+}
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  return "unknown CPU";
+}
+
+}  // namespace attn::cli::bench
