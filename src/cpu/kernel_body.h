@@ -501,6 +501,44 @@ inline void decode_scores(const float* q, std::int64_t Dp, std::int64_t nu, cons
   }
 }
 
+#ifdef ATTN_CPU_DPBF16
+// The same scores from bf16 q words (q exactly bf16, unscaled: pairs of d in one 32-bit word, as
+// in memory) with vdpbf16ps: one instruction per 32 products, no conversion of K.
+template <int RG>
+inline void decode_scores_dp(const std::uint32_t* q, std::int64_t qw, std::int64_t nu, const std::uint16_t* kb,
+                             std::int64_t ks, vf* s, const std::uint16_t* kpf) {
+  constexpr int KG = W / RG;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    __m512 acc[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) acc[i] = _mm512_setzero_ps();
+    const std::uint16_t* kp = kb + kg * KG * ks;
+    const std::uint16_t* pp = kpf + kg * KG * ks;
+    for (std::int64_t u = 0; u < nu; ++u) {
+      __m512bh qv[RG];
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r) qv[r] = (__m512bh)_mm512_loadu_si512(q + r * qw + u * W);
+#pragma GCC unroll 16
+      for (int x = 0; x < KG; ++x) {
+        const __m512bh kv = (__m512bh)_mm512_loadu_si512(kp + x * ks + u * 2 * W);
+        __builtin_prefetch(pp + x * ks + u * 2 * W);
+#pragma GCC unroll 4
+        for (int r = 0; r < RG; ++r) acc[r * KG + x] = _mm512_dpbf16_ps(acc[r * KG + x], kv, qv[r]);
+      }
+    }
+    vf a[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) a[i] = (vf)acc[i];
+    reduce_step(a);
+    s[kg] = a[0];
+  }
+}
+constexpr bool kDecodeDp = true;
+#else
+constexpr bool kDecodeDp = false;
+#endif
+
 // Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
 template <int RG>
 inline void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s, std::int64_t j0,
@@ -583,7 +621,8 @@ inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, 
 // Keys prefetched ahead of the block being read.
 constexpr std::int64_t kDecodePrefetchKeys = DECODE_PFK;
 
-template <int RG, class T>
+// DP: bf16 rows with q exactly bf16 (lane_block::q_bf16) on an ISA with vdpbf16ps.
+template <int RG, class T, bool DP = false>
 void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   constexpr int KG = W / RG, U = elem<T>::U;
   constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
@@ -593,7 +632,18 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   const std::int64_t L = lb.L, nr = st.nr, Dp = st.Dp, Dvp = st.Dvp;
   for (std::int64_t g = 0; g < st.nrp; ++g) {
     const bool valid = g < nr;
-    for (std::int64_t d = 0; d < Dp; ++d) st.qr[g * Dp + elem<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+    if constexpr (DP) {  // words of bf16 pairs (the values are exactly bf16: truncation is exact)
+      auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+      const auto bits = [&](std::int64_t d) {
+        std::uint32_t u = 0;
+        if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
+        return u >> 16;
+      };
+      for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
+    } else {
+      for (std::int64_t d = 0; d < Dp; ++d)
+        st.qr[g * Dp + elem<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+    }
     for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
     const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
     for (int x = 0; x < KG; ++x) {
@@ -650,7 +700,14 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
     }
     for (std::int64_t g = 0; g < st.ng; ++g) {
       const bool first = g == 0;  // later row groups read the block from L1
-      decode_scores<RG>(st.qr + g * RG * Dp, Dp, nu, kb, ks, s, first ? kpf : kb);
+      if constexpr (DP) {
+#ifdef ATTN_CPU_DPBF16
+        decode_scores_dp<RG>(reinterpret_cast<const std::uint32_t*>(st.qr) + g * RG * (Dp / 2), Dp / 2, nu, kb, ks, s,
+                             first ? kpf : kb);
+#endif
+      } else {
+        decode_scores<RG>(st.qr + g * RG * Dp, Dp, nu, kb, ks, s, first ? kpf : kb);
+      }
       decode_softmax<RG>(st, sc, g, s, j0, nb);
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
@@ -671,7 +728,10 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
 template <int RG>
 void decode_rg(const lane_block& lb, const forward_io& io) {
   const bool b16 = lb.k16 != nullptr;
-  if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) return decode_rows<RG, std::uint16_t>(lb, io, false);
+  if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
+    if (kDecodeDp && lb.q_bf16) return decode_rows<RG, std::uint16_t, kDecodeDp>(lb, io, false);
+    return decode_rows<RG, std::uint16_t>(lb, io, false);
+  }
   decode_rows<RG, float>(lb, io, b16 || lb.D % W != 0 || lb.Dv % W != 0);
 }
 

@@ -51,6 +51,7 @@ struct lane_block {
   std::int64_t ksn = 0, vsn = 0;
   const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
   const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
+  bool q_bf16 = false;                 // decode: qt holds exact bf16 values, unscaled (sp.scale applies)
   const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
   const std::int32_t* hi = nullptr;
   const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)
