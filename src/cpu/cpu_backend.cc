@@ -11,7 +11,9 @@
 //
 // Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
 // fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
-// them. Other levels, and f16, convert to f32 on load.
+// them. Other levels, and f16, convert to f32 on load. Decode (few rows, many keys) reads bf16
+// K/V rows as they are: q·k with vdpbf16ps from the exact bf16 q (scores scaled after), P·V in
+// fp32 (p not rounded).
 //
 // Memory: per-thread tiles (tens to hundreds of KiB) plus Δ and lse ([B, Hq, Nq] floats); inputs
 // are copied only when they are not f32 with unit x-stride (once, to f32), and bf16 K/V are

@@ -401,7 +401,12 @@ inline void reduce_step(vf* v) {
 //     V vector loaded once per row group.
 // bf16 K/V are read as 32-bit words: even element = word << 16, odd = word & 0xffff0000 (exact,
 // no shuffles), so q and o are kept in that "native" order (per 2W elements: the W even ones,
-// then the W odd ones) — a permutation of d applied to q once and undone on o once.
+// then the W odd ones) — a permutation of d applied to q once and undone on o once. On the
+// avx512bf16 level, with q exactly bf16 (lane_block::q_bf16), the dots take K words as they are
+// (vdpbf16ps, decode_scores_dp). A short last block, or a head size that does not fill whole
+// vectors (bf16: whole word vectors), goes through a zero-padded copy of the block. The rows a
+// block ahead are prefetched, one line per line read (the hardware prefetcher alone reaches
+// about half the bandwidth here).
 
 // W floats (one unit) from f32, or 2W floats (even, odd elements) from 2W bf16.
 template <class T>
