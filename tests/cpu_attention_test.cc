@@ -354,6 +354,73 @@ TEST(cpu_attention, split_kv_decode) {
   }
 }
 
+// The decode kernel's row groups (1, 2 or 4 rows per K/V read; up to W rows), its direct and
+// padded-copy paths (head sizes that do / do not fill whole vectors or bf16 word vectors, D ≠ Dv),
+// key counts that end mid-block and mid-chunk, and every mask and modifier, on every ISA.
+TEST(cpu_attention, decode_row_groups_and_modifiers) {
+  struct shape {
+    std::int64_t Hq, Hkv, Nq, Nk, D, Dv;
+  };
+  const shape shapes[] = {
+      {2, 2, 1, 4113, 128, 128},  // 1 row
+      {4, 2, 1, 4113, 64, 64},    // 2 rows
+      {6, 2, 1, 2063, 48, 48},    // 3 rows (a padded group); D a whole f32 vector, not a bf16 word vector
+      {8, 2, 1, 4097, 128, 128},  // 4 rows
+      {16, 2, 1, 300, 64, 32},    // 8 rows, D ≠ Dv
+      {8, 2, 2, 4096, 40, 24},    // 8 rows (2 queries), odd head sizes
+      {4, 1, 4, 77, 32, 32},      // 16 rows (4 queries: causal rows see different keys)
+      {2, 1, 1, 5, 16, 16},       // fewer keys than a block
+  };
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::uint32_t seed = 0;
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (const shape& s : shapes)
+        for (int variant = 0; variant < 3; ++variant) {
+          config c;
+          c.type = t;
+          c.Hq = s.Hq, c.Hkv = s.Hkv, c.Nq = s.Nq, c.Nk = s.Nk, c.D = s.D, c.Dv = s.Dv;
+          if (variant == 1) {  // masks, causal bottom-right, ALiBi, sinks, kv lengths
+            c.mask = mask_type::boolean, c.mask_short = true;
+            c.opt.is_causal = true, c.opt.alignment = causal_alignment::bottom_right;
+            c.alibi = c.sinks = c.kv_len = true;
+            c.B = 2;
+          } else if (variant == 2) {  // additive mask, softcap, window, scale, strided rows
+            c.mask = mask_type::additive, c.mask_rank = 2;
+            c.opt.softcap = 5, c.opt.window_left = 1000, c.opt.window_right = 0, c.opt.scale = 0.3;
+            c.opt.alignment = causal_alignment::bottom_right;
+            c.transposed = true;
+          }
+          check_case(c, ++seed);
+        }
+  }
+}
+
+// Decode-shaped calls (split-KV) are bitwise identical for 1, 2 and 3 threads on every row-group
+// size, f32 and bf16, with an odd number of keys.
+TEST(cpu_attention, decode_bitwise_identical_across_threads) {
+  for (dtype type : {dtype::f32, dtype::bf16})
+    for (std::int64_t G : {1, 2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} G {}", std::string(dtype_name(type)), G));
+      std::mt19937 rng(5);
+      const std::int64_t Hkv = 3, Nk = 10001, D = 128;
+      Tensor q = random_tensor({1, Hkv * G, 1, D}, type, rng), k = random_tensor({1, Hkv, Nk, D}, type, rng),
+             v = random_tensor({1, Hkv, Nk, D}, type, rng);
+      std::vector<double> first_out, first_lse;
+      for (int threads : {1, 2, 3}) {
+        attention_options o;
+        o.use_backend = backend::cpu;
+        o.num_threads = threads;
+        const auto r = attention(q, k, v, o);
+        const std::vector<double> out = r.out.to_vector(), lse = r.lse.to_vector();
+        if (first_out.empty()) first_out = out, first_lse = lse;
+        EXPECT_EQ(0, std::memcmp(out.data(), first_out.data(), out.size() * sizeof(double))) << threads << " threads";
+        EXPECT_EQ(0, std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(double))) << threads << " threads";
+      }
+    }
+}
+
 // bf16 inputs on every ISA (the avx512bf16 level multiplies in bf16 with fp32 accumulation):
 // odd key counts, windows that start a block on an odd key, masks, GQA.
 TEST(cpu_attention, bf16_every_isa) {

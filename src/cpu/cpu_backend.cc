@@ -11,7 +11,9 @@
 //
 // Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
 // fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
-// them. Other levels, and f16, convert to f32 on load.
+// them. Other levels, and f16, convert to f32 on load. Decode (few rows, many keys) reads bf16
+// K/V rows as they are: q·k with vdpbf16ps from the exact bf16 q (scores scaled after), P·V in
+// fp32 (p not rounded).
 //
 // Memory: per-thread tiles (tens to hundreds of KiB) plus Δ and lse ([B, Hq, Nq] floats); inputs
 // are copied only when they are not f32 with unit x-stride (once, to f32), and bf16 K/V are
@@ -157,6 +159,8 @@ struct lane_setup {
   std::vector<std::int64_t> h, i;
   fbuf qt;
 
+  bool prescale = true;  // qᵀ = scale·q (else q as it is; the kernel scales the scores)
+
   lane_setup(std::int64_t L_, std::int64_t D) : L(L_), lo(L_), hi(L_), pos(L_), slope(L_), h(L_), i(L_), qt(alloc_floats(D * L_)) {}
 
   // Q null: lane positions only (no qᵀ).
@@ -178,7 +182,7 @@ struct lane_setup {
       slope[x] = p.alibi.empty() ? 0.0f : float(p.alibi[b * p.Hq + h[x]]);
       if (!Q) continue;
       const float* q = Q->row(b, h[x], i[x]);
-      for (std::int64_t d = 0; d < p.D; ++d) qt[d * L + x] = q[d] * scale;
+      for (std::int64_t d = 0; d < p.D; ++d) qt[d * L + x] = prescale ? q[d] * scale : q[d];
     }
   }
 };
@@ -272,6 +276,9 @@ void forward(const problem& p, const forward_outputs& o) {
   // Decode reads bf16 key/value rows as they are (memory-bound: no f32 copy).
   const bool k16 = L == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
                    (p.v.sx == 1 || p.Dv <= 1);
+  // bf16 q with bf16 K/V rows: q stays exact (unscaled) so that the AVX512_BF16 decode can
+  // multiply it in bf16; the scores are scaled instead.
+  const bool raw_q = k16 && p.q.type == dtype::bf16;
   const rows_f32 K = dp || k16 ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp || k16 ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   std::int64_t nchunk = 1, chunk = std::max<std::int64_t>(p.Nk, 1);
@@ -299,7 +306,8 @@ void forward(const problem& p, const forward_outputs& o) {
     bias_ctx bc;
     bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
     // q is pre-scaled on the f32 path; the bf16 path scales the scores.
-    const score_params sp = make_score_params(p, &bc, dp ? float(p.scale) : 1.0f);
+    const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f);
+    ls.prescale = !raw_q;
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < units * nchunk; ++t) {
       const std::int64_t c = t % nchunk, u = t / nchunk;
@@ -318,6 +326,7 @@ void forward(const problem& p, const forward_outputs& o) {
       if (k16) {
         lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + p.k.offset(b, hkv, 0, 0), lb.ksn = p.k.sn;
         lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + p.v.offset(b, hkv, 0, 0), lb.vsn = p.v.sn;
+        lb.q_bf16 = raw_q;
       }
       if (dp) {
         pack_lane_words(p.q, b, ls, p.D, qp.data());

@@ -359,9 +359,7 @@ void dkdv_impl(const dkdv_pair& a) {
   gemm(a.D, ld, nq, a.q, 1, a.qsn, dP, ld, a.dkt, ld, true);
 }
 
-// ---- decode, rows ≤ W (Nq·G small): D in SIMD lanes for the dots, W keys in lanes for the softmax ----
-// Per row g and key block j0..j0+W:  s = Σ_d q_g k_j  (W dot products folded into one vector),
-// then the online softmax with a scalar running max per row, and O_g += Σ_j p_j v_j.
+// ---- decode, rows ≤ W (Nq·G small): D in SIMD lanes for the dots, keys in lanes for the softmax ----
 
 // fold(a, b) over groups of 2h lanes: first h lanes = a's group folded in half, next h = b's.
 constexpr int fold_index(int x, int h, int second) {
@@ -392,205 +390,359 @@ inline void reduce_step(vf* v) {
   }
 }
 
-// Per-row state of the decode kernel, kept in scratch.
-struct decode_state {
-  std::int64_t L, nr, D, Dv, Dp, Dvp;
-  float *qr, *orow, *lvec, *pb, *dots, *alpha, *bias, *kpad, *vpad;
-  decode_state(const lane_block& lb, const forward_io& io)
-      : L(lb.L), nr(lb.nl), D(lb.D), Dv(lb.Dv), Dp((D + W - 1) / W * W), Dvp((Dv + W - 1) / W * W) {
-    qr = lb.scratch;          // [nr][Dp] q rows (pre-scaled)
-    orow = qr + L * Dp;       // [nr][Dvp] unnormalised outputs
-    lvec = orow + L * Dvp;    // [nr][W] per-lane partial sums of p
-    pb = lvec + L * W;        // [nr][W] p of the current key block
-    dots = pb + L * W;        // [nr][W] q·k of the current key block
-    alpha = dots + L * W;     // [nr] rescale factors of the current key block
-    bias = alpha + L;         // [nr][W]
-    kpad = bias + L * W;      // [W][Dp] a short last key block, zero-padded
-    vpad = kpad + W * Dp;     // [W][Dvp]
-    for (std::int64_t g = 0; g < nr; ++g) {
-      for (std::int64_t d = 0; d < Dp; ++d) qr[g * Dp + d] = d < D ? lb.qt[d * L + g] : 0.0f;
-      for (std::int64_t d = 0; d < Dvp; ++d) orow[g * Dvp + d] = 0.0f;
-      for (int x = 0; x < W; ++x) lvec[g * W + x] = x == 0 ? io.l[g] : 0.0f;
-    }
+// Rows are taken RG at a time (RG = 4; 1 or 2 when the (b, hkv) has only that many rows), keys
+// in blocks of W, each block read once (from memory; then from L1 for every row group):
+//   dots: KG = W / RG keys × RG rows at a time into W accumulator vectors with D in the lanes,
+//     each K vector loaded once for the RG rows; reduce_step folds the W accumulators into one
+//     score vector whose lane r·KG + x is row r · key x ("mixed layout"), RG vectors per block;
+//   softmax in the mixed layout: a per-lane running max (equal over a row's KG lanes), one exp
+//     per score and per-lane partial sums of p — no scalar work per key;
+//   P·V: RG rows × CB output vectors accumulate in registers over the W keys of the block, each
+//     V vector loaded once per row group.
+// bf16 K/V are read as 32-bit words: even element = word << 16, odd = word & 0xffff0000 (exact,
+// no shuffles), so q and o are kept in that "native" order (per 2W elements: the W even ones,
+// then the W odd ones) — a permutation of d applied to q once and undone on o once. On the
+// avx512bf16 level, with q exactly bf16 (lane_block::q_bf16), the dots take K words as they are
+// (vdpbf16ps, decode_scores_dp). A short last block, or a head size that does not fill whole
+// vectors (bf16: whole word vectors), goes through a zero-padded copy of the block. The rows a
+// block ahead are prefetched, one line per line read (the hardware prefetcher alone reaches
+// about half the bandwidth here).
+
+// W floats (one unit) from f32, or 2W floats (even, odd elements) from 2W bf16.
+template <class T>
+struct elem {
+  static constexpr int U = 1;  // vectors per unit
+  static void get(const float* p, vf* out) { out[0] = load(p); }
+  static std::int64_t native(std::int64_t d) { return d; }
+};
+template <>
+struct elem<std::uint16_t> {
+  static constexpr int U = 2;
+  static void get(const std::uint16_t* p, vf* out) {
+    vi w;
+    __builtin_memcpy(&w, p, sizeof w);
+    out[0] = (vf)(w << 16);
+    out[1] = (vf)(w & splati(std::int32_t(0xffff0000u)));
+  }
+  static std::int64_t native(std::int64_t d) {
+    const std::int64_t u = d / (2 * W), e = d % (2 * W);
+    return u * 2 * W + (e & 1) * W + e / 2;
   }
 };
 
-template <int H = W / 2>
-inline vf hmax_step(vf v) {
+// Lane-wise max within groups of 2H lanes (then H/2, ...): every lane gets its group's max.
+template <int H>
+inline vf group_max(vf v) {
   if constexpr (H == 0) {
     return v;
   } else {
     constexpr vi m = xor_mask<H>(std::make_integer_sequence<int, W>{});
-    return hmax_step<H / 2>(vmax(v, __builtin_shuffle(v, m)));
+    return group_max<H / 2>(vmax(v, __builtin_shuffle(v, m)));
   }
 }
 
-// Online-softmax update of row g from the raw dots of keys j0 + [0, W); leaves p in st.pb[g]
-// and the rescale factor of the row's running output in st.alpha[g].
-inline void decode_softmax(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                           std::int64_t g, vf dot, std::int64_t j0, std::int64_t nb) {
-  vf t;
-  const vf s = transform(dot, sc, &t, sc.bias ? load(st.bias + g * W) : vf{}, iota() + std::int32_t(j0),
-                         splati(lb.pos[g]), splati(lb.lo[g]), splati(std::int32_t(imin(lb.hi[g], j0 + nb))),
-                         splat(sc.alibi ? lb.slope[g] : 0.0f), true);
-  const vf mxv = vmax(hmax_step(s), splat(io.m[g]));  // every lane holds the new max
-  const vf mu = mxv == splat(-kInf) ? vf{} : mxv;
-  const vf a = vexp(splat(io.m[g]) - mu);
-  const vf p = vexp(s - mu);
-  store(st.lvec + g * W, load(st.lvec + g * W) * a + p);
-  io.m[g] = mxv[0];
-  store(st.pb + g * W, p);
-  st.alpha[g] = a[0];
-}
+// Scratch of the decode kernel (floats): per row group g, per-lane vectors; per row, q and o.
+struct decode_layout {
+  std::int64_t nr, ng, nrp, D, Dv, Dp, Dvp;
+  float *qr, *orow, *mvec, *lacc, *pb, *alpha, *bias, *biasm, *kpad, *vpad;
+  std::int32_t *pos, *lo, *hi;
+  float* slope;
+  decode_layout(const lane_block& lb, int RG, int unit) : nr(lb.nl), D(lb.D), Dv(lb.Dv) {
+    ng = (nr + RG - 1) / RG, nrp = ng * RG;
+    Dp = (D + unit - 1) / unit * unit, Dvp = (Dv + unit - 1) / unit * unit;
+    float* f = lb.scratch;
+    qr = f, f += nrp * Dp;        // [nrp][Dp] q rows, pre-scaled, native order
+    orow = f, f += nrp * Dvp;     // [nrp][Dvp] unnormalised outputs, native order
+    mvec = f, f += ng * W;        // [ng][W] running max (mixed layout)
+    lacc = f, f += ng * W;        // [ng][W] partial sums of p
+    pos = reinterpret_cast<std::int32_t*>(f), f += ng * W;  // [ng][W] row constants, mixed layout
+    lo = reinterpret_cast<std::int32_t*>(f), f += ng * W;
+    hi = reinterpret_cast<std::int32_t*>(f), f += ng * W;
+    slope = f, f += ng * W;
+    pb = f, f += RG * W;          // [RG][W] p of the current block and row group
+    alpha = f, f += W;            // [RG] rescale factors
+    bias = f, f += lb.L * W;      // [L][W] mask of the block
+    biasm = f, f += nrp * W;      // [ng][RG][W] the same, mixed layout
+    kpad = f, f += W * Dp;        // [W][Dp] a padded copy of the block (f32 or bf16)
+    vpad = f, f += W * Dvp;
+  }
+  static std::int64_t floats(std::int64_t L, std::int64_t D, std::int64_t Dv, int RG, int unit) {
+    const std::int64_t ng = (L + RG - 1) / RG, Dp = (D + unit - 1) / unit * unit, Dvp = (Dv + unit - 1) / unit * unit;
+    return ng * RG * (Dp + Dvp) + 6 * ng * W + RG * W + W + L * W + ng * RG * W + W * (Dp + Dvp);
+  }
+};
 
-// NC = D / W = Dv / W vectors. Three passes over the rows so that the rows' independent work
-// overlaps (one row alone is a chain of dependent latencies): the dots of every row (q in
-// registers, W dots folded at once), the softmax of every row, then P·V two rows at a time
-// (each V vector read once for both, 2·NC independent accumulator chains).
-template <int NC, class TK, class TV>
-void decode_block(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                  std::int64_t j0, std::int64_t nb, const TK* kb, std::int64_t ks, const TV* vb, std::int64_t vs) {
-  for (std::int64_t g = 0; g < st.nr; ++g) {
-    vf qv[NC];
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) qv[c] = load(st.qr + g * st.Dp + c * W);
+// Scores of keys kb[0, W) (row stride ks) for the RG rows q[r·Dp ..], in the mixed layout.
+template <int RG, class T>
+inline void decode_scores(const float* q, std::int64_t Dp, std::int64_t nu, const T* kb, std::int64_t ks, vf* s,
+                          const T* kpf) {
+  constexpr int KG = W / RG, U = elem<T>::U;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
     vf acc[W];
-    const TK* kp = kb;
 #pragma GCC unroll 16
-    for (int x = 0; x < W; ++x, kp += ks) {
-      vf a = load_row(kp) * qv[0];
-#pragma GCC unroll 8
-      for (int c = 1; c < NC; ++c) a += load_row(kp + c * W) * qv[c];
-      acc[x] = a;
-    }
-    reduce_step(acc);
-    store(st.dots + g * W, acc[0]);
-  }
-  for (std::int64_t g = 0; g < st.nr; ++g) decode_softmax(lb, io, st, sc, g, load(st.dots + g * W), j0, nb);
-  for (std::int64_t g = 0; g < st.nr; g += 2) {
-    const std::int64_t g1 = g + 1 < st.nr ? g + 1 : g;  // an odd last row pairs with itself
-    float* o0 = st.orow + g * st.Dvp;
-    float* o1 = st.orow + g1 * st.Dvp;
-    vf ov0[NC], ov1[NC];
-    const float a0 = st.alpha[g], a1 = st.alpha[g1];
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) ov0[c] = load(o0 + c * W) * a0, ov1[c] = load(o1 + c * W) * a1;
-    const TV* vp = vb;
-    const float *p0 = st.pb + g * W, *p1 = st.pb + g1 * W;
+    for (int i = 0; i < W; ++i) acc[i] = vf{};
+    const T* kp = kb + kg * KG * ks;
+    const T* pp = kpf + kg * KG * ks;
+    for (std::int64_t u = 0; u < nu; ++u) {
+      vf qv[RG][U];
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 2
+        for (int e = 0; e < U; ++e) qv[r][e] = load(q + r * Dp + (u * U + e) * W);
 #pragma GCC unroll 16
-    for (int x = 0; x < W; ++x, vp += vs) {
-      const vf px0 = splat(p0[x]), px1 = splat(p1[x]);
-#pragma GCC unroll 8
-      for (int c = 0; c < NC; ++c) {
-        const vf vv = load_row(vp + c * W);
-        ov0[c] += px0 * vv;
-        ov1[c] += px1 * vv;
+      for (int x = 0; x < KG; ++x) {
+        vf kv[U];
+        elem<T>::get(kp + x * ks + u * U * W, kv);
+        __builtin_prefetch(pp + x * ks + u * U * W);
+#pragma GCC unroll 2
+        for (int e = 0; e < U; ++e)
+#pragma GCC unroll 4
+          for (int r = 0; r < RG; ++r) acc[r * KG + x] += kv[e] * qv[r][e];
       }
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < NC; ++c) store(o1 + c * W, ov1[c]), store(o0 + c * W, ov0[c]);
-  }
-}
-
-// Any D, Dv: vectors over the padded rows, scalar tails.
-void decode_block_any(const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                      std::int64_t j0, std::int64_t nb, const float* kb, std::int64_t ks, const float* vb,
-                      std::int64_t vs) {
-  const std::int64_t Df = st.D / W * W, Dvf = st.Dv / W * W;
-  for (std::int64_t g = 0; g < st.nr; ++g) {
-    const float* q = st.qr + g * st.Dp;
-    vf acc[W];
-    for (int x = 0; x < W; ++x) {
-      const float* kp = kb + x * ks;
-      vf a{};
-      for (std::int64_t d = 0; d < Df; d += W) a += load(kp + d) * load(q + d);
-      acc[x] = a;
-    }
     reduce_step(acc);
-    vf dot = acc[0];
-    for (int x = 0; x < W; ++x)
-      for (std::int64_t d = Df; d < st.D; ++d) dot[x] += q[d] * kb[x * ks + d];
-    decode_softmax(lb, io, st, sc, g, dot, j0, nb);
-    const float a = st.alpha[g];
-    const float* pb = st.pb + g * W;
-    float* o = st.orow + g * st.Dvp;
-    for (std::int64_t d = 0; d < Dvf; d += W) {
-      vf oa = load(o + d) * a;
-      for (int x = 0; x < W; ++x) oa += splat(pb[x]) * load(vb + x * vs + d);
-      store(o + d, oa);
-    }
-    for (std::int64_t d = Dvf; d < st.Dv; ++d) {
-      float oa = o[d] * a;
-      for (int x = 0; x < W; ++x) oa += pb[x] * vb[x * vs + d];
-      o[d] = oa;
-    }
+    s[kg] = acc[0];
   }
 }
 
-template <int NC = 8, class TK, class TV>
-void decode_dispatch(int nc, const lane_block& lb, const forward_io& io, const decode_state& st, const score_consts& sc,
-                     std::int64_t j0, std::int64_t nb, const TK* kb, std::int64_t ks, const TV* vb, std::int64_t vs) {
-  if constexpr (NC == 0) {
-    if constexpr (sizeof(TK) == 4 && sizeof(TV) == 4) decode_block_any(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
-  } else {
-    if (nc == NC) return decode_block<NC>(lb, io, st, sc, j0, nb, kb, ks, vb, vs);
-    decode_dispatch<NC - 1>(nc, lb, io, st, sc, j0, nb, kb, ks, vb, vs);
+#ifdef ATTN_CPU_DPBF16
+// The same scores from bf16 q words (q exactly bf16, unscaled: pairs of d in one 32-bit word, as
+// in memory) with vdpbf16ps: one instruction per 32 products, no conversion of K.
+template <int RG>
+inline void decode_scores_dp(const std::uint32_t* q, std::int64_t qw, std::int64_t nu, const std::uint16_t* kb,
+                             std::int64_t ks, vf* s, const std::uint16_t* kpf) {
+  constexpr int KG = W / RG;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    __m512 acc[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) acc[i] = _mm512_setzero_ps();
+    const std::uint16_t* kp = kb + kg * KG * ks;
+    const std::uint16_t* pp = kpf + kg * KG * ks;
+    for (std::int64_t u = 0; u < nu; ++u) {
+      __m512bh qv[RG];
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r) qv[r] = (__m512bh)_mm512_loadu_si512(q + r * qw + u * W);
+#pragma GCC unroll 16
+      for (int x = 0; x < KG; ++x) {
+        const __m512bh kv = (__m512bh)_mm512_loadu_si512(kp + x * ks + u * 2 * W);
+        __builtin_prefetch(pp + x * ks + u * 2 * W);
+#pragma GCC unroll 4
+        for (int r = 0; r < RG; ++r) acc[r * KG + x] = _mm512_dpbf16_ps(acc[r * KG + x], kv, qv[r]);
+      }
+    }
+    vf a[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) a[i] = (vf)acc[i];
+    reduce_step(a);
+    s[kg] = a[0];
+  }
+}
+constexpr bool kDecodeDp = true;
+#else
+constexpr bool kDecodeDp = false;
+#endif
+
+// Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
+template <int RG>
+inline void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s, std::int64_t j0,
+                           std::int64_t nb) {
+  constexpr int KG = W / RG;
+  const vi pos = loadi(st.pos + g * W), lo = loadi(st.lo + g * W), hi0 = loadi(st.hi + g * W);
+  const vi hi = hi0 < splati(std::int32_t(j0 + nb)) ? hi0 : splati(std::int32_t(j0 + nb));
+  const vf slope = load(st.slope + g * W);
+  const vi keyoff = iota() & splati(KG - 1);
+  const vf m_old = load(st.mvec + g * W);
+  vf mx = m_old, t;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    s[kg] = transform(s[kg], sc, &t, sc.bias ? load(st.biasm + (g * RG + kg) * W) : vf{},
+                      splati(std::int32_t(j0 + kg * KG)) + keyoff, pos, lo, hi, slope, true);
+    mx = vmax(mx, s[kg]);
+  }
+  mx = group_max<KG / 2>(mx);
+  const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
+  const vf a = vexp(m_old - mu);
+  vf sum = load(st.lacc + g * W) * a;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    const vf p = vexp(s[kg] - mu);
+    store(st.pb + kg * W, p);
+    sum += p;
+  }
+  store(st.lacc + g * W, sum);
+  store(st.mvec + g * W, mx);
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) st.alpha[r] = a[r * KG];
+}
+
+// O[r][c0·W, (c0 + CB)·W) = α_r O + Σ_x p[r][x] v_x for the RG rows at o (row stride Dvp).
+template <int RG, int CB, class T>
+inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb, std::int64_t vs,
+                      std::int64_t c0, const T* vpf) {
+  constexpr int KG = W / RG, U = elem<T>::U;
+  static_assert(CB % U == 0);
+  vf acc[RG][CB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf a = splat(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
+  }
+  const T* vp = vb + c0 * W;
+  const T* pp = vpf + c0 * W;
+#pragma GCC unroll 16
+  for (int x = 0; x < W; ++x, vp += vs, pp += vs) {
+    vf vv[CB];
+#pragma GCC unroll 8
+    for (int u = 0; u < CB / U; ++u) elem<T>::get(vp + u * U * W, vv + u * U), __builtin_prefetch(pp + u * U * W);
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const vf px = splat(pb[x / KG * W + r * KG + x % KG]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) acc[r][c] += px * vv[c];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
+}
+template <int RG, int CB, class T>
+inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb,
+                           std::int64_t vs, std::int64_t c0, const T* vpf) {
+  if constexpr (CB > 0) {
+    if constexpr (CB % elem<T>::U == 0)
+      if (nv == CB) return decode_pv<RG, CB>(o, Dvp, pb, alpha, vb, vs, c0, vpf);
+    decode_pv_tail<RG, CB - 1>(nv, o, Dvp, pb, alpha, vb, vs, c0, vpf);
   }
 }
 
-void decode_impl(const lane_block& lb, const forward_io& io) {
-  const decode_state st(lb, io);  // (its pointers are const; the floats they point to are not)
+// Bytes of K and V prefetched ahead of the block being read (per stream).
+// Bytes of each of K and V prefetched ahead of the block being read (at least one block): far
+// enough to cover the memory latency, near enough to stay in L1 (measured: 4–16 KiB are alike).
+constexpr std::int64_t kDecodePrefetchBytes = 8192;
+
+// DP: bf16 rows with q exactly bf16 (lane_block::q_bf16) on an ISA with vdpbf16ps.
+template <int RG, class T, bool DP = false>
+void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
+  constexpr int KG = W / RG, U = elem<T>::U;
+  constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
+  const decode_layout st(lb, RG, U * W);
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
-  // The specialised kernel when D == Dv is a multiple of W up to 8 vectors; 0 = any shape.
-  const int nc = st.D == st.Dv && st.D % W == 0 && st.D / W <= 8 ? int(st.D / W) : 0;
+  const std::int64_t L = lb.L, nr = st.nr, Dp = st.Dp, Dvp = st.Dvp;
+  for (std::int64_t g = 0; g < st.nrp; ++g) {
+    const bool valid = g < nr;
+    if constexpr (DP) {  // words of bf16 pairs (the values are exactly bf16: truncation is exact)
+      auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+      const auto bits = [&](std::int64_t d) {
+        std::uint32_t u = 0;
+        if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
+        return u >> 16;
+      };
+      for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
+    } else {
+      for (std::int64_t d = 0; d < Dp; ++d)
+        st.qr[g * Dp + elem<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+    }
+    for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
+    const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
+    for (int x = 0; x < KG; ++x) {
+      st.mvec[x0 + x] = valid ? io.m[g] : -kInf;
+      st.lacc[x0 + x] = valid && x == 0 ? io.l[g] : 0.0f;
+      st.pos[x0 + x] = valid ? lb.pos[g] : 0;
+      st.lo[x0 + x] = valid ? lb.lo[g] : 0;
+      st.hi[x0 + x] = valid ? lb.hi[g] : 0;
+      st.slope[x0 + x] = valid && lb.sp.alibi ? lb.slope[g] : 0.0f;
+    }
+  }
   const bool b16 = lb.k16 != nullptr;
   const std::int64_t esize = b16 ? 2 : 4;
   const char* kbase = b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
   const char* vbase = b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
+  const auto elem_f32 = [&](const char* base, std::int64_t i) {
+    return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
+  };
+  const std::int64_t nu = Dp / (U * W), nv = Dvp / W;
+  const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
+  const std::int64_t pf_keys = imax(W, kDecodePrefetchBytes / row_bytes);
+  vf s[RG];
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const char* kb = kbase + j0 * lb.ksn * esize;
-    const char* vb = vbase + j0 * lb.vsn * esize;
+    const T* kb = reinterpret_cast<const T*>(kbase + j0 * lb.ksn * esize);
+    const T* vb = reinterpret_cast<const T*>(vbase + j0 * lb.vsn * esize);
+    std::int64_t ks = lb.ksn, vs = lb.vsn;
+    // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
+    // block: issued in a burst, they stall); the current block itself when there are none.
+    const bool pf = j0 + pf_keys + W <= kr.kmax;
+    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + (j0 + pf_keys) * lb.ksn * esize) : kb;
+    const T* vpf = pf ? reinterpret_cast<const T*>(vbase + (j0 + pf_keys) * lb.vsn * esize) : vb;
+    if (copy_all || nb < W) {  // a short last block or an odd shape: a zero-padded copy
+      T* kp = reinterpret_cast<T*>(st.kpad);
+      T* vp = reinterpret_cast<T*>(st.vpad);
+      const char* kb0 = kbase + j0 * lb.ksn * esize;
+      const char* vb0 = vbase + j0 * lb.vsn * esize;
+      for (std::int64_t x = 0; x < W; ++x) {
+        for (std::int64_t d = 0; d < Dp; ++d) {
+          if constexpr (U == 1) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kb0, x * lb.ksn + d) : 0.0f;
+          else kp[x * Dp + d] = x < nb ? reinterpret_cast<const std::uint16_t*>(kb0)[x * lb.ksn + d] : 0;
+        }
+        for (std::int64_t d = 0; d < Dvp; ++d) {
+          if constexpr (U == 1) vp[x * Dvp + d] = x < nb && d < lb.Dv ? elem_f32(vb0, x * lb.vsn + d) : 0.0f;
+          else vp[x * Dvp + d] = x < nb ? reinterpret_cast<const std::uint16_t*>(vb0)[x * lb.vsn + d] : 0;
+        }
+      }
+      kb = kp, vb = vp, ks = Dp, vs = Dvp, kpf = kp, vpf = vp;
+    }
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
-      for (std::int64_t g = 0; g < st.nr; ++g)
-        for (std::int64_t x = nb; x < W; ++x) st.bias[g * W + x] = 0.0f;
+      for (std::int64_t g = 0; g < st.nrp; ++g)
+        for (std::int64_t x = 0; x < W; ++x)
+          st.biasm[g / RG * RG * W + x / KG * W + g % RG * KG + x % KG] = g < L && x < nb ? st.bias[g * W + x] : 0.0f;
     }
-    if (nb < W || (b16 && nc == 0)) {  // short last block, or bf16 of a general shape: f32 copy, zero-padded
-      for (std::int64_t x = 0; x < W; ++x) {
-        const auto kat = [&](std::int64_t d) {
-          return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(kb) + x * lb.ksn + d)
-                     : reinterpret_cast<const float*>(kb)[x * lb.ksn + d];
-        };
-        const auto vat = [&](std::int64_t d) {
-          return b16 ? scalar_row(reinterpret_cast<const std::uint16_t*>(vb) + x * lb.vsn + d)
-                     : reinterpret_cast<const float*>(vb)[x * lb.vsn + d];
-        };
-        for (std::int64_t d = 0; d < st.Dp; ++d) st.kpad[x * st.Dp + d] = x < nb && d < st.D ? kat(d) : 0.0f;
-        for (std::int64_t d = 0; d < st.Dvp; ++d) st.vpad[x * st.Dvp + d] = x < nb && d < st.Dv ? vat(d) : 0.0f;
+    for (std::int64_t g = 0; g < st.ng; ++g) {
+      const bool first = g == 0;  // later row groups read the block from L1
+      if constexpr (DP) {
+#ifdef ATTN_CPU_DPBF16
+        decode_scores_dp<RG>(reinterpret_cast<const std::uint32_t*>(st.qr) + g * RG * (Dp / 2), Dp / 2, nu, kb, ks, s,
+                             first ? kpf : kb);
+#endif
+      } else {
+        decode_scores<RG>(st.qr + g * RG * Dp, Dp, nu, kb, ks, s, first ? kpf : kb);
       }
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, static_cast<const float*>(st.kpad), st.Dp,
-                      static_cast<const float*>(st.vpad), st.Dvp);
-      continue;
-    }
-    if (b16) {  // keys converted once per block for all rows; values as they are (each read once)
-      for (std::int64_t x = 0; x < W; ++x)
-        for (std::int64_t d = 0; d < st.D; d += W)
-          store(st.kpad + x * st.Dp + d, load_row(reinterpret_cast<const std::uint16_t*>(kb) + x * lb.ksn + d));
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, static_cast<const float*>(st.kpad), st.Dp,
-                      reinterpret_cast<const std::uint16_t*>(vb), lb.vsn);
-    } else {
-      decode_dispatch(nc, lb, io, st, sc, j0, nb, reinterpret_cast<const float*>(kb), lb.ksn,
-                      reinterpret_cast<const float*>(vb), lb.vsn);
+      decode_softmax<RG>(st, sc, g, s, j0, nb);
+      float* o = st.orow + g * RG * Dvp;
+      std::int64_t c0 = 0;
+      for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
+      if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
     }
   }
-  for (std::int64_t g = 0; g < st.nr; ++g) {
+  for (std::int64_t g = 0; g < nr; ++g) {
+    const std::int64_t x0 = g / RG * W + g % RG * KG;
     float l = 0.0f;
-    for (int x = 0; x < W; ++x) l += st.lvec[g * W + x];
+    for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
     io.l[g] = l;
-    for (std::int64_t d = 0; d < st.Dv; ++d) io.ot[d * st.L + g] = st.orow[g * st.Dvp + d];
+    io.m[g] = st.mvec[x0];
+    for (std::int64_t d = 0; d < lb.Dv; ++d) io.ot[d * L + g] = st.orow[g * Dvp + elem<T>::native(d)];
   }
+}
+
+template <int RG>
+void decode_rg(const lane_block& lb, const forward_io& io) {
+  const bool b16 = lb.k16 != nullptr;
+  if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
+    if (kDecodeDp && lb.q_bf16) return decode_rows<RG, std::uint16_t, kDecodeDp>(lb, io, false);
+    return decode_rows<RG, std::uint16_t>(lb, io, false);
+  }
+  decode_rows<RG, float>(lb, io, b16 || lb.D % W != 0 || lb.Dv % W != 0);
+}
+
+void decode_impl(const lane_block& lb, const forward_io& io) {
+  if (lb.nl >= 3) return decode_rg<4>(lb, io);
+  if (lb.nl == 2) return decode_rg<2>(lb, io);
+  decode_rg<1>(lb, io);
 }
 
 void forward_entry(const lane_block& lb, const forward_io& io) {

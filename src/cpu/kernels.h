@@ -14,8 +14,9 @@
 //   row layout (dk/dv): one query row per tile row, keys in SIMD lanes, Kᵀ/Vᵀ packed per key
 //     block; dKᵀ/dVᵀ accumulate over every query row and every head of the GQA group.
 // Decode (a (b, hkv) with at most W query rows: Nq·G small) uses neither: D sits in the SIMD
-// lanes for the q·k dots (W dots folded into one vector by a shuffle tree), so each K/V row is
-// read once, as is, for all the rows of the group — f32 or bf16, no copy.
+// lanes for the q·k dots — each K vector loaded once for up to 4 rows, W dots folded into one
+// vector by a transpose-add tree — and the softmax runs on vectors of (row, key) lanes, so each
+// K/V row is read once, as is, for all the rows of the group — f32 or bf16, no copy.
 // bf16 inputs on the avx512bf16 level use the same layouts with bf16 pairs (bf16_operands).
 //
 // ISA code must not call inline functions shared with other translation units (they may be
@@ -50,6 +51,7 @@ struct lane_block {
   std::int64_t ksn = 0, vsn = 0;
   const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
   const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
+  bool q_bf16 = false;                 // decode: qt holds exact bf16 values, unscaled (sp.scale applies)
   const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
   const std::int32_t* hi = nullptr;
   const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)
@@ -105,7 +107,8 @@ inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
 inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
-  const std::int64_t decode = (L + 64) * (D + Dv + 128) + 4 * L * 64 + 64;  // decode: rows, sums, bias, padded block
+  // decode (kernel_body.h, decode_layout; W <= L): q and o rows, per-lane state, mask, padded block
+  const std::int64_t decode = (2 * L + 4) * (D + Dv + 4 * L) + 8 * L * (L + 4) + 64;
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
 inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }

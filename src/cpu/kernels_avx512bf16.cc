@@ -4,6 +4,8 @@
 // rounded to bf16 (nearest even) for the P·V product, as FlashAttention does on GPUs.
 #include <immintrin.h>
 
+#define ATTN_CPU_DPBF16 1  // the decode kernel's q·k dots use vdpbf16ps (kernel_body.h)
+
 namespace attn::detail::cpu {
 namespace {
 constexpr int W = 16;  // floats per vector
