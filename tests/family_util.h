@@ -86,13 +86,6 @@ struct family_case {
   }
 };
 
-inline double weighted_sum(const TensorView& out, const TensorView& dout) {
-  const auto o = to_vector(out), d = to_vector(dout);
-  double s = 0.0;
-  for (std::size_t i = 0; i < o.size(); ++i) s += o[i] * d[i];
-  return s;
-}
-
 inline std::string case_name(score_kind s, distribution_kind d) { return to_string(s) + " x " + to_string(d); }
 
 }  // namespace attn::testing

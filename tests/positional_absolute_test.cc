@@ -12,12 +12,8 @@ namespace {
 
 using testing::all_close;
 using testing::random_tensor;
+using testing::reference_scope;
 using testing::tolerance_for;
-
-struct reference_scope {
-  reference_scope() { setenv("ATTN_BACKEND", "reference", 1); }
-  ~reference_scope() { unsetenv("ATTN_BACKEND"); }
-};
 
 TEST(Sinusoidal, MatchesTheFormula) {
   // D = 4, base 10000: columns sin(p), cos(p), sin(p / 100), cos(p / 100).
@@ -142,10 +138,7 @@ TEST(Learned, BackwardScatterAddsAndMatchesFiniteDifferences) {
     EXPECT_EQ(dtable.get({4, d}), 0.0);
   }
   const auto loss = [&](const Tensor& t) {
-    const auto y = learned_position_encoding(t, N, ids).to_vector(), wv = w.to_vector();
-    double s = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * wv[i];
-    return s;
+    return testing::weighted_sum(learned_position_encoding(t, N, ids), w);
   };
   const double eps = 1e-6;
   for (std::int64_t i = 0; i < table.numel(); ++i) {

@@ -14,12 +14,8 @@ namespace {
 
 using testing::all_close;
 using testing::random_tensor;
+using testing::reference_scope;
 using testing::tolerance_for;
-
-struct reference_scope {
-  reference_scope() { setenv("ATTN_BACKEND", "reference", 1); }
-  ~reference_scope() { unsetenv("ATTN_BACKEND"); }
-};
 
 relative_position_options rp(bool bidirectional, std::int64_t num_buckets, std::int64_t max_distance,
                              std::int64_t query_offset = 0) {

@@ -13,13 +13,8 @@ namespace {
 
 using testing::all_close;
 using testing::random_tensor;
+using testing::reference_scope;
 using testing::tolerance_for;
-
-// Runs the float64 reference path of every attn function while alive.
-struct reference_scope {
-  reference_scope() { setenv("ATTN_BACKEND", "reference", 1); }
-  ~reference_scope() { unsetenv("ATTN_BACKEND"); }
-};
 
 double dot_row(const TensorView& a, const TensorView& b, std::int64_t D) {
   double s = 0;
@@ -190,10 +185,7 @@ TEST(Rotary, BackwardIsInverseAndMatchesFiniteDifferences) {
     // L(x) = Σ w · rotary(x)  =>  dL/dx = rotary_backward(w)
     const Tensor dx = rotary_backward(w, ids, ro);
     const auto loss = [&](const Tensor& xx) {
-      const auto y = rotary(xx, ids, ro).to_vector(), wv = w.to_vector();
-      double s = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * wv[i];
-      return s;
+      return testing::weighted_sum(rotary(xx, ids, ro), w);
     };
     const double eps = 1e-6;
     for (std::int64_t i = 0; i < x.numel(); ++i) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -63,6 +64,22 @@ inline ::testing::AssertionResult all_close(const TensorView& got, const TensorV
 inline ::testing::AssertionResult all_close(const TensorView& got, const TensorView& want, double tol) {
   return all_close(got, want, tol, tol);
 }
+
+// Σ y ∘ w over every element: a scalar loss whose gradient with respect to y is w.
+inline double weighted_sum(const TensorView& y, const TensorView& w) {
+  const auto a = to_vector(y), b = to_vector(w);
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Runs the float64 reference path of every attn function (ATTN_BACKEND=reference) while alive.
+struct reference_scope {
+  reference_scope() { setenv("ATTN_BACKEND", "reference", 1); }
+  ~reference_scope() { unsetenv("ATTN_BACKEND"); }
+  reference_scope(const reference_scope&) = delete;
+  reference_scope& operator=(const reference_scope&) = delete;
+};
 
 inline bool any_nan(const TensorView& t) {
   for (double x : to_vector(t))
