@@ -4,6 +4,7 @@
 #include "attn/attention.h"
 #include "attn/error.h"
 #include "attn/family.h"
+#include "attn/linear.h"
 #include "attn/npy.h"
 #include "attn/onnx.h"
 #include "attn/positional.h"
