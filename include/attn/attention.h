@@ -40,7 +40,8 @@ namespace attn {
 enum class causal_alignment {
   top_left,      // pos_i = i                          (PyTorch is_causal)
   bottom_right,  // pos_i = Nk_b - Nq + i              (FlashAttention; Nk_b = valid keys of batch b)
-  after_past,    // pos_i = P + i, P = past length     (ONNX with past_key; top_left without a past)
+  after_past,    // pos_i = P_b + i, P_b = past length (ONNX with past_key; a KV cache's length of
+                 //                                     batch entry b; top_left without a past)
 };
 
 // Which intermediate [B, Hq, Nq, Nk] tensor to return (ONNX qk_matmul_output_mode).
