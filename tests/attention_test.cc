@@ -17,10 +17,17 @@ using testing::random_bool;
 using testing::random_tensor;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-attention_options ref_opts() {
-  attention_options o;
-  o.use_backend = backend::reference;
-  return o;
+// Options whose calls run on the float64 reference: the overloads below pass them on with
+// execution{.use_backend = backend::reference} (better matches than attn's own for ref_options).
+struct ref_options : attention_options {};
+ref_options ref_opts() { return {}; }
+attention_result attention(const TensorView& q, const TensorView& k, const TensorView& v, const ref_options& o) {
+  return attn::attention(q, k, v, o, {.use_backend = backend::reference});
+}
+attention_grads attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                   const ref_options& o) {
+  return attn::attention_backward(q, k, v, out, dout, lse, o, {.use_backend = backend::reference});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -568,8 +575,7 @@ TEST(AttentionErrors, MessagesNameOpArgumentAndValues) {
   o.past_value = pv.view();
   EXPECT_THROW_MSG(attention(q, k, v, o), "past_value has shape [2, 2, 3, 6], expected [2, 2, 4, 6]");
   o = {};
-  o.num_threads = -2;
-  EXPECT_THROW_MSG(attention(q, k, v, o), "num_threads = -2 must be >= 0");
+  EXPECT_THROW_MSG(attention(q, k, v, o, {.num_threads = -2}), "num_threads = -2 must be >= 0");
   Tensor q0 = Tensor::zeros({1, 1, 1, 0}, dtype::f32);
   EXPECT_THROW_MSG(attention(q0, q0, q0), "head size D is 0");
 }

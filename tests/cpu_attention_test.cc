@@ -146,11 +146,10 @@ void check_case(const config& c, std::uint32_t seed) {
   SCOPED_TRACE(c.str() + " seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   inputs in = make_inputs(c, rng);
-  attention_options ref_opt = in.opt, cpu_opt = in.opt;
-  ref_opt.use_backend = backend::reference;
-  cpu_opt.use_backend = backend::cpu;
-  const attention_result ref = attention(in.qv, in.kv, in.vv, ref_opt);
-  const attention_result got = attention(in.qv, in.kv, in.vv, cpu_opt);
+  const attention_options& opt = in.opt;
+  const execution ref_exec{.use_backend = backend::reference}, cpu_exec{.use_backend = backend::cpu};
+  const attention_result ref = attention(in.qv, in.kv, in.vv, opt, ref_exec);
+  const attention_result got = attention(in.qv, in.kv, in.vv, opt, cpu_exec);
   ASSERT_EQ(got.backend, "cpu");
   const double ft = fwd_tol(c.type);
   EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
@@ -164,9 +163,9 @@ void check_case(const config& c, std::uint32_t seed) {
   attention_result fo = ref;
   if (c.type != dtype::f32)
     fo = attention(Tensor::copy_of(in.qv, dtype::f32), Tensor::copy_of(in.kv, dtype::f32),
-                   Tensor::copy_of(in.vv, dtype::f32), ref_opt);
-  const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, ref_opt);
-  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, cpu_opt);
+                   Tensor::copy_of(in.vv, dtype::f32), opt, ref_exec);
+  const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, ref_exec);
+  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, cpu_exec);
   ASSERT_EQ(gc.backend, "cpu");
   const double bt = bwd_tol(c.type);
   EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
@@ -246,12 +245,11 @@ TEST(cpu_attention, strided_and_broadcast_views) {
       attention_options o;
       o.attn_mask = mask;
       o.is_causal = true, o.alignment = causal_alignment::bottom_right;
-      o.use_backend = backend::reference;
-      const auto ref = attention(q, k, v, o);
-      const auto gr = attention_backward(q, k, v, ref.out, dout, ref.lse, o);
-      o.use_backend = backend::cpu;
-      const auto got = attention(q, k, v, o);
-      const auto gc = attention_backward(q, k, v, ref.out, dout, ref.lse, o);
+      const execution ref_exec{.use_backend = backend::reference}, cpu_exec{.use_backend = backend::cpu};
+      const auto ref = attention(q, k, v, o, ref_exec);
+      const auto gr = attention_backward(q, k, v, ref.out, dout, ref.lse, o, ref_exec);
+      const auto got = attention(q, k, v, o, cpu_exec);
+      const auto gc = attention_backward(q, k, v, ref.out, dout, ref.lse, o, cpu_exec);
       const double ft = fwd_tol(t), bt = bwd_tol(t);
       EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
       EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
@@ -271,10 +269,8 @@ TEST(cpu_attention, kv_cache_after_past) {
   attention_options o;
   o.is_causal = true, o.alignment = causal_alignment::after_past;
   o.past_key = pk, o.past_value = pv;
-  o.use_backend = backend::reference;
-  const auto ref = attention(q, k, v, o);
-  o.use_backend = backend::cpu;
-  const auto got = attention(q, k, v, o);
+  const auto ref = attention(q, k, v, o, {.use_backend = backend::reference});
+  const auto got = attention(q, k, v, o, {.use_backend = backend::cpu});
   EXPECT_TRUE(all_close(got.out, ref.out, 2e-5));
   EXPECT_TRUE(all_close(got.lse, ref.lse, 2e-5));
 }
@@ -291,14 +287,14 @@ TEST(cpu_attention, fully_masked_rows) {
     for (std::int64_t j = 0; j < 7; ++j) mask.set({2, j}, 0.0);  // row 2 sees nothing
     attention_options o;
     o.attn_mask = mask;
-    o.use_backend = backend::cpu;
-    const auto r = attention(q, k, v, o);
+    const execution cpu_exec{.use_backend = backend::cpu};
+    const auto r = attention(q, k, v, o, cpu_exec);
     EXPECT_FALSE(testing::any_nan(r.out));
     for (std::int64_t h = 0; h < 2; ++h) {
       EXPECT_EQ(r.lse.get({0, h, 2}), -std::numeric_limits<double>::infinity());
       for (std::int64_t d = 0; d < 8; ++d) EXPECT_EQ(r.out.get({0, h, 2, d}), 0.0);
     }
-    const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+    const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o, cpu_exec);
     EXPECT_FALSE(testing::any_nan(g.dq) || testing::any_nan(g.dk) || testing::any_nan(g.dv));
     for (std::int64_t d = 0; d < 8; ++d) EXPECT_EQ(g.dq.get({0, 1, 2, d}), 0.0);
   }
@@ -323,10 +319,9 @@ TEST(cpu_attention, bitwise_identical_across_threads) {
         attention_options o;
         o.is_causal = s.causal;
         o.alibi_slopes = alibi, o.sinks = sinks;
-        o.use_backend = backend::cpu;
-        o.num_threads = threads;
-        const auto r = attention(q, k, v, o);
-        const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+        const execution exec{.use_backend = backend::cpu, .num_threads = threads};
+        const auto r = attention(q, k, v, o, exec);
+        const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o, exec);
         std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
                                                 g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
         if (first.empty()) first = all;
@@ -410,9 +405,7 @@ TEST(cpu_attention, decode_bitwise_identical_across_threads) {
       std::vector<double> first_out, first_lse;
       for (int threads : {1, 2, 3}) {
         attention_options o;
-        o.use_backend = backend::cpu;
-        o.num_threads = threads;
-        const auto r = attention(q, k, v, o);
+        const auto r = attention(q, k, v, o, {.use_backend = backend::cpu, .num_threads = threads});
         const std::vector<double> out = r.out.to_vector(), lse = r.lse.to_vector();
         if (first_out.empty()) first_out = out, first_lse = lse;
         EXPECT_EQ(0, std::memcmp(out.data(), first_out.data(), out.size() * sizeof(double))) << threads << " threads";
@@ -457,9 +450,9 @@ TEST(cpu_attention, eligibility_says_why) {
   EXPECT_NE(explain_backend(q, q, q, m).find("runs on cpu"), std::string::npos);
   EXPECT_NE(explain_backend(q, q, q, m, true).find("cpu: the gradient of a float attn_mask needs the reference"),
             std::string::npos);
-  m.use_backend = backend::cpu;
-  const auto r = attention(q, q, q, m);
-  EXPECT_THROW_MSG(attention_backward(q, q, q, r.out, r.out, r.lse, m), "gradient of a float attn_mask");
+  const execution cpu_exec{.use_backend = backend::cpu};
+  const auto r = attention(q, q, q, m, cpu_exec);
+  EXPECT_THROW_MSG(attention_backward(q, q, q, r.out, r.out, r.lse, m, cpu_exec), "gradient of a float attn_mask");
   EXPECT_EQ(backends().front(), "cpu");
 }
 

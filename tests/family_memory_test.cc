@@ -66,13 +66,13 @@ TEST_P(FamilyMemory, StreamsWithoutAnNqByNkMatrix) {
   // attn::attention's own reference backend scores every key of a row; without a fast core
   // backend compiled in, measure the tiled path instead.
   const bool fast_core = backends().size() > 1;
-  if (!fast_core) c.opt.path = family_path::tiled;
+  if (!fast_core) c.exec.path = family_path::tiled;
   const Tensor dout = random_tensor({1, 1, N, Dv}, dtype::f32, rng);
 
   const double before = current_mib();
   reset_peak();
-  const family_result r = attention_family(c.q, c.k, c.v, c.opt);
-  const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+  const family_result r = attention_family(c.q, c.k, c.v, c.opt, c.exec);
+  const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
   const double peak = peak_mib();
   EXPECT_FALSE(any_nan(r.out));
   EXPECT_FALSE(any_nan(g.dq));

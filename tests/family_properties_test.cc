@@ -14,9 +14,7 @@ Tensor tiled_weights(family_case& c) {
   for (std::int64_t r = 0; r < c.B * c.Hkv; ++r)
     for (std::int64_t j = 0; j < c.Nk; ++j) eye[std::size_t((r * c.Nk + j) * c.Nk + j)] = 1.0;
   const Tensor v = Tensor::from_values({c.B, c.Hkv, c.Nk, c.Nk}, dtype::f64, eye);
-  family_options o = c.opt;
-  o.path = family_path::tiled;
-  return attention_family(c.q, c.k, v, o).out;
+  return attention_family(c.q, c.k, v, c.opt, {.path = family_path::tiled}).out;
 }
 
 TEST(FamilyProperties, RowsSumToOneAndSparsity) {
@@ -66,11 +64,10 @@ TEST(FamilyProperties, HardmaxAndTopkBreakTiesByFirstIndex) {
   for (int j = 0; j < 5; ++j) eye[std::size_t(j * 5 + j)] = 1.0;
   const Tensor v = Tensor::from_values({1, 1, 5, 5}, dtype::f64, eye);
   for (family_path p : {family_path::tiled, family_path::reference}) {
-    family_options o;
-    o.path = p;
-    const Tensor h = hard_attention(q, k, v, o).out;
+    const execution e{.path = p};
+    const Tensor h = hard_attention(q, k, v, {}, e).out;
     EXPECT_EQ(h.to_vector(), (std::vector<double>{0, 1, 0, 0, 0}));
-    const Tensor t = topk_attention(q, k, v, 2, o).out;
+    const Tensor t = topk_attention(q, k, v, 2, {}, e).out;
     EXPECT_NEAR(t.get({0, 0, 0, 1}), 0.5, 1e-15);
     EXPECT_NEAR(t.get({0, 0, 0, 3}), 0.5, 1e-15);
     EXPECT_EQ(t.get({0, 0, 0, 4}), 0.0);
@@ -90,13 +87,13 @@ TEST(FamilyProperties, CosineIsInvariantToPositiveScaling) {
   std::mt19937 rng(33);
   family_case c(score_kind::cosine, distribution_kind::softmax, rng);
   for (family_path p : {family_path::automatic, family_path::tiled}) {
-    c.opt.path = p;
-    const Tensor a = attention_family(c.q, c.k, c.v, c.opt).out;
+    c.exec.path = p;
+    const Tensor a = attention_family(c.q, c.k, c.v, c.opt, c.exec).out;
     std::vector<double> qs = c.q.to_vector(), ks = c.k.to_vector();
     for (std::size_t x = 0; x < qs.size(); ++x) qs[x] *= 3.7 * double(1 + x / std::size_t(c.D));  // per-row factors
     for (auto& x : ks) x *= 0.02;
     const Tensor b = attention_family(Tensor::from_values(c.q.shape(), dtype::f64, qs),
-                                      Tensor::from_values(c.k.shape(), dtype::f64, ks), c.v, c.opt).out;
+                                      Tensor::from_values(c.k.shape(), dtype::f64, ks), c.v, c.opt, c.exec).out;
     EXPECT_TRUE(all_close(a, b, 1e-12));
   }
   // A zero query scores 0 against every key: uniform softmax, no NaN, zero gradient for it.
@@ -124,18 +121,17 @@ TEST(FamilyProperties, NadarayaWatsonWorkedByHand) {
   //   = 0.8824969025845955, 0.8824969025845955, 0.32465246735834974
   //   ŷ = (2 · 0.88250 + 4 · 0.32465) / (2 · 0.88250 + 0.32465) = 1.4660872104908909
   for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference}) {
-    family_options o;
-    o.path = p;
-    EXPECT_NEAR(nadaraya_watson(xq, xt, yt, score_kind::gaussian, 1.0, o).out.get({0, 0, 0, 0}), 1.4660872104908909,
+    const execution o{.path = p};
+    EXPECT_NEAR(nadaraya_watson(xq, xt, yt, score_kind::gaussian, 1.0, {}, o).out.get({0, 0, 0, 0}), 1.4660872104908909,
                 1e-14);
     // Box, h = 0.6: keys 0 and 1 are within 0.5, key 2 is 1.5 away: ŷ = (0 + 2) / 2 = 1.
-    EXPECT_EQ(nadaraya_watson(xq, xt, yt, score_kind::box, 0.6, o).out.get({0, 0, 0, 0}), 1.0);
+    EXPECT_EQ(nadaraya_watson(xq, xt, yt, score_kind::box, 0.6, {}, o).out.get({0, 0, 0, 0}), 1.0);
     // Triangle, h = 1: K = 0.5, 0.5, 0: ŷ = 1.
-    EXPECT_NEAR(nadaraya_watson(xq, xt, yt, score_kind::triangle, 1.0, o).out.get({0, 0, 0, 0}), 1.0, 1e-15);
+    EXPECT_NEAR(nadaraya_watson(xq, xt, yt, score_kind::triangle, 1.0, {}, o).out.get({0, 0, 0, 0}), 1.0, 1e-15);
     // No training point within h: zeros, not NaN.
     const Tensor far = Tensor::from_values({1, 1, 1, 1}, dtype::f64, {10.0});
-    EXPECT_EQ(nadaraya_watson(far, xt, yt, score_kind::box, 0.6, o).out.get({0, 0, 0, 0}), 0.0);
-    EXPECT_EQ(nadaraya_watson(far, xt, yt, score_kind::triangle, 1.0, o).out.get({0, 0, 0, 0}), 0.0);
+    EXPECT_EQ(nadaraya_watson(far, xt, yt, score_kind::box, 0.6, {}, o).out.get({0, 0, 0, 0}), 0.0);
+    EXPECT_EQ(nadaraya_watson(far, xt, yt, score_kind::triangle, 1.0, {}, o).out.get({0, 0, 0, 0}), 0.0);
   }
 }
 
@@ -150,9 +146,9 @@ TEST(FamilyProperties, FullyMaskedRowGivesZerosNeverNaN) {
       if (d == distribution_kind::hardmax) c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
       const Tensor dout = random_tensor({1, 2, 3, 2}, dtype::f64, rng);
       for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference}) {
-        c.opt.path = p;
-        const family_result r = attention_family(c.q, c.k, c.v, c.opt);
-        const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+        c.exec.path = p;
+        const family_result r = attention_family(c.q, c.k, c.v, c.opt, c.exec);
+        const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
         const std::string what = case_name(s, d) + " " + r.path;
         EXPECT_FALSE(any_nan(r.out) || any_nan(g.dq) || any_nan(g.dk) || any_nan(g.dv)) << what;
         for (std::int64_t h = 0; h < 2; ++h)
@@ -169,10 +165,10 @@ TEST(FamilyProperties, FullyMaskedRowGivesZerosNeverNaN) {
 TEST(FamilyProperties, LocationIgnoresKeys) {
   std::mt19937 rng(35);
   family_case c(score_kind::location, distribution_kind::softmax, rng);
-  const Tensor a = attention_family(c.q, c.k, c.v, c.opt).out;
+  const Tensor a = attention_family(c.q, c.k, c.v, c.opt, c.exec).out;
   const Tensor other = random_tensor(c.k.shape(), dtype::f64, rng);
-  EXPECT_TRUE(all_close(attention_family(c.q, other, c.v, c.opt).out, a, 0.0));
-  const family_grads g = attention_family_backward(c.q, c.k, c.v, random_tensor(a.shape(), dtype::f64, rng), c.opt);
+  EXPECT_TRUE(all_close(attention_family(c.q, other, c.v, c.opt, c.exec).out, a, 0.0));
+  const family_grads g = attention_family_backward(c.q, c.k, c.v, random_tensor(a.shape(), dtype::f64, rng), c.opt, c.exec);
   for (double x : g.dk.to_vector()) EXPECT_EQ(x, 0.0);
 }
 
@@ -180,7 +176,7 @@ TEST(FamilyProperties, NamedHelpersMatchTheEntryPoint) {
   std::mt19937 rng(36);
   family_case c(score_kind::additive, distribution_kind::softmax, rng);
   EXPECT_TRUE(all_close(additive_attention(c.q, c.k, c.v, c.W_q, c.W_k, c.b, c.w_v).out,
-                        attention_family(c.q, c.k, c.v, c.opt).out, 0.0));
+                        attention_family(c.q, c.k, c.v, c.opt, c.exec).out, 0.0));
   family_case g(score_kind::general, distribution_kind::softmax, rng);
   EXPECT_TRUE(all_close(general_attention(g.q, g.k, g.v, g.W).out, attention_family(g.q, g.k, g.v, g.opt).out, 0.0));
   family_case s(score_kind::scaled_dot, distribution_kind::sparsemax, rng);
@@ -210,11 +206,11 @@ TEST(FamilyProperties, EmptyShapes) {
         if (s == score_kind::triangle && d == distribution_kind::softmax) c.opt.distribution.kind = distribution_kind::kernel;
         const Tensor dout = Tensor::zeros({1, 2, Nq, Dv}, dtype::f64);
         for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference}) {
-          c.opt.path = p;
-          const family_result r = attention_family(c.q, c.k, c.v, c.opt);
+          c.exec.path = p;
+          const family_result r = attention_family(c.q, c.k, c.v, c.opt, c.exec);
           EXPECT_EQ(r.out.shape(), (Shape{1, 2, Nq, Dv}));
           for (double x : r.out.to_vector()) EXPECT_EQ(x, 0.0);
-          const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+          const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
           EXPECT_EQ(g.dk.shape(), c.k.shape());
         }
       }
@@ -226,68 +222,68 @@ TEST(FamilyErrors, NameTheOpArgumentAndValues) {
   std::mt19937 rng(37);
   {
     family_case c(score_kind::dot, distribution_kind::kernel, rng);
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt),
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec),
                      "attention_family: distribution kernel needs a gaussian, box or triangle score (got dot)");
   }
   {
     family_case c(score_kind::general, distribution_kind::softmax, rng);
     c.opt.score.W.reset();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "attention_family: score general needs W of shape [3, 4]");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "attention_family: score general needs W of shape [3, 4]");
     const Tensor bad = random_tensor({4, 3}, dtype::f64, rng);
     c.opt.score.W = bad.view();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "W has shape [4, 3], expected [3, 4] for score general");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "W has shape [4, 3], expected [3, 4] for score general");
     const Tensor nan = Tensor::full({3, 4}, dtype::f64, std::nan(""));
     c.opt.score.W = nan.view();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "W holds a non-finite value (nan)");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "W holds a non-finite value (nan)");
     c.opt.score.W = c.W.view();
     c.opt.score.W_a = c.W.view();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "score general takes no parameter W_a (it takes: W)");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "score general takes no parameter W_a (it takes: W)");
   }
   {
     family_case c(score_kind::scaled_dot, distribution_kind::topk, rng);
     c.opt.distribution.k = 0;
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "attention_family: topk needs k >= 1 (got k = 0)");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "attention_family: topk needs k >= 1 (got k = 0)");
   }
   {
     family_case c(score_kind::cosine, distribution_kind::softmax, rng);
     c.opt.score.temperature = -1;
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "cosine temperature = -1 must be finite and > 0");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "cosine temperature = -1 must be finite and > 0");
   }
   {
     family_case c(score_kind::gaussian, distribution_kind::kernel, rng);
     c.opt.score.bandwidth = 0;
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "bandwidth h = 0 must be finite and > 0");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "bandwidth h = 0 must be finite and > 0");
   }
   {
     family_case c(score_kind::box, distribution_kind::kernel, rng);
     c.mask = Tensor::zeros({c.Nq, c.Nk}, dtype::f32);
     c.opt.attn_mask = c.mask.view();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt),
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec),
                      "distribution kernel with score box takes a bool attn_mask only (got a float32 mask)");
     c.mask = Tensor::zeros({3, c.Nk}, dtype::boolean);
     c.opt.attn_mask = c.mask.view();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "attention_family: attn_mask [3, 6] does not broadcast");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "attention_family: attn_mask [3, 6] does not broadcast");
   }
   {
     family_case c(score_kind::dot, distribution_kind::softmax, rng);
     const Tensor k4 = random_tensor({c.B, c.Hkv, c.Nk, 4}, dtype::f64, rng);
-    EXPECT_THROW_MSG(attention_family(c.q, k4, c.v, c.opt),
+    EXPECT_THROW_MSG(attention_family(c.q, k4, c.v, c.opt, c.exec),
                      "score dot needs q and k of the same head size (q has 3, k has 4)");
-    c.opt.path = family_path::core;
+    c.exec.path = family_path::core;
     c.opt.distribution.kind = distribution_kind::sparsemax;
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "path core runs only dot, scaled_dot");
-    c.opt.path = family_path::automatic;
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "path core runs only dot, scaled_dot");
+    c.exec.path = family_path::automatic;
     const Tensor dout = random_tensor({1, 2, 3}, dtype::f64, rng);
-    EXPECT_THROW_MSG(attention_family_backward(c.q, c.k, c.v, dout, c.opt),
+    EXPECT_THROW_MSG(attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec),
                      "attention_family_backward: dout has shape [1, 2, 3], expected [2, 2, 4, 3]");
     const Tensor q5 = random_tensor({1, 1, 1, 1, 3}, dtype::f64, rng);
-    EXPECT_THROW_MSG(attention_family(q5, c.k, c.v, c.opt), "attention_family: q has 5 dims, expected 4");
+    EXPECT_THROW_MSG(attention_family(q5, c.k, c.v, c.opt, c.exec), "attention_family: q has 5 dims, expected 4");
   }
   {
     family_case c(score_kind::additive, distribution_kind::softmax, rng);
     const Tensor w = random_tensor({2, 5}, dtype::f64, rng);
     c.opt.score.w_v = w.view();
-    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "w_v has shape [2, 5], expected [5] or [3, 5]");
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "w_v has shape [2, 5], expected [5] or [3, 5]");
   }
   EXPECT_THROW_MSG(nadaraya_watson(Tensor::zeros({1, 1, 1, 1}, dtype::f64), Tensor::zeros({1, 1, 1, 1}, dtype::f64),
                                    Tensor::zeros({1, 1, 1, 1}, dtype::f64), score_kind::dot, 1.0),

@@ -17,9 +17,9 @@ struct grads_of {
 };
 
 grads_of run(family_case& c, family_path path, const Tensor& dout) {
-  family_options o = c.opt;
-  o.path = path;
-  return {attention_family(c.q, c.k, c.v, o), attention_family_backward(c.q, c.k, c.v, dout, o)};
+  execution e = c.exec;
+  e.path = path;
+  return {attention_family(c.q, c.k, c.v, c.opt, e), attention_family_backward(c.q, c.k, c.v, dout, c.opt, e)};
 }
 
 void expect_same(const grads_of& got, const grads_of& want, double tol, const std::string& what) {
@@ -97,10 +97,10 @@ TEST(FamilySweep, CoreRouteIsTakenForSoftmaxPairs) {
   for (score_kind s : {score_kind::dot, score_kind::scaled_dot, score_kind::general, score_kind::cosine,
                        score_kind::gaussian}) {
     family_case c(s, distribution_kind::softmax, rng);
-    EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt).path.rfind("core", 0), 0u) << to_string(s);
+    EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt, c.exec).path.rfind("core", 0), 0u) << to_string(s);
   }
   family_case c(score_kind::gaussian, distribution_kind::kernel, rng);
-  EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt).path.rfind("core", 0), 0u);
+  EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt, c.exec).path.rfind("core", 0), 0u);
   family_case a(score_kind::additive, distribution_kind::softmax, rng);
   EXPECT_EQ(attention_family(a.q, a.k, a.v, a.opt).path, "tiled");
 }
@@ -117,7 +117,7 @@ TEST(FamilySweep, MultiDimensionalAdditive) {
     // out_i[x] = Σ_j α_ij[x] v_j[x]
     const Tensor w = attention_family_weights(c.q, c.k, c.v, c.opt);
     ASSERT_EQ(w.shape(), (Shape{c.B, c.Hq, c.Nq, c.Nk, c.Dv}));
-    const Tensor out = attention_family(c.q, c.k, c.v, c.opt).out;
+    const Tensor out = attention_family(c.q, c.k, c.v, c.opt, c.exec).out;
     for (std::int64_t i = 0; i < c.Nq; ++i)
       for (std::int64_t x = 0; x < c.Dv; ++x) {
         double s = 0.0;
@@ -140,9 +140,10 @@ TEST(FamilySweep, ThreeDimensionalLayoutAndThreads) {
     };
     const Tensor q3 = to3(c.q), k3 = to3(c.k), v3 = to3(c.v), d3 = to3(dout);
     family_options o = c.opt;
-    o.q_num_heads = c.Hq, o.kv_num_heads = c.Hkv, o.path = family_path::tiled, o.num_threads = 3;
-    const family_result r = attention_family(q3, k3, v3, o);
-    const family_grads g = attention_family_backward(q3, k3, v3, d3, o);
+    o.q_num_heads = c.Hq, o.kv_num_heads = c.Hkv;
+    const execution e{.path = family_path::tiled, .num_threads = 3};
+    const family_result r = attention_family(q3, k3, v3, o, e);
+    const family_grads g = attention_family_backward(q3, k3, v3, d3, o, e);
     EXPECT_TRUE(all_close(r.out, to3(four.fwd.out), 1e-12));
     EXPECT_TRUE(all_close(g.dq, to3(four.g.dq), 1e-12));
     EXPECT_TRUE(all_close(g.dk, to3(four.g.dk), 1e-12));
@@ -155,7 +156,7 @@ TEST(FamilySweep, LowerPrecisionInputs) {
   std::mt19937 rng(11);
   for (score_kind s : {score_kind::scaled_dot, score_kind::additive, score_kind::cosine}) {
     family_case c(s, distribution_kind::softmax, rng);
-    const Tensor ref = attention_family(c.q, c.k, c.v, c.opt).out;
+    const Tensor ref = attention_family(c.q, c.k, c.v, c.opt, c.exec).out;
     for (dtype t : {dtype::f32, dtype::bf16}) {
       family_options o = c.opt;
       const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t);
@@ -202,11 +203,11 @@ void check_fd_scalar(const std::string& what, double& x, double analytic, const 
 void fd_case(score_kind s, distribution_kind d, family_path path, std::mt19937& rng, int mask = 0) {
   family_case c(s, d, rng, 1, 2, 1, 3, 5, 3, 2);
   apply_mask(c, mask, rng);
-  c.opt.path = path;
+  c.exec.path = path;
   if (d == distribution_kind::sigmoid) c.opt.distribution.sigmoid_bias = -0.4;
   const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f64, rng);
-  auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt).out, dout); };
-  const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+  auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt, c.exec).out, dout); };
+  const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
   const std::string what = case_name(s, d) + " (" + g.path + ")";
   check_fd(what + " dq", c.q, g.dq, loss);
   check_fd(what + " dk", c.k, g.dk, loss);
@@ -252,8 +253,8 @@ TEST(FamilyGradient, MultiDimensional) {
   for (distribution_kind d : {distribution_kind::softmax, distribution_kind::sparsemax, distribution_kind::sigmoid}) {
     family_case c(score_kind::additive, d, rng, 1, 1, 1, 3, 4, 2, 3, /*multi_dim=*/true);
     const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f64, rng);
-    auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt).out, dout); };
-    const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+    auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt, c.exec).out, dout); };
+    const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
     check_fd("multi-dim dq", c.q, g.dq, loss);
     check_fd("multi-dim dk", c.k, g.dk, loss);
     check_fd("multi-dim dv", c.v, g.dv, loss);
@@ -266,10 +267,10 @@ TEST(FamilyGradient, BoxHasZeroScoreGradient) {
   std::mt19937 rng(24);
   family_case c(score_kind::box, distribution_kind::kernel, rng);
   const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f64, rng);
-  const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+  const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
   for (double x : g.dq.to_vector()) EXPECT_EQ(x, 0.0);
   for (double x : g.dk.to_vector()) EXPECT_EQ(x, 0.0);
-  auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt).out, dout); };
+  auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt, c.exec).out, dout); };
   check_fd("box dv", c.v, g.dv, loss);
 }
 
@@ -278,7 +279,7 @@ TEST(FamilyGradient, HardmaxStraightThroughIsTheSoftmaxGradient) {
   family_case c(score_kind::scaled_dot, distribution_kind::hardmax, rng);
   c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
   const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f64, rng);
-  const family_grads st = attention_family_backward(c.q, c.k, c.v, dout, c.opt);
+  const family_grads st = attention_family_backward(c.q, c.k, c.v, dout, c.opt, c.exec);
   // With v = the hardmax's own dv path aside, dq/dk come from the softmax Jacobian applied to
   // dα = dout·v: the same as a softmax backward.
   family_options soft = c.opt;

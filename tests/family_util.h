@@ -37,6 +37,7 @@ inline bool free_dk(score_kind s) {
 struct family_case {
   Tensor q, k, v, W, b, W_q, W_k, w_v, W_a, mask, lens;
   family_options opt;
+  execution exec;  // path and threads
   std::int64_t B, Hq, Hkv, Nq, Nk, D, Dk, Dv;
 
   family_case(score_kind score, distribution_kind dist, std::mt19937& rng, std::int64_t B_ = 2, std::int64_t Hq_ = 2,

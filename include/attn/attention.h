@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/execution.h"
 #include "attn/tensor.h"
 
 namespace attn {
@@ -39,7 +40,8 @@ namespace attn {
 enum class causal_alignment {
   top_left,      // pos_i = i                          (PyTorch is_causal)
   bottom_right,  // pos_i = Nk_b - Nq + i              (FlashAttention; Nk_b = valid keys of batch b)
-  after_past,    // pos_i = P + i, P = past length     (ONNX with past_key; top_left without a past)
+  after_past,    // pos_i = P_b + i, P_b = past length (ONNX with past_key; a KV cache's length of
+                 //                                     batch entry b; top_left without a past)
 };
 
 // Which intermediate [B, Hq, Nq, Nk] tensor to return (ONNX qk_matmul_output_mode).
@@ -51,41 +53,44 @@ enum class qk_output {
   probabilities,  // after softmax                               ONNX mode 3
 };
 
-// Which implementation runs. `automatic` picks the first eligible fast backend and falls back
-// to the float64 reference; `explain_backend` says why a backend was not eligible.
-// The environment variable ATTN_BACKEND (e.g. ATTN_BACKEND=reference) overrides `automatic`.
-enum class backend { automatic, reference, cpu };
-
-struct attention_options {
-  std::optional<double> scale;  // default 1/sqrt(D)
+// What a query row may see: shared by attn::attention and attn::attention_family, so masks,
+// causal alignment, windows, padding and the 3-D head split mean the same in both.
+struct masking_options {
   bool is_causal = false;
   causal_alignment alignment = causal_alignment::top_left;
   std::int64_t window_left = -1;   // keys before pos_i that stay visible; < 0: unbounded
   std::int64_t window_right = -1;  // keys after pos_i that stay visible; < 0: unbounded
-  double softcap = 0.0;            // <= 0: off
 
   // bool (true = attend) or float (added to the scores), broadcast to [B, Hq, Nq, Nk] by
   // NumPy rules. A last dim shorter than Nk is padded with false / -inf (as ONNX does).
-  std::optional<TensorView> attn_mask;
+  std::optional<TensorArg> attn_mask;
   // int64 [B]: keys j >= nonpad_kv_seqlen[b] are excluded (ONNX opset 24).
-  std::optional<TensorView> nonpad_kv_seqlen;
-  // [Hq] or [B, Hq]: bias -slope_h · |pos_i - j| added to the scores (ALiBi).
-  std::optional<TensorView> alibi_slopes;
-  // [Hq]: a per-head logit that joins the softmax denominator and carries no value.
-  std::optional<TensorView> sinks;
-  // KV cache: [B, Hkv, P, D] and [B, Hkv, P, Dv], concatenated in front of k and v; the
-  // result then holds present_key / present_value ([B, Hkv, P + Nk, D|Dv], 4-D always).
-  std::optional<TensorView> past_key;
-  std::optional<TensorView> past_value;
+  std::optional<TensorArg> nonpad_kv_seqlen;
 
   std::int64_t q_num_heads = 0;   // required for 3-D inputs; checked against 4-D ones
   std::int64_t kv_num_heads = 0;  // required for 3-D inputs; checked against 4-D ones
-
-  qk_output return_qk = qk_output::none;
-  backend use_backend = backend::automatic;
-  int num_threads = 0;  // 0: all available
 };
 
+// The maths of one attention call. How it runs (backend, threads) is `execution`
+// (execution.h), a separate argument. Tensor fields are TensorArg: filling one from a
+// temporary Tensor keeps that Tensor alive.
+struct attention_options : masking_options {
+  std::optional<double> scale;  // default 1/sqrt(D)
+  double softcap = 0.0;         // <= 0: off
+  // [Hq] or [B, Hq]: bias -slope_h · |pos_i - j| added to the scores (ALiBi).
+  std::optional<TensorArg> alibi_slopes;
+  // [Hq]: a per-head logit that joins the softmax denominator and carries no value.
+  std::optional<TensorArg> sinks;
+
+  // ONNX KV cache: [B, Hkv, P, D] and [B, Hkv, P, Dv] in front of k and v; the result then
+  // holds present_key / present_value ([B, Hkv, P + Nk, D|Dv], 4-D always), a new tensor as
+  // ONNX defines it. To decode without copying the cache, use attention_with_kv_cache.
+  std::optional<TensorArg> past_key;
+  std::optional<TensorArg> past_value;
+
+  // An intermediate [B, Hq, Nq, Nk] to return (an output request; runs on the reference).
+  qk_output return_qk = qk_output::none;
+};
 struct attention_result {
   Tensor out;            // layout of q, dtype of q
   Tensor lse;            // [B, Hq, Nq], float32 (float64 for float64 inputs); -inf on fully masked rows
@@ -102,7 +107,7 @@ struct attention_result {
 //   opt.is_causal = true;
 //   auto r = attn::attention(q, k, v, opt);   // r.out: [B, Hq, Nq, Dv], r.lse: [B, Hq, Nq]
 attention_result attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                           const attention_options& options = {});
+                           const attention_options& options = {}, const execution& exec = {});
 
 struct attention_grads {
   Tensor dq, dk, dv;   // shapes and layouts of q, k, v; dtype of q
@@ -117,14 +122,69 @@ struct attention_grads {
 // (with a KV cache, pass present_key / present_value and leave past_* unset).
 attention_grads attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const TensorView& dout,
-                                   const TensorView& lse, const attention_options& options = {});
+                                   const TensorView& lse, const attention_options& options = {},
+                                   const execution& exec = {});
 
-// Which backend `attention` (or `attention_backward` when `backward`) would run, and for each
-// backend tried before it, why it was not eligible:  "cpu: qk output needs the reference; ...".
+// In-place KV cache, as FlashAttention's flash_attn_with_kvcache: preallocated buffers with
+// room for `capacity` tokens and the number of tokens each batch entry holds.
+//   key [B, Hkv, capacity, D]   value [B, Hkv, capacity, Dv]   lengths int64 [B]
+// key/value have the dtype of q and any strides (unit stride on the last dim reads fastest).
+struct kv_cache_view {
+  TensorArg key, value, lengths;
+};
+
+// One decoding (or chunked-prefill) step. For each batch entry b with L_b = lengths[b]:
+//   1. k_new / v_new ([B, Hkv, Nnew, D|Dv], or 3-D [B, Nnew, Hkv*D|Dv]) are written into rows
+//      [L_b, L_b + Nnew) of the cache — only those rows are written;
+//   2. q attends to keys [0, L_b + Nnew) of the cache, read in place (no copy of the cache).
+// Query row i sits at key position L_b + i with causal_alignment::after_past (the new tokens
+// follow the cache), or L_b + Nnew - Nq + i with bottom_right; top_left keeps pos_i = i.
+// `lengths` is not changed: the caller advances it by Nnew (kv_cache below does). Needs
+// L_b + Nnew <= capacity. past_key/past_value and nonpad_kv_seqlen are refused (the cache's
+// lengths say which keys are valid).
+//
+//   attn::kv_cache_view c{k_buf, v_buf, lens};        // k_buf [B, Hkv, 4096, D], lens int64 [B]
+//   opt.is_causal = true, opt.alignment = attn::causal_alignment::after_past;
+//   auto r = attn::attention_with_kv_cache(q, k_step, v_step, c, opt);   // then lens += 1
+attention_result attention_with_kv_cache(const TensorView& q, const TensorView& k_new, const TensorView& v_new,
+                                         const kv_cache_view& cache, const attention_options& options = {},
+                                         const execution& exec = {});
+
+// An owning KV cache: zeroed buffers of a fixed capacity and per-batch lengths that
+// attention_with_kv_cache(q, k, v, cache, ...) advances after each step.
+//
+//   attn::kv_cache cache(B, Hkv, /*capacity=*/4096, D, Dv, attn::dtype::bf16);
+//   for (...) r = attn::attention_with_kv_cache(q_t, k_t, v_t, cache, opt);
+class kv_cache {
+ public:
+  kv_cache(std::int64_t B, std::int64_t Hkv, std::int64_t capacity, std::int64_t D, std::int64_t Dv, dtype t);
+
+  const Tensor& key() const { return key_; }          // [B, Hkv, capacity, D]
+  const Tensor& value() const { return value_; }      // [B, Hkv, capacity, Dv]
+  const Tensor& lengths() const { return lengths_; }  // int64 [B]
+  std::int64_t capacity() const { return key_.size(2); }
+  kv_cache_view view() const { return {key_, value_, lengths_}; }
+
+  // Adds n to every batch entry's length (throws when that passes the capacity); clear() empties.
+  void advance(std::int64_t n);
+  void clear();
+
+ private:
+  Tensor key_, value_, lengths_;
+};
+
+// As above, then advances the cache by Nnew.
+attention_result attention_with_kv_cache(const TensorView& q, const TensorView& k_new, const TensorView& v_new,
+                                         kv_cache& cache, const attention_options& options = {},
+                                         const execution& exec = {});
+
+// Which backend `attention` (or `attention_backward` when `backward`) runs, with the same
+// selection the call makes (ATTN_BACKEND included), the path it takes inside that backend, and
+// for each backend tried before it why it was not eligible:
+//   "cpu: qk output needs the reference; runs on reference"    "runs on cpu (prefill, f32)"
+// With `backward`, a float attn_mask counts as asking for its gradient.
 std::string explain_backend(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const attention_options& options = {}, bool backward = false);
-
-// The names of every backend compiled in, in the order `automatic` tries them.
-std::vector<std::string> backends();
+                            const attention_options& options = {}, bool backward = false,
+                            const execution& exec = {});
 
 }  // namespace attn

@@ -3,6 +3,7 @@
 
 #include "attn/attention.h"
 #include "attn/error.h"
+#include "attn/execution.h"
 #include "attn/family.h"
 #include "attn/linear.h"
 #include "attn/nn/nn.h"

@@ -65,24 +65,18 @@ enum class hardmax_gradient {
   straight_through,  // forward one-hot, backward the softmax Jacobian at the same scores
 };
 
-// Which implementation runs. `automatic`: attn::attention for the pairs it can run (see the
-// header comment), else the tiled float64 kernels. `reference` materialises each row and uses
-// independent algorithms (bisection for sparsemax/entmax15, a full sort for topk); it is the
-// test oracle. ATTN_FAMILY_PATH=reference|tiled|core overrides `automatic`.
-enum class family_path { automatic, core, tiled, reference };
-
 struct score_spec {
   score_kind kind = score_kind::scaled_dot;
   std::optional<double> scale;                           // scaled_dot; default 1/sqrt(D)
   score_activation activation = score_activation::tanh;  // activated_general
   double temperature = 1.0;                              // cosine τ > 0
   double bandwidth = 1.0;                                // gaussian, box, triangle: h > 0
-  std::optional<TensorView> W;    // general family: [D, Dk]
-  std::optional<TensorView> b;    // biased_general, activated_general: [] or [1]; additive: [A]
-  std::optional<TensorView> W_q;  // additive: [A, D]
-  std::optional<TensorView> W_k;  // additive: [A, Dk]
-  std::optional<TensorView> w_v;  // additive: [A], or [Dv, A] for multi-dimensional attention
-  std::optional<TensorView> W_a;  // location: [Nk, D]
+  std::optional<TensorArg> W;    // general family: [D, Dk]
+  std::optional<TensorArg> b;    // biased_general, activated_general: [] or [1]; additive: [A]
+  std::optional<TensorArg> W_q;  // additive: [A, D]
+  std::optional<TensorArg> W_k;  // additive: [A, Dk]
+  std::optional<TensorArg> w_v;  // additive: [A], or [Dv, A] for multi-dimensional attention
+  std::optional<TensorArg> W_a;  // location: [Nk, D]
 };
 
 struct distribution_spec {
@@ -92,21 +86,13 @@ struct distribution_spec {
   hardmax_gradient hardmax_grad = hardmax_gradient::zero;
 };
 
-struct family_options {
+// The score, the distribution, and the masks of attn::attention (masking_options, attention.h:
+// the same fields, meaning exactly the same). Float masks are added to the scores and get no
+// gradient; the kernel distribution of box and triangle takes bool masks only. after_past
+// equals top_left here (no past). How it runs (path, threads) is the `execution` argument.
+struct family_options : masking_options {
   score_spec score;
   distribution_spec distribution;
-  // The masks of attn::attention (see attention.h). Float masks are added to the scores and
-  // get no gradient; the kernel distribution of box and triangle takes bool masks only.
-  bool is_causal = false;
-  causal_alignment alignment = causal_alignment::top_left;  // after_past: no past here, == top_left
-  std::int64_t window_left = -1;
-  std::int64_t window_right = -1;
-  std::optional<TensorView> attn_mask;
-  std::optional<TensorView> nonpad_kv_seqlen;
-  std::int64_t q_num_heads = 0;   // required for 3-D inputs
-  std::int64_t kv_num_heads = 0;  // required for 3-D inputs
-  family_path path = family_path::automatic;
-  int num_threads = 0;  // 0: all available
 };
 
 struct family_result {
@@ -132,18 +118,19 @@ struct family_grads {
 //   o.distribution.kind = attn::distribution_kind::sparsemax;
 //   auto r = attn::attention_family(q, k, v, o);   // r.out: [B, Hq, Nq, Dv]
 family_result attention_family(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const family_options& options);
+                               const family_options& options, const execution& exec = {});
 
 // Backward: gradients of Σ dout · out with respect to q, k, v and every learned parameter.
 // It recomputes the forward statistics from the inputs (no saved state), one extra pass over
 // the keys.
 family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                       const TensorView& dout, const family_options& options);
+                                       const TensorView& dout, const family_options& options,
+                                       const execution& exec = {});
 
 // The attention weights α, float64 [B, Hq, Nq, Nk] (or [B, Hq, Nq, Nk, Dv] when
 // multi-dimensional), from the reference. For inspection and tests: it is Nq × Nk by nature.
 Tensor attention_family_weights(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const family_options& options);
+                                const family_options& options, const execution& exec = {});
 
 // ---- named helpers: attention_family with one score / distribution filled in ----
 
@@ -151,30 +138,40 @@ Tensor attention_family_weights(const TensorView& q, const TensorView& k, const 
 //   auto r = attn::additive_attention(q, k, v, Wq, Wk, b, wv);
 family_result additive_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& W_q, const TensorView& W_k, const TensorView& b,
-                                 const TensorView& w_v, family_options o = {});
+                                 const TensorView& w_v, family_options o = {},
+                             const execution& exec = {});
 // Luong general attention qᵀ W k.
 family_result general_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& W, family_options o = {});
+                                const TensorView& W, family_options o = {},
+                             const execution& exec = {});
 // Cosine-similarity attention with temperature τ.
 family_result cosine_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                               double temperature, family_options o = {});
+                               double temperature, family_options o = {},
+                             const execution& exec = {});
 // Luong location-based attention: α_i = distribution(W_a q_i).
 family_result location_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                                 const TensorView& W_a, family_options o = {});
+                                 const TensorView& W_a, family_options o = {},
+                             const execution& exec = {});
 // Nadaraya–Watson kernel regression: kernel ∈ {gaussian, box, triangle}, bandwidth h;
 // out_i = Σ_j K(q_i, k_j) v_j / Σ_j K(q_i, k_j).
 //   auto r = attn::nadaraya_watson(x_query, x_train, y_train, attn::score_kind::gaussian, 0.5);
 family_result nadaraya_watson(const TensorView& q, const TensorView& k, const TensorView& v, score_kind kernel,
-                              double bandwidth, family_options o = {});
+                              double bandwidth, family_options o = {},
+                             const execution& exec = {});
 // Scaled-dot scores with another distribution (score left as given in `o`).
-family_result sigmoid_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
-family_result sparsemax_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
-family_result entmax15_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
-family_result hard_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {});
+family_result sigmoid_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {},
+                             const execution& exec = {});
+family_result sparsemax_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {},
+                             const execution& exec = {});
+family_result entmax15_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {},
+                             const execution& exec = {});
+family_result hard_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o = {},
+                             const execution& exec = {});
 family_result topk_attention(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t k_top,
-                             family_options o = {});
+                             family_options o = {},
+                             const execution& exec = {});
 
-// "scaled_dot", "softmax", "tanh", "straight_through", "tiled", and back (throws attn::error
+// "scaled_dot", "softmax", "tanh", "straight_through", and back (throws attn::error
 // naming the list of valid names). Used by `attn run`.
 std::string to_string(score_kind s);
 std::string to_string(distribution_kind d);
@@ -182,6 +179,5 @@ score_kind parse_score_kind(const std::string& s);
 distribution_kind parse_distribution_kind(const std::string& s);
 score_activation parse_score_activation(const std::string& s);
 hardmax_gradient parse_hardmax_gradient(const std::string& s);
-family_path parse_family_path(const std::string& s);
 
 }  // namespace attn

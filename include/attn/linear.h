@@ -11,8 +11,9 @@
 // Two implementations:
 //   cpu        OpenBLAS cblas_sgemm / cblas_dgemm (f16/bf16 converted to f32 rows first)
 //   reference  plain float64 loops, one output element at a time: the test oracle
-// `automatic` takes cpu when OpenBLAS can be opened and the reference otherwise;
-// ATTN_BACKEND=reference forces the reference.
+// execution::use_backend picks one (`cpu` throws when OpenBLAS is missing); `automatic` takes
+// cpu when OpenBLAS can be opened and the reference otherwise, unless ATTN_BACKEND names one.
+// execution::num_threads sets OpenBLAS's thread count (0: all available).
 //
 // OpenBLAS is opened at run time (dlopen of libopenblas.so.0, Debian's libopenblas0), not
 // linked: OpenBLAS reads OPENBLAS_CORETYPE once, when it loads, and Debian's 0.3.21 does not
@@ -28,6 +29,7 @@
 #include <optional>
 #include <string>
 
+#include "attn/execution.h"
 #include "attn/tensor.h"
 
 namespace attn {
@@ -38,7 +40,9 @@ namespace attn {
 //   attn::Tensor W = attn::Tensor::zeros({1536, 512}, attn::dtype::f32);     // [3C, C]
 //   attn::Tensor qkv = attn::linear(x, W);                                   // [8, 128, 1536]
 //   attn::Tensor y = attn::linear(x, W, bias);                               // bias [1536]
-Tensor linear(const TensorView& x, const TensorView& W, const std::optional<TensorView>& b = std::nullopt);
+//   attn::Tensor r = attn::linear(x, W, bias, {.use_backend = attn::backend::reference});  // the oracle
+Tensor linear(const TensorView& x, const TensorView& W, const std::optional<TensorView>& b = std::nullopt,
+              const execution& exec = {});
 
 // Which gradients linear_backward computes (each costs one GEMM or one reduction).
 struct linear_needs {
@@ -56,7 +60,8 @@ struct linear_grads {
 // Backward: dy has the shape of y ([..., out]). Gradients not asked for are left undefined.
 //
 //   attn::linear_grads g = attn::linear_backward(x, W, dy, {.dx = true, .dW = true, .db = true});
-linear_grads linear_backward(const TensorView& x, const TensorView& W, const TensorView& dy, linear_needs needs = {});
+linear_grads linear_backward(const TensorView& x, const TensorView& W, const TensorView& dy, linear_needs needs = {},
+                             const execution& exec = {});
 
 // "OpenBLAS 0.3.21 ... core SkylakeX (OPENBLAS_CORETYPE=SkylakeX set by attn)" or why the cpu
 // path is not available ("OpenBLAS not found: ...").

@@ -23,8 +23,8 @@ struct attributes {
 };
 
 struct inputs {
-  TensorView Q, K, V;
-  std::optional<TensorView> attn_mask, past_key, past_value, nonpad_kv_seqlen;
+  TensorArg Q, K, V;
+  std::optional<TensorArg> attn_mask, past_key, past_value, nonpad_kv_seqlen;
 };
 
 struct outputs {
@@ -33,7 +33,7 @@ struct outputs {
 
 // Runs the operator exactly as ONNX defines it: causal frontier after the past (or at the end
 // of nonpad_kv_seqlen without a past), GQA by interleaved head repeat, mask padding.
-outputs run(const inputs& in, const attributes& attrs, backend use_backend = backend::automatic);
+outputs run(const inputs& in, const attributes& attrs, const execution& exec = {});
 
 // Maps ONNX attributes and inputs onto attention_options (views stay borrowed from `in`).
 attention_options to_options(const inputs& in, const attributes& attrs);

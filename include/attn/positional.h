@@ -23,12 +23,12 @@ namespace attn {
 // Converts implicitly from both, so `rotary(q, 16)` and `rotary(q, ids)` read naturally.
 struct positions {
   std::int64_t offset = 0;
-  std::optional<TensorView> ids;  // int64 [N] or [B, N]
+  std::optional<TensorArg> ids;  // int64 [N] or [B, N]
 
   positions() = default;
   positions(std::int64_t start) : offset(start) {}                 // NOLINT: implicit by design
   positions(const TensorView& position_ids) : ids(position_ids) {}  // NOLINT: implicit by design
-  positions(const Tensor& position_ids) : ids(position_ids.view()) {}  // NOLINT: implicit by design
+  positions(const Tensor& position_ids) : ids(position_ids) {}  // NOLINT: implicit by design
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ Tensor relative_position_buckets(std::int64_t Nq, std::int64_t Nk, const relativ
 //
 //   attn::relative_position_options rp;                 // bidirectional, 32 buckets, 128
 //   attn::attention_options opt;
-//   opt.attn_mask = attn::relative_position_bias(table, Nq, Nk, rp);   // keep the Tensor alive
+//   opt.attn_mask = attn::relative_position_bias(table, Nq, Nk, rp);   // opt keeps it alive
 //   opt.scale = 1.0;                                    // T5 does not scale q·k
 Tensor relative_position_bias(const TensorView& table, std::int64_t Nq, std::int64_t Nk,
                               const relative_position_options& options = {});

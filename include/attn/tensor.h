@@ -103,6 +103,8 @@ class TensorView {
 double load_as_double(const void* base, dtype t, std::int64_t offset);
 void store_from_double(void* base, dtype t, std::int64_t offset, double value);
 
+class TensorArg;
+
 // Owning, C-contiguous tensor. Copies share storage (like a shared_ptr).
 class Tensor {
  public:
@@ -138,8 +140,29 @@ class Tensor {
   Tensor to(dtype t) const { return copy_of(view_, t); }
 
  private:
+  friend class TensorArg;
   std::shared_ptr<std::byte[]> storage_;
   TensorView view_;
+};
+
+// A tensor held by an options struct (attention_options::attn_mask, score_spec::W, ...): a view
+// that, when made from a Tensor, shares ownership of the Tensor's storage. Filling an option
+// from a temporary is therefore safe:
+//
+//   opt.attn_mask = attn::relative_position_bias(table, Nq, Nk, rp);   // the bias lives in opt
+//
+// Made from a TensorView it only borrows, and the caller keeps that memory alive for the call.
+class TensorArg : public TensorView {
+ public:
+  TensorArg() = default;
+  TensorArg(const TensorView& v) : TensorView(v) {}                      // NOLINT: implicit by design
+  TensorArg(const Tensor& t) : TensorView(t.view()), owner_(t.storage_) {}  // NOLINT: implicit by design
+
+  // True when this argument keeps its memory alive itself (it was made from a Tensor).
+  bool owns_storage() const { return owner_ != nullptr; }
+
+ private:
+  std::shared_ptr<const std::byte[]> owner_;
 };
 
 // All elements of a view in C order, as float64.

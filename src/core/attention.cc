@@ -1,6 +1,7 @@
 // src/core/attention.cc — the front of attn::attention: checks every argument, normalises
-// layouts to 4-D strided views, builds the KV cache, allocates outputs and picks a backend.
-// Backends never see user input that was not checked here.
+// layouts to 4-D strided views, writes new tokens into the KV cache, allocates outputs and
+// asks the one selector (select.cc) for a backend. Backends never see user input that was not
+// checked here.
 #include "attn/attention.h"
 
 #include <fmt/format.h>
@@ -11,13 +12,11 @@
 #include <limits>
 
 #include "attn/error.h"
+#include "core/common.h"
 #include "core/problem.h"
 
 namespace attn {
 namespace detail {
-namespace {
-[[noreturn]] void fail(const char* op, const std::string& what) { throw error(fmt::format("{}: {}", op, what)); }
-}  // namespace
 
 void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, const TensorView& v) {
   for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
@@ -35,20 +34,6 @@ void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, c
 }
 
 namespace {
-
-// A q/k/v-like tensor seen as [B, H, N, X]: 4-D as is, 3-D [B, N, H*X] split by `heads`.
-strided4 as_bhnx(const TensorView& t, std::int64_t heads) {
-  strided4 s;
-  s.data = t.data();
-  s.type = t.type();
-  if (t.rank() == 4) {
-    s.sb = t.stride(0), s.sh = t.stride(1), s.sn = t.stride(2), s.sx = t.stride(3);
-  } else {
-    const std::int64_t x = heads ? t.size(2) / heads : 0;
-    s.sb = t.stride(0), s.sh = x * t.stride(2), s.sn = t.stride(1), s.sx = t.stride(2);
-  }
-  return s;
-}
 
 struct qkv_dims {
   std::int64_t B, Hq, Hkv, Nq, Nk, D, Dv;
@@ -101,13 +86,55 @@ qkv_dims check_qkv(const char* op, const TensorView& q, const TensorView& k, con
   return d;
 }
 
-// Copies `src` ([B, H, N, X] strided, any float dtype) into rows [n0, n0 + N) of dst.
+// Copies rows [0, N) of `src` ([B, H, N, X] strided) into rows [n0_b, n0_b + N) of `dst`, both
+// of one dtype (bytes are copied, never converted): a row at a time when both rows are
+// contiguous. n0 holds one start row per batch entry. memmove: src may alias dst.
 void copy_rows(const strided4& src, const strided4& dst, std::int64_t B, std::int64_t H, std::int64_t N,
-               std::int64_t X, std::int64_t n0) {
+               std::int64_t X, const std::vector<std::int64_t>& n0) {
+  const std::size_t es = dtype_size(src.type);
+  auto* s = static_cast<const std::byte*>(src.data);
+  auto* d = static_cast<std::byte*>(dst.data);
+  const bool rows = (src.sx == 1 && dst.sx == 1) || X <= 1;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t x = 0; x < X; ++x) dst.store(b, h, n0 + n, x, src.load(b, h, n, x));
+      for (std::int64_t n = 0; n < N; ++n) {
+        if (rows) {
+          std::memmove(d + dst.offset(b, h, n0[b] + n, 0) * es, s + src.offset(b, h, n, 0) * es, std::size_t(X) * es);
+        } else {
+          for (std::int64_t x = 0; x < X; ++x)
+            std::memmove(d + dst.offset(b, h, n0[b] + n, x) * es, s + src.offset(b, h, n, x) * es, es);
+        }
+      }
+}
+
+// The cache buffers: 4-D [B, Hkv, capacity, D|Dv] of q's dtype. Returns the capacity.
+std::int64_t check_cache(const char* op, const cache_input& c, const qkv_dims& d, dtype t) {
+  const TensorView& ck = c.key;
+  const TensorView& cv = c.value;
+  if (ck.rank() != 4 || cv.rank() != 4)
+    fail(op, fmt::format("cache key {} and value {} must be 4-D [B, Hkv, capacity, D]", shape_str(ck.shape()),
+                         shape_str(cv.shape())));
+  if (ck.type() != t || cv.type() != t)
+    fail(op, fmt::format("cache key/value have dtypes {}/{}, expected {} like q", dtype_name(ck.type()),
+                         dtype_name(cv.type()), dtype_name(t)));
+  if (ck.size(0) != d.B || ck.size(1) != d.Hkv || ck.size(3) != d.D)
+    fail(op, fmt::format("cache key has shape {}, expected [{}, {}, capacity, {}]", shape_str(ck.shape()), d.B, d.Hkv, d.D));
+  if (cv.size(0) != d.B || cv.size(1) != d.Hkv || cv.size(2) != ck.size(2) || cv.size(3) != d.Dv)
+    fail(op, fmt::format("cache value has shape {}, expected [{}, {}, {}, {}]", shape_str(cv.shape()), d.B, d.Hkv,
+                         ck.size(2), d.Dv));
+  if (ck.data() == nullptr && ck.numel() != 0) fail(op, "cache key has no data");
+  if (cv.data() == nullptr && cv.numel() != 0) fail(op, "cache value has no data");
+  const std::int64_t cap = ck.size(2);
+  if (std::int64_t(c.lengths.size()) != d.B)
+    fail(op, fmt::format("cache lengths has {} entries, expected B = {}", c.lengths.size(), d.B));
+  for (std::int64_t b = 0; b < d.B; ++b) {
+    const std::int64_t L = c.lengths[std::size_t(b)];
+    if (L < 0 || L > cap - d.Nk)
+      fail(op, fmt::format("cache lengths[{}] = {} with {} new tokens does not fit the capacity {} (needs 0 <= length "
+                           "<= {})",
+                           b, L, d.Nk, cap, cap - d.Nk));
+  }
+  return cap;
 }
 
 std::vector<double> small_vector(const char* op, const char* name, const TensorView& t) {
@@ -122,7 +149,8 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
 }  // namespace
 
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
-                      const attention_options& o, problem_storage& store) {
+                      const attention_options& o, const execution& exec, problem_storage& store,
+                      const cache_input* cache) {
   const qkv_dims d = check_qkv(op, q, k, v, o);
   problem p;
   p.B = d.B, p.Hq = d.Hq, p.Hkv = d.Hkv, p.Nq = d.Nq, p.Nk = d.Nk, p.D = d.D, p.Dv = d.Dv;
@@ -130,10 +158,16 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
   p.k = as_bhnx(k, d.Hkv);
   p.v = as_bhnx(v, d.Hkv);
 
-  // KV cache: present = concat(past, new) along the key axis.
+  // KV cache. In place: the new tokens go into rows [L_b, L_b + Nnew) of the cache and the
+  // problem reads the cache's first max_b(L_b + Nnew) rows, with kv_len[b] = L_b + Nnew. ONNX's
+  // past/present is the same with a fresh present buffer holding a copy of the past (L_b = P).
   if (o.past_key.has_value() != o.past_value.has_value())
     fail(op, "past_key and past_value must be given together");
+  cache_input onnx_cache;
+  if (cache && o.nonpad_kv_seqlen)
+    fail(op, "nonpad_kv_seqlen cannot be combined with a KV cache (its lengths say which keys are valid)");
   if (o.past_key) {
+    if (cache) fail(op, "past_key/past_value and an in-place KV cache cannot be combined");
     const TensorView& pk = *o.past_key;
     const TensorView& pv = *o.past_value;
     if (pk.rank() != 4 || pv.rank() != 4)
@@ -150,14 +184,30 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     const std::int64_t P = pk.size(2);
     store.present_key = Tensor::empty({d.B, d.Hkv, P + d.Nk, d.D}, q.type());
     store.present_value = Tensor::empty({d.B, d.Hkv, P + d.Nk, d.Dv}, q.type());
-    const strided4 dk = as_bhnx(store.present_key, d.Hkv), dv = as_bhnx(store.present_value, d.Hkv);
-    copy_rows(as_bhnx(pk, d.Hkv), dk, d.B, d.Hkv, P, d.D, 0);
-    copy_rows(p.k, dk, d.B, d.Hkv, d.Nk, d.D, P);
-    copy_rows(as_bhnx(pv, d.Hkv), dv, d.B, d.Hkv, P, d.Dv, 0);
-    copy_rows(p.v, dv, d.B, d.Hkv, d.Nk, d.Dv, P);
-    p.k = dk, p.v = dv;
-    p.Nk = P + d.Nk;
-    p.past_len = P;
+    const std::vector<std::int64_t> zero(std::size_t(d.B), 0);
+    copy_rows(as_bhnx(pk, d.Hkv), as_bhnx(store.present_key, d.Hkv), d.B, d.Hkv, P, d.D, zero);
+    copy_rows(as_bhnx(pv, d.Hkv), as_bhnx(store.present_value, d.Hkv), d.B, d.Hkv, P, d.Dv, zero);
+    onnx_cache = {store.present_key, store.present_value, std::vector<std::int64_t>(std::size_t(d.B), P)};
+    cache = &onnx_cache;
+  }
+  if (cache) {
+    check_cache(op, *cache, d, q.type());
+    const strided4 ck = as_bhnx(cache->key, d.Hkv), cv = as_bhnx(cache->value, d.Hkv);
+    copy_rows(p.k, ck, d.B, d.Hkv, d.Nk, d.D, cache->lengths);
+    copy_rows(p.v, cv, d.B, d.Hkv, d.Nk, d.Dv, cache->lengths);
+    p.k = ck, p.v = cv;
+    p.Nk = 0;
+    for (std::int64_t b = 0; b < d.B; ++b) {
+      p.kv_len.push_back(cache->lengths[std::size_t(b)] + d.Nk);
+      p.Nk = std::max(p.Nk, p.kv_len.back());
+    }
+    p.past_lens = cache->lengths;
+    p.past_len = d.B ? *std::max_element(p.past_lens.begin(), p.past_lens.end()) : 0;
+    // Every batch entry has P keys before the new ones: the plain ONNX case, no lengths needed.
+    if (std::all_of(p.kv_len.begin(), p.kv_len.end(), [&](std::int64_t n) { return n == p.Nk; })) {
+      p.kv_len.clear();
+      p.past_lens.clear();
+    }
   }
 
   // Scale, softcap, window, alignment.
@@ -232,45 +282,30 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
       fail(op, fmt::format("sinks has shape {}, expected [Hq] = [{}]", shape_str(t.shape()), p.Hq));
     p.sinks = small_vector(op, "sinks", t);
   }
-  if (o.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", o.num_threads));
-  p.num_threads = o.num_threads ? o.num_threads : omp_get_max_threads();
+  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
+  p.num_threads = exec.num_threads ? exec.num_threads : omp_get_max_threads();
   return p;
 }
 
 namespace {
 
-const backend_impl& pick(const char* op, const problem& p, const forward_outputs* fo, const backward_io* bo,
-                         backend want) {
-  const char* env = std::getenv("ATTN_BACKEND");
-  std::string want_name;
-  if (want == backend::automatic && env && *env && std::string(env) != "automatic") want_name = env;
-  std::string reasons;
-  bool known = want_name.empty();
-  for (const backend_impl* b : backend_registry()) {
-    if (want != backend::automatic && b->id != want) continue;
-    if (!want_name.empty() && want_name != b->name) continue;
-    known = true;
-    const std::string why = fo ? b->why_not_forward(p, *fo) : b->why_not_backward(p, *bo);
-    if (why.empty()) return *b;
-    reasons += (reasons.empty() ? "" : "; ") + why;
-  }
-  if (!known) fail(op, fmt::format("ATTN_BACKEND = '{}' names no backend", want_name));
-  fail(op, fmt::format("no backend can run this call: {}", reasons.empty() ? "backend not compiled in" : reasons));
+// The backend the selector picks, or attn::error naming why none can run.
+const backend_impl& pick(const char* op, const problem& p, const backend_request& req, backend want) {
+  const selection sel = select_backend(p, req, want);
+  if (!sel.unknown.empty()) fail(op, fmt::format("ATTN_BACKEND = '{}' names no backend", sel.unknown));
+  if (!sel.chosen)
+    fail(op, fmt::format("no backend can run this call: {}", sel.reasons.empty() ? "backend not compiled in" : sel.reasons));
+  return *sel.chosen;
 }
 
 Shape out_shape(const TensorView& q, const problem& p) {
   return q.rank() == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
 }
 
-}  // namespace
-}  // namespace detail
-
-attention_result attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                           const attention_options& options) {
-  using namespace detail;
-  const char* op = "attention";
+attention_result run_forward(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const attention_options& options, const execution& exec, const cache_input* cache) {
   problem_storage store;
-  problem p = build_problem(op, q, k, v, options, store);
+  const problem p = build_problem(op, q, k, v, options, exec, store, cache);
 
   attention_result r;
   r.out = Tensor::empty(out_shape(q, p), q.type());
@@ -284,24 +319,83 @@ attention_result attention(const TensorView& q, const TensorView& k, const Tenso
     r.qk = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, q.type());
     fo.qk = as_bhnx(r.qk, p.Hq);
   }
-  const backend_impl& be = pick(op, p, &fo, nullptr, options.use_backend);
+  const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
   be.forward(p, fo);
-  r.backend = be.name;
+  r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;
   return r;
 }
 
+// The cache lengths as a vector: int64 [B].
+std::vector<std::int64_t> cache_lengths(const char* op, const TensorView& t) {
+  if (t.type() != dtype::i64) fail(op, fmt::format("cache lengths has dtype {}, expected int64", dtype_name(t.type())));
+  if (t.rank() != 1) fail(op, fmt::format("cache lengths has shape {}, expected [B]", shape_str(t.shape())));
+  if (t.data() == nullptr && t.numel() != 0) fail(op, "cache lengths has no data");
+  std::vector<std::int64_t> r(std::size_t(t.size(0)));
+  for (std::int64_t b = 0; b < t.size(0); ++b) r[std::size_t(b)] = t.data_as<const std::int64_t>()[b * t.stride(0)];
+  return r;
+}
+
+}  // namespace
+}  // namespace detail
+
+attention_result attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const attention_options& options, const execution& exec) {
+  return detail::run_forward("attention", q, k, v, options, exec, nullptr);
+}
+
+attention_result attention_with_kv_cache(const TensorView& q, const TensorView& k_new, const TensorView& v_new,
+                                         const kv_cache_view& cache, const attention_options& options,
+                                         const execution& exec) {
+  using namespace detail;
+  const char* op = "attention_with_kv_cache";
+  const cache_input in{cache.key, cache.value, cache_lengths(op, cache.lengths)};
+  return run_forward(op, q, k_new, v_new, options, exec, &in);
+}
+
+kv_cache::kv_cache(std::int64_t B, std::int64_t Hkv, std::int64_t capacity, std::int64_t D, std::int64_t Dv, dtype t) {
+  using detail::fail;
+  if (B < 0 || Hkv < 0 || capacity < 0 || D < 0 || Dv < 0)
+    fail("kv_cache", fmt::format("sizes B = {}, Hkv = {}, capacity = {}, D = {}, Dv = {} must not be negative", B, Hkv,
+                                 capacity, D, Dv));
+  if (!is_floating(t)) fail("kv_cache", fmt::format("dtype {} is not a float dtype", dtype_name(t)));
+  key_ = Tensor::zeros({B, Hkv, capacity, D}, t);
+  value_ = Tensor::zeros({B, Hkv, capacity, Dv}, t);
+  lengths_ = Tensor::zeros({B}, dtype::i64);
+}
+
+void kv_cache::advance(std::int64_t n) {
+  auto* len = lengths_.data_as<std::int64_t>();
+  for (std::int64_t b = 0; b < lengths_.size(0); ++b)
+    if (n < 0 ? len[b] + n < 0 : len[b] > capacity() - n)
+      detail::fail("kv_cache", fmt::format("advancing length {} of batch entry {} by {} leaves [0, {}]", len[b], b, n,
+                                           capacity()));
+  for (std::int64_t b = 0; b < lengths_.size(0); ++b) len[b] += n;
+}
+
+void kv_cache::clear() {
+  auto* len = lengths_.data_as<std::int64_t>();
+  std::fill(len, len + lengths_.size(0), std::int64_t(0));
+}
+
+attention_result attention_with_kv_cache(const TensorView& q, const TensorView& k_new, const TensorView& v_new,
+                                         kv_cache& cache, const attention_options& options, const execution& exec) {
+  attention_result r = attention_with_kv_cache(q, k_new, v_new, cache.view(), options, exec);
+  cache.advance(k_new.rank() >= 3 ? k_new.size(k_new.rank() == 4 ? 2 : 1) : 0);
+  return r;
+}
+
 attention_grads attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const TensorView& dout, const TensorView& lse,
-                                   const attention_options& options) {
+                                   const attention_options& options, const execution& exec) {
   using namespace detail;
   const char* op = "attention_backward";
   if (options.past_key || options.past_value)
     fail(op, "past_key/past_value are not accepted; pass present_key/present_value as k and v");
   if (options.return_qk != qk_output::none) fail(op, "return_qk is a forward option; leave it at none");
   problem_storage store;
-  problem p = build_problem(op, q, k, v, options, store);
+  problem p = build_problem(op, q, k, v, options, exec, store);
 
   const Shape os = out_shape(q, p);
   if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
@@ -348,9 +442,9 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
     io.dsinks = dsinks.data_as<double>();
   }
 
-  const backend_impl& be = pick(op, p, nullptr, &io, options.use_backend);
+  const backend_impl& be = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
   be.backward(p, io);
-  g.backend = be.name;
+  g.backend = be.name();
 
   if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
   if (dalibi.defined()) {
@@ -369,30 +463,28 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
 }
 
 std::string explain_backend(const TensorView& q, const TensorView& k, const TensorView& v,
-                            const attention_options& options, bool backward) {
+                            const attention_options& options, bool backward, const execution& exec) {
   using namespace detail;
   problem_storage store;
   attention_options o = options;
   if (backward) o.past_key.reset(), o.past_value.reset();
-  problem p = build_problem("explain_backend", q, k, v, o, store);
-  forward_outputs fo;
-  fo.qk_mode = options.return_qk;
-  backward_io bo;
-  if (p.mask == mask_kind::additive) bo.dmask.data = &bo;  // "requested"; never written
-  std::string s;
-  for (const backend_impl* b : backend_registry()) {
-    if (options.use_backend != backend::automatic && b->id != options.use_backend) continue;
-    const std::string why = backward ? b->why_not_backward(p, bo) : b->why_not_forward(p, fo);
-    if (why.empty()) return s + (s.empty() ? "" : "; ") + "runs on " + b->name;
-    s += (s.empty() ? "" : "; ") + why;
+  const problem p = build_problem("explain_backend", q, k, v, o, exec, store);
+  backend_request req;
+  req.backward = backward;
+  req.qk = backward ? qk_output::none : options.return_qk;
+  req.dmask = backward && p.mask == mask_kind::additive;
+  const selection sel = select_backend(p, req, exec.use_backend);
+  std::string s = sel.reasons;
+  auto add = [&s](const std::string& x) { s += (s.empty() ? "" : "; ") + x; };
+  if (!sel.unknown.empty()) {
+    add(fmt::format("ATTN_BACKEND = '{}' names no backend", sel.unknown));
+  } else if (!sel.chosen) {
+    add("no backend is eligible");
+  } else {
+    const std::string path = sel.chosen->path ? sel.chosen->path(p, req) : std::string();
+    add(fmt::format("runs on {}{}", sel.chosen->name(), path.empty() ? "" : " (" + path + ")"));
   }
-  return s + (s.empty() ? "" : "; ") + "no backend is eligible";
-}
-
-std::vector<std::string> backends() {
-  std::vector<std::string> r;
-  for (const auto* b : detail::backend_registry()) r.push_back(b->name);
-  return r;
+  return s;
 }
 
 }  // namespace attn

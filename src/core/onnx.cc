@@ -48,10 +48,9 @@ attention_options to_options(const inputs& in, const attributes& a) {
   return o;
 }
 
-outputs run(const inputs& in, const attributes& a, backend use_backend) {
-  attention_options o = to_options(in, a);
-  o.use_backend = use_backend;
-  attention_result r = attention(in.Q, in.K, in.V, o);
+outputs run(const inputs& in, const attributes& a, const execution& exec) {
+  const attention_options o = to_options(in, a);
+  attention_result r = attention(in.Q, in.K, in.V, o, exec);
   outputs out;
   out.Y = r.out;
   out.qk_matmul_output = r.qk;
@@ -159,7 +158,7 @@ case_result run_case(const std::string& dir, backend use_backend) {
           key != "nonpad_kv_seqlen")
         throw error(fmt::format("unknown input '{}'", key));
     std::vector<Tensor> keep;
-    auto opt_in = [&](const char* slot) -> std::optional<TensorView> {
+    auto opt_in = [&](const char* slot) -> std::optional<TensorArg> {
       if (!ins.contains(slot)) return std::nullopt;
       keep.push_back(load(ins[slot], slot));
       return keep.back().view();
@@ -172,7 +171,7 @@ case_result run_case(const std::string& dir, backend use_backend) {
     in.past_value = opt_in("past_value");
     in.nonpad_kv_seqlen = opt_in("nonpad_kv_seqlen");
 
-    const outputs got = run(in, a, use_backend);
+    const outputs got = run(in, a, {.use_backend = use_backend});
     std::string detail;
     for (const auto& [key, val] : outs.items()) {
       const Tensor want = load(val, key);

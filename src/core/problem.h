@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -55,7 +56,8 @@ struct problem {
   double softcap = 0.0;  // <= 0: off
   bool causal = false;
   causal_alignment alignment = causal_alignment::top_left;
-  std::int64_t past_len = 0;  // P, for causal_alignment::after_past
+  std::int64_t past_len = 0;           // P, for causal_alignment::after_past
+  std::vector<std::int64_t> past_lens;  // empty, or [B]: per-batch P (in-place KV cache)
   std::int64_t window_left = -1, window_right = -1;
   std::vector<std::int64_t> kv_len;  // empty, or [B] with 0 <= kv_len[b] <= Nk
   std::vector<double> alibi;         // empty, or [B * Hq]
@@ -70,7 +72,7 @@ struct problem {
     switch (alignment) {
       case causal_alignment::top_left: return i;
       case causal_alignment::bottom_right: return keys_valid(b) - Nq + i;
-      case causal_alignment::after_past: return past_len + i;
+      case causal_alignment::after_past: return (past_lens.empty() ? past_len : past_lens[b]) + i;
     }
     return i;
   }
@@ -114,6 +116,14 @@ struct forward_outputs {
   qk_output qk_mode = qk_output::none;
 };
 
+// What a call asks of a backend beyond the problem itself: the eligibility predicates and the
+// path description read this, never the output pointers.
+struct backend_request {
+  bool backward = false;
+  qk_output qk = qk_output::none;  // forward: an intermediate [B, Hq, Nq, Nk] is returned
+  bool dmask = false;              // backward: the gradient of a float attn_mask is returned
+};
+
 // Inputs and outputs of a backward pass. Gradients of q, k, v are written (not accumulated)
 // in the dtype of q. The optional parameter gradients are float64 accumulators the backend
 // adds into (the front zeroes them): dmask as a [B, Hq, Nq, Nk] strided view with stride 0 on
@@ -129,15 +139,16 @@ struct backward_io {
   double* dsinks = nullptr;
 };
 
-// One backend. `why_not_*` return an empty string when the backend can run the problem, or a
-// short reason ("cpu: qk output needs the reference") when it cannot.
+// One backend. `why_not` returns an empty string when the backend can run the request, or a
+// short reason ("cpu: qk output needs the reference") when it cannot; `path` names what the
+// backend would do inside ("prefill, bf16 dot products") for explain_backend.
 struct backend_impl {
-  const char* name;
   backend id;
-  std::string (*why_not_forward)(const problem&, const forward_outputs&);
-  std::string (*why_not_backward)(const problem&, const backward_io&);
+  std::string (*why_not)(const problem&, const backend_request&);
+  std::string (*path)(const problem&, const backend_request&);
   void (*forward)(const problem&, const forward_outputs&);
   void (*backward)(const problem&, const backward_io&);
+  std::string_view name() const { return to_string(id); }
 };
 
 // Backends in the order `backend::automatic` tries them; the reference is always last.
@@ -146,9 +157,28 @@ const std::vector<const backend_impl*>& backend_registry();
 const backend_impl& reference_backend();  // src/reference
 const backend_impl& cpu_backend();        // src/cpu
 
+// The one backend selector, used by every call and by explain_backend. `want` is the caller's
+// execution::use_backend; with `automatic`, ATTN_BACKEND (if set) names the backend. `chosen`
+// is null when none is eligible (or the name is unknown); `reasons` holds every refusal, in
+// registry order, and `unknown` the name ATTN_BACKEND gave that matches no backend.
+struct selection {
+  const backend_impl* chosen = nullptr;
+  std::string reasons;
+  std::string unknown;
+};
+selection select_backend(const problem& p, const backend_request& req, backend want);
+
 // Everything a problem points into that the front had to allocate.
 struct problem_storage {
   Tensor present_key, present_value;
+};
+
+// An in-place KV cache seen by the front: buffers [B, Hkv, capacity, D|Dv] and the tokens each
+// batch entry holds before this call. build_problem writes the new keys/values at rows
+// [lengths[b], lengths[b] + Nnew) and points the problem at the cache.
+struct cache_input {
+  TensorView key, value;
+  std::vector<std::int64_t> lengths;
 };
 
 // q, k, v: float dtypes, all the same; all 4-D or all 3-D. Throws attn::error naming `op`.
@@ -156,7 +186,9 @@ void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, c
 
 // Checks every argument of an attention call and builds its problem (src/core/attention.cc).
 // Other fronts (src/family) reuse it for the mask, causal, window and padding semantics.
+// `cache`, when given, makes k and v the new tokens appended to it (past_key must be unset).
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
-                      const attention_options& o, problem_storage& store);
+                      const attention_options& o, const execution& exec, problem_storage& store,
+                      const cache_input* cache = nullptr);
 
 }  // namespace attn::detail

@@ -32,6 +32,9 @@
 #include <limits>
 #include <memory>
 
+#include <fmt/format.h>
+
+#include "core/common.h"
 #include "core/problem.h"
 #include "cpu/kernels.h"
 
@@ -40,7 +43,6 @@ namespace {
 
 using namespace cpu;
 
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 
 // Split-KV: used when fewer than kSplitUnits (b, hkv, lane block) units exist; chunks of
@@ -263,26 +265,42 @@ void pack_lane_words(const strided4& t, std::int64_t b, const lane_setup& ls, st
       out[d / 2 * ls.L + x] = x < ls.nl ? word(bits(t, b, ls.h[x], ls.i[x], d), bits(t, b, ls.h[x], ls.i[x], d + 1)) : 0;
 }
 
+// How the forward runs a problem; decided here alone, for forward() and for explain_backend.
+struct forward_plan {
+  std::int64_t lanes = 0, lane_blocks = 0, units = 0;  // L, blocks of L rows per (b, hkv), B·Hkv·blocks
+  bool bf16_dots = false;  // bf16 inputs, even D, prefill-sized lane blocks: vdpbf16ps tiles
+  bool k16 = false;        // decode reads bf16 key/value rows as they are (memory-bound: no f32 copy)
+  bool raw_q = false;      // bf16 q with bf16 K/V rows: q stays exact (unscaled) for the bf16
+                           // decode dots; the scores are scaled instead
+  std::int64_t nchunk = 1, chunk = 1;  // split-KV: key chunks per unit, keys per chunk
+};
+
+forward_plan plan_forward(const problem& p, const kernel_table& kt) {
+  forward_plan f;
+  f.lanes = lanes_for(p, kt);
+  f.lane_blocks = ceil_div(p.Nq * p.group(), f.lanes);
+  f.units = p.B * p.Hkv * f.lane_blocks;
+  f.bf16_dots = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && f.lanes == kt.lanes;
+  f.k16 = f.lanes == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
+          (p.v.sx == 1 || p.Dv <= 1);
+  f.raw_q = f.k16 && p.q.type == dtype::bf16;
+  f.chunk = std::max<std::int64_t>(p.Nk, 1);
+  if (f.units < kSplitUnits && p.Nk >= 2 * kSplitKeys) f.nchunk = ceil_div(p.Nk, kSplitKeys), f.chunk = kSplitKeys;
+  return f;
+}
+
 void forward(const problem& p, const forward_outputs& o) {
   if (p.B * p.Hq * p.Nq == 0) return;
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
-  const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
-  const std::int64_t units = p.B * p.Hkv * nlb;
-  // bf16 dot products: bf16 inputs, even D, prefill-sized lane blocks (decode reads f32 rows).
-  const bool dp = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && L == kt.lanes;
+  const forward_plan plan = plan_forward(p, kt);
+  const std::int64_t L = plan.lanes, nlb = plan.lane_blocks, units = plan.units;
+  const bool dp = plan.bf16_dots, k16 = plan.k16, raw_q = plan.raw_q;
   std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, true) : nullptr;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
-  // Decode reads bf16 key/value rows as they are (memory-bound: no f32 copy).
-  const bool k16 = L == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
-                   (p.v.sx == 1 || p.Dv <= 1);
-  // bf16 q with bf16 K/V rows: q stays exact (unscaled) so that the AVX512_BF16 decode can
-  // multiply it in bf16; the scores are scaled instead.
-  const bool raw_q = k16 && p.q.type == dtype::bf16;
   const rows_f32 K = dp || k16 ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp || k16 ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
-  std::int64_t nchunk = 1, chunk = std::max<std::int64_t>(p.Nk, 1);
-  if (units < kSplitUnits && p.Nk >= 2 * kSplitKeys) nchunk = ceil_div(p.Nk, kSplitKeys), chunk = kSplitKeys;
+  const std::int64_t nchunk = plan.nchunk, chunk = plan.chunk;
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
   fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
 
@@ -563,20 +581,36 @@ std::string why_not_common(const problem& p) {
   return {};
 }
 
-std::string why_not_forward(const problem& p, const forward_outputs& o) {
-  if (o.qk_mode != qk_output::none) return "cpu: qk output needs the reference";
+std::string why_not(const problem& p, const backend_request& req) {
+  if (!req.backward && req.qk != qk_output::none) return "cpu: qk output needs the reference";
+  if (req.backward && req.dmask) return "cpu: the gradient of a float attn_mask needs the reference";
   return why_not_common(p);
 }
 
-std::string why_not_backward(const problem& p, const backward_io& io) {
-  if (io.dmask.data) return "cpu: the gradient of a float attn_mask needs the reference";
-  return why_not_common(p);
+// What forward() / backward() will do for this problem, in words (explain_backend).
+std::string describe(const problem& p, const backend_request& req) {
+  const kernel_table& kt = select_kernels();
+  const forward_plan fp = plan_forward(p, kt);
+  const char* type = p.q.type == dtype::bf16 ? "bf16" : p.q.type == dtype::f16 ? "f16 as f32" : "f32";
+  std::string s = fmt::format("{} kernels, ", kt.name);
+  if (req.backward)
+    s += fmt::format("two-pass backward (dq, then dk/dv), {}{}", type,
+                     kt.dq_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && p.Dv % 2 == 0
+                         ? " with bf16 dot products when dout is bf16"
+                         : "");
+  else if (fp.lanes == kt.lanes_small)
+    s += fmt::format("decode ({} rows per pass{}), {}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
+                     type, fp.k16 ? ", K/V read in place" : "");
+  else
+    s += fmt::format("prefill{}, {}{}", fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "", type,
+                     fp.bf16_dots ? " with bf16 dot products" : "");
+  return s;
 }
 
 }  // namespace
 
 const backend_impl& cpu_backend() {
-  static const backend_impl impl{"cpu", backend::cpu, why_not_forward, why_not_backward, forward, backward};
+  static const backend_impl impl{backend::cpu, why_not, describe, forward, backward};
   return impl;
 }
 

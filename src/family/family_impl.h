@@ -16,11 +16,10 @@
 #include <vector>
 
 #include "attn/family.h"
+#include "core/common.h"
 #include "core/problem.h"
 
 namespace attn::detail::family {
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // What the kernels evaluate on prepared vectors (qp, kp), per key j:
 enum class kernel_kind {

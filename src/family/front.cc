@@ -11,13 +11,13 @@
 
 #include "attn/error.h"
 #include "attn/family.h"
+#include "core/common.h"
 #include "family/family_impl.h"
 
 namespace attn {
 namespace detail::family {
 namespace {
 
-[[noreturn]] void fail(const char* op, const std::string& what) { throw error(fmt::format("{}: {}", op, what)); }
 
 const std::array<const char*, 11> kScoreNames = {"dot",      "scaled_dot", "general", "biased_general",
                                                  "activated_general", "additive", "cosine", "location",
@@ -77,7 +77,7 @@ struct param {
   std::vector<double> values;
 };
 
-param get_param(const char* op, const char* score, const char* name, const std::optional<TensorView>& t,
+param get_param(const char* op, const char* score, const char* name, const std::optional<TensorArg>& t,
                 std::initializer_list<Shape> shapes, bool required = true) {
   param p;
   std::string want;
@@ -118,11 +118,11 @@ struct prepared {
   family_path path = family_path::tiled;
 };
 
-family_path resolve_path(const char* op, const family_options& o, bool core_ok) {
-  family_path want = o.path;
+family_path resolve_path(const char* op, const family_options& o, const execution& exec, bool core_ok) {
+  family_path want = exec.path;
   if (want == family_path::automatic) {
     const char* env = std::getenv("ATTN_FAMILY_PATH");
-    if (env && *env && std::string(env) != "automatic") want = parse_family_path(env);
+    if (env && *env && std::string_view(env) != "automatic") want = parse_family_path(env);
   }
   if (want == family_path::core && !core_ok)
     fail(op, fmt::format("path core runs only dot, scaled_dot, general, cosine and gaussian scores with softmax "
@@ -133,7 +133,7 @@ family_path resolve_path(const char* op, const family_options& o, bool core_ok) 
 }
 
 void prepare(const char* op, const TensorView& q, const TensorView& k, const TensorView& v, const family_options& o,
-             prepared& P) {
+             const execution& exec, prepared& P) {
   detail::check_qkv_types(op, q, k, v);
   std::int64_t Hq = 0, Hkv = 0;
   if (q.rank() == 3) {
@@ -164,18 +164,14 @@ void prepare(const char* op, const TensorView& q, const TensorView& k, const Ten
 
   // Masks: the semantics of attn::attention, through its own front (on stand-in views).
   attention_options ao;
+  static_cast<masking_options&>(ao) = o;
   ao.scale = 1.0;
-  ao.is_causal = o.is_causal;
-  ao.alignment = o.alignment;
-  ao.window_left = o.window_left, ao.window_right = o.window_right;
-  ao.attn_mask = o.attn_mask, ao.nonpad_kv_seqlen = o.nonpad_kv_seqlen;
-  ao.num_threads = o.num_threads;
   {
     problem_storage unused;
     const TensorView sq(q.data(), q.type(), {B, Hq, Nq, D}, {0, 0, 0, 0});
     const TensorView sk(k.data(), q.type(), {B, Hkv, Nk, D}, {0, 0, 0, 0});
     const TensorView sv(v.data(), q.type(), {B, Hkv, Nk, Dv}, {0, 0, 0, 0});
-    P.fp.p = build_problem(op, sq, sk, sv, ao, unused);
+    P.fp.p = build_problem(op, sq, sk, sv, ao, exec, unused);
   }
 
   // Score.
@@ -375,27 +371,16 @@ void prepare(const char* op, const TensorView& q, const TensorView& k, const Ten
                        (sc.kind == score_kind::dot || sc.kind == score_kind::scaled_dot ||
                         sc.kind == score_kind::general || sc.kind == score_kind::cosine ||
                         sc.kind == score_kind::gaussian);
-  P.path = resolve_path(op, o, core_ok);
+  P.path = resolve_path(op, o, exec, core_ok);
 }
 
-const char* path_name(family_path p) {
-  switch (p) {
-    case family_path::core: return "core";
-    case family_path::tiled: return "tiled";
-    case family_path::reference: return "reference";
-    default: return "automatic";
-  }
-}
+
 
 // The options of attn::attention that carry the masks (scores are prepared: scale 1).
 attention_options core_options(const family_options& o) {
   attention_options ao;
+  static_cast<masking_options&>(ao) = o;
   ao.scale = 1.0;
-  ao.is_causal = o.is_causal;
-  ao.alignment = o.alignment;
-  ao.window_left = o.window_left, ao.window_right = o.window_right;
-  ao.attn_mask = o.attn_mask, ao.nonpad_kv_seqlen = o.nonpad_kv_seqlen;
-  ao.num_threads = o.num_threads;
   return ao;
 }
 
@@ -412,19 +397,20 @@ core_inputs core_tensors(const prepared& P) {
           Tensor::from_values({fp.B, fp.Hkv, fp.Nk, fp.Dv}, t, fp.V)};
 }
 
-std::vector<double> forward_values(const prepared& P, const family_options& o, std::string& path) {
+std::vector<double> forward_values(const prepared& P, const family_options& o, const execution& exec,
+                                   std::string& path) {
   std::vector<double> out;
   switch (P.path) {
     case family_path::core: {
       const core_inputs c = core_tensors(P);
-      const attention_result r = attention(c.q, c.k, c.v, core_options(o));
+      const attention_result r = attention(c.q, c.k, c.v, core_options(o), exec);
       path = fmt::format("core ({})", r.backend);
       return r.out.to_vector();
     }
     case family_path::reference: reference_forward(P.fp, out, nullptr); break;
     default: tiled_forward(P.fp, out); break;
   }
-  path = path_name(P.path);
+  path = to_string(P.path);
   return out;
 }
 
@@ -554,22 +540,24 @@ void finish(const prepared& P, const std::vector<double>& dQp, const grad_acc& a
 }  // namespace detail::family
 
 using namespace detail::family;
+using detail::fail;
 
 family_result attention_family(const TensorView& q, const TensorView& k, const TensorView& v,
-                               const family_options& options) {
+                               const family_options& options, const execution& exec) {
   prepared P;
-  prepare("attention_family", q, k, v, options, P);
+  prepare("attention_family", q, k, v, options, exec, P);
   family_result r;
-  const std::vector<double> out = forward_values(P, options, r.path);
+  const std::vector<double> out = forward_values(P, options, exec, r.path);
   r.out = store(out, P.fp.B, P.fp.Hq, P.fp.Nq, P.fp.Dv, P.rank, P.type);
   return r;
 }
 
 family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                       const TensorView& dout, const family_options& options) {
+                                       const TensorView& dout, const family_options& options,
+                                       const execution& exec) {
   const char* op = "attention_family_backward";
   prepared P;
-  prepare(op, q, k, v, options, P);
+  prepare(op, q, k, v, options, exec, P);
   const fproblem& fp = P.fp;
   const Shape os = P.rank == 4 ? Shape{fp.B, fp.Hq, fp.Nq, fp.Dv} : Shape{fp.B, fp.Nq, fp.Hq * fp.Dv};
   if (dout.shape() != os)
@@ -584,9 +572,9 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
     case family_path::core: {
       const core_inputs c = core_tensors(P);
       const attention_options ao = core_options(options);
-      const attention_result r = attention(c.q, c.k, c.v, ao);
+      const attention_result r = attention(c.q, c.k, c.v, ao, exec);
       const Tensor dout_t = Tensor::from_values({fp.B, fp.Hq, fp.Nq, fp.Dv}, c.q.type(), dO);
-      const attention_grads cg = attention_backward(c.q, c.k, c.v, r.out, dout_t, r.lse, ao);
+      const attention_grads cg = attention_backward(c.q, c.k, c.v, r.out, dout_t, r.lse, ao, exec);
       dQp = cg.dq.to_vector();
       acc.init(fp);
       acc.dKp = cg.dk.to_vector();
@@ -602,11 +590,11 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
 }
 
 Tensor attention_family_weights(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const family_options& options) {
-  family_options o = options;
-  o.path = family_path::reference;
+                                const family_options& options, const execution& exec) {
+  execution e = exec;
+  e.path = family_path::reference;
   prepared P;
-  prepare("attention_family_weights", q, k, v, o, P);
+  prepare("attention_family_weights", q, k, v, options, e, P);
   std::vector<double> out, w;
   reference_forward(P.fp, out, &w);
   const fproblem& fp = P.fp;
@@ -618,59 +606,69 @@ Tensor attention_family_weights(const TensorView& q, const TensorView& k, const 
 // ---- named helpers ----
 
 family_result additive_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& W_q,
-                                 const TensorView& W_k, const TensorView& b, const TensorView& w_v, family_options o) {
+                                 const TensorView& W_k, const TensorView& b, const TensorView& w_v, family_options o,
+                                const execution& exec) {
   o.score.kind = score_kind::additive;
   o.score.W_q = W_q, o.score.W_k = W_k, o.score.b = b, o.score.w_v = w_v;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
 family_result general_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& W,
-                                family_options o) {
+                                family_options o,
+                                const execution& exec) {
   o.score.kind = score_kind::general;
   o.score.W = W;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
 family_result cosine_attention(const TensorView& q, const TensorView& k, const TensorView& v, double temperature,
-                               family_options o) {
+                               family_options o,
+                                const execution& exec) {
   o.score.kind = score_kind::cosine;
   o.score.temperature = temperature;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
 family_result location_attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& W_a,
-                                 family_options o) {
+                                 family_options o,
+                                const execution& exec) {
   o.score.kind = score_kind::location;
   o.score.W_a = W_a;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
 family_result nadaraya_watson(const TensorView& q, const TensorView& k, const TensorView& v, score_kind kernel,
-                              double bandwidth, family_options o) {
+                              double bandwidth, family_options o,
+                                const execution& exec) {
   if (!is_kernel_score(kernel))
     throw error(fmt::format("nadaraya_watson: kernel must be gaussian, box or triangle (got {})", to_string(kernel)));
   o.score.kind = kernel;
   o.score.bandwidth = bandwidth;
   o.distribution.kind = distribution_kind::kernel;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
-family_result sigmoid_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o) {
+family_result sigmoid_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o,
+                                const execution& exec) {
   o.distribution.kind = distribution_kind::sigmoid;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
-family_result sparsemax_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o) {
+family_result sparsemax_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o,
+                                const execution& exec) {
   o.distribution.kind = distribution_kind::sparsemax;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
-family_result entmax15_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o) {
+family_result entmax15_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o,
+                                const execution& exec) {
   o.distribution.kind = distribution_kind::entmax15;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
-family_result hard_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o) {
+family_result hard_attention(const TensorView& q, const TensorView& k, const TensorView& v, family_options o,
+                                const execution& exec) {
   o.distribution.kind = distribution_kind::hardmax;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
 family_result topk_attention(const TensorView& q, const TensorView& k, const TensorView& v, std::int64_t k_top,
-                             family_options o) {
+                             family_options o,
+                                const execution& exec) {
   o.distribution.kind = distribution_kind::topk;
   o.distribution.k = k_top;
-  return attention_family(q, k, v, o);
+  return attention_family(q, k, v, o, exec);
 }
 
 // ---- names ----
@@ -704,9 +702,6 @@ score_activation parse_score_activation(const std::string& s) {
 }
 hardmax_gradient parse_hardmax_gradient(const std::string& s) {
   return parse_name<hardmax_gradient>("hardmax gradient", s, std::array<const char*, 2>{"zero", "straight_through"});
-}
-family_path parse_family_path(const std::string& s) {
-  return parse_name<family_path>("family path", s, std::array<const char*, 4>{"automatic", "core", "tiled", "reference"});
 }
 
 }  // namespace attn

@@ -9,15 +9,15 @@
 #include <cstdlib>
 #include <string>
 
-#include "attn/error.h"
 #include "attn/linear.h"
+#include "core/common.h"
 #include "linear/linear_impl.h"
 
 namespace attn {
 namespace linear_detail {
 namespace {
 
-[[noreturn]] void fail(const char* op, const std::string& what) { throw error(fmt::format("{}: {}", op, what)); }
+using detail::fail;
 
 void check_float(const char* op, const char* name, const TensorView& t) {
   if (!is_floating(t.type()))
@@ -74,19 +74,31 @@ matrix contiguous(const Tensor& t, std::int64_t rows, std::int64_t cols) {
   return {t.data(), t.type(), rows, cols, cols, 1};
 }
 
-bool use_reference() {
-  const char* env = std::getenv("ATTN_BACKEND");
-  return env && std::string(env) == "reference";
-}
-
-// The OpenBLAS path when it can run this problem (library loaded, dims fit in BLAS's int).
-bool blas_eligible(const problem& p) {
-  if (use_reference() || !blas::why_not().empty()) return false;
-  return p.M <= INT_MAX && p.N <= INT_MAX && p.K <= INT_MAX;
+// The path that runs: exec.use_backend, or with `automatic` the one ATTN_BACKEND names, else
+// OpenBLAS when it is loaded and the dims fit its 32-bit ints, else the reference.
+bool use_blas(const char* op, const problem& p, const execution& exec) {
+  backend want = exec.use_backend;
+  if (want == backend::automatic) {
+    const char* env = std::getenv("ATTN_BACKEND");
+    if (env && *env) {
+      try {
+        want = parse_backend(env);
+      } catch (const error&) {
+        fail(op, fmt::format("ATTN_BACKEND = '{}' names no backend", env));
+      }
+    }
+  }
+  if (want == backend::reference) return false;
+  std::string why = blas::why_not();
+  if (why.empty() && (p.M > INT_MAX || p.N > INT_MAX || p.K > INT_MAX))
+    why = fmt::format("M = {}, N = {}, K = {} do not all fit in a 32-bit BLAS int", p.M, p.N, p.K);
+  if (why.empty()) return true;
+  if (want == backend::cpu) fail(op, fmt::format("the cpu backend (OpenBLAS) cannot run this call: {}", why));
+  return false;
 }
 
 // Checks x, W (and dy) and fills dims and input views.
-problem build(const char* op, const TensorView& x, const TensorView& W, Tensor& keep_x) {
+problem build(const char* op, const TensorView& x, const TensorView& W, const execution& exec, Tensor& keep_x) {
   check_float(op, "x", x);
   check_float(op, "W", W);
   check_same_dtype(op, "W", W, x);
@@ -101,18 +113,19 @@ problem build(const char* op, const TensorView& x, const TensorView& W, Tensor& 
   p.K = p.x.cols;
   p.N = W.size(0);
   p.W = as_matrix(W);
-  p.num_threads = omp_get_max_threads();
+  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
+  p.num_threads = exec.num_threads ? exec.num_threads : omp_get_max_threads();
   return p;
 }
 
 }  // namespace
 }  // namespace linear_detail
 
-Tensor linear(const TensorView& x, const TensorView& W, const std::optional<TensorView>& b) {
+Tensor linear(const TensorView& x, const TensorView& W, const std::optional<TensorView>& b, const execution& exec) {
   using namespace linear_detail;
   const char* op = "linear";
   Tensor keep_x;
-  problem p = build(op, x, W, keep_x);
+  problem p = build(op, x, W, exec, keep_x);
   if (b) {
     check_float(op, "b", *b);
     check_same_dtype(op, "b", *b, x);
@@ -123,18 +136,19 @@ Tensor linear(const TensorView& x, const TensorView& W, const std::optional<Tens
   }
   Tensor y = Tensor::empty(with_last(x, p.N), x.type());
   p.y = contiguous(y, p.M, p.N);
-  if (blas_eligible(p))
+  if (use_blas(op, p, exec))
     blas::forward(p);
   else
     reference::forward(p);
   return y;
 }
 
-linear_grads linear_backward(const TensorView& x, const TensorView& W, const TensorView& dy, linear_needs needs) {
+linear_grads linear_backward(const TensorView& x, const TensorView& W, const TensorView& dy, linear_needs needs,
+                             const execution& exec) {
   using namespace linear_detail;
   const char* op = "linear_backward";
   Tensor keep_x, keep_dy;
-  problem p = build(op, x, W, keep_x);
+  problem p = build(op, x, W, exec, keep_x);
   check_float(op, "dy", dy);
   check_same_dtype(op, "dy", dy, x);
   if (dy.shape() != with_last(x, p.N))
@@ -154,7 +168,7 @@ linear_grads linear_backward(const TensorView& x, const TensorView& W, const Ten
     g.db = Tensor::empty({p.N}, x.type());
     p.db = {g.db.data(), g.db.type(), p.N, 1};
   }
-  if (blas_eligible(p))
+  if (use_blas(op, p, exec))
     blas::backward(p);
   else
     reference::backward(p);

@@ -6,14 +6,12 @@
 
 #include <string>
 
-#include "attn/error.h"
 #include "attn/tensor.h"
+#include "core/common.h"  // fail
 
 namespace attn::nn::detail {
 
-[[noreturn]] inline void fail(const char* op, const std::string& what) {
-  throw error(fmt::format("{}: {}", op, what));
-}
+using attn::detail::fail;
 
 // Layers compute in float32 or float64 (the dtype of their parameters).
 inline void check_compute_dtype(const char* op, const char* name, const Tensor& t) {

@@ -9,13 +9,14 @@
 
 #include "attn/error.h"
 #include "attn/positional.h"
+#include "core/common.h"
 #include "positional/positional_impl.h"
 
 namespace attn {
 namespace positional_detail {
 namespace {
+using detail::fail;
 
-[[noreturn]] void fail(const char* op, const std::string& what) { throw error(fmt::format("{}: {}", op, what)); }
 
 // The one switch to the reference path (the same variable the core op reads).
 bool use_reference() {

@@ -6,12 +6,11 @@
 #include <limits>
 #include <vector>
 
+#include "core/common.h"
 #include "core/problem.h"
 
 namespace attn::detail {
 namespace {
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // Rows [0, N) of one head of a strided4 as a contiguous float64 [N, X] buffer.
 std::vector<double> gather(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t N, std::int64_t X) {
@@ -153,13 +152,13 @@ void backward(const problem& p, const backward_io& io) {
   }
 }
 
-std::string always(const problem&, const forward_outputs&) { return {}; }
-std::string always_b(const problem&, const backward_io&) { return {}; }
+std::string always(const problem&, const backend_request&) { return {}; }
+std::string path(const problem&, const backend_request&) { return "float64, one query row at a time"; }
 
 }  // namespace
 
 const backend_impl& reference_backend() {
-  static const backend_impl impl{"reference", backend::reference, always, always_b, forward, backward};
+  static const backend_impl impl{backend::reference, always, path, forward, backward};
   return impl;
 }
 

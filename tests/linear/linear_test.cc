@@ -184,6 +184,23 @@ TEST(Linear, LargeProductF32) {
   EXPECT_TRUE(all_close(y, linear(x, W, b), tolerance(dtype::f32, 300)));
 }
 
+TEST(Linear, ExecutionPicksThePath) {
+  std::mt19937 rng(6);
+  const Tensor x = random_tensor({3, 5}, dtype::f32, rng), W = random_tensor({4, 5}, dtype::f32, rng);
+  const Tensor want = [&] {
+    reference_scope ref;
+    return linear(x, W);
+  }();
+  const execution reference{.use_backend = backend::reference};
+  EXPECT_TRUE(all_close(linear(x, W, std::nullopt, reference), want, 0.0));  // bitwise: the same loops
+  EXPECT_TRUE(all_close(linear(x, W, std::nullopt, {.use_backend = backend::cpu}), want, tolerance(dtype::f32, 5)));
+  EXPECT_TRUE(all_close(linear(x, W, std::nullopt, {.num_threads = 1}), want, tolerance(dtype::f32, 5)));
+  EXPECT_THROW_MSG(linear(x, W, std::nullopt, {.num_threads = -1}), "linear: num_threads = -1 must be >= 0");
+  setenv("ATTN_BACKEND", "gpu", 1);
+  EXPECT_THROW_MSG(linear(x, W), "linear: ATTN_BACKEND = 'gpu' names no backend");
+  unsetenv("ATTN_BACKEND");
+}
+
 TEST(Linear, OnlyRequestedGradients) {
   std::mt19937 rng(5);
   const Tensor x = random_tensor({4, 3}, dtype::f32, rng), W = random_tensor({2, 3}, dtype::f32, rng);

@@ -4,8 +4,26 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "attn/error.h"
+#include "attn/execution.h"
 
 namespace attn::cli {
+
+// A CLI11 check of a --backend value with attn's own parser (one list of names: the library's).
+inline CLI::Validator backend_name_check() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          parse_backend(s);
+          return {};
+        } catch (const error& e) {
+          return e.what();
+        }
+      },
+      "BACKEND");
+}
 
 void add_conformance(CLI::App& app, int& exit_code);
 void add_run(CLI::App& app, int& exit_code);

@@ -493,9 +493,7 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
     if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0 (0: all)", t));
     threads.push_back(t ? t : int(std::max(1u, std::thread::hardware_concurrency())));
   }
-  const backend be = a.backend_name == "reference" ? backend::reference
-                     : a.backend_name == "cpu"     ? backend::cpu
-                                                   : backend::automatic;
+  const backend be = parse_backend(a.backend_name);
   bool want_blas = false;
   std::string py_peers;
   {
@@ -574,8 +572,7 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
     for (int t : threads) {
       attention_options o;
       o.is_causal = p.causal;
-      o.num_threads = t;
-      o.use_backend = be;
+      const execution exec{.use_backend = be, .num_threads = t};
 
       // The contenders run in process (attn, the OpenBLAS baseline) or in the peer process.
       struct local {
@@ -586,12 +583,12 @@ int run(const bench_args& a, bool dtype_given, bool pass_given) {
       std::vector<local> locals;
       row attn_row{c, t, "attn", "", false};
       attention_result fwd;  // the forward that the backward differentiates (not timed)
-      if (c.backward) fwd = attention(q, k, v, o);
+      if (c.backward) fwd = attention(q, k, v, o, exec);
       if (!c.backward)
-        locals.push_back({attn_row, [&, &r = locals] { r[0].r.detail = attention(q, k, v, o).backend; }, {}});
+        locals.push_back({attn_row, [&, &r = locals] { r[0].r.detail = attention(q, k, v, o, exec).backend; }, {}});
       else
         locals.push_back({attn_row, [&, &r = locals] {
-                            r[0].r.detail = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o).backend;
+                            r[0].r.detail = attention_backward(q, k, v, fwd.out, dout, fwd.lse, o, exec).backend;
                           }, {}});
       const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
       Tensor dq, dk, dv;
@@ -706,7 +703,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->add_option("--reps", a->reps, "timed repetitions (the median is reported)");
   s->add_option("--warmup", a->warmup, "untimed calls before the timed ones");
   s->add_option("--backend", a->backend_name, "attn backend: automatic | reference | cpu")
-      ->check(CLI::IsMember({"automatic", "reference", "cpu"}));
+      ->check(backend_name_check());
   s->add_option("--grid", a->grid, "none | standard (the grid of docs/PERFORMANCE.md)")
       ->check(CLI::IsMember({"none", "standard"}));
   s->add_flag("--json", a->json, "one JSON object per line and configuration (the header goes to stderr)");

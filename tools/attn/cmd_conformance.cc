@@ -18,12 +18,10 @@ void add_conformance(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<args_t>();
   sub->add_option("dirs", args->dirs, "case folders, or folders holding case folders")->required();
   sub->add_option("--backend", args->backend, "automatic, reference or cpu")
-      ->check(CLI::IsMember({"automatic", "reference", "cpu"}));
+      ->check(backend_name_check());
   sub->add_flag("-v,--verbose", args->verbose, "print a line for passing cases too");
   sub->callback([args, &exit_code] {
-    const backend be = args->backend == "reference" ? backend::reference
-                       : args->backend == "cpu"     ? backend::cpu
-                                                    : backend::automatic;
+    const backend be = parse_backend(args->backend);
     std::vector<std::string> cases;
     for (const auto& d : args->dirs)
       for (auto& c : onnx::find_cases(d)) cases.push_back(std::move(c));

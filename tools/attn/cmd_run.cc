@@ -68,33 +68,30 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
   o.distribution.sigmoid_bias = a.sigmoid_bias;
   o.distribution.k = a.topk;
   o.distribution.hardmax_grad = parse_hardmax_gradient(a.hardmax_gradient);
-  o.path = parse_family_path(a.family_path);
   o.is_causal = a.causal;
   o.alignment = a.alignment == "bottom_right" ? causal_alignment::bottom_right
                 : a.alignment == "after_past" ? causal_alignment::after_past
                                               : causal_alignment::top_left;
   o.window_left = a.window_left, o.window_right = a.window_right;
   o.q_num_heads = a.q_heads, o.kv_num_heads = a.kv_heads;
-  o.num_threads = a.threads;
-  std::vector<Tensor> keep;
-  auto opt = [&](const std::string& path) -> std::optional<TensorView> {
+  const execution exec{.path = parse_family_path(a.family_path), .num_threads = a.threads};
+  auto opt = [&](const std::string& path) -> std::optional<TensorArg> {
     if (path.empty()) return std::nullopt;
-    keep.push_back(read_npy(path));
-    return keep.back().view();
+    return read_npy(path);  // the option owns the loaded tensor
   };
   o.attn_mask = opt(a.mask);
   o.nonpad_kv_seqlen = opt(a.nonpad);
   o.score.W = opt(a.W), o.score.b = opt(a.b), o.score.W_q = opt(a.W_q), o.score.W_k = opt(a.W_k);
   o.score.w_v = opt(a.w_v), o.score.W_a = opt(a.W_a);
 
-  const family_result r = attention_family(q, k, v, o);
+  const family_result r = attention_family(q, k, v, o, exec);
   write_npy(a.out, r.out);
-  if (!a.probs.empty()) write_npy(a.probs, attention_family_weights(q, k, v, o));
+  if (!a.probs.empty()) write_npy(a.probs, attention_family_weights(q, k, v, o, exec));
   const bool want_grad = !a.dq.empty() || !a.dk.empty() || !a.dv.empty() || !a.dW.empty() || !a.db.empty() ||
                          !a.dW_q.empty() || !a.dW_k.empty() || !a.dw_v.empty() || !a.dW_a.empty();
   if (want_grad && a.dout.empty()) throw error("attn run: gradients need --dout");
   if (!a.dout.empty()) {
-    const family_grads g = attention_family_backward(q, k, v, read_npy(a.dout).to(q.type()), o);
+    const family_grads g = attention_family_backward(q, k, v, read_npy(a.dout).to(q.type()), o, exec);
     write_if(a.dq, g.dq, "dq");
     write_if(a.dk, g.dk, "dk");
     write_if(a.dv, g.dv, "dv");
@@ -132,8 +129,7 @@ int run(const run_args& a) {
   o.softcap = a.softcap;
   o.q_num_heads = a.q_heads;
   o.kv_num_heads = a.kv_heads;
-  o.num_threads = a.threads;
-  o.use_backend = a.backend == "reference" ? backend::reference : a.backend == "cpu" ? backend::cpu : backend::automatic;
+  const execution exec{.use_backend = parse_backend(a.backend), .num_threads = a.threads};
   static const std::map<std::string, qk_output> modes = {{"none", qk_output::none},
                                                          {"scaled", qk_output::scaled},
                                                          {"softcapped", qk_output::softcapped},
@@ -147,16 +143,14 @@ int run(const run_args& a) {
   }
   if (!a.qk.empty() && o.return_qk == qk_output::none)
     throw error("attn run: --qk needs --qk-mode (scaled, softcapped, biased or probabilities)");
-  std::vector<Tensor> keep;
-  auto opt = [&](const std::string& path) -> std::optional<TensorView> {
+  // The options own the tensors they are given (TensorArg).
+  auto opt = [&](const std::string& path) -> std::optional<TensorArg> {
     if (path.empty()) return std::nullopt;
-    keep.push_back(read_npy(path));
-    return keep.back().view();
+    return read_npy(path);
   };
-  auto opt_as_q = [&](const std::string& path) -> std::optional<TensorView> {
+  auto opt_as_q = [&](const std::string& path) -> std::optional<TensorArg> {
     if (path.empty()) return std::nullopt;
-    keep.push_back(read_npy(path).to(q.type()));
-    return keep.back().view();
+    return read_npy(path).to(q.type());
   };
   o.attn_mask = opt(a.mask);
   o.past_key = opt_as_q(a.past_key);
@@ -165,8 +159,8 @@ int run(const run_args& a) {
   o.alibi_slopes = opt(a.alibi);
   o.sinks = opt(a.sinks);
 
-  if (a.explain) fmt::print("{}\n", explain_backend(q, k, v, o));
-  const attention_result r = attention(q, k, v, o);
+  if (a.explain) fmt::print("{}\n", explain_backend(q, k, v, o, !a.dout.empty(), exec));
+  const attention_result r = attention(q, k, v, o, exec);
   write_npy(a.out, r.out);
   write_if(a.lse, r.lse, "lse");
   write_if(a.probs, r.qk, "probs");
@@ -183,7 +177,7 @@ int run(const run_args& a) {
     ob.return_qk = qk_output::none;
     TensorView kk = k, vv = v;
     if (o.past_key) ob.past_key.reset(), ob.past_value.reset(), kk = r.present_key, vv = r.present_value;
-    const attention_grads g = attention_backward(q, kk, vv, r.out, dout, r.lse, ob);
+    const attention_grads g = attention_backward(q, kk, vv, r.out, dout, r.lse, ob, exec);
     write_if(a.dq, g.dq, "dq");
     write_if(a.dk, g.dk, "dk");
     write_if(a.dv, g.dv, "dv");
@@ -229,7 +223,7 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--q-num-heads", a->q_heads, "query heads (required for 3-D inputs)");
   s->add_option("--kv-num-heads", a->kv_heads, "key/value heads (required for 3-D inputs)");
   s->add_option("--backend", a->backend, "automatic | reference | cpu")
-      ->check(CLI::IsMember({"automatic", "reference", "cpu"}));
+      ->check(backend_name_check());
   s->add_option("--threads", a->threads, "threads (0: all)");
   s->add_flag("--explain", a->explain, "print which backend runs and why others do not");
   s->add_option("--dout", a->dout, "upstream gradient of out: runs the backward");

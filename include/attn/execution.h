@@ -1,0 +1,41 @@
+// attn/execution.h — how a call runs, kept apart from what it computes (as PyTorch keeps
+// SDPA's arguments apart from `sdpa_kernel`). Every op takes an `execution` as its last
+// argument; the options structs (attention_options, family_options) hold only the maths.
+//
+//   attn::attention(q, k, v, opt, {.use_backend = attn::backend::reference});
+//   attn::attention(q, k, v, opt, {.num_threads = 1});
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace attn {
+
+// Which implementation of the core op runs. `automatic` takes the first eligible fast backend
+// and falls back to the float64 reference; explain_backend (attention.h) says why each backend
+// before the chosen one was not eligible. The environment variable ATTN_BACKEND (e.g.
+// ATTN_BACKEND=reference) overrides `automatic` (never an explicit choice).
+enum class backend { automatic, reference, cpu };
+
+// Which path the family (family.h) takes. `automatic`: the core op for the pairs it can run,
+// else the tiled kernels. `reference` is the family's oracle. ATTN_FAMILY_PATH overrides
+// `automatic`.
+enum class family_path { automatic, core, tiled, reference };
+
+struct execution {
+  backend use_backend = backend::automatic;
+  family_path path = family_path::automatic;  // family ops only
+  int num_threads = 0;                         // 0: all available (omp_get_max_threads)
+};
+
+// "automatic", "reference", "cpu" and back; parse_* throws attn::error listing the valid names.
+std::string_view to_string(backend b);
+backend parse_backend(std::string_view name);
+std::string_view to_string(family_path p);
+family_path parse_family_path(std::string_view name);
+
+// The names of every backend compiled in, in the order `automatic` tries them.
+std::vector<std::string> backends();
+
+}  // namespace attn
