@@ -8,4 +8,5 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/activation.cc
   ${CMAKE_CURRENT_LIST_DIR}/dropout.cc
   ${CMAKE_CURRENT_LIST_DIR}/gru.cc
+  ${CMAKE_CURRENT_LIST_DIR}/multihead.cc
 )

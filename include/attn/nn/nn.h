@@ -14,5 +14,6 @@
 #include "attn/nn/gru.h"
 #include "attn/nn/init.h"
 #include "attn/nn/linear.h"
+#include "attn/nn/multihead.h"
 #include "attn/nn/norm.h"
 #include "attn/nn/parameter.h"
