@@ -14,6 +14,8 @@
 #include "attn/nn/gru.h"
 #include "attn/nn/init.h"
 #include "attn/nn/linear.h"
+#include "attn/nn/loss.h"
 #include "attn/nn/multihead.h"
 #include "attn/nn/norm.h"
+#include "attn/nn/optim.h"
 #include "attn/nn/parameter.h"
