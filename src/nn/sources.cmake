@@ -11,4 +11,5 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/multihead.cc
   ${CMAKE_CURRENT_LIST_DIR}/loss.cc
   ${CMAKE_CURRENT_LIST_DIR}/optim.cc
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cc
 )

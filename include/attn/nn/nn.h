@@ -9,6 +9,7 @@
 #pragma once
 
 #include "attn/nn/activation.h"
+#include "attn/nn/checkpoint.h"
 #include "attn/nn/dropout.h"
 #include "attn/nn/embedding.h"
 #include "attn/nn/gru.h"
