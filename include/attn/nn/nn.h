@@ -20,3 +20,4 @@
 #include "attn/nn/norm.h"
 #include "attn/nn/optim.h"
 #include "attn/nn/parameter.h"
+#include "attn/nn/scored_attention.h"
