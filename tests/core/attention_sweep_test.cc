@@ -1,4 +1,4 @@
-// tests/attention_sweep_test.cc — random sweeps: every option combined at random (odd sizes,
+// tests/core/attention_sweep_test.cc — random sweeps: every option combined at random (odd sizes,
 // 0 and 1, D not a multiple of 8, Nq != Nk, GQA ratios, 3-D and strided layouts, every mask
 // kind and alignment, windows, kv lengths, softcap, ALiBi, sinks, all dtypes), checked against
 // a dense formulation written here from the formula documented in attn/attention.h — not from
