@@ -1,4 +1,4 @@
-// tests/attention_test.cc — the core op (float64 reference backend) against the ONNX
+// tests/core/attention_test.cc — the core op (float64 reference backend) against the ONNX
 // conformance cases, against equivalent formulations (every mask kind expressed as an explicit
 // mask, GQA as repeated heads, 3-D as permuted 4-D, strided views as copies), gradients by
 // central finite differences, the fully-masked-row contract, and error messages.
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "conformance.h"
 #include "test_util.h"
 
 namespace attn {
@@ -37,14 +38,14 @@ class Conformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Conformance, Passes) {
   for (backend be : {backend::reference, backend::automatic}) {
-    const onnx::case_result r = onnx::run_case(GetParam(), be);
+    const conformance::case_result r = conformance::run_case(GetParam(), be);
     EXPECT_TRUE(r.passed) << r.name << ": " << r.detail;
   }
 }
 
 std::vector<std::string> conformance_cases() {
   try {
-    return onnx::find_cases(ATTN_CONFORMANCE_DIR);
+    return conformance::find_cases(ATTN_CONFORMANCE_DIR);
   } catch (const error&) {
     return {};
   }
