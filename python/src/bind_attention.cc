@@ -1,0 +1,104 @@
+// python/src/bind_attention.cc — attention.h and execution.h: the core op forward, backward,
+// the in-place KV cache step and explain_backend. Each takes its options as one dict
+// (options.h) and `kind`, the kind of array to return; the GIL is released while attn runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "arrays.h"
+#include "attn/attention.h"
+#include "bind.h"
+#include "options.h"
+
+namespace attn::py {
+
+namespace {
+
+nb::tuple result_tuple(const attention_result& r, kind k) {
+  return nb::make_tuple(to_python(r.out, k), to_python(r.lse, k), to_python(r.qk, k), to_python(r.present_key, k),
+                        to_python(r.present_value, k), r.backend);
+}
+
+nb::tuple attention_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
+  const char* op = "attention";
+  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
+  option_reader r(op, opts);
+  const attention_options o = read_attention(r);
+  const execution e = read_execution(r);
+  r.finish();
+  attention_result res;
+  {
+    nb::gil_scoped_release unlocked;
+    res = attention(tq, tk, tv, o, e);
+  }
+  return result_tuple(res, kind(kind_));
+}
+
+nb::tuple attention_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
+                                nb::handle lse, nb::dict opts, int kind_) {
+  const char* op = "attention_backward";
+  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
+  const TensorView to = array_arg(out, op, "out"), tdo = array_arg(dout, op, "dout"), tl = array_arg(lse, op, "lse");
+  option_reader r(op, opts);
+  const attention_options o = read_attention(r);
+  const execution e = read_execution(r);
+  r.finish();
+  attention_grads g;
+  {
+    nb::gil_scoped_release unlocked;
+    g = attention_backward(tq, tk, tv, to, tdo, tl, o, e);
+  }
+  const kind kk = kind(kind_);
+  return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk, kk), to_python(g.dv, kk), to_python(g.dattn_mask, kk),
+                        to_python(g.dalibi_slopes, kk), to_python(g.dsinks, kk), g.backend);
+}
+
+nb::tuple attention_with_kv_cache_py(nb::handle q, nb::handle k_new, nb::handle v_new, nb::handle cache_key,
+                                     nb::handle cache_value, nb::handle lengths, nb::dict opts, int kind_) {
+  const char* op = "attention_with_kv_cache";
+  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k_new, op, "k_new"), tv = array_arg(v_new, op, "v_new");
+  // The cache is written: it must be a writable array (a read-only NumPy array is refused).
+  nb::ndarray<> ck, cv;
+  if (!nb::try_cast(cache_key, ck, false) || !nb::try_cast(cache_value, cv, false))
+    throw nb::type_error("attention_with_kv_cache: cache key and value must be writable arrays (NumPy, torch or DLPack)");
+  kv_cache_view cache{view_of(Array(ck), op, "cache key"), view_of(Array(cv), op, "cache value"),
+                      array_arg(lengths, op, "cache lengths")};
+  option_reader r(op, opts);
+  const attention_options o = read_attention(r);
+  const execution e = read_execution(r);
+  r.finish();
+  attention_result res;
+  {
+    nb::gil_scoped_release unlocked;
+    res = attention_with_kv_cache(tq, tk, tv, cache, o, e);
+  }
+  return result_tuple(res, kind(kind_));
+}
+
+std::string explain_backend_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, bool backward) {
+  const char* op = "explain_backend";
+  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
+  option_reader r(op, opts);
+  const attention_options o = read_attention(r);
+  const execution e = read_execution(r);
+  r.finish();
+  return explain_backend(tq, tk, tv, o, backward, e);
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  m.def("attention", &attention_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("kind"),
+        "-> (out, lse, qk, present_key, present_value, backend)");
+  m.def("attention_backward", &attention_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("dout"), nb::arg("lse"), nb::arg("opts"), nb::arg("kind"),
+        "-> (dq, dk, dv, dattn_mask, dalibi_slopes, dsinks, backend)");
+  m.def("attention_with_kv_cache", &attention_with_kv_cache_py, nb::arg("q"), nb::arg("k_new"), nb::arg("v_new"),
+        nb::arg("cache_key"), nb::arg("cache_value"), nb::arg("lengths"), nb::arg("opts"), nb::arg("kind"),
+        "-> (out, lse, qk, present_key, present_value, backend)");
+  m.def("explain_backend", &explain_backend_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"),
+        nb::arg("backward"));
+  m.def("backends", &backends);
+}
+
+}  // namespace attn::py
