@@ -312,3 +312,11 @@ def t5_relative_buckets(Nq: int, Nk: int, *, bidirectional: bool = True, num_buc
 
 from ._arrays import NUMPY as _NUMPY  # noqa: E402
 from .plot import plot_attention  # noqa: E402
+
+
+def __getattr__(name):  # `attn.torch` on first use, so `import attn` does not import torch
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'attn' has no attribute {name!r}")
