@@ -144,6 +144,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
         q = q.reshape(-1, *q.shape[-3:])
         k = k.reshape(-1, *k.shape[-3:])
         v = v.reshape(-1, *v.shape[-3:])
+    if m is not None and m.dim() >= 1 and m.shape[-1] == 1 and k.shape[-2] != 1:
+        # torch broadcasts a last mask dim of 1; attn (as ONNX) would pad it: expand, no copy
+        m = m.expand(*m.shape[:-1], k.shape[-2])
     Hq, Hkv = q.shape[1], k.shape[1]
     if Hq != Hkv and not enable_gqa and Hkv != 1:
         raise ValueError(f"{op}: query has {Hq} heads and key {Hkv}; pass enable_gqa=True for "

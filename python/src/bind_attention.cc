@@ -99,6 +99,13 @@ void bind_attention(nb::module_& m) {
   m.def("explain_backend", &explain_backend_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"),
         nb::arg("backward"));
   m.def("backends", &backends);
+  // What the extension reads for an array: (address, shape, element strides, dtype name). Tests
+  // compare it with the array's own pointer and strides to show that inputs are not copied.
+  m.def("view_info", [](nb::handle x) {
+    const TensorView t = array_arg(x, "view_info", "x");
+    return nb::make_tuple(reinterpret_cast<std::uintptr_t>(t.data()), t.shape(), t.strides(),
+                          std::string(dtype_name(t.type())));
+  }, nb::arg("x"));
 }
 
 }  // namespace attn::py
