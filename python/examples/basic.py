@@ -1,5 +1,5 @@
 """The README's Python example: attn.attention on NumPy arrays, then the PyTorch drop-in for
-scaled_dot_product_attention with a backward pass (the same inputs as examples/basic.cc)."""
+scaled_dot_product_attention with a backward pass."""
 
 import numpy as np
 import torch
