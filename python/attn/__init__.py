@@ -21,6 +21,8 @@ from typing import Any, NamedTuple, Optional, Tuple
 from . import _attn
 from ._arrays import arg as _arg, kind_of as _kind_of, opts as _opts, result as _result
 
+_EXT = 0  # the extension returns NumPy arrays; _result gives them the caller's kind
+
 __version__: str = _attn.__version__
 
 __all__ = [
@@ -121,11 +123,12 @@ def attention(q, k, v, *, attn_mask=None, is_causal: bool = False, alignment: st
     o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
                         sinks, nonpad_kv_seqlen, past_key, past_value, q_num_heads, kv_num_heads,
                         return_qk, backend, num_threads)
-    out, lse, qk, pk, pv, used = _attn.attention(_arg(q), _arg(k), _arg(v), o, kind)
+    out, lse, qk, pk, pv, used = _attn.attention(_arg(q), _arg(k), _arg(v), o, _EXT)
     out = _result(out, kind)
     if not (return_lse or return_qk or past_key is not None or past_value is not None):
         return out
-    return AttentionResult(out, lse, _result(qk, kind), _result(pk, kind), _result(pv, kind), used)
+    return AttentionResult(out, _result(lse, kind), _result(qk, kind), _result(pk, kind),
+                           _result(pv, kind), used)
 
 
 def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bool = False,
@@ -147,7 +150,7 @@ def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bo
     o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
                         sinks, nonpad_kv_seqlen, None, None, q_num_heads, kv_num_heads, None,
                         backend, num_threads)
-    g = _attn.attention_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), o, kind)
+    g = _attn.attention_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), o, _EXT)
     return AttentionGrads(*(_result(x, kind) for x in g[:6]), g[6])
 
 
@@ -172,9 +175,9 @@ def attention_with_kv_cache(q, k_new, v_new, cache_key, cache_value, cache_lengt
                         num_threads)
     ck, cv = _arg(cache_key), _arg(cache_value)
     out, lse, _, _, _, used = _attn.attention_with_kv_cache(_arg(q), _arg(k_new), _arg(v_new), ck,
-                                                            cv, _arg(cache_lengths), o, kind)
+                                                            cv, _arg(cache_lengths), o, _EXT)
     out = _result(out, kind)
-    return AttentionResult(out, lse, None, None, None, used) if return_lse else out
+    return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
 
 
 def explain_backend(q, k, v, *, backward: bool = False, **options) -> str:
@@ -212,7 +215,7 @@ def attention_family(q, k, v, *, score: str = "scaled_dot", distribution: str = 
     """
     kind = _kind_of(q)
     out, _ = _attn.attention_family(_arg(q), _arg(k), _arg(v),
-                                    _opts(score=score, distribution=distribution, **params), kind)
+                                    _opts(score=score, distribution=distribution, **params), _EXT)
     return _result(out, kind)
 
 
@@ -223,7 +226,7 @@ def attention_family_backward(q, k, v, dout, *, score: str = "scaled_dot",
     temperature, bandwidth and sigmoid_bias)."""
     kind = _kind_of(q)
     g = _attn.attention_family_backward(_arg(q), _arg(k), _arg(v), _arg(dout),
-                                        _opts(score=score, distribution=distribution, **params), kind)
+                                        _opts(score=score, distribution=distribution, **params), _EXT)
     return FamilyGrads(*(_result(x, kind) for x in g[:9]), *g[9:])
 
 
@@ -235,8 +238,8 @@ def attention_weights(q, k, v, *, score: str = "scaled_dot", distribution: str =
     >>> alpha = attn.attention_weights(q, k, v, score="additive", W_q=Wq, W_k=Wk, b=b, w_v=wv)
     """
     kind = _kind_of(q)
-    return _attn.attention_weights(_arg(q), _arg(k), _arg(v),
-                                   _opts(score=score, distribution=distribution, **params), kind)
+    return _result(_attn.attention_weights(_arg(q), _arg(k), _arg(v),
+                                           _opts(score=score, distribution=distribution, **params), _EXT), kind)
 
 
 # ---- positional -----------------------------------------------------------------------------
@@ -257,7 +260,7 @@ def rotary(x, positions=None, *, rotary_dim: int = 0, base: float = 10000.0,
     """
     kind = _kind_of(x)
     return _result(_attn.rotary(_arg(x), _positions(positions), rotary_dim, base, layout,
-                                num_heads, False, kind), kind)
+                                num_heads, False, _EXT), kind)
 
 
 def rotary_backward(dy, positions=None, *, rotary_dim: int = 0, base: float = 10000.0,
@@ -265,7 +268,7 @@ def rotary_backward(dy, positions=None, *, rotary_dim: int = 0, base: float = 10
     """Backward of :func:`rotary`: the inverse rotation of ``dy``."""
     kind = _kind_of(dy)
     return _result(_attn.rotary(_arg(dy), _positions(positions), rotary_dim, base, layout,
-                                num_heads, True, kind), kind)
+                                num_heads, True, _EXT), kind)
 
 
 def sinusoidal(N: int, D: int, *, base: float = 10000.0, dtype: str = "float32", positions=None,
@@ -278,7 +281,7 @@ def sinusoidal(N: int, D: int, *, base: float = 10000.0, dtype: str = "float32",
     >>> pe = attn.sinusoidal(128, 512)
     """
     kind = _NUMPY if like is None else _kind_of(like)
-    return _result(_attn.sinusoidal(N, D, base, dtype, _positions(positions), kind), kind)
+    return _result(_attn.sinusoidal(N, D, base, dtype, _positions(positions), _EXT), kind)
 
 
 def t5_relative_bias(table, Nq: int, Nk: int, *, bidirectional: bool = True,
@@ -293,7 +296,7 @@ def t5_relative_bias(table, Nq: int, Nk: int, *, bidirectional: bool = True,
     kind = _kind_of(table)
     nb = table.shape[0] if num_buckets is None else num_buckets
     return _result(_attn.t5_relative_bias(_arg(table), Nq, Nk, bidirectional, nb, max_distance,
-                                          query_offset, kind), kind)
+                                          query_offset, _EXT), kind)
 
 
 def t5_relative_bias_backward(dbias, *, bidirectional: bool = True, num_buckets: int = 32,
@@ -301,7 +304,7 @@ def t5_relative_bias_backward(dbias, *, bidirectional: bool = True, num_buckets:
     """Gradient of the table ``[num_buckets, H]`` from ``dbias [B', H, Nq, Nk]`` (summed over B')."""
     kind = _kind_of(dbias)
     return _result(_attn.t5_relative_bias_backward(_arg(dbias), bidirectional, num_buckets,
-                                                   max_distance, query_offset, kind), kind)
+                                                   max_distance, query_offset, _EXT), kind)
 
 
 def t5_relative_buckets(Nq: int, Nk: int, *, bidirectional: bool = True, num_buckets: int = 32,

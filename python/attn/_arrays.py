@@ -10,7 +10,10 @@ without copying except the last:
   ``attn.torch`` is);
 - NumPy views with a negative stride (``x[::-1]``) are copied, attn reading strides >= 0.
 
-Results come back as the kind of the first input: torch in, torch out; anything else, NumPy.
+torch CPU tensors travel as NumPy views of their memory (``Tensor.numpy()``: no copy, and much
+cheaper to read than ``__dlpack__``). The extension always returns NumPy arrays that own attn's
+buffers; they come back as the kind of the first input: torch in (``torch.from_numpy``, no
+copy), torch out; anything else, NumPy.
 """
 
 from __future__ import annotations
@@ -63,8 +66,12 @@ def arg(x):
     if t is not None and isinstance(x, t.Tensor):
         if x.dtype == t.uint16:
             raise TypeError("attn: a tensor has dtype torch.uint16, expected float32, float16, bfloat16, float64, bool or int64")
-        if x.requires_grad:
-            return x.detach()
+        if x.device.type == "cpu" and not x.is_conj() and not x.is_neg():
+            # A NumPy view of the same memory: the buffer protocol is several times cheaper
+            # than torch's __dlpack__ for the extension to read (docs/PERFORMANCE.md).
+            x = x.detach()
+            return (x.view(t.uint16) if x.dtype == t.bfloat16 else x).numpy()
+        return x.detach() if x.requires_grad else x
     return x
 
 
@@ -81,8 +88,13 @@ def opts(**kw):
 
 
 def result(x, kind: int):
-    """An array from the extension, as the caller's kind (NumPy bfloat16 comes back as uint16)."""
-    if x is not None and kind == NUMPY and x.dtype == np.uint16:
+    """An array from the extension (NumPy; bfloat16 as uint16), as the caller's kind."""
+    if x is None:
+        return None
+    if kind == TORCH:
+        y = _torch.from_numpy(x)
+        return y.view(_torch.bfloat16) if x.dtype == np.uint16 else y
+    if x.dtype == np.uint16:
         if _NP_BF16 is None:  # pragma: no cover
             raise TypeError("attn: a bfloat16 result needs ml_dtypes for NumPy (pip install ml_dtypes)")
         return x.view(_NP_BF16)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _attn
-from ._arrays import TORCH as _TORCH
+from ._arrays import NUMPY as _NP, TORCH as _TORCH, arg as _a, result as _r
 
 __all__ = [
     "scaled_dot_product_attention", "attention", "MultiheadAttention", "attention_family",
@@ -35,7 +35,7 @@ __all__ = [
 
 
 def _d(x):
-    return None if x is None else x.detach()
+    return None if x is None else _a(x)
 
 
 # ---- the core op ----------------------------------------------------------------------------
@@ -48,8 +48,9 @@ class _Attention(torch.autograd.Function):
         o = dict(opts)
         for key, t in (("attn_mask", mask), ("alibi_slopes", alibi), ("sinks", sinks)):
             if t is not None:
-                o[key] = t.detach()
-        out, lse, *_ = _attn.attention(q.detach(), k.detach(), v.detach(), o, _TORCH)
+                o[key] = _a(t)
+        out, lse, *_ = _attn.attention(_a(q), _a(k), _a(v), o, _NP)
+        out, lse = _r(out, _TORCH), _r(lse, _TORCH)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.opts = o
         ctx.mark_non_differentiable(lse)
@@ -58,8 +59,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv, dmask, dalibi, dsinks, _ = _attn.attention_backward(
-            q.detach(), k.detach(), v.detach(), out, dout, lse, ctx.opts, _TORCH)
+        g = _attn.attention_backward(_a(q), _a(k), _a(v), _a(out), _a(dout), _a(lse), ctx.opts, _NP)
+        dq, dk, dv, dmask, dalibi, dsinks = (_r(x, _TORCH) for x in g[:6])
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
                 dmask if need[3] else None, dalibi if need[4] else None,
@@ -362,8 +363,8 @@ class MultiheadAttention(nn.Module):
             with torch.no_grad():
                 o = dict(opts, return_qk="probabilities")
                 if mask is not None:
-                    o["attn_mask"] = mask.detach()
-                weights = _attn.attention(qn.detach(), kn.detach(), vn.detach(), o, _TORCH)[2]
+                    o["attn_mask"] = _a(mask)
+                weights = _r(_attn.attention(_a(qn), _a(kn), _a(vn), o, _NP)[2], _TORCH)
             if average_attn_weights:
                 weights = weights.mean(dim=1)
             if unbatched:
@@ -385,8 +386,8 @@ class _Family(torch.autograd.Function):
         for name, p in zip(_FAMILY_TENSORS + _FAMILY_SCALARS, params):
             if p is None:
                 continue
-            o[name] = p.detach() if name in _FAMILY_TENSORS else float(p)
-        out, _ = _attn.attention_family(q.detach(), k.detach(), v.detach(), o, _TORCH)
+            o[name] = _a(p) if name in _FAMILY_TENSORS else float(p)
+        out = _r(_attn.attention_family(_a(q), _a(k), _a(v), o, _NP)[0], _TORCH)
         ctx.save_for_backward(q, k, v)
         ctx.opts = o
         ctx.scalars = [p if isinstance(p, torch.Tensor) else None for p in params[6:]]
@@ -395,7 +396,8 @@ class _Family(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
-        g = _attn.attention_family_backward(q.detach(), k.detach(), v.detach(), dout, ctx.opts, _TORCH)
+        g = _attn.attention_family_backward(_a(q), _a(k), _a(v), _a(dout), ctx.opts, _NP)
+        g = [_r(x, _TORCH) for x in g[:9]] + list(g[9:])
         need = ctx.needs_input_grad
         grads = [g[0] if need[0] else None, g[1] if need[1] else None, g[2] if need[2] else None, None]
         grads += [g[3 + i] if need[4 + i] else None for i in range(6)]
@@ -415,7 +417,7 @@ def attention_family(q: Tensor, k: Tensor, v: Tensor, *, score: str = "scaled_do
     """
     tensors = [params.pop(n, None) for n in _FAMILY_TENSORS]
     scalars = [params.pop(n, None) for n in _FAMILY_SCALARS]
-    opts = {k_: (_d(v_) if isinstance(v_, torch.Tensor) else v_) for k_, v_ in params.items() if v_ is not None}
+    opts = {k_: (_a(v_) if isinstance(v_, torch.Tensor) else v_) for k_, v_ in params.items() if v_ is not None}
     if "window" in opts:
         opts["window"] = tuple(opts["window"])
     opts["score"], opts["distribution"] = score, distribution
@@ -514,18 +516,18 @@ class NadarayaWatson(nn.Module):
 # ---- positional ------------------------------------------------------------------------------
 
 def _pos(positions):
-    return positions if positions is None or isinstance(positions, int) else positions.detach()
+    return positions if positions is None or isinstance(positions, int) else _a(positions)
 
 
 class _Rotary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, positions, rotary_dim, base, layout, num_heads):
         ctx.args = (_pos(positions), rotary_dim, base, layout, num_heads)
-        return _attn.rotary(x.detach(), *ctx.args, False, _TORCH)
+        return _r(_attn.rotary(_a(x), *ctx.args, False, _NP), _TORCH)
 
     @staticmethod
     def backward(ctx, dy):
-        return _attn.rotary(dy, *ctx.args, True, _TORCH), None, None, None, None, None
+        return _r(_attn.rotary(_a(dy), *ctx.args, True, _NP), _TORCH), None, None, None, None, None
 
 
 def rotary(x: Tensor, positions=None, *, rotary_dim: int = 0, base: float = 10000.0,
@@ -541,11 +543,11 @@ class _T5Bias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, table, Nq, Nk, bidirectional, num_buckets, max_distance, query_offset):
         ctx.args = (bidirectional, num_buckets, max_distance, query_offset)
-        return _attn.t5_relative_bias(table.detach(), Nq, Nk, *ctx.args, _TORCH)
+        return _r(_attn.t5_relative_bias(_a(table), Nq, Nk, *ctx.args, _NP), _TORCH)
 
     @staticmethod
     def backward(ctx, dbias):
-        return (_attn.t5_relative_bias_backward(dbias, *ctx.args, _TORCH),) + (None,) * 6
+        return (_r(_attn.t5_relative_bias_backward(_a(dbias), *ctx.args, _NP), _TORCH),) + (None,) * 6
 
 
 def t5_relative_bias(table: Tensor, Nq: int, Nk: int, *, bidirectional: bool = True,
@@ -568,4 +570,4 @@ def sinusoidal(N: int, D: int, *, base: float = 10000.0, dtype: torch.dtype = to
              torch.bfloat16: "bfloat16"}
     if dtype not in names:
         raise TypeError(f"sinusoidal: dtype {dtype} is not one of {list(names)}")
-    return _attn.sinusoidal(N, D, base, names[dtype], _pos(positions), _TORCH)
+    return _r(_attn.sinusoidal(N, D, base, names[dtype], _pos(positions), _NP), _TORCH)

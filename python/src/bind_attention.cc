@@ -5,6 +5,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "arrays.h"
 #include "attn/attention.h"
 #include "bind.h"
@@ -99,6 +102,21 @@ void bind_attention(nb::module_& m) {
   m.def("explain_backend", &explain_backend_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"),
         nb::arg("backward"));
   m.def("backends", &backends);
+  // Seconds per attn::attention call on these arrays, timed in a C++ loop (no Python in it):
+  // the baseline python -m attn.bench subtracts to get the binding's own overhead.
+  m.def("time_cpp_call", [](nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int iterations) {
+    const char* op = "time_cpp_call";
+    const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
+    option_reader r(op, opts);
+    const attention_options o = read_attention(r);
+    const execution e = read_execution(r);
+    r.finish();
+    nb::gil_scoped_release unlocked;
+    attention(tq, tk, tv, o, e);  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) attention(tq, tk, tv, o, e);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / std::max(1, iterations);
+  }, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("iterations"));
   // What the extension reads for an array: (address, shape, element strides, dtype name). Tests
   // compare it with the array's own pointer and strides to show that inputs are not copied.
   m.def("view_info", [](nb::handle x) {
