@@ -31,4 +31,11 @@ std::optional<TensorArg> view_of(const std::optional<Array>& a, const char* op, 
 // None for an undefined tensor.
 nb::object to_python(const Tensor& t, kind k);
 
+// f() with the GIL released: attn computes while other Python threads run.
+template <class F>
+auto without_gil(F&& f) {
+  nb::gil_scoped_release unlocked;
+  return f();
+}
+
 }  // namespace attn::py

@@ -17,40 +17,40 @@ namespace attn::py {
 
 namespace {
 
+// q, k, v and the options of one call, read and checked with the GIL held.
+struct attention_call {
+  TensorView q, k, v;
+  attention_options o;
+  execution e;
+};
+
+attention_call read_call(const char* op, nb::handle q, nb::handle k, nb::handle v, nb::dict opts,
+                         const char* k_name = "k", const char* v_name = "v") {
+  attention_call c{array_arg(q, op, "q"), array_arg(k, op, k_name), array_arg(v, op, v_name), {}, {}};
+  option_reader r(op, std::move(opts));
+  c.o = read_attention(r);
+  c.e = read_execution(r);
+  r.finish();
+  return c;
+}
+
 nb::tuple result_tuple(const attention_result& r, kind k) {
   return nb::make_tuple(to_python(r.out, k), to_python(r.lse, k), to_python(r.qk, k), to_python(r.present_key, k),
                         to_python(r.present_value, k), r.backend);
 }
 
 nb::tuple attention_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
-  const char* op = "attention";
-  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
-  option_reader r(op, opts);
-  const attention_options o = read_attention(r);
-  const execution e = read_execution(r);
-  r.finish();
-  attention_result res;
-  {
-    nb::gil_scoped_release unlocked;
-    res = attention(tq, tk, tv, o, e);
-  }
+  const attention_call c = read_call("attention", q, k, v, opts);
+  const attention_result res = without_gil([&] { return attention(c.q, c.k, c.v, c.o, c.e); });
   return result_tuple(res, kind(kind_));
 }
 
 nb::tuple attention_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
                                 nb::handle lse, nb::dict opts, int kind_) {
   const char* op = "attention_backward";
-  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
+  const attention_call c = read_call(op, q, k, v, opts);
   const TensorView to = array_arg(out, op, "out"), tdo = array_arg(dout, op, "dout"), tl = array_arg(lse, op, "lse");
-  option_reader r(op, opts);
-  const attention_options o = read_attention(r);
-  const execution e = read_execution(r);
-  r.finish();
-  attention_grads g;
-  {
-    nb::gil_scoped_release unlocked;
-    g = attention_backward(tq, tk, tv, to, tdo, tl, o, e);
-  }
+  const attention_grads g = without_gil([&] { return attention_backward(c.q, c.k, c.v, to, tdo, tl, c.o, c.e); });
   const kind kk = kind(kind_);
   return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk, kk), to_python(g.dv, kk), to_python(g.dattn_mask, kk),
                         to_python(g.dalibi_slopes, kk), to_python(g.dsinks, kk), g.backend);
@@ -59,33 +59,20 @@ nb::tuple attention_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::ha
 nb::tuple attention_with_kv_cache_py(nb::handle q, nb::handle k_new, nb::handle v_new, nb::handle cache_key,
                                      nb::handle cache_value, nb::handle lengths, nb::dict opts, int kind_) {
   const char* op = "attention_with_kv_cache";
-  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k_new, op, "k_new"), tv = array_arg(v_new, op, "v_new");
+  const attention_call c = read_call(op, q, k_new, v_new, opts, "k_new", "v_new");
   // The cache is written: it must be a writable array (a read-only NumPy array is refused).
   nb::ndarray<> ck, cv;
   if (!nb::try_cast(cache_key, ck, false) || !nb::try_cast(cache_value, cv, false))
     throw nb::type_error("attention_with_kv_cache: cache key and value must be writable arrays (NumPy, torch or DLPack)");
   kv_cache_view cache{view_of(Array(ck), op, "cache key"), view_of(Array(cv), op, "cache value"),
                       array_arg(lengths, op, "cache lengths")};
-  option_reader r(op, opts);
-  const attention_options o = read_attention(r);
-  const execution e = read_execution(r);
-  r.finish();
-  attention_result res;
-  {
-    nb::gil_scoped_release unlocked;
-    res = attention_with_kv_cache(tq, tk, tv, cache, o, e);
-  }
+  const attention_result res = without_gil([&] { return attention_with_kv_cache(c.q, c.k, c.v, cache, c.o, c.e); });
   return result_tuple(res, kind(kind_));
 }
 
 std::string explain_backend_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, bool backward) {
-  const char* op = "explain_backend";
-  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
-  option_reader r(op, opts);
-  const attention_options o = read_attention(r);
-  const execution e = read_execution(r);
-  r.finish();
-  return explain_backend(tq, tk, tv, o, backward, e);
+  const attention_call c = read_call("explain_backend", q, k, v, opts);
+  return explain_backend(c.q, c.k, c.v, c.o, backward, c.e);
 }
 
 }  // namespace
@@ -105,16 +92,11 @@ void bind_attention(nb::module_& m) {
   // Seconds per attn::attention call on these arrays, timed in a C++ loop (no Python in it):
   // the baseline python -m attn.bench subtracts to get the binding's own overhead.
   m.def("time_cpp_call", [](nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int iterations) {
-    const char* op = "time_cpp_call";
-    const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
-    option_reader r(op, opts);
-    const attention_options o = read_attention(r);
-    const execution e = read_execution(r);
-    r.finish();
+    const attention_call c = read_call("time_cpp_call", q, k, v, opts);
     nb::gil_scoped_release unlocked;
-    attention(tq, tk, tv, o, e);  // warm-up
+    attention(c.q, c.k, c.v, c.o, c.e);  // warm-up
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; ++i) attention(tq, tk, tv, o, e);
+    for (int i = 0; i < iterations; ++i) attention(c.q, c.k, c.v, c.o, c.e);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / std::max(1, iterations);
   }, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("iterations"));
   // What the extension reads for an array: (address, shape, element strides, dtype name). Tests

@@ -52,22 +52,14 @@ family_call read_call(const char* op, nb::handle q, nb::handle k, nb::handle v, 
 
 nb::tuple family_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
   const family_call c = read_call("attention_family", q, k, v, opts);
-  family_result res;
-  {
-    nb::gil_scoped_release unlocked;
-    res = attention_family(c.q, c.k, c.v, c.o, c.e);
-  }
+  const family_result res = without_gil([&] { return attention_family(c.q, c.k, c.v, c.o, c.e); });
   return nb::make_tuple(to_python(res.out, kind(kind_)), res.path);
 }
 
 nb::tuple family_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle dout, nb::dict opts, int kind_) {
   const family_call c = read_call("attention_family_backward", q, k, v, opts);
   const TensorView tdo = array_arg(dout, "attention_family_backward", "dout");
-  family_grads g;
-  {
-    nb::gil_scoped_release unlocked;
-    g = attention_family_backward(c.q, c.k, c.v, tdo, c.o, c.e);
-  }
+  const family_grads g = without_gil([&] { return attention_family_backward(c.q, c.k, c.v, tdo, c.o, c.e); });
   const kind kk = kind(kind_);
   return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk, kk), to_python(g.dv, kk), to_python(g.dW, kk),
                         to_python(g.db, kk), to_python(g.dW_q, kk), to_python(g.dW_k, kk), to_python(g.dw_v, kk),
@@ -76,11 +68,7 @@ nb::tuple family_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handl
 
 nb::object family_weights_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
   const family_call c = read_call("attention_weights", q, k, v, opts);
-  Tensor w;
-  {
-    nb::gil_scoped_release unlocked;
-    w = attention_family_weights(c.q, c.k, c.v, c.o, c.e);
-  }
+  const Tensor w = without_gil([&] { return attention_family_weights(c.q, c.k, c.v, c.o, c.e); });
   return to_python(w, kind(kind_));
 }
 

@@ -39,11 +39,7 @@ nb::object rotary_py(nb::handle x, nb::handle pos, std::int64_t rotary_dim, doub
   const TensorView tx = array_arg(x, op, backward ? "dy" : "x");
   const positions p = read_positions(pos, op);
   const rotary_options o = read_rotary(rotary_dim, base, layout, num_heads);
-  Tensor y;
-  {
-    nb::gil_scoped_release unlocked;
-    y = backward ? rotary_backward(tx, p, o) : rotary(tx, p, o);
-  }
+  const Tensor y = without_gil([&] { return backward ? rotary_backward(tx, p, o) : rotary(tx, p, o); });
   return to_python(y, kind(kind_));
 }
 
@@ -59,11 +55,7 @@ nb::object sinusoidal_py(std::int64_t N, std::int64_t D, double base, const std:
                          int kind_) {
   const positions p = read_positions(pos, "sinusoidal");
   const dtype t = dtype_named(dt);
-  Tensor y;
-  {
-    nb::gil_scoped_release unlocked;
-    y = sinusoidal_encoding(N, D, base, t, p);
-  }
+  const Tensor y = without_gil([&] { return sinusoidal_encoding(N, D, base, t, p); });
   return to_python(y, kind(kind_));
 }
 
@@ -81,11 +73,7 @@ nb::object t5_bias_py(nb::handle table, std::int64_t Nq, std::int64_t Nk, bool b
                       std::int64_t max_distance, std::int64_t query_offset, int kind_) {
   const TensorView tt = array_arg(table, "relative_position_bias", "table");
   const relative_position_options o = read_rp(bidirectional, num_buckets, max_distance, query_offset);
-  Tensor y;
-  {
-    nb::gil_scoped_release unlocked;
-    y = relative_position_bias(tt, Nq, Nk, o);
-  }
+  const Tensor y = without_gil([&] { return relative_position_bias(tt, Nq, Nk, o); });
   return to_python(y, kind(kind_));
 }
 
@@ -93,11 +81,7 @@ nb::object t5_bias_backward_py(nb::handle dbias, bool bidirectional, std::int64_
                                std::int64_t max_distance, std::int64_t query_offset, int kind_) {
   const TensorView td = array_arg(dbias, "relative_position_bias_backward", "dbias");
   const relative_position_options o = read_rp(bidirectional, num_buckets, max_distance, query_offset);
-  Tensor y;
-  {
-    nb::gil_scoped_release unlocked;
-    y = relative_position_bias_backward(td, o);
-  }
+  const Tensor y = without_gil([&] { return relative_position_bias_backward(td, o); });
   return to_python(y, kind(kind_));
 }
 

@@ -25,23 +25,21 @@ bool option_reader::flag(const char* key, bool fallback) {
   return PyObject_IsTrue(h.ptr()) == 1;
 }
 
-std::int64_t option_reader::integer(const char* key, std::int64_t fallback) {
+template <class T>
+T option_reader::typed(const char* key, T fallback, const char* what) {
   if (!has(key)) return fallback;
-  std::int64_t v = 0;
+  T v{};
   if (!nb::try_cast(get(key), v))
-    throw nb::type_error(fmt::format("{}: {} must be an int, got {}", op_, key,
+    throw nb::type_error(fmt::format("{}: {} must be {}, got {}", op_, key, what,
                                      nb::type_name(get(key).type()).c_str()).c_str());
   return v;
 }
 
-double option_reader::real(const char* key, double fallback) {
-  if (!has(key)) return fallback;
-  double v = 0;
-  if (!nb::try_cast(get(key), v))
-    throw nb::type_error(fmt::format("{}: {} must be a number, got {}", op_, key,
-                                     nb::type_name(get(key).type()).c_str()).c_str());
-  return v;
+std::int64_t option_reader::integer(const char* key, std::int64_t fallback) {
+  return typed<std::int64_t>(key, fallback, "an int");
 }
+
+double option_reader::real(const char* key, double fallback) { return typed<double>(key, fallback, "a number"); }
 
 std::optional<double> option_reader::optional_real(const char* key) {
   if (!has(key)) return std::nullopt;
@@ -49,12 +47,7 @@ std::optional<double> option_reader::optional_real(const char* key) {
 }
 
 std::string option_reader::text(const char* key, const char* fallback) {
-  if (!has(key)) return fallback;
-  std::string v;
-  if (!nb::try_cast(get(key), v))
-    throw nb::type_error(fmt::format("{}: {} must be a str, got {}", op_, key,
-                                     nb::type_name(get(key).type()).c_str()).c_str());
-  return v;
+  return typed<std::string>(key, fallback, "a str");
 }
 
 std::optional<TensorArg> option_reader::tensor(const char* key) {

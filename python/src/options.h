@@ -33,6 +33,9 @@ class option_reader {
   const char* op() const { return op_; }
 
  private:
+  template <class T>
+  T typed(const char* key, T fallback, const char* what);  // TypeError when not a T
+
   const char* op_;
   nb::dict d_;
   std::set<std::string> used_;
