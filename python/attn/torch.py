@@ -136,8 +136,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
             q, k, v = q.unsqueeze(-3), k.unsqueeze(-3), v.unsqueeze(-3)
             if m is not None and m.dim() >= 3:
                 m = m.unsqueeze(-3)
-        if query.dim() == 2:
-            q, k, v = q.squeeze(0).unsqueeze(0), k.squeeze(0).unsqueeze(0), v.squeeze(0).unsqueeze(0)
     elif q.dim() > 4:  # (..., H, L, E): leading dims flattened into the batch
         lead = q.shape[:-3]
         if m is not None:
