@@ -217,3 +217,14 @@ def test_any_dlpack_producer():
     out = attn.attention(Producer(), Producer(), Producer())
     assert isinstance(out, np.ndarray)
     np.testing.assert_array_equal(out, attn.attention(t, t, t).numpy())
+
+
+def test_num_threads_honoured_and_bitwise_stable(rng):
+    """num_threads reaches attn::execution: any thread count gives bitwise the same result
+    (work is split by shape only), and a bad count is refused."""
+    q, k, v = (rng.standard_normal((1, 4, 67, 32)).astype(np.float32) for _ in range(3))
+    one = attn.attention(q, k, v, is_causal=True, num_threads=1)
+    two = attn.attention(q, k, v, is_causal=True, num_threads=2)
+    np.testing.assert_array_equal(one, two)
+    with pytest.raises(TypeError, match="num_threads must be an int"):
+        attn.attention(q, k, v, num_threads="two")
