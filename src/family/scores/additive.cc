@@ -85,11 +85,7 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
 
 }  // namespace
 
-const score_def kAdditiveScore = {.params = "W_q W_k b w_v",
-                                  .same_head_size = false,
-                                  .kernel = kernel_role::none,
-                                  .check = check,
-                                  .prepare = prepare,
-                                  .backward = backward};
+const score_def kAdditiveScore = {
+    .params = "W_q W_k b w_v", .same_head_size = false, .check = check, .prepare = prepare, .backward = backward};
 
 }  // namespace attn::detail::family

@@ -35,17 +35,7 @@ void backward(const score_call&, const score_state&, const f64_qkv&, const fprob
 
 }  // namespace
 
-const score_def kBoxScore = {.params = "",
-                             .same_head_size = true,
-                             .kernel = kernel_role::weights,
-                             .check = check,
-                             .prepare = prepare,
-                             .backward = backward};
-const score_def kTriangleScore = {.params = "",
-                                  .same_head_size = true,
-                                  .kernel = kernel_role::weights,
-                                  .check = check,
-                                  .prepare = prepare,
-                                  .backward = backward};
+const score_def kBoxScore = {.kernel = kernel_role::weights, .check = check, .prepare = prepare, .backward = backward};
+const score_def kTriangleScore = {.kernel = kernel_role::weights, .check = check, .prepare = prepare, .backward = backward};
 
 }  // namespace attn::detail::family

@@ -93,8 +93,7 @@ core_qkv core_prepare(const score_call& c, const score_state& s, const TensorVie
 
 void core_backward(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                    const core_qkv&, const attention_grads& cg, family_grads& g) {
-  g.dq = empty_bhnx(c.B, c.Hq, c.Nq, c.D, c.rank, c.type);
-  g.dk = empty_bhnx(c.B, c.Hkv, c.Nk, c.D, c.rank, c.type);
+  new_dq_dk(c, g);
   const double dot_qp =
       unnormalise(c.B, c.Hq, c.Nq, c.D, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), s.tau, as_bhnx(g.dq, c.Hq));
   unnormalise(c.B, c.Hkv, c.Nk, c.D, as_bhnx(k, c.Hkv), as_bhnx(cg.dk, c.Hkv), 1.0, as_bhnx(g.dk, c.Hkv));
@@ -103,13 +102,7 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
 
 }  // namespace
 
-const score_def kCosineScore = {.params = "",
-                                .same_head_size = true,
-                                .kernel = kernel_role::none,
-                                .check = check,
-                                .prepare = prepare,
-                                .backward = backward,
-                                .core_prepare = core_prepare,
-                                .core_backward = core_backward};
+const score_def kCosineScore = {.check = check, .prepare = prepare, .backward = backward,
+                                .core_prepare = core_prepare, .core_backward = core_backward};
 
 }  // namespace attn::detail::family

@@ -52,21 +52,9 @@ void core_backward(const score_call&, const score_state&, const TensorView&, con
 
 }  // namespace
 
-const score_def kDotScore = {.params = "",
-                             .same_head_size = true,
-                             .kernel = kernel_role::none,
-                             .check = check_dot,
-                             .prepare = prepare,
-                             .backward = backward,
-                             .core_prepare = core_prepare,
-                             .core_backward = core_backward};
-const score_def kScaledDotScore = {.params = "",
-                                   .same_head_size = true,
-                                   .kernel = kernel_role::none,
-                                   .check = check_scaled_dot,
-                                   .prepare = prepare,
-                                   .backward = backward,
-                                   .core_prepare = core_prepare,
-                                   .core_backward = core_backward};
+const score_def kDotScore = {.check = check_dot, .prepare = prepare, .backward = backward,
+                             .core_prepare = core_prepare, .core_backward = core_backward};
+const score_def kScaledDotScore = {.check = check_scaled_dot, .prepare = prepare, .backward = backward,
+                                   .core_prepare = core_prepare, .core_backward = core_backward};
 
 }  // namespace attn::detail::family

@@ -114,21 +114,14 @@ core_qkv core_prepare(const score_call& c, const score_state& s, const TensorVie
 
 void core_backward(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                    const core_qkv&, const attention_grads& cg, family_grads& g) {
-  g.dq = empty_bhnx(c.B, c.Hq, c.Nq, c.D, c.rank, c.type);
-  g.dk = empty_bhnx(c.B, c.Hkv, c.Nk, c.D, c.rank, c.type);
+  new_dq_dk(c, g);
   g.dbandwidth = unaugment(c, s, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(cg.dq, c.Hq), as_bhnx(cg.dk, c.Hkv),
                            as_bhnx(g.dq, c.Hq), as_bhnx(g.dk, c.Hkv));
 }
 
 }  // namespace
 
-const score_def kGaussianScore = {.params = "",
-                                  .same_head_size = true,
-                                  .kernel = kernel_role::log,
-                                  .check = check,
-                                  .prepare = prepare,
-                                  .backward = backward,
-                                  .core_prepare = core_prepare,
-                                  .core_backward = core_backward};
+const score_def kGaussianScore = {.kernel = kernel_role::log, .check = check, .prepare = prepare, .backward = backward,
+                                  .core_prepare = core_prepare, .core_backward = core_backward};
 
 }  // namespace attn::detail::family

@@ -98,25 +98,11 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
 
 }  // namespace
 
-const score_def kGeneralScore = {.params = "W",
-                                 .same_head_size = false,
-                                 .kernel = kernel_role::none,
-                                 .check = check_general,
-                                 .prepare = prepare,
-                                 .backward = backward,
-                                 .core_prepare = core_prepare,
-                                 .core_backward = core_backward};
-const score_def kBiasedGeneralScore = {.params = "W b",
-                                       .same_head_size = false,
-                                       .kernel = kernel_role::none,
-                                       .check = check_biased,
-                                       .prepare = prepare,
-                                       .backward = backward};
-const score_def kActivatedGeneralScore = {.params = "W b",
-                                          .same_head_size = false,
-                                          .kernel = kernel_role::none,
-                                          .check = check_biased,
-                                          .prepare = prepare,
-                                          .backward = backward};
+const score_def kGeneralScore = {.params = "W", .same_head_size = false, .check = check_general, .prepare = prepare,
+                                 .backward = backward, .core_prepare = core_prepare, .core_backward = core_backward};
+const score_def kBiasedGeneralScore = {
+    .params = "W b", .same_head_size = false, .check = check_biased, .prepare = prepare, .backward = backward};
+const score_def kActivatedGeneralScore = {
+    .params = "W b", .same_head_size = false, .check = check_biased, .prepare = prepare, .backward = backward};
 
 }  // namespace attn::detail::family

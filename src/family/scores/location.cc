@@ -24,11 +24,7 @@ void backward(const score_call&, const score_state& s, const f64_qkv&, const fpr
 
 }  // namespace
 
-const score_def kLocationScore = {.params = "W_a",
-                                  .same_head_size = false,
-                                  .kernel = kernel_role::none,
-                                  .check = check,
-                                  .prepare = prepare,
-                                  .backward = backward};
+const score_def kLocationScore = {
+    .params = "W_a", .same_head_size = false, .check = check, .prepare = prepare, .backward = backward};
 
 }  // namespace attn::detail::family

@@ -84,19 +84,19 @@ enum class kernel_role {
 };
 
 struct score_def {
-  std::string_view params;  // the score_spec tensors it reads ("W b"); any other given is refused
-  bool same_head_size;      // q and k need the same D
-  kernel_role kernel;
+  std::string_view params = "";  // the score_spec tensors it reads ("W b"); any other given is refused
+  bool same_head_size = true;   // q and k need the same D
+  kernel_role kernel = kernel_role::none;
   // Checks the score's own options and parameters into `s` (attn::error naming c.op).
-  void (*check)(const score_call& c, score_state& s);
+  void (*check)(const score_call& c, score_state& s) = nullptr;
   // Tiled route: fp.Qp, fp.Kp, fp.Pq, fp.Pk and the kernel fields of fp from in.q, in.k.
-  void (*prepare)(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp);
+  void (*prepare)(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp) = nullptr;
   // Chain rule back through `prepare`: from dQp and acc (acc.dKp and the kernels' parameter
   // gradients) into dq [B, Hq, Nq, D], dk [B, Hkv, Nk, Dk] (zeroed, contiguous) and g's
   // parameter gradients.
   void (*backward)(const score_call& c, const score_state& s, const f64_qkv& in, const fproblem& fp,
                    const std::vector<double>& dQp, const grad_acc& acc, std::vector<double>& dq,
-                   std::vector<double>& dk, family_grads& g);
+                   std::vector<double>& dk, family_grads& g) = nullptr;
   // Core route with softmax (null: none). q, k, v are the user's views.
   core_qkv (*core_prepare)(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                            const TensorView& v) = nullptr;
@@ -135,6 +135,12 @@ Tensor empty_bhnx(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X
 // Contiguous float64 [B, H, N, X] to a new tensor of `rank` and dtype t.
 Tensor store_bhnx(const std::vector<double>& x, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                   int rank, dtype t);
+// New dq, dk for g in the layouts of q, k and the dtype of q (the core route's results).
+inline void new_dq_dk(const score_call& c, family_grads& g) {
+  g.dq = empty_bhnx(c.B, c.Hq, c.Nq, c.D, c.rank, c.type);
+  g.dk = empty_bhnx(c.B, c.Hkv, c.Nk, c.Dk, c.rank, c.type);
+}
+
 // Calls f(b, h, n, r) for every row of [B, H, N, ·], r = (b·H + h)·N + n.
 template <class F>
 void for_rows(std::int64_t B, std::int64_t H, std::int64_t N, F&& f) {
