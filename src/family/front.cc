@@ -42,8 +42,7 @@ family_path resolve_path(const char* op, const family_options& o, const executio
     if (env && *env && std::string_view(env) != "automatic") want = parse_family_path(env);
   }
   if (want == family_path::core && !core_ok)
-    fail(op, fmt::format("path core runs only dot, scaled_dot, general, cosine and gaussian scores with softmax "
-                         "(got {} with {})",
+    fail(op, fmt::format("path core runs only {} scores with softmax (got {} with {})", core_score_names(),
                          to_string(o.score.kind), to_string(o.distribution.kind)));
   if (want == family_path::automatic) want = core_ok ? family_path::core : family_path::tiled;
   return want;

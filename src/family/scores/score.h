@@ -109,6 +109,9 @@ struct score_def {
 // The score of `kind` (scores/table.cc); throws attn::error naming `op` for a value outside the enum.
 const score_def& score_of(const char* op, score_kind kind);
 
+// "dot, scaled_dot, general, cosine and gaussian": the scores with a core route, for messages.
+std::string core_score_names();
+
 // The scores (one file each, or one per group that shares its preparation).
 extern const score_def kDotScore, kScaledDotScore;                                    // dot.cc
 extern const score_def kGeneralScore, kBiasedGeneralScore, kActivatedGeneralScore;   // general.cc

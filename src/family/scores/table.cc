@@ -2,6 +2,8 @@
 // The static_asserts tie the table to the enum: an enumerator without its line, or a line out of
 // order, does not compile.
 #include <array>
+#include <string>
+#include <vector>
 
 #include "core/names.h"
 #include "family/scores/score.h"
@@ -41,6 +43,15 @@ const score_def& score_of(const char* op, score_kind kind) {
   const auto i = static_cast<std::size_t>(kind);
   if (i >= kScores.size()) throw error(fmt::format("{}: score kind {} is not a score", op, static_cast<int>(kind)));
   return *kScores[i].def;
+}
+
+std::string core_score_names() {
+  std::vector<std::string_view> n;
+  for (const score_entry& e : kScores)
+    if (e.def->core_prepare) n.push_back(e.name.name);
+  std::string r;
+  for (std::size_t i = 0; i < n.size(); ++i) r += (i == 0 ? "" : i + 1 == n.size() ? " and " : ", ") + std::string(n[i]);
+  return r;
 }
 
 }  // namespace attn::detail::family
