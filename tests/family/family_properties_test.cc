@@ -1,4 +1,4 @@
-// tests/family_properties_test.cc — what each distribution and score guarantees (rows sum to 1,
+// tests/family/family_properties_test.cc — what each distribution and score guarantees (rows sum to 1,
 // exact zeros, one-hot, invariances, a Nadaraya–Watson example worked by hand, the fully masked
 // row contract) and the error messages of bad input.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// tests/family_memory_test.cc — every streaming score × distribution pair at Nq = Nk = 32768,
+// tests/family/family_memory_test.cc — every streaming score × distribution pair at Nq = Nk = 32768,
 // forward and backward, with its peak resident memory printed and bounded far below one
 // Nq × Nk matrix (4 GiB in float32).
 //

@@ -1,4 +1,4 @@
-// tests/family_test.cc — every score × distribution: the tiled path and attn::attention route
+// tests/family/family_test.cc — every score × distribution: the tiled path and attn::attention route
 // against the float64 reference (forward and backward, with masks, GQA and 3-D layouts), and
 // every gradient against central finite differences.
 #include <gtest/gtest.h>

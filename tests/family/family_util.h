@@ -1,4 +1,4 @@
-// tests/family_util.h — shared set-up for the attention-family tests: random problems with the
+// tests/family/family_util.h — shared set-up for the attention-family tests: random problems with the
 // learned parameters each score needs, and Σ dout·out for finite differences.
 #pragma once
 
