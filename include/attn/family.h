@@ -175,6 +175,8 @@ family_result topk_attention(const TensorView& q, const TensorView& k, const Ten
 // naming the list of valid names). Used by `attn run`.
 std::string to_string(score_kind s);
 std::string to_string(distribution_kind d);
+std::string to_string(score_activation a);
+std::string to_string(hardmax_gradient g);
 score_kind parse_score_kind(const std::string& s);
 distribution_kind parse_distribution_kind(const std::string& s);
 score_activation parse_score_activation(const std::string& s);

@@ -1,13 +1,13 @@
 // src/family/family_impl.h — the validated, prepared description of one attention_family call,
 // shared by the front (front.cc), the tiled kernels (tiled.cc) and the reference (reference.cc).
 //
-// The front turns every score into a "kernel" on prepared vectors, so the kernels never see
-// the user's parameters in their raw form:
+// Each score (scores/<score>.cc) turns itself into a "kernel" on prepared vectors, so the
+// kernels never see the user's parameters in their raw form:
 //   Qp [B, Hq, Nq, Pq]   the query side, e.g. W_q q for additive, q/(‖q‖τ) for cosine
 //   Kp [B, Hkv, Nk, Pk]  the key side,   e.g. W_k k + b for additive, k/‖k‖ for cosine
 //   V  [B, Hkv, Nk, Dv]
-// and the chain rule back through that preparation is applied once, after the kernels have
-// produced dQp and dKp (front.cc, `finish`). All buffers are contiguous float64.
+// and its chain rule back through that preparation runs once, after the kernels have produced
+// dQp and dKp (score_def::backward, scores/score.h). All buffers are contiguous float64.
 #pragma once
 
 #include <cmath>

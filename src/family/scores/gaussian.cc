@@ -1,0 +1,127 @@
+// src/family/scores/gaussian.cc — e = -‖q-k‖² / (2h²), the log of the Gaussian kernel (softmax
+// of it is the Nadaraya–Watson weight; distribution kernel means exactly that).
+//
+// Written as one dot product of augmented vectors [.., D + 2]:
+//   -‖q-k‖²/(2h²) = [q/h², 1, -‖q‖²/(2h²)] · [k, -‖k‖²/(2h²), 1]
+// The -‖q‖²/(2h²) term is constant along a row; it is kept only where the distribution is not
+// shift-invariant (sigmoid), 0 otherwise. With softmax, attn::attention runs on the augmented
+// vectors (float32, float64 for float64 input) and the user's v (no copy when it already has
+// that dtype).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/common.h"
+#include "family/scores/score.h"
+
+namespace attn::detail::family {
+namespace {
+
+void check(const score_call& c, score_state& s) {
+  s.h = c.spec->bandwidth;
+  if (!(s.h > 0.0) || !std::isfinite(s.h)) fail(c.op, fmt::format("bandwidth h = {} must be finite and > 0", s.h));
+  s.q_term = !c.shift_invariant;
+}
+
+// qp = [q/h², 1, q_term ? -‖q‖²/(2h²) : 0] for every row of q; kp = [k, -‖k‖²/(2h²), 1].
+void augment(const score_call& c, const score_state& s, const strided4& q, const strided4& k, const strided4& qp,
+             const strided4& kp) {
+  const std::int64_t D = c.D;
+  const double h2 = s.h * s.h;
+  std::vector<double> r(std::size_t(D + 2), 0.0);
+  for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(q, b, h, n, D, r.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) n2 += r[std::size_t(d)] * r[std::size_t(d)], r[std::size_t(d)] /= h2;
+    r[std::size_t(D)] = 1.0;
+    r[std::size_t(D + 1)] = s.q_term ? -n2 / (2.0 * h2) : 0.0;
+    store_row(qp, b, h, n, D + 2, r.data());
+  });
+  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(k, b, h, n, D, r.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) n2 += r[std::size_t(d)] * r[std::size_t(d)];
+    r[std::size_t(D)] = -n2 / (2.0 * h2);
+    r[std::size_t(D + 1)] = 1.0;
+    store_row(kp, b, h, n, D + 2, r.data());
+  });
+}
+
+// Through the augmentation:  dq = dqp[:D]/h² - q_term · dqp[D+1] q/h²,
+//                            dk = dkp[:D] - dkp[D] k/h²,
+//   dh = Σ dqp[:D]·(-2q/h³) + q_term · dqp[D+1] ‖q‖²/h³ + Σ dkp[D] ‖k‖²/h³.
+// Writes dq, dk; returns dh.
+double unaugment(const score_call& c, const score_state& s, const strided4& q, const strided4& k,
+                 const strided4& dqp, const strided4& dkp, const strided4& dq, const strided4& dk) {
+  const std::int64_t D = c.D;
+  const double h2 = s.h * s.h, h3 = h2 * s.h;
+  std::vector<double> x(std::size_t(D), 0.0), gx(std::size_t(D + 2), 0.0), dx(std::size_t(D), 0.0);
+  double dh = 0.0;
+  for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(q, b, h, n, D, x.data());
+    load_row(dqp, b, h, n, D + 2, gx.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::size_t i = std::size_t(d);
+      n2 += x[i] * x[i];
+      dx[i] = gx[i] / h2 + (s.q_term ? -gx[std::size_t(D + 1)] * x[i] / h2 : 0.0);
+      dh += gx[i] * (-2.0 * x[i] / h3);
+    }
+    if (s.q_term) dh += gx[std::size_t(D + 1)] * n2 / h3;
+    store_row(dq, b, h, n, D, dx.data());
+  });
+  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(k, b, h, n, D, x.data());
+    load_row(dkp, b, h, n, D + 2, gx.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::size_t i = std::size_t(d);
+      n2 += x[i] * x[i];
+      dx[i] = gx[i] - gx[std::size_t(D)] * x[i] / h2;
+    }
+    dh += gx[std::size_t(D)] * n2 / h3;
+    store_row(dk, b, h, n, D, dx.data());
+  });
+  return dh;
+}
+
+void prepare(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp) {
+  const std::int64_t P = c.D + 2;
+  fp.Pq = fp.Pk = P;
+  fp.Qp.resize(std::size_t(c.rows_q() * P));
+  fp.Kp.resize(std::size_t(c.rows_k() * P));
+  augment(c, s, rows_of(in.q, c.Hq, c.Nq, c.D), rows_of(in.k, c.Hkv, c.Nk, c.D), rows_of(fp.Qp, c.Hq, c.Nq, P),
+          rows_of(fp.Kp, c.Hkv, c.Nk, P));
+}
+
+void backward(const score_call& c, const score_state& s, const f64_qkv& in, const fproblem&,
+              const std::vector<double>& dQp, const grad_acc& acc, std::vector<double>& dq, std::vector<double>& dk,
+              family_grads& g) {
+  const std::int64_t P = c.D + 2;
+  g.dbandwidth = unaugment(c, s, rows_of(in.q, c.Hq, c.Nq, c.D), rows_of(in.k, c.Hkv, c.Nk, c.D),
+                           rows_of(dQp, c.Hq, c.Nq, P), rows_of(acc.dKp, c.Hkv, c.Nk, P),
+                           rows_of(dq, c.Hq, c.Nq, c.D), rows_of(dk, c.Hkv, c.Nk, c.D));
+}
+
+core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
+                      const TensorView& v) {
+  const dtype t = core_dtype(c.type);
+  Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, c.D + 2, c.rank, t), kp = empty_bhnx(c.B, c.Hkv, c.Nk, c.D + 2, c.rank, t);
+  augment(c, s, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(qp, c.Hq), as_bhnx(kp, c.Hkv));
+  return {qp, kp, with_dtype(v, t), 1.0};
+}
+
+void core_backward(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
+                   const core_qkv&, const attention_grads& cg, family_grads& g) {
+  new_dq_dk(c, g);
+  g.dbandwidth = unaugment(c, s, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(cg.dq, c.Hq), as_bhnx(cg.dk, c.Hkv),
+                           as_bhnx(g.dq, c.Hq), as_bhnx(g.dk, c.Hkv));
+}
+
+}  // namespace
+
+const score_def kGaussianScore = {.kernel = kernel_role::log, .check = check, .prepare = prepare, .backward = backward,
+                                  .core_prepare = core_prepare, .core_backward = core_backward};
+
+}  // namespace attn::detail::family

@@ -1,0 +1,95 @@
+// tests/core/tensor_test.cc — dtypes, conversions, views and owning tensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+TEST(Dtype, SizesAndNames) {
+  EXPECT_EQ(dtype_size(dtype::f32), 4u);
+  EXPECT_EQ(dtype_size(dtype::bf16), 2u);
+  EXPECT_EQ(dtype_size(dtype::i64), 8u);
+  EXPECT_EQ(dtype_name(dtype::f16), "float16");
+  EXPECT_EQ(dtype_name(dtype::boolean), "bool");
+  EXPECT_FALSE(is_floating(dtype::i64));
+}
+
+TEST(Dtype, HalfRoundTripsEveryValue) {
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_f32(std::uint16_t(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    EXPECT_EQ(f32_to_f16(f), std::uint16_t(h)) << "half bits " << h;
+  }
+}
+
+TEST(Dtype, HalfRoundsToNearestEven) {
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 1.0f / 2048)), 1.0f);              // tie -> even
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 3.0f / 2048)), 1.0f + 2.0f / 1024);  // tie -> even (up)
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65519.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(65520.0f))));
+  EXPECT_EQ(f16_to_f32(f32_to_f16(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(f16_to_f32(f32_to_f16(std::ldexp(1.0f, -25))), 0.0f);                    // tie -> 0
+  EXPECT_EQ(f16_to_f32(f32_to_f16(std::ldexp(1.5f, -25))), std::ldexp(1.0f, -24));
+}
+
+TEST(Dtype, Bfloat16RoundsToNearestEven) {
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f)), 1.0f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 1.0f / 256)), 1.0f);  // tie -> even
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity()))));
+}
+
+TEST(TensorView, ViewsShareMemory) {
+  Tensor t = Tensor::from_values({2, 3}, dtype::f32, {0, 1, 2, 3, 4, 5});
+  const TensorView tt = t.view().transpose(0, 1);
+  EXPECT_EQ(tt.shape(), (Shape{3, 2}));
+  EXPECT_EQ(tt.get({2, 1}), 5.0);
+  EXPECT_FALSE(tt.is_contiguous());
+  tt.set({0, 1}, 42);
+  EXPECT_EQ(t.get({1, 0}), 42.0);
+  const TensorView s = t.view().slice(1, 1, 3);
+  EXPECT_EQ(s.shape(), (Shape{2, 2}));
+  EXPECT_EQ(s.get({1, 1}), 5.0);
+  const Tensor row = Tensor::from_values({3}, dtype::f64, {7, 8, 9});
+  const TensorView b = row.view().broadcast_to({4, 3});
+  EXPECT_EQ(b.stride(0), 0);
+  EXPECT_EQ(b.get({3, 2}), 9.0);
+  const TensorView r = t.view().reshape({3, -1});
+  EXPECT_EQ(r.shape(), (Shape{3, 2}));
+  EXPECT_EQ(Tensor::copy_of(tt).to_vector(), (std::vector<double>{0, 42, 1, 4, 2, 5}));  // (0, 1) was set above
+  EXPECT_EQ(t.view().permute({1, 0}).shape(), (Shape{3, 2}));
+}
+
+TEST(TensorView, ConversionsThroughCopy) {
+  Tensor t = Tensor::from_values({2}, dtype::f64, {1.5, -2.25});
+  EXPECT_EQ(t.to(dtype::bf16).to_vector(), (std::vector<double>{1.5, -2.25}));
+  EXPECT_EQ(t.to(dtype::f16).to(dtype::f32).to_vector(), (std::vector<double>{1.5, -2.25}));
+  EXPECT_EQ(Tensor::zeros({0, 3}, dtype::f32).numel(), 0);
+  EXPECT_EQ(Tensor::zeros({2, 0, 3}, dtype::f32).view().reshape({2, 0, 1, 3}).shape(), (Shape{2, 0, 1, 3}));
+  EXPECT_EQ(Tensor::full({2}, dtype::i64, 3).to_vector(), (std::vector<double>{3, 3}));
+}
+
+TEST(TensorView, BadArgumentsThrowClearErrors) {
+  Tensor t = Tensor::zeros({2, 3}, dtype::f32);
+  EXPECT_THROW_MSG(t.view().transpose(0, 2), "tensor.transpose: dim 2 out of range for rank 2");
+  EXPECT_THROW_MSG(t.view().reshape({4, 2}), "tensor.reshape: cannot view [2, 3] as [4, 2]");
+  EXPECT_THROW_MSG(t.view().transpose(0, 1).reshape({6}), "is not contiguous");
+  EXPECT_THROW_MSG(t.view().broadcast_to({2, 4}), "cannot broadcast [2, 3] to [2, 4]");
+  EXPECT_THROW_MSG(t.view().slice(1, 2, 5), "tensor.slice: [2, 5) out of range for dim 1 of size 3");
+  EXPECT_THROW_MSG(t.get({2, 0}), "index [2, 0] out of range for shape [2, 3]");
+  EXPECT_THROW_MSG(t.view().permute({0, 0}), "tensor.permute: dim 0 repeated");
+  EXPECT_THROW_MSG(Tensor::from_values({2}, dtype::f32, {1.0}), "1 values for shape [2] (2 elements)");
+  EXPECT_THROW_MSG(TensorView(nullptr, dtype::f32, {2, -1}), "negative size in shape [2, -1]");
+  EXPECT_THROW_MSG(TensorView(nullptr, dtype::f32, {2, 2}, {1}), "1 strides for shape [2, 2] of rank 2");
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,460 @@
+// tests/cpu/cpu_attention_test.cc — the fused cpu backend against the float64 reference: random
+// sweeps over shapes, layouts, masks, alignments, windows, kv lengths, softcap, ALiBi, sinks,
+// GQA ratios and dtypes, forward and every gradient, on every ISA level this CPU runs; bitwise
+// equality across thread counts; fully masked rows; eligibility messages.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+using testing::all_close;
+using testing::random_bool;
+using testing::random_tensor;
+
+// Sets ATTN_CPU_ISA for the lifetime of the object.
+struct isa_scope {
+  explicit isa_scope(const char* isa) { setenv("ATTN_CPU_ISA", isa, 1); }
+  ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
+};
+
+std::vector<std::string> isas() {
+  int n = 0;
+  const char* const* names = detail::cpu::available_isas(&n);
+  return std::vector<std::string>(names, names + n);
+}
+
+enum class mask_type { none, boolean, additive };
+
+struct config {
+  std::int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, D = 4, Dv = 4;
+  dtype type = dtype::f32;
+  bool three_d = false, transposed = false;
+  mask_type mask = mask_type::none;
+  int mask_rank = 4;          // 2: [Nq, Nk'] broadcast over B, H; 4: [B, Hq|1, Nq, Nk']
+  bool mask_short = false;    // fewer mask columns than keys (padding)
+  bool mask_heads = true;     // rank 4: one mask per head (else broadcast over heads)
+  bool kv_len = false, alibi = false, sinks = false;
+  attention_options opt;
+
+  std::string str() const {
+    return fmt::format("B{} Hq{} Hkv{} Nq{} Nk{} D{} Dv{} {} 3d{} tr{} mask{}/{}{} causal{} align{} win{},{} cap{} kvlen{} alibi{} sinks{}",
+                       B, Hq, Hkv, Nq, Nk, D, Dv, std::string(dtype_name(type)), three_d, transposed, int(mask), mask_rank,
+                       mask_short ? "s" : "", opt.is_causal, int(opt.alignment), opt.window_left, opt.window_right,
+                       opt.softcap, kv_len, alibi, sinks);
+  }
+};
+
+// Inputs of one case, kept alive together.
+struct inputs {
+  Tensor q, k, v, dout, mask, kvlen, alibi, sinks;
+  TensorView qv, kv, vv, doutv;
+  attention_options opt;
+};
+
+Tensor make_qkv(const config& c, std::int64_t H, std::int64_t N, std::int64_t X, std::mt19937& rng, TensorView& view) {
+  if (c.three_d) {
+    Tensor t = random_tensor({c.B, N, H * X}, c.type, rng);
+    view = t;
+    return t;
+  }
+  if (c.transposed) {  // stored [B, N, H, X], viewed [B, H, N, X]
+    Tensor t = random_tensor({c.B, N, H, X}, c.type, rng);
+    view = t.view().transpose(1, 2);
+    return t;
+  }
+  Tensor t = random_tensor({c.B, H, N, X}, c.type, rng);
+  view = t;
+  return t;
+}
+
+inputs make_inputs(const config& c, std::mt19937& rng) {
+  inputs in;
+  in.q = make_qkv(c, c.Hq, c.Nq, c.D, rng, in.qv);
+  in.k = make_qkv(c, c.Hkv, c.Nk, c.D, rng, in.kv);
+  in.v = make_qkv(c, c.Hkv, c.Nk, c.Dv, rng, in.vv);
+  in.dout = make_qkv(c, c.Hq, c.Nq, c.Dv, rng, in.doutv);
+  in.opt = c.opt;
+  if (c.three_d) in.opt.q_num_heads = c.Hq, in.opt.kv_num_heads = c.Hkv;
+  const std::int64_t cols = c.mask_short ? std::max<std::int64_t>(c.Nk - 3, 0) : c.Nk;
+  const Shape ms = c.mask_rank == 2 ? Shape{c.Nq, cols} : Shape{c.B, c.mask_heads ? c.Hq : 1, c.Nq, cols};
+  if (c.mask == mask_type::boolean) in.mask = random_bool(ms, rng, 0.75);
+  if (c.mask == mask_type::additive) in.mask = random_tensor(ms, c.type, rng, -2.0, 2.0);
+  if (c.mask != mask_type::none) in.opt.attn_mask = in.mask;
+  if (c.kv_len) {
+    std::uniform_int_distribution<std::int64_t> u(0, c.Nk);
+    std::vector<double> n(std::size_t(c.B));
+    for (auto& x : n) x = double(u(rng));
+    in.kvlen = Tensor::from_values({c.B}, dtype::i64, n);
+    in.opt.nonpad_kv_seqlen = in.kvlen;
+  }
+  if (c.alibi) {
+    in.alibi = random_tensor({c.Hq}, dtype::f32, rng, 0.0, 0.5);
+    in.opt.alibi_slopes = in.alibi;
+  }
+  if (c.sinks) {
+    in.sinks = random_tensor({c.Hq}, dtype::f32, rng, -1.0, 1.0);
+    in.opt.sinks = in.sinks;
+  }
+  return in;
+}
+
+config random_config(std::mt19937& rng) {
+  auto pick = [&](std::initializer_list<std::int64_t> v) {
+    return *(v.begin() + std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng));
+  };
+  auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  config c;
+  c.B = pick({1, 2});
+  c.Hkv = pick({1, 2});
+  c.Hq = c.Hkv * pick({1, 2, 3, 8});
+  c.Nq = pick({0, 1, 2, 5, 17, 33, 70});
+  c.Nk = pick({0, 1, 3, 16, 31, 64, 65, 130});
+  c.D = pick({1, 3, 8, 17, 32, 72});
+  c.Dv = coin(0.7) ? c.D : pick({1, 5, 16, 40});
+  c.type = coin(0.7) ? dtype::f32 : coin(0.5) ? dtype::f16 : dtype::bf16;
+  c.three_d = coin(0.2);
+  c.transposed = !c.three_d && coin(0.3);
+  c.mask = coin(0.6) ? mask_type::none : coin(0.5) ? mask_type::boolean : mask_type::additive;
+  c.mask_rank = coin(0.5) ? 2 : 4;
+  c.mask_short = coin(0.3);
+  c.mask_heads = coin(0.5);
+  c.opt.is_causal = coin(0.4);
+  c.opt.alignment = coin(0.5) ? causal_alignment::top_left : causal_alignment::bottom_right;
+  if (coin(0.25)) c.opt.window_left = pick({0, 2, 9}), c.opt.window_right = pick({-1, 0, 3});
+  if (coin(0.2)) c.opt.softcap = pick({2, 20});
+  c.kv_len = coin(0.2);
+  c.alibi = coin(0.2);
+  c.sinks = coin(0.2);
+  if (coin(0.2)) c.opt.scale = 0.3;
+  return c;
+}
+
+double fwd_tol(dtype t) { return t == dtype::f32 ? 2e-5 : testing::tolerance_for(t); }
+double bwd_tol(dtype t) { return t == dtype::f32 ? 1e-4 : 2 * testing::tolerance_for(t); }
+
+// Forward and backward of `c` on the cpu backend against the reference.
+void check_case(const config& c, std::uint32_t seed) {
+  SCOPED_TRACE(c.str() + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  inputs in = make_inputs(c, rng);
+  const attention_options& opt = in.opt;
+  const execution ref_exec{.use_backend = backend::reference}, cpu_exec{.use_backend = backend::cpu};
+  const attention_result ref = attention(in.qv, in.kv, in.vv, opt, ref_exec);
+  const attention_result got = attention(in.qv, in.kv, in.vv, opt, cpu_exec);
+  ASSERT_EQ(got.backend, "cpu");
+  const double ft = fwd_tol(c.type);
+  EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
+  EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
+  EXPECT_FALSE(testing::any_nan(got.out));
+
+  if (c.mask == mask_type::additive) return;  // its gradient runs on the reference (see eligibility test)
+  // The backward takes Δ = rowsum(dout∘out) from `out`; a 16-bit `out` perturbs Δ, and the ALiBi
+  // gradient Σ ds·|pos - j| amplifies that by |pos - j| (the reference recomputes Δ from P). So
+  // both backends get the same f32 out/lse, computed from the same (16-bit) input values.
+  attention_result fo = ref;
+  if (c.type != dtype::f32)
+    fo = attention(Tensor::copy_of(in.qv, dtype::f32), Tensor::copy_of(in.kv, dtype::f32),
+                   Tensor::copy_of(in.vv, dtype::f32), opt, ref_exec);
+  const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, ref_exec);
+  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, cpu_exec);
+  ASSERT_EQ(gc.backend, "cpu");
+  const double bt = bwd_tol(c.type);
+  EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
+  EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
+  EXPECT_TRUE(all_close(gc.dv, gr.dv, bt, bt)) << "dv";
+  if (c.alibi) {
+    EXPECT_TRUE(all_close(gc.dalibi_slopes, gr.dalibi_slopes, 10 * bt, bt)) << "dalibi";
+  }
+  if (c.sinks) {
+    EXPECT_TRUE(all_close(gc.dsinks, gr.dsinks, bt, bt)) << "dsinks";
+  }
+}
+
+TEST(cpu_attention, random_sweep_every_isa) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(1234);
+    for (int n = 0; n < 120; ++n) {
+      const config c = random_config(rng);
+      check_case(c, std::uint32_t(n));
+    }
+  }
+}
+
+TEST(cpu_attention, edge_shapes) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (std::int64_t D : {1, 3, 17, 72, 130})
+      for (std::int64_t Nq : {0, 1, 67})
+        for (std::int64_t Nk : {0, 1, 67}) {
+          config c;
+          c.Hq = 3, c.Hkv = 1, c.Nq = Nq, c.Nk = Nk, c.D = D, c.Dv = D;
+          c.opt.is_causal = Nq == Nk;
+          check_case(c, std::uint32_t(D * 100 + Nq * 10 + Nk));
+        }
+  }
+}
+
+// Every alignment and window against a mask with padding columns, GQA 8, all ISAs.
+TEST(cpu_attention, causal_alignments_windows) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (auto al : {causal_alignment::top_left, causal_alignment::bottom_right})
+      for (auto [wl, wr] : {std::pair{-1, -1}, {0, 0}, {5, -1}, {-1, 4}, {70, 2}})
+        for (auto [nq, nk] : {std::pair{90, 90}, {40, 150}, {150, 40}}) {
+          config c;
+          c.B = 2, c.Hq = 8, c.Hkv = 1, c.Nq = nq, c.Nk = nk, c.D = 16, c.Dv = 16;
+          c.opt.is_causal = wr != 4;
+          c.opt.alignment = al;
+          c.opt.window_left = wl, c.opt.window_right = wr;
+          c.mask = mask_type::boolean, c.mask_rank = 2, c.mask_short = true;
+          c.kv_len = true;
+          check_case(c, std::uint32_t(nq + nk + wl));
+        }
+  }
+}
+
+// Views: k/v broadcast over the batch (stride 0), q sliced out of a wider buffer (row stride
+// 2D), dout with D as its slowest axis (x-stride Nq), a mask broadcast over heads.
+TEST(cpu_attention, strided_and_broadcast_views) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      std::mt19937 rng(21);
+      const std::int64_t B = 2, Hq = 4, Hkv = 2, Nq = 37, Nk = 45, D = 24;
+      Tensor qw = random_tensor({B, Hq, Nq, 2 * D}, t, rng);
+      const TensorView q = qw.view().slice(3, 0, D);
+      Tensor k1 = random_tensor({1, Hkv, Nk, D}, t, rng), v1 = random_tensor({1, Hkv, Nk, D}, t, rng);
+      const TensorView k = k1.view().broadcast_to({B, Hkv, Nk, D}), v = v1.view().broadcast_to({B, Hkv, Nk, D});
+      Tensor dt = random_tensor({B, Hq, D, Nq}, t, rng);
+      const TensorView dout = dt.view().transpose(2, 3);
+      Tensor mask = random_bool({B, 1, Nq, Nk}, rng, 0.8);
+      attention_options o;
+      o.attn_mask = mask;
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+      const execution ref_exec{.use_backend = backend::reference}, cpu_exec{.use_backend = backend::cpu};
+      const auto ref = attention(q, k, v, o, ref_exec);
+      const auto gr = attention_backward(q, k, v, ref.out, dout, ref.lse, o, ref_exec);
+      const auto got = attention(q, k, v, o, cpu_exec);
+      const auto gc = attention_backward(q, k, v, ref.out, dout, ref.lse, o, cpu_exec);
+      const double ft = fwd_tol(t), bt = bwd_tol(t);
+      EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
+      EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
+      EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
+      EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
+      EXPECT_TRUE(all_close(gc.dv, gr.dv, bt, bt)) << "dv";
+    }
+  }
+}
+
+// A KV cache (after_past alignment) runs on the cpu backend and matches the reference.
+TEST(cpu_attention, kv_cache_after_past) {
+  std::mt19937 rng(7);
+  Tensor q = random_tensor({1, 4, 3, 16}, dtype::f32, rng), k = random_tensor({1, 2, 3, 16}, dtype::f32, rng),
+         v = random_tensor({1, 2, 3, 16}, dtype::f32, rng), pk = random_tensor({1, 2, 50, 16}, dtype::f32, rng),
+         pv = random_tensor({1, 2, 50, 16}, dtype::f32, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::after_past;
+  o.past_key = pk, o.past_value = pv;
+  const auto ref = attention(q, k, v, o, {.use_backend = backend::reference});
+  const auto got = attention(q, k, v, o, {.use_backend = backend::cpu});
+  EXPECT_TRUE(all_close(got.out, ref.out, 2e-5));
+  EXPECT_TRUE(all_close(got.lse, ref.lse, 2e-5));
+}
+
+// Fully masked rows: out 0, lse -inf (or the sink), zero gradients, no NaN — on every ISA.
+TEST(cpu_attention, fully_masked_rows) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(3);
+    Tensor q = random_tensor({1, 2, 5, 8}, dtype::f32, rng), k = random_tensor({1, 2, 7, 8}, dtype::f32, rng),
+           v = random_tensor({1, 2, 7, 8}, dtype::f32, rng), dout = random_tensor({1, 2, 5, 8}, dtype::f32, rng);
+    Tensor mask = random_bool({5, 7}, rng, 0.8);
+    for (std::int64_t j = 0; j < 7; ++j) mask.set({2, j}, 0.0);  // row 2 sees nothing
+    attention_options o;
+    o.attn_mask = mask;
+    const execution cpu_exec{.use_backend = backend::cpu};
+    const auto r = attention(q, k, v, o, cpu_exec);
+    EXPECT_FALSE(testing::any_nan(r.out));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(r.lse.get({0, h, 2}), -std::numeric_limits<double>::infinity());
+      for (std::int64_t d = 0; d < 8; ++d) EXPECT_EQ(r.out.get({0, h, 2, d}), 0.0);
+    }
+    const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o, cpu_exec);
+    EXPECT_FALSE(testing::any_nan(g.dq) || testing::any_nan(g.dk) || testing::any_nan(g.dv));
+    for (std::int64_t d = 0; d < 8; ++d) EXPECT_EQ(g.dq.get({0, 1, 2, d}), 0.0);
+  }
+}
+
+// Results are bitwise identical for any number of threads, forward and backward, including the
+// split-KV decode path and the parameter gradients.
+TEST(cpu_attention, bitwise_identical_across_threads) {
+  struct shape {
+    std::int64_t Hq, Hkv, Nq, Nk, D;
+    bool causal;
+  };
+  for (dtype type : {dtype::f32, dtype::bf16})
+    for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 18, false}}) {
+      SCOPED_TRACE(fmt::format("{} Hq {} Nq {} Nk {}", std::string(dtype_name(type)), s.Hq, s.Nq, s.Nk));
+      std::mt19937 rng(11);
+      Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng),
+             v = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng);
+      Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
+      std::vector<std::vector<double>> first;
+      for (int threads : {1, 2, 3}) {
+        attention_options o;
+        o.is_causal = s.causal;
+        o.alibi_slopes = alibi, o.sinks = sinks;
+        const execution exec{.use_backend = backend::cpu, .num_threads = threads};
+        const auto r = attention(q, k, v, o, exec);
+        const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o, exec);
+        std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
+                                                g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
+        if (first.empty()) first = all;
+        for (std::size_t t = 0; t < all.size(); ++t)
+          EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
+              << "output " << t << " differs with " << threads << " threads";
+      }
+    }
+}
+
+// The decode kernel and split-KV (few rows, many keys) against the reference, GQA 4, every ISA;
+// f32 and bf16 (read as bf16), head sizes that do and do not fill whole vectors.
+TEST(cpu_attention, split_kv_decode) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (std::int64_t D : {40, 64}) {
+        config c;
+        c.type = t;
+        c.Hq = 8, c.Hkv = 2, c.Nq = 1, c.Nk = 4111, c.D = D, c.Dv = D;
+        c.sinks = true, c.kv_len = true, c.transposed = D == 64;
+        check_case(c, std::uint32_t(D));
+      }
+  }
+}
+
+// The decode kernel's row groups (1, 2 or 4 rows per K/V read; up to W rows), its direct and
+// padded-copy paths (head sizes that do / do not fill whole vectors or bf16 word vectors, D ≠ Dv),
+// key counts that end mid-block and mid-chunk, and every mask and modifier, on every ISA.
+TEST(cpu_attention, decode_row_groups_and_modifiers) {
+  struct shape {
+    std::int64_t Hq, Hkv, Nq, Nk, D, Dv;
+  };
+  const shape shapes[] = {
+      {2, 2, 1, 4113, 128, 128},  // 1 row
+      {4, 2, 1, 4113, 64, 64},    // 2 rows
+      {6, 2, 1, 2063, 48, 48},    // 3 rows (a padded group); D a whole f32 vector, not a bf16 word vector
+      {8, 2, 1, 4097, 128, 128},  // 4 rows
+      {16, 2, 1, 300, 64, 32},    // 8 rows, D ≠ Dv
+      {8, 2, 2, 4096, 40, 24},    // 8 rows (2 queries), odd head sizes
+      {4, 1, 4, 77, 32, 32},      // 16 rows (4 queries: causal rows see different keys)
+      {2, 1, 1, 5, 16, 16},       // fewer keys than a block
+  };
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::uint32_t seed = 0;
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (const shape& s : shapes)
+        for (int variant = 0; variant < 3; ++variant) {
+          config c;
+          c.type = t;
+          c.Hq = s.Hq, c.Hkv = s.Hkv, c.Nq = s.Nq, c.Nk = s.Nk, c.D = s.D, c.Dv = s.Dv;
+          if (variant == 1) {  // masks, causal bottom-right, ALiBi, sinks, kv lengths
+            c.mask = mask_type::boolean, c.mask_short = true;
+            c.opt.is_causal = true, c.opt.alignment = causal_alignment::bottom_right;
+            c.alibi = c.sinks = c.kv_len = true;
+            c.B = 2;
+          } else if (variant == 2) {  // additive mask, softcap, window, scale, strided rows
+            c.mask = mask_type::additive, c.mask_rank = 2;
+            c.opt.softcap = 5, c.opt.window_left = 1000, c.opt.window_right = 0, c.opt.scale = 0.3;
+            c.opt.alignment = causal_alignment::bottom_right;
+            c.transposed = true;
+          }
+          check_case(c, ++seed);
+        }
+  }
+}
+
+// Decode-shaped calls (split-KV) are bitwise identical for 1, 2 and 3 threads on every row-group
+// size, f32 and bf16, with an odd number of keys.
+TEST(cpu_attention, decode_bitwise_identical_across_threads) {
+  for (dtype type : {dtype::f32, dtype::bf16})
+    for (std::int64_t G : {1, 2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{} G {}", std::string(dtype_name(type)), G));
+      std::mt19937 rng(5);
+      const std::int64_t Hkv = 3, Nk = 10001, D = 128;
+      Tensor q = random_tensor({1, Hkv * G, 1, D}, type, rng), k = random_tensor({1, Hkv, Nk, D}, type, rng),
+             v = random_tensor({1, Hkv, Nk, D}, type, rng);
+      std::vector<double> first_out, first_lse;
+      for (int threads : {1, 2, 3}) {
+        attention_options o;
+        const auto r = attention(q, k, v, o, {.use_backend = backend::cpu, .num_threads = threads});
+        const std::vector<double> out = r.out.to_vector(), lse = r.lse.to_vector();
+        if (first_out.empty()) first_out = out, first_lse = lse;
+        EXPECT_EQ(0, std::memcmp(out.data(), first_out.data(), out.size() * sizeof(double))) << threads << " threads";
+        EXPECT_EQ(0, std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(double))) << threads << " threads";
+      }
+    }
+}
+
+// bf16 inputs on every ISA (the avx512bf16 level multiplies in bf16 with fp32 accumulation):
+// odd key counts, windows that start a block on an odd key, masks, GQA.
+TEST(cpu_attention, bf16_every_isa) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (std::int64_t nk : {77, 128}) {
+      config c;
+      c.type = dtype::bf16;
+      c.B = 2, c.Hq = 4, c.Hkv = 2, c.Nq = 100, c.Nk = nk, c.D = 32, c.Dv = 24;
+      c.opt.is_causal = true, c.opt.alignment = causal_alignment::bottom_right;
+      c.opt.window_left = 7;
+      c.mask = mask_type::boolean, c.mask_short = true;
+      c.alibi = c.sinks = true;
+      check_case(c, std::uint32_t(nk));
+      c.opt.is_causal = false, c.opt.window_left = -1, c.mask = mask_type::additive, c.opt.softcap = 5;
+      check_case(c, std::uint32_t(nk + 1));
+    }
+  }
+}
+
+TEST(cpu_attention, eligibility_says_why) {
+  std::mt19937 rng(1);
+  Tensor q = random_tensor({1, 1, 4, 8}, dtype::f32, rng);
+  attention_options o;
+  EXPECT_NE(explain_backend(q, q, q, o).find("runs on cpu"), std::string::npos);
+  o.return_qk = qk_output::scaled;
+  EXPECT_NE(explain_backend(q, q, q, o).find("cpu: qk output needs the reference"), std::string::npos);
+  Tensor q64 = random_tensor({1, 1, 4, 8}, dtype::f64, rng);
+  EXPECT_NE(explain_backend(q64, q64, q64, {}).find("cpu: float64 inputs need the reference"), std::string::npos);
+  attention_options m;
+  Tensor mask = random_tensor({4, 4}, dtype::f32, rng);
+  m.attn_mask = mask;
+  EXPECT_NE(explain_backend(q, q, q, m).find("runs on cpu"), std::string::npos);
+  EXPECT_NE(explain_backend(q, q, q, m, true).find("cpu: the gradient of a float attn_mask needs the reference"),
+            std::string::npos);
+  const execution cpu_exec{.use_backend = backend::cpu};
+  const auto r = attention(q, q, q, m, cpu_exec);
+  EXPECT_THROW_MSG(attention_backward(q, q, q, r.out, r.out, r.lse, m, cpu_exec), "gradient of a float attn_mask");
+  EXPECT_EQ(backends().front(), "cpu");
+}
+
+}  // namespace
+}  // namespace attn

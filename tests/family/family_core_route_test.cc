@@ -1,0 +1,156 @@
+// tests/family/family_core_route_test.cc — the core route of attention_family reads the user's
+// views as they are: dot and scaled_dot are attn::attention itself (same dtype, bitwise the same
+// result, bf16 included), and strided, broadcast and 3-D inputs give what their contiguous 4-D
+// copies give; every name table round-trips every enumerator.
+#include <gtest/gtest.h>
+
+#include "family_util.h"
+
+namespace attn::testing {
+namespace {
+
+// Bitwise equality of two tensors (same shape and dtype, same bits once widened).
+::testing::AssertionResult same_bits(const TensorView& got, const TensorView& want) {
+  if (got.type() != want.type())
+    return ::testing::AssertionFailure() << "dtype " << dtype_name(got.type()) << " vs " << dtype_name(want.type());
+  return all_close(got, want, 0.0);
+}
+
+// Bitwise the core op's result in every dtype: no copy, no conversion on the way (a bf16 input
+// that went through float32 would round differently).
+TEST(FamilyCoreRoute, DotIsTheCoreOpOnTheUsersViews) {
+  std::mt19937 rng(41);
+  const std::int64_t B = 2, Hq = 4, Hkv = 2, Nq = 37, Nk = 53, D = 64, Dv = 32;
+  for (dtype t : {dtype::bf16, dtype::f32, dtype::f16, dtype::f64})
+    for (score_kind s : {score_kind::dot, score_kind::scaled_dot})
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " " + to_string(s) + (causal ? " causal" : ""));
+        const Tensor q = random_tensor({B, Hq, Nq, D}, t, rng), k = random_tensor({B, Hkv, Nk, D}, t, rng),
+                     v = random_tensor({B, Hkv, Nk, Dv}, t, rng), dout = random_tensor({B, Hq, Nq, Dv}, t, rng);
+        family_options fo;
+        fo.score.kind = s;
+        if (s == score_kind::scaled_dot) fo.score.scale = 0.3;
+        fo.is_causal = causal;
+        attention_options ao;
+        ao.scale = s == score_kind::dot ? 1.0 : 0.3;
+        ao.is_causal = causal;
+
+        const family_result fr = attention_family(q, k, v, fo);
+        const attention_result ar = attention(q, k, v, ao);
+        EXPECT_EQ(fr.path, "core (" + ar.backend + ")");
+        EXPECT_TRUE(same_bits(fr.out, ar.out));
+
+        const family_grads fg = attention_family_backward(q, k, v, dout, fo);
+        const attention_grads ag = attention_backward(q, k, v, ar.out, dout, ar.lse, ao);
+        EXPECT_TRUE(same_bits(fg.dq, ag.dq));
+        EXPECT_TRUE(same_bits(fg.dk, ag.dk));
+        EXPECT_TRUE(same_bits(fg.dv, ag.dv));
+      }
+}
+
+// A [B, H, N, X] tensor seen through a transposed, non-contiguous view (no copy of its own).
+struct strided_copy {
+  Tensor storage;  // [B, N, H, X + 3]
+  TensorView view;
+  strided_copy(const Tensor& t) {
+    const std::int64_t B = t.size(0), H = t.size(1), N = t.size(2), X = t.size(3);
+    storage = Tensor::zeros({B, N, H, X + 3}, t.type());
+    view = storage.view().slice(3, 1, X + 1).permute({0, 2, 1, 3});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t n = 0; n < N; ++n)
+          for (std::int64_t x = 0; x < X; ++x) view.set({b, h, n, x}, t.get({b, h, n, x}));
+  }
+};
+
+Tensor to3(const TensorView& t) {
+  const Tensor p = Tensor::copy_of(t.permute({0, 2, 1, 3}));
+  return Tensor::copy_of(p.view().reshape({t.size(0), t.size(2), t.size(1) * t.size(3)}));
+}
+
+TEST(FamilyCoreRoute, StridedAndThreeDimensionalInputsMatchContiguous) {
+  std::mt19937 rng(43);
+  for (dtype t : {dtype::f32, dtype::f64, dtype::bf16})
+    for (score_kind s : {score_kind::dot, score_kind::scaled_dot, score_kind::general, score_kind::cosine,
+                         score_kind::gaussian}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + to_string(s));
+      family_case c(s, distribution_kind::softmax, rng, 2, 4, 2, 9, 11, 8, 5);
+      c.opt.is_causal = true;
+      const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, t, rng);
+      const family_result want = attention_family(q, k, v, c.opt);
+      const family_grads gwant = attention_family_backward(q, k, v, dout, c.opt);
+      ASSERT_EQ(want.path.rfind("core", 0), 0u);
+      // The core op's results do not depend on strides (bitwise), nor does the preparation.
+      const double tol = 0.0;
+
+      const strided_copy qs(q), ks(k), vs(v), ds(dout);
+      ASSERT_FALSE(qs.view.is_contiguous());
+      const family_result got = attention_family(qs.view, ks.view, vs.view, c.opt);
+      EXPECT_TRUE(all_close(got.out, want.out, tol)) << "strided out";
+      const family_grads g = attention_family_backward(qs.view, ks.view, vs.view, ds.view, c.opt);
+      EXPECT_TRUE(all_close(g.dq, gwant.dq, tol)) << "strided dq";
+      EXPECT_TRUE(all_close(g.dk, gwant.dk, tol)) << "strided dk";
+      EXPECT_TRUE(all_close(g.dv, gwant.dv, tol)) << "strided dv";
+      EXPECT_EQ(g.dq.shape(), q.shape());
+
+      family_options o3 = c.opt;
+      o3.q_num_heads = c.Hq, o3.kv_num_heads = c.Hkv;
+      const Tensor q3 = to3(q), k3 = to3(k), v3 = to3(v), d3 = to3(dout);
+      const family_result r3 = attention_family(q3, k3, v3, o3);
+      EXPECT_EQ(r3.out.shape(), (Shape{c.B, c.Nq, c.Hq * c.Dv}));
+      EXPECT_TRUE(all_close(r3.out, to3(want.out), tol)) << "3-D out";
+      const family_grads g3 = attention_family_backward(q3, k3, v3, d3, o3);
+      EXPECT_TRUE(all_close(g3.dq, to3(gwant.dq), tol)) << "3-D dq";
+      EXPECT_TRUE(all_close(g3.dk, to3(gwant.dk), tol)) << "3-D dk";
+      EXPECT_TRUE(all_close(g3.dv, to3(gwant.dv), tol)) << "3-D dv";
+      ASSERT_EQ(g3.dW.defined(), s == score_kind::general);
+      if (s == score_kind::general) {
+        EXPECT_TRUE(all_close(g3.dW, gwant.dW, 1e-12)) << "3-D dW";
+      }
+      EXPECT_NEAR(g3.dtemperature, gwant.dtemperature, 1e-12 * (1 + std::abs(gwant.dtemperature)));
+      EXPECT_NEAR(g3.dbandwidth, gwant.dbandwidth, 1e-12 * (1 + std::abs(gwant.dbandwidth)));
+    }
+}
+
+TEST(FamilyCoreRoute, BroadcastKeysAreReadInPlace) {
+  // k and v broadcast over the batch (stride 0): the same as their materialised copies.
+  std::mt19937 rng(44);
+  const Tensor q = random_tensor({3, 2, 5, 4}, dtype::f32, rng), k1 = random_tensor({1, 2, 6, 4}, dtype::f32, rng),
+               v1 = random_tensor({1, 2, 6, 3}, dtype::f32, rng);
+  const TensorView kb = k1.view().broadcast_to({3, 2, 6, 4}), vb = v1.view().broadcast_to({3, 2, 6, 3});
+  for (score_kind s : {score_kind::scaled_dot, score_kind::cosine}) {
+    family_options o;
+    o.score.kind = s;
+    const family_result got = attention_family(q, kb, vb, o);
+    const family_result want = attention_family(q, Tensor::copy_of(kb), Tensor::copy_of(vb), o);
+    EXPECT_TRUE(all_close(got.out, want.out, 0.0)) << to_string(s);
+  }
+}
+
+// ---- names ----
+
+template <class E>
+void round_trips(E last, std::string (*name)(E), E (*parse)(const std::string&)) {
+  for (int i = 0; i <= int(last); ++i) {
+    const E e = E(i);
+    EXPECT_EQ(parse(name(e)), e) << name(e);
+  }
+  EXPECT_NE(name(E(int(last) + 1)).find('('), std::string::npos) << "a value outside the enum names its number";
+}
+
+TEST(FamilyNames, EveryEnumeratorRoundTrips) {
+  // The tables are tied to the enums by static_asserts (src/family/scores/table.cc,
+  // src/family/names.cc); this checks the names at run time.
+  round_trips(score_kind::triangle, to_string, parse_score_kind);
+  round_trips(distribution_kind::kernel, to_string, parse_distribution_kind);
+  round_trips(score_activation::sigmoid, to_string, parse_score_activation);
+  round_trips(hardmax_gradient::straight_through, to_string, parse_hardmax_gradient);
+  EXPECT_EQ(to_string(score_kind(99)), "score_kind(99)");
+  EXPECT_EQ(all_scores().size(), std::size_t(score_kind::triangle) + 1);
+  EXPECT_EQ(all_distributions().size(), std::size_t(distribution_kind::kernel) + 1);
+  EXPECT_THROW_MSG(parse_score_activation("gelu"), "activation: 'gelu' is not one of tanh, relu, sigmoid");
+  EXPECT_THROW_MSG(parse_hardmax_gradient("ste"), "hardmax gradient: 'ste' is not one of zero, straight_through");
+}
+
+}  // namespace
+}  // namespace attn::testing

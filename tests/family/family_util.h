@@ -1,0 +1,92 @@
+// tests/family/family_util.h — shared set-up for the attention-family tests: random problems with the
+// learned parameters each score needs, and Σ dout·out for finite differences.
+#pragma once
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace attn::testing {
+
+inline const std::vector<score_kind>& all_scores() {
+  static const std::vector<score_kind> s = {
+      score_kind::dot,    score_kind::scaled_dot, score_kind::general,  score_kind::biased_general,
+      score_kind::activated_general, score_kind::additive, score_kind::cosine, score_kind::location,
+      score_kind::gaussian, score_kind::box, score_kind::triangle};
+  return s;
+}
+inline const std::vector<distribution_kind>& all_distributions() {
+  static const std::vector<distribution_kind> d = {
+      distribution_kind::softmax, distribution_kind::sigmoid, distribution_kind::sparsemax, distribution_kind::entmax15,
+      distribution_kind::hardmax, distribution_kind::topk,    distribution_kind::kernel};
+  return d;
+}
+inline bool is_kernel(score_kind s) {
+  return s == score_kind::gaussian || s == score_kind::box || s == score_kind::triangle;
+}
+inline bool compatible(score_kind s, distribution_kind d) { return d != distribution_kind::kernel || is_kernel(s); }
+// Scores whose key size may differ from the query's.
+inline bool free_dk(score_kind s) {
+  return s == score_kind::general || s == score_kind::biased_general || s == score_kind::activated_general ||
+         s == score_kind::additive || s == score_kind::location;
+}
+
+// One random problem: q, k, v and the parameters of `score`, owned here; `opt` points into them.
+struct family_case {
+  Tensor q, k, v, W, b, W_q, W_k, w_v, W_a, mask, lens;
+  family_options opt;
+  execution exec;  // path and threads
+  std::int64_t B, Hq, Hkv, Nq, Nk, D, Dk, Dv;
+
+  family_case(score_kind score, distribution_kind dist, std::mt19937& rng, std::int64_t B_ = 2, std::int64_t Hq_ = 2,
+              std::int64_t Hkv_ = 1, std::int64_t Nq_ = 4, std::int64_t Nk_ = 6, std::int64_t D_ = 3,
+              std::int64_t Dv_ = 3, bool multi_dim = false)
+      : B(B_), Hq(Hq_), Hkv(Hkv_), Nq(Nq_), Nk(Nk_), D(D_), Dk(free_dk(score) ? D_ + 1 : D_), Dv(Dv_) {
+    const dtype t = dtype::f64;
+    q = random_tensor({B, Hq, Nq, D}, t, rng);
+    k = random_tensor({B, Hkv, Nk, Dk}, t, rng);
+    v = random_tensor({B, Hkv, Nk, Dv}, t, rng);
+    opt.score.kind = score;
+    opt.distribution.kind = dist;
+    const std::int64_t A = 5;
+    switch (score) {
+      case score_kind::general:
+      case score_kind::biased_general:
+      case score_kind::activated_general:
+        W = random_tensor({D, Dk}, t, rng), opt.score.W = W.view();
+        if (score != score_kind::general) b = random_tensor({1}, t, rng), opt.score.b = b.view();
+        break;
+      case score_kind::additive:
+        W_q = random_tensor({A, D}, t, rng), W_k = random_tensor({A, Dk}, t, rng), b = random_tensor({A}, t, rng);
+        w_v = multi_dim ? random_tensor({Dv, A}, t, rng) : random_tensor({A}, t, rng);
+        opt.score.W_q = W_q.view(), opt.score.W_k = W_k.view(), opt.score.b = b.view(), opt.score.w_v = w_v.view();
+        break;
+      case score_kind::location: W_a = random_tensor({Nk, D}, t, rng), opt.score.W_a = W_a.view(); break;
+      case score_kind::cosine: opt.score.temperature = 0.7; break;
+      case score_kind::gaussian: opt.score.bandwidth = 0.9; break;
+      case score_kind::box: opt.score.bandwidth = 1.2; break;
+      case score_kind::triangle: opt.score.bandwidth = 1.5; break;
+      default: break;
+    }
+    if (dist == distribution_kind::topk) opt.distribution.k = 3;
+    if (dist == distribution_kind::sparsemax || dist == distribution_kind::entmax15) {
+      // Spread the scores so that the support is a strict subset (exact zeros exercised).
+      if (score == score_kind::scaled_dot) opt.score.scale = 3.0;
+    }
+  }
+
+  // Pointers to every learned tensor present, with names, for gradient checks.
+  std::vector<std::pair<std::string, Tensor*>> params() {
+    std::vector<std::pair<std::string, Tensor*>> r;
+    for (auto [n, t] : {std::pair<const char*, Tensor*>{"W", &W}, {"b", &b}, {"W_q", &W_q}, {"W_k", &W_k},
+                        {"w_v", &w_v}, {"W_a", &W_a}})
+      if (t->defined() && t->numel() > 0) r.push_back({n, t});
+    return r;
+  }
+};
+
+inline std::string case_name(score_kind s, distribution_kind d) { return to_string(s) + " x " + to_string(d); }
+
+}  // namespace attn::testing

@@ -1,0 +1,110 @@
+// tests/tools/cli_test.cc — the `attn` tool end to end: conformance summary and exit codes, `run`
+// against the C++ API, and bad arguments or files (a message and exit status 2, no crash).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "test_util.h"
+
+namespace attn {
+namespace {
+namespace fs = std::filesystem;
+
+struct proc_result {
+  int code;
+  std::string out;
+};
+
+proc_result sh(const std::string& args) {
+  const std::string cmd = std::string(ATTN_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("attn_cli_test_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+TEST(Cli, ConformancePassesShippedCases) {
+  const auto r = sh(std::string("conformance ") + ATTN_CONFORMANCE_DIR);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("38 passed, 0 failed\n"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ConformanceReportsAFailingCase) {
+  const fs::path d = scratch("conf");
+  const fs::path src = fs::path(ATTN_CONFORMANCE_DIR) / "attention_4d_scaled";
+  fs::copy(src, d / "broken", fs::copy_options::recursive);
+  fs::copy(src, d / "fine", fs::copy_options::recursive);
+  Tensor y = read_npy((d / "broken" / "expected_Y.npy").string());
+  y.set({0, 0, 0, 0}, y.get({0, 0, 0, 0}) + 0.5);
+  write_npy((d / "broken" / "expected_Y.npy").string(), y);
+  const auto r = sh("conformance " + d.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("FAIL broken: Y: worst error 0.5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 passed, 1 failed"), std::string::npos) << r.out;
+  std::ofstream(d / "broken" / "case.json") << "{not json";
+  EXPECT_NE(sh("conformance " + d.string()).out.find("case.json is not valid JSON"), std::string::npos);
+}
+
+TEST(Cli, RunMatchesTheApiAndWritesGradients) {
+  const fs::path d = scratch("run");
+  std::mt19937 rng(3);
+  Tensor q = testing::random_tensor({1, 4, 5, 8}, dtype::f32, rng), k = testing::random_tensor({1, 2, 7, 8}, dtype::f32, rng),
+         v = testing::random_tensor({1, 2, 7, 3}, dtype::f32, rng), dout = testing::random_tensor({1, 4, 5, 3}, dtype::f32, rng);
+  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"dout", &dout}}) write_npy((d / (std::string(n) + ".npy")).string(), *t);
+  auto f = [&](const char* n) { return (d / n).string(); };
+  const auto r = sh("run --q " + f("q.npy") + " --k " + f("k.npy") + " --v " + f("v.npy") + " --causal --alignment bottom_right" +
+                    " --softcap 2 --out " + f("out.npy") + " --lse " + f("lse.npy") + " --dout " + f("dout.npy") +
+                    " --dq " + f("dq.npy") + " --dk " + f("dk.npy") + " --dv " + f("dv.npy"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right, o.softcap = 2;
+  const auto want = attention(q, k, v, o);
+  const auto g = attention_backward(q, k, v, want.out, dout, want.lse, o);
+  EXPECT_TRUE(testing::all_close(read_npy(f("out.npy")), want.out, 0));
+  EXPECT_TRUE(testing::all_close(read_npy(f("lse.npy")), want.lse, 0));
+  EXPECT_TRUE(testing::all_close(read_npy(f("dq.npy")), g.dq, 0));
+  EXPECT_TRUE(testing::all_close(read_npy(f("dk.npy")), g.dk, 0));
+  EXPECT_TRUE(testing::all_close(read_npy(f("dv.npy")), g.dv, 0));
+}
+
+TEST(Cli, BadInputExitsWithStatus2AndAMessage) {
+  const fs::path d = scratch("bad");
+  Tensor q = Tensor::zeros({1, 2, 3, 4}, dtype::f32), k = Tensor::zeros({1, 3, 3, 4}, dtype::f32);
+  write_npy((d / "q.npy").string(), q);
+  write_npy((d / "k.npy").string(), k);
+  std::ofstream(d / "junk.npy") << "not an npy file";
+  const std::string qf = (d / "q.npy").string(), kf = (d / "k.npy").string(), jf = (d / "junk.npy").string();
+  const std::string out = " --out " + (d / "o.npy").string();
+  auto r = sh("run --q " + qf + " --k " + kf + " --v " + kf + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn: attention: q has 2 heads and k/v 3"), std::string::npos) << r.out;
+  r = sh("run --q " + jf + " --k " + kf + " --v " + kf + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("not a .npy file"), std::string::npos) << r.out;
+  r = sh("run --q " + qf + " --k " + qf + " --v " + qf + " --alignment sideways" + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("sideways"), std::string::npos) << r.out;
+  r = sh("run --q " + qf + " --k " + qf + " --v " + qf + " --dq x.npy" + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("gradients need --dout"), std::string::npos) << r.out;
+  EXPECT_EQ(sh("conformance " + (d / "nope").string()).code, 2);
+  EXPECT_EQ(sh("frobnicate").code, 2);
+  EXPECT_EQ(sh("").code, 2);
+  EXPECT_EQ(sh("run --help").code, 0);
+}
+
+}  // namespace
+}  // namespace attn
