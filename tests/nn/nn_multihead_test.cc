@@ -1,4 +1,4 @@
-// tests/nn/multihead_test.cc — MultiHeadAttention: the forward against a float64 multi-head
+// tests/nn/nn_multihead_test.cc — MultiHeadAttention: the forward against a float64 multi-head
 // attention written out here with loops (projections, masks, softmax, output projection), the
 // returned weights, gradients against central finite differences, and KV-cache decoding
 // against the full causal forward.

@@ -1,4 +1,4 @@
-// tests/nn/checkpoint_test.cc — safetensors: the bytes of a small file written out by hand,
+// tests/nn/nn_checkpoint_test.cc — safetensors: the bytes of a small file written out by hand,
 // exact round trips of every dtype and of whole models' parameters, and every error by message.
 // (tests/nn/safetensors_interop.py checks the same files against the Python package.)
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// tests/nn/scored_attention_test.cc — AdditiveAttention and LuongAttention (dot, general,
+// tests/nn/nn_scored_attention_test.cc — AdditiveAttention and LuongAttention (dot, general,
 // concat, location): forwards against the score formulas, softmax and weighted sum written out
 // here with loops; gradients against central finite differences (float64).
 #include <gtest/gtest.h>

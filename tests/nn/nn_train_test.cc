@@ -1,4 +1,4 @@
-// tests/nn/train_test.cc — losses (values against formulas written here, gradients against
+// tests/nn/nn_train_test.cc — losses (values against formulas written here, gradients against
 // central finite differences), SGD / Adam / AdamW against their update rules stepped by hand,
 // gradient clipping, the learning-rate schedule, and gradient accumulation over micro-batches.
 #include <gtest/gtest.h>
