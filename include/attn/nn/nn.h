@@ -21,3 +21,4 @@
 #include "attn/nn/optim.h"
 #include "attn/nn/parameter.h"
 #include "attn/nn/scored_attention.h"
+#include "attn/nn/transformer.h"
