@@ -1,20 +1,13 @@
 // tests/nn/nn_checkpoint_test.cc — safetensors: the bytes of a small file written out by hand,
 // exact round trips of every dtype and of whole models' parameters, and every error by message.
 // (tests/nn/safetensors_interop.py checks the same files against the Python package.)
-#include <gtest/gtest.h>
-
 #include <cstdio>
 #include <fstream>
-#include <random>
 
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::random_tensor;
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "attn_ckpt_" + name; }
 
