@@ -5,6 +5,8 @@
 #include "attn/error.h"
 #include "attn/execution.h"
 #include "attn/family.h"
+#include "attn/linear.h"
+#include "attn/nn/nn.h"
 #include "attn/npy.h"
 #include "attn/onnx.h"
 #include "attn/positional.h"
