@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package attn needs to build, test and benchmark (a no-op when present).
 set -euo pipefail
-pkgs=(cmake ninja-build g++ git python3
+pkgs=(cmake ninja-build g++ git python3 python3-venv python3-dev
       libfmt-dev libcli11-dev nlohmann-json3-dev libomp-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev libicu-dev)
 missing=()

@@ -82,6 +82,23 @@ struct reference_scope {
   reference_scope& operator=(const reference_scope&) = delete;
 };
 
+// Checks `grad` against central differences of the scalar `loss` over every element of the
+// float64 tensor `x`: |(L(x + eps·e_i) − L(x − eps·e_i)) / 2eps − grad_i| <= tol.
+template <class Loss>
+void expect_matches_finite_differences(const Tensor& x, const Tensor& grad, Loss loss, const char* what,
+                                       double tol = 1e-7) {
+  ASSERT_EQ(grad.shape(), x.shape());
+  const double eps = 1e-6;
+  const Tensor g = grad.to(dtype::f64);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    Tensor xp = Tensor::copy_of(x), xm = Tensor::copy_of(x);
+    xp.data_as<double>()[i] += eps;
+    xm.data_as<double>()[i] -= eps;
+    const double fd = (loss(xp) - loss(xm)) / (2 * eps);
+    EXPECT_NEAR(fd, g.data_as<double>()[i], tol) << what << " element " << i;
+  }
+}
+
 inline bool any_nan(const TensorView& t) {
   for (double x : to_vector(t))
     if (std::isnan(x)) return true;

@@ -1,11 +1,8 @@
-// attn/onnx.h — the ONNX `Attention` operator (opsets 23/24) on top of attn::attention, and
-// the runner for conformance case folders (format: ../shared/conformance/README.md).
+// attn/onnx.h — the ONNX `Attention` operator (opsets 23/24) on top of attn::attention.
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <string>
-#include <vector>
 
 #include "attn/attention.h"
 
@@ -37,19 +34,5 @@ outputs run(const inputs& in, const attributes& attrs, const execution& exec = {
 
 // Maps ONNX attributes and inputs onto attention_options (views stay borrowed from `in`).
 attention_options to_options(const inputs& in, const attributes& attrs);
-
-struct case_result {
-  std::string name;
-  bool passed = false;
-  std::string detail;     // on failure: which output and its worst error, or the exception text
-  double worst_excess = 0;  // max over outputs of |a - e| - (atol + rtol |e|)
-};
-
-// Runs one case folder (case.json + .npy files). Never throws for a bad case: a case that
-// cannot be read fails with the reason in `detail`.
-case_result run_case(const std::string& dir, backend use_backend = backend::automatic);
-
-// Case folders under `dir` (a folder holding case.json is itself one case), sorted by name.
-std::vector<std::string> find_cases(const std::string& dir);
 
 }  // namespace attn::onnx

@@ -10,13 +10,13 @@
 #include <iterator>
 
 #include "attn/error.h"
+#include "core/common.h"
 
 namespace attn {
 namespace {
 
-[[noreturn]] void fail(const std::string& name, const std::string& what) {
-  throw error(fmt::format("npy: {}: {}", name, what));
-}
+// "npy: <file>: <what>": the fronts' error helper with the file named after the op.
+[[noreturn]] void fail(const std::string& file, const std::string& what) { detail::fail("npy", file + ": " + what); }
 
 // Finds the value text after 'key': in the header dict.
 std::string dict_value(const std::string& header, const std::string& key, const std::string& name) {

@@ -30,7 +30,9 @@ void check_float(const char* op, const char* name, const TensorView& t) {
   if (t.data() == nullptr && t.numel() != 0) fail(op, fmt::format("{} has no data", name));
 }
 
-// [.., N, D] seen as [B, 1, N, D] (rank 2: B = 1, batch stride 0).
+// [.., N, D] seen as [B, 1, N, D] (rank 2: B = 1, batch stride 0). Not detail::as_bhnx: that
+// one splits 3-D [B, N, H*X] into heads and has no rank 2; positional tables and x are
+// [N, D] or [B, N, D] with one head.
 strided4 as_bnd(const TensorView& t) {
   return strided4{t.data(), t.type(), t.rank() == 3 ? t.stride(0) : 0, 0, t.stride(-2), t.stride(-1)};
 }

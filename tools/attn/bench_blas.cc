@@ -168,7 +168,7 @@ blas_baseline::blas_baseline(const std::string& coretype) {
   describe_ = fmt::format("{} core {}{}", config ? config() : "OpenBLAS", corename ? corename() : "?", note);
 }
 
-std::string blas_baseline::skip_reason(const problem& p, int threads) const {
+std::string blas_baseline::skip_reason(const workload& p, int threads) const {
   if (!available()) return describe_;
   const double rows = double(p.Hq / p.Hkv) * double(p.Nq);
   const double bytes = 2.0 * rows * double(p.Nk) * 4.0 * std::max(1, threads);
@@ -180,7 +180,7 @@ std::string blas_baseline::skip_reason(const problem& p, int threads) const {
 // Runs body(b, h, scratch&) for every (batch, key/value head): heads spread over threads with
 // one-thread GEMMs, or — with fewer heads than threads — one head at a time with threaded GEMMs.
 template <class Body>
-void blas_baseline::for_each_head(const problem& p, int threads, Body&& body) {
+void blas_baseline::for_each_head(const workload& p, int threads, Body&& body) {
   const std::int64_t units = p.B * p.Hkv;
   const int workers = int(std::min<std::int64_t>(threads, units));
   while (int(scratch_.size()) < std::max(1, workers)) scratch_.push_back(std::make_unique<scratch>());
@@ -199,7 +199,7 @@ void blas_baseline::for_each_head(const problem& p, int threads, Body&& body) {
   for (auto& t : pool) t.join();
 }
 
-void blas_baseline::forward(const problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+void blas_baseline::forward(const workload& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                             int threads) {
   static const softmax_fn softmax = pick_softmax();
   const std::int64_t G = p.Hq / p.Hkv, M = G * p.Nq, Nk = p.Nk, D = p.D, Dv = p.Dv;
@@ -224,7 +224,7 @@ void blas_baseline::forward(const problem& p, const Tensor& q, const Tensor& k, 
   });
 }
 
-void blas_baseline::backward(const problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+void blas_baseline::backward(const workload& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, int threads) {
   static const softmax_fn softmax = pick_softmax();
   const std::int64_t G = p.Hq / p.Hkv, M = G * p.Nq, Nk = p.Nk, D = p.D, Dv = p.Dv;

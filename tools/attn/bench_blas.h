@@ -5,9 +5,10 @@
 // OpenBLAS is opened with dlopen, not linked: the attn tool builds and runs without it (the
 // peer is then reported as absent), and OPENBLAS_CORETYPE can be set in our own environment
 // before the library initialises. Debian's OpenBLAS 0.3.21 does not recognise AVX-512 on AMD
-// Zen 4/5 and falls back to AVX2 kernels (and this machine's environment even pins
-// OPENBLAS_CORETYPE=Haswell); so by default, where the CPU has AVX-512F, we set
-// OPENBLAS_CORETYPE=SkylakeX. describe() tells which core type the library chose.
+// Zen 4/5 and falls back to AVX2 kernels (and an environment may pin OPENBLAS_CORETYPE=Haswell
+// as well), which would make the baseline look slower than OpenBLAS can be; so by default,
+// where the CPU has AVX-512F, we set OPENBLAS_CORETYPE=SkylakeX. describe() tells which core
+// type the library chose.
 #pragma once
 
 #include <cstdint>
@@ -16,16 +17,9 @@
 #include <vector>
 
 #include "attn/tensor.h"
+#include "bench_grid.h"
 
 namespace attn::cli::bench {
-
-// One benchmark problem, 4-D contiguous layouts: q [B, Hq, Nq, D], k [B, Hkv, Nk, D],
-// v [B, Hkv, Nk, Dv], out [B, Hq, Nq, Dv]. Causal is top-left aligned (PyTorch is_causal).
-struct problem {
-  std::int64_t B = 1, Hq = 1, Hkv = 1, Nq = 1, Nk = 1, D = 64, Dv = 64;
-  bool causal = false;
-  dtype type = dtype::f32;
-};
 
 class blas_baseline {
  public:
@@ -38,16 +32,16 @@ class blas_baseline {
   // "OpenBLAS 0.3.21 DYNAMIC_ARCH ... core SkylakeX (OPENBLAS_CORETYPE=SkylakeX set by attn bench)"
   // or why it is not available.
   const std::string& describe() const { return describe_; }
-  // Why this problem is not run (scores too large to materialise), or "".
-  std::string skip_reason(const problem& p, int threads) const;
+  // Why this workload is not run (scores too large to materialise), or "".
+  std::string skip_reason(const workload& p, int threads) const;
 
   // out = softmax(scale · q kᵀ + causal mask) v, per key/value head: every [G·Nq, Nk] score
   // block is written, soft-maxed and read back. Heads are spread over `threads` threads with
   // single-threaded GEMMs (or, with fewer heads than threads, multithreaded GEMMs).
-  void forward(const problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int threads);
+  void forward(const workload& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, int threads);
   // dq, dk, dv from dout, recomputing the scores (S = q kᵀ, P, dV = Pᵀ dO, dP = dO vᵀ,
   // dS = P∘(dP − rowsum(dO∘O)), dQ = dS k, dK = dSᵀ q): 5 GEMMs, 2.5× the forward's.
-  void backward(const problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+  void backward(const workload& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                 const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, int threads);
 
  private:
@@ -57,7 +51,7 @@ class blas_baseline {
   using set_threads_fn = void (*)(int);
   struct scratch;
   template <class Body>
-  void for_each_head(const problem& p, int threads, Body&& body);
+  void for_each_head(const workload& p, int threads, Body&& body);
 
   sgemm_fn sgemm_ = nullptr;
   set_threads_fn set_threads_ = nullptr;

@@ -5,6 +5,7 @@
 
 #include "attn/attn.h"
 #include "cli.h"
+#include "conformance.h"
 
 namespace attn::cli {
 
@@ -24,10 +25,10 @@ void add_conformance(CLI::App& app, int& exit_code) {
     const backend be = parse_backend(args->backend);
     std::vector<std::string> cases;
     for (const auto& d : args->dirs)
-      for (auto& c : onnx::find_cases(d)) cases.push_back(std::move(c));
+      for (auto& c : conformance::find_cases(d)) cases.push_back(std::move(c));
     int passed = 0, failed = 0;
     for (const auto& c : cases) {
-      const onnx::case_result r = onnx::run_case(c, be);
+      const conformance::case_result r = conformance::run_case(c, be);
       if (r.passed) {
         ++passed;
         if (args->verbose) fmt::print("ok   {}\n", r.name);

@@ -1,4 +1,4 @@
-// tests/attention_test.cc — the core op (float64 reference backend) against the ONNX
+// tests/core/attention_test.cc — the core op (float64 reference backend) against the ONNX
 // conformance cases, against equivalent formulations (every mask kind expressed as an explicit
 // mask, GQA as repeated heads, 3-D as permuted 4-D, strided views as copies), gradients by
 // central finite differences, the fully-masked-row contract, and error messages.
@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "conformance.h"
+#include "core/common.h"
 #include "test_util.h"
 
 namespace attn {
@@ -15,7 +17,7 @@ namespace {
 using testing::all_close;
 using testing::random_bool;
 using testing::random_tensor;
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using detail::kNegInf;
 
 // Options whose calls run on the float64 reference: the overloads below pass them on with
 // execution{.use_backend = backend::reference} (better matches than attn's own for ref_options).
@@ -37,14 +39,14 @@ class Conformance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Conformance, Passes) {
   for (backend be : {backend::reference, backend::automatic}) {
-    const onnx::case_result r = onnx::run_case(GetParam(), be);
+    const conformance::case_result r = conformance::run_case(GetParam(), be);
     EXPECT_TRUE(r.passed) << r.name << ": " << r.detail;
   }
 }
 
 std::vector<std::string> conformance_cases() {
   try {
-    return onnx::find_cases(ATTN_CONFORMANCE_DIR);
+    return conformance::find_cases(ATTN_CONFORMANCE_DIR);
   } catch (const error&) {
     return {};
   }
@@ -142,7 +144,7 @@ TEST(Attention, NonpadEqualsPaddingMaskAndMovesTheFrontier) {
     om.attn_mask = m.view();
     const auto a = attention(q, k, v, o);
     expect_same(a, attention(q, k, v, om));
-    EXPECT_EQ(a.lse.get({2, 0, 0}), -kInf);  // batch 2 has no keys at all
+    EXPECT_EQ(a.lse.get({2, 0, 0}), kNegInf);  // batch 2 has no keys at all
   }
 }
 
@@ -160,7 +162,7 @@ TEST(Attention, AlibiEqualsFloatMask) {
       for (std::int64_t i = 0; i < 4; ++i)
         for (std::int64_t j = 0; j < 6; ++j) {
           const std::int64_t p = i + 2;
-          m.set({0, h, i, j}, (causal && j > p) ? -kInf : -slopes.get({h}) * double(std::abs(p - j)));
+          m.set({0, h, i, j}, (causal && j > p) ? kNegInf : -slopes.get({h}) * double(std::abs(p - j)));
         }
     auto om = ref_opts();
     om.attn_mask = m.view();
@@ -272,7 +274,7 @@ TEST(Attention, MaskShorterThanKeysIsPadded) {
   Tensor fm = random_tensor({3, 4}, dtype::f64, rng);
   auto o = ref_opts();
   o.attn_mask = fm.view();
-  Tensor full = Tensor::full({3, 6}, dtype::f64, -kInf);
+  Tensor full = Tensor::full({3, 6}, dtype::f64, kNegInf);
   for (std::int64_t i = 0; i < 3; ++i)
     for (std::int64_t j = 0; j < 4; ++j) full.set({i, j}, fm.get({i, j}));
   auto o2 = ref_opts();
@@ -305,7 +307,8 @@ TEST(Attention, FullyMaskedRowsGiveZerosNeverNaN) {
   std::mt19937 rng(12);
   for (dtype t : {dtype::f64, dtype::f32, dtype::f16, dtype::bf16}) {
     auto [q, k, v] = make(rng, 1, 2, 1, 3, 4, 4, 3, t);
-    Tensor m = Tensor::from_values({3, 4}, dtype::f32, {0, 0, 0, 0, -kInf, -kInf, -kInf, -kInf, 0, -kInf, 0, 0});
+    Tensor m = Tensor::from_values({3, 4}, dtype::f32,
+                                   {0, 0, 0, 0, kNegInf, kNegInf, kNegInf, kNegInf, 0, kNegInf, 0, 0});
     auto o = ref_opts();
     o.attn_mask = m.view();
     o.return_qk = qk_output::probabilities;
@@ -313,7 +316,7 @@ TEST(Attention, FullyMaskedRowsGiveZerosNeverNaN) {
     EXPECT_FALSE(testing::any_nan(r.out));
     EXPECT_FALSE(testing::any_nan(r.qk));
     for (std::int64_t h = 0; h < 2; ++h) {
-      EXPECT_EQ(r.lse.get({0, h, 1}), -kInf);
+      EXPECT_EQ(r.lse.get({0, h, 1}), kNegInf);
       for (std::int64_t d = 0; d < 3; ++d) EXPECT_EQ(r.out.get({0, h, 1, d}), 0.0);
       for (std::int64_t j = 0; j < 4; ++j) EXPECT_EQ(r.qk.get({0, h, 1, j}), 0.0);
     }
@@ -332,7 +335,7 @@ TEST(Attention, EmptyKeySetAndEmptyDims) {
   const auto r = attention(q, k, v, ref_opts());
   EXPECT_EQ(r.out.shape(), (Shape{2, 2, 3, 5}));
   for (double x : r.out.to_vector()) EXPECT_EQ(x, 0.0);
-  for (double x : r.lse.to_vector()) EXPECT_EQ(x, -kInf);
+  for (double x : r.lse.to_vector()) EXPECT_EQ(x, kNegInf);
   auto [q0, k0, v0] = make(rng, 0, 2, 1, 3, 4, 4, 5);
   EXPECT_EQ(attention(q0, k0, v0, ref_opts()).out.numel(), 0);
   auto [q1, k1, v1] = make(rng, 1, 1, 1, 0, 4, 4, 5);
@@ -368,7 +371,7 @@ TEST(Attention, LowPrecisionDtypesTrackFloat64) {
 TEST(Attention, IntermediatesFollowOnnxModes) {
   std::mt19937 rng(15);
   auto [q, k, v] = make(rng, 1, 1, 1, 2, 3, 2, 2);
-  Tensor m = Tensor::from_values({2, 3}, dtype::f64, {0.5, -kInf, 0.0, 0.1, 0.2, 0.3});
+  Tensor m = Tensor::from_values({2, 3}, dtype::f64, {0.5, kNegInf, 0.0, 0.1, 0.2, 0.3});
   auto o = ref_opts();
   o.attn_mask = m.view();
   o.softcap = 0.5;

@@ -1,4 +1,4 @@
-// tests/tensor_test.cc — dtypes, conversions, views and owning tensors.
+// tests/core/tensor_test.cc — dtypes, conversions, views and owning tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>

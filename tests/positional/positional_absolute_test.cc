@@ -1,4 +1,4 @@
-// tests/positional_absolute_test.cc — absolute encodings: the sinusoidal formula (plain and
+// tests/positional/positional_absolute_test.cc — absolute encodings: the sinusoidal formula (plain and
 // added to x) and the learned table (gather forward, scatter-add backward), fast paths against
 // the float64 reference, positions as offsets and ids, and bad input.
 #include <cmath>
@@ -140,13 +140,7 @@ TEST(Learned, BackwardScatterAddsAndMatchesFiniteDifferences) {
   const auto loss = [&](const Tensor& t) {
     return testing::weighted_sum(learned_position_encoding(t, N, ids), w);
   };
-  const double eps = 1e-6;
-  for (std::int64_t i = 0; i < table.numel(); ++i) {
-    Tensor tp = Tensor::copy_of(table), tm = Tensor::copy_of(table);
-    tp.data_as<double>()[i] += eps;
-    tm.data_as<double>()[i] -= eps;
-    EXPECT_NEAR((loss(tp) - loss(tm)) / (2 * eps), dtable.data_as<double>()[i], 1e-8);
-  }
+  testing::expect_matches_finite_differences(table, dtable, loss, "dtable", 1e-8);
   // Shared positions (offset) sum over the batch; dtypes follow dout.
   for (dtype t : {dtype::f32, dtype::bf16}) {
     const Tensor w_t = w.to(t);

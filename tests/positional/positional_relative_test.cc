@@ -1,4 +1,4 @@
-// tests/positional_relative_test.cc — the T5 relative position bias: buckets worked by hand for
+// tests/positional/positional_relative_test.cc — the T5 relative position bias: buckets worked by hand for
 // small configurations and the bucket edges of T5's defaults, the bias gather and its
 // scatter-add backward (fast against reference, finite differences in f64), bad input.
 #include <cmath>
@@ -126,13 +126,7 @@ TEST(RelativeBias, BackwardScattersAndMatchesFiniteDifferences) {
           for (std::int64_t j = 0; j < Nk; ++j) s += w.get({b, h, i, j}) * bias.get({0, h, i, j});
     return s;
   };
-  const double eps = 1e-6;
-  for (std::int64_t i = 0; i < table.numel(); ++i) {
-    Tensor tp = Tensor::copy_of(table), tm = Tensor::copy_of(table);
-    tp.data_as<double>()[i] += eps;
-    tm.data_as<double>()[i] -= eps;
-    EXPECT_NEAR((loss(tp) - loss(tm)) / (2 * eps), dtable.data_as<double>()[i], 1e-8) << "element " << i;
-  }
+  testing::expect_matches_finite_differences(table, dtable, loss, "dtable", 1e-8);
   // Fast against reference: 3-D and 4-D dbias, strided, every dtype, a parallel-sized case.
   for (dtype t : {dtype::f64, dtype::f32, dtype::f16, dtype::bf16}) {
     for (auto [B, Hh, Mq, Mk] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>{1, 2, 5, 7},

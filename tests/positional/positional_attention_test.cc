@@ -1,4 +1,4 @@
-// tests/positional_attention_test.cc — positional encodings composed with attn::attention,
+// tests/positional/positional_attention_test.cc — positional encodings composed with attn::attention,
 // forward and backward: rotary on q and k (gradients through rotary_backward), and the T5
 // bias as the float attn_mask (the table's gradient through dattn_mask), both checked against
 // central finite differences in float64.
@@ -10,28 +10,9 @@ namespace attn {
 namespace {
 
 using testing::all_close;
+using testing::expect_matches_finite_differences;
 using testing::random_tensor;
-
-double weighted_sum(const TensorView& a, const TensorView& w) {
-  const auto x = to_vector(a), y = to_vector(w);
-  double s = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
-  return s;
-}
-
-// Checks grad against central differences of loss over every element of x (float64).
-template <class Loss>
-void expect_matches_finite_differences(const Tensor& x, const Tensor& grad, Loss loss, const char* what) {
-  ASSERT_EQ(grad.shape(), x.shape());
-  const double eps = 1e-6;
-  for (std::int64_t i = 0; i < x.numel(); ++i) {
-    Tensor xp = Tensor::copy_of(x), xm = Tensor::copy_of(x);
-    xp.data_as<double>()[i] += eps;
-    xm.data_as<double>()[i] -= eps;
-    const double fd = (loss(xp) - loss(xm)) / (2 * eps);
-    EXPECT_NEAR(fd, grad.to(dtype::f64).data_as<double>()[i], 1e-7) << what << " element " << i;
-  }
-}
+using testing::weighted_sum;
 
 TEST(PositionalAttention, RotaryQKForwardAndBackward) {
   std::mt19937 rng(1);

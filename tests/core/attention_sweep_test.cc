@@ -1,4 +1,4 @@
-// tests/attention_sweep_test.cc — random sweeps: every option combined at random (odd sizes,
+// tests/core/attention_sweep_test.cc — random sweeps: every option combined at random (odd sizes,
 // 0 and 1, D not a multiple of 8, Nq != Nk, GQA ratios, 3-D and strided layouts, every mask
 // kind and alignment, windows, kv lengths, softcap, ALiBi, sinks, all dtypes), checked against
 // a dense formulation written here from the formula documented in attn/attention.h — not from
@@ -8,12 +8,13 @@
 #include <cmath>
 #include <limits>
 
+#include "core/common.h"
 #include "test_util.h"
 
 namespace attn {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using detail::kNegInf;
 
 struct config {
   std::int64_t B, Hq, Hkv, Nq, Nk, D, Dv;
@@ -35,7 +36,7 @@ void dense(const config& c, const Tensor& q, const Tensor& k, const Tensor& v, s
     const TensorView& m = *o.attn_mask;
     Shape s = m.shape();
     s.back() = c.Nk;
-    mask = Tensor::full(s, m.type(), m.type() == dtype::boolean ? 0.0 : -kInf);
+    mask = Tensor::full(s, m.type(), m.type() == dtype::boolean ? 0.0 : kNegInf);
     Tensor mc = Tensor::copy_of(m);
     const auto src = mc.to_vector();
     const std::int64_t cols = m.shape().back(), rows = m.numel() / std::max<std::int64_t>(cols, 1);
@@ -45,7 +46,7 @@ void dense(const config& c, const Tensor& q, const Tensor& k, const Tensor& v, s
   }
   const TensorView mb = mask.defined() ? mask.view().broadcast_to({c.B, c.Hq, c.Nq, c.Nk}) : TensorView();
   out.assign(std::size_t(c.B * c.Hq * c.Nq * c.Dv), 0.0);
-  lse.assign(std::size_t(c.B * c.Hq * c.Nq), -kInf);
+  lse.assign(std::size_t(c.B * c.Hq * c.Nq), kNegInf);
   for (std::int64_t b = 0; b < c.B; ++b) {
     const std::int64_t nk = o.nonpad_kv_seqlen ? std::int64_t(o.nonpad_kv_seqlen->get({b})) : c.Nk;
     for (std::int64_t h = 0; h < c.Hq; ++h) {
@@ -54,7 +55,7 @@ void dense(const config& c, const Tensor& q, const Tensor& k, const Tensor& v, s
         const std::int64_t pos = o.alignment == causal_alignment::top_left      ? i
                                  : o.alignment == causal_alignment::bottom_right ? nk - c.Nq + i
                                                                                  : (o.past_key ? o.past_key->size(2) : 0) + i;
-        std::vector<double> s(std::size_t(c.Nk), -kInf);
+        std::vector<double> s(std::size_t(c.Nk), kNegInf);
         for (std::int64_t j = 0; j < c.Nk; ++j) {
           if (j >= nk || (o.is_causal && j > pos)) continue;
           if (o.window_left >= 0 && j < pos - o.window_left) continue;
@@ -77,9 +78,9 @@ void dense(const config& c, const Tensor& q, const Tensor& k, const Tensor& v, s
           }
           s[std::size_t(j)] = x;
         }
-        double m = o.sinks ? o.sinks->get({h}) : -kInf;
+        double m = o.sinks ? o.sinks->get({h}) : kNegInf;
         for (double x : s) m = std::max(m, x);
-        if (m == -kInf) continue;
+        if (m == kNegInf) continue;
         double z = o.sinks ? std::exp(o.sinks->get({h}) - m) : 0.0;
         for (double x : s) z += std::exp(x - m);
         const std::size_t row = std::size_t((b * c.Hq + h) * c.Nq + i);

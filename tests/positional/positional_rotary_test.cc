@@ -1,4 +1,4 @@
-// tests/positional_rotary_test.cc — rotary embeddings: hand-worked values, the fast path against
+// tests/positional/positional_rotary_test.cc — rotary embeddings: hand-worked values, the fast path against
 // the float64 reference over layouts, strides, dtypes and positions, the properties RoPE is
 // for (norms kept, q·k depends on p_q − p_k, the two conventions are permutations of each
 // other), the backward against finite differences, and bad input.
@@ -187,13 +187,7 @@ TEST(Rotary, BackwardIsInverseAndMatchesFiniteDifferences) {
     const auto loss = [&](const Tensor& xx) {
       return testing::weighted_sum(rotary(xx, ids, ro), w);
     };
-    const double eps = 1e-6;
-    for (std::int64_t i = 0; i < x.numel(); ++i) {
-      Tensor xp = Tensor::copy_of(x), xm = Tensor::copy_of(x);
-      xp.data_as<double>()[i] += eps;
-      xm.data_as<double>()[i] -= eps;
-      EXPECT_NEAR((loss(xp) - loss(xm)) / (2 * eps), dx.data_as<double>()[i], 1e-8) << "element " << i;
-    }
+    testing::expect_matches_finite_differences(x, dx, loss, "dx", 1e-8);
     // The fast f32 backward agrees with the reference.
     const Tensor w32 = w.to(dtype::f32);
     EXPECT_TRUE(all_close(rotary_backward(w32, ids, ro), dx, 2e-5));

@@ -1,4 +1,4 @@
-// tests/npy_test.cc — .npy round trips for every dtype and rank, Fortran order, format 2.0,
+// tests/core/npy_test.cc — .npy round trips for every dtype and rank, Fortran order, format 2.0,
 // and malformed or truncated files (a clear attn::error, never a crash).
 #include <gtest/gtest.h>
 

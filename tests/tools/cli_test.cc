@@ -1,4 +1,4 @@
-// tests/cli_test.cc — the `attn` tool end to end: conformance summary and exit codes, `run`
+// tests/tools/cli_test.cc — the `attn` tool end to end: conformance summary and exit codes, `run`
 // against the C++ API, and bad arguments or files (a message and exit status 2, no crash).
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-// tests/cpu_attention_test.cc — the fused cpu backend against the float64 reference: random
+// tests/cpu/cpu_attention_test.cc — the fused cpu backend against the float64 reference: random
 // sweeps over shapes, layouts, masks, alignments, windows, kv lengths, softcap, ALiBi, sinks,
 // GQA ratios and dtypes, forward and every gradient, on every ISA level this CPU runs; bitwise
 // equality across thread counts; fully masked rows; eligibility messages.

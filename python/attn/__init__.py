@@ -1,0 +1,325 @@
+"""attn — attention mechanisms for NumPy and PyTorch, over the attn C++ library.
+
+Shape legend (as in C++): B batch · Hq/Hkv query/key-value heads · Nq/Nk lengths · D key
+size · Dv value size. Layouts: 4-D ``q [B, Hq, Nq, D]``, ``k [B, Hkv, Nk, D]``,
+``v [B, Hkv, Nk, Dv]``; or 3-D ``[B, N, H*D]`` with ``q_num_heads``/``kv_num_heads``.
+
+Every function takes NumPy arrays (bfloat16 through ``ml_dtypes``), torch CPU tensors or any
+DLPack producer, reads them in place through their strides (no copy), and returns the kind it
+was given. attn's errors arrive as ``ValueError`` (bad values or shapes) or ``TypeError``
+(bad dtypes: the message mentions a dtype), with attn's message.
+
+``attn.torch`` holds the differentiable versions and the drop-ins for
+``torch.nn.functional.scaled_dot_product_attention`` and ``torch.nn.MultiheadAttention``.
+docs/PYTHON.md has an example of every function.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Tuple
+
+from . import _attn
+from ._arrays import arg as _arg, kind_of as _kind_of, opts as _opts, result as _result
+
+_EXT = 0  # the extension returns NumPy arrays; _result gives them the caller's kind
+
+__version__: str = _attn.__version__
+
+__all__ = [
+    "AttentionResult", "AttentionGrads", "FamilyGrads", "attention", "attention_backward",
+    "attention_with_kv_cache", "explain_backend", "backends", "attention_family",
+    "attention_family_backward", "attention_weights", "rotary", "rotary_backward", "sinusoidal",
+    "t5_relative_bias", "t5_relative_bias_backward", "t5_relative_buckets", "plot_attention",
+    "__version__",
+]
+
+
+class AttentionResult(NamedTuple):
+    """What :func:`attention` returns when asked for more than ``out``."""
+
+    out: Any            # layout and dtype of q
+    lse: Any            # [B, Hq, Nq] float32 (float64 for float64 inputs); -inf on fully masked rows
+    qk: Any             # [B, Hq, Nq, Nk] with return_qk, else None
+    present_key: Any    # [B, Hkv, P + Nk, D] with past_key, else None
+    present_value: Any  # [B, Hkv, P + Nk, Dv] with past_value, else None
+    backend: str        # the backend that ran
+
+
+class AttentionGrads(NamedTuple):
+    """Gradients from :func:`attention_backward`; None where an input has no gradient."""
+
+    dq: Any
+    dk: Any
+    dv: Any
+    dattn_mask: Any     # float masks: in the mask's own shape (broadcast dims summed)
+    dalibi_slopes: Any
+    dsinks: Any
+    backend: str
+
+
+class FamilyGrads(NamedTuple):
+    """Gradients from :func:`attention_family_backward`; None for parameters not given."""
+
+    dq: Any
+    dk: Any
+    dv: Any
+    dW: Any
+    db: Any
+    dW_q: Any
+    dW_k: Any
+    dw_v: Any
+    dW_a: Any
+    dtemperature: float
+    dbandwidth: float
+    dsigmoid_bias: float
+    path: str
+
+
+def _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes, sinks,
+                    nonpad_kv_seqlen, past_key, past_value, q_num_heads, kv_num_heads, return_qk,
+                    backend, num_threads):
+    return _opts(attn_mask=attn_mask, is_causal=is_causal, alignment=alignment, scale=scale,
+                 window=None if window is None else tuple(window), softcap=softcap,
+                 alibi_slopes=alibi_slopes, sinks=sinks, nonpad_kv_seqlen=nonpad_kv_seqlen,
+                 past_key=past_key, past_value=past_value, q_num_heads=q_num_heads,
+                 kv_num_heads=kv_num_heads, return_qk=return_qk, backend=backend,
+                 num_threads=num_threads)
+
+
+def attention(q, k, v, *, attn_mask=None, is_causal: bool = False, alignment: str = "top_left",
+              scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+              softcap: float = 0.0, alibi_slopes=None, sinks=None, nonpad_kv_seqlen=None,
+              past_key=None, past_value=None, q_num_heads: int = 0, kv_num_heads: int = 0,
+              return_lse: bool = False, return_qk: Optional[str] = None,
+              backend: str = "automatic", num_threads: int = 0):
+    """Scaled-dot-product attention with the semantics of ONNX ``Attention`` (opsets 23/24).
+
+    Per query row i (keys j): ``s_ij = scale·q_i·k_j`` (softcapped: ``c·tanh(s/c)``) ``+ mask_ij
+    + alibi_ij``; ``p = softmax(s)`` (with ``sinks``, ``exp(sink_h)`` joins the denominator);
+    ``out_i = Σ_j p_ij v_j``. A row with no key left gives 0 (never NaN).
+
+    Args:
+      q, k, v: ``[B, Hq, Nq, D]``, ``[B, Hkv, Nk, D]``, ``[B, Hkv, Nk, Dv]`` (Hq % Hkv == 0),
+        or 3-D ``[B, N, H*D]`` with q_num_heads/kv_num_heads. float32/float16/bfloat16/float64.
+      attn_mask: bool (True = attend) or float (added), broadcast to ``[B, Hq, Nq, Nk]``.
+      is_causal: keep keys j <= pos_i; ``alignment`` ("top_left" as PyTorch,
+        "bottom_right", "after_past") says where row i sits.
+      scale: default ``1/sqrt(D)``. window: ``(left, right)`` keys kept around pos_i, -1 unbounded.
+      softcap: > 0 turns on ``softcap·tanh(s/softcap)``.
+      alibi_slopes: ``[Hq]`` or ``[B, Hq]``. sinks: ``[Hq]`` per-head logits.
+      nonpad_kv_seqlen: int64 ``[B]`` valid keys per batch entry.
+      past_key, past_value: ONNX KV cache in front of k, v (present_* are returned).
+      return_lse: also return the log-sum-exp. return_qk: "scaled", "softcapped", "biased" or
+        "probabilities" returns that ``[B, Hq, Nq, Nk]`` intermediate (runs on the reference).
+      backend: "automatic", "cpu" or "reference". num_threads: 0 = all cores.
+
+    Returns:
+      ``out`` (layout and dtype of q) — or, with return_lse, return_qk or past_key, an
+      :class:`AttentionResult`.
+
+    >>> out = attn.attention(q, k, v, is_causal=True)
+    """
+    kind = _kind_of(q)
+    o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
+                        sinks, nonpad_kv_seqlen, past_key, past_value, q_num_heads, kv_num_heads,
+                        return_qk, backend, num_threads)
+    out, lse, qk, pk, pv, used = _attn.attention(_arg(q), _arg(k), _arg(v), o, _EXT)
+    out = _result(out, kind)
+    if not (return_lse or return_qk or past_key is not None or past_value is not None):
+        return out
+    return AttentionResult(out, _result(lse, kind), _result(qk, kind), _result(pk, kind),
+                           _result(pv, kind), used)
+
+
+def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bool = False,
+                       alignment: str = "top_left", scale: Optional[float] = None,
+                       window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                       alibi_slopes=None, sinks=None, nonpad_kv_seqlen=None,
+                       q_num_heads: int = 0, kv_num_heads: int = 0, backend: str = "automatic",
+                       num_threads: int = 0) -> AttentionGrads:
+    """Backward of :func:`attention` from its saved ``out`` and ``lse`` (``return_lse=True``).
+
+    Same options as the forward. With a KV cache pass ``present_key``/``present_value`` as k, v.
+    Returns :class:`AttentionGrads`: dq, dk, dv in the shapes of q, k, v; ``dattn_mask`` for a
+    float mask (in its own shape); ``dalibi_slopes``, ``dsinks`` when given.
+
+    >>> r = attn.attention(q, k, v, return_lse=True)
+    >>> g = attn.attention_backward(q, k, v, r.out, dout, r.lse)
+    """
+    kind = _kind_of(q)
+    o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
+                        sinks, nonpad_kv_seqlen, None, None, q_num_heads, kv_num_heads, None,
+                        backend, num_threads)
+    g = _attn.attention_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), o, _EXT)
+    return AttentionGrads(*(_result(x, kind) for x in g[:6]), g[6])
+
+
+def attention_with_kv_cache(q, k_new, v_new, cache_key, cache_value, cache_lengths, *,
+                            attn_mask=None, is_causal: bool = False, alignment: str = "after_past",
+                            scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+                            softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                            q_num_heads: int = 0, kv_num_heads: int = 0, return_lse: bool = False,
+                            backend: str = "automatic", num_threads: int = 0):
+    """One decoding step on an in-place KV cache (FlashAttention's ``flash_attn_with_kvcache``).
+
+    ``cache_key [B, Hkv, capacity, D]`` and ``cache_value [B, Hkv, capacity, Dv]`` are writable
+    arrays of q's dtype; ``cache_lengths`` int64 ``[B]`` says how many tokens each batch entry
+    holds. ``k_new``/``v_new`` are written into rows ``[L_b, L_b + Nnew)`` and q attends to
+    keys ``[0, L_b + Nnew)``, read in place. ``cache_lengths`` is not changed: add Nnew after.
+
+    >>> out = attn.attention_with_kv_cache(q_t, k_t, v_t, K, V, lens, is_causal=True); lens += 1
+    """
+    kind = _kind_of(q)
+    o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
+                        sinks, None, None, None, q_num_heads, kv_num_heads, None, backend,
+                        num_threads)
+    ck, cv = _arg(cache_key), _arg(cache_value)
+    out, lse, _, _, _, used = _attn.attention_with_kv_cache(_arg(q), _arg(k_new), _arg(v_new), ck,
+                                                            cv, _arg(cache_lengths), o, _EXT)
+    out = _result(out, kind)
+    return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
+
+
+def explain_backend(q, k, v, *, backward: bool = False, **options) -> str:
+    """Which backend :func:`attention` (or its backward) runs for these inputs, and why.
+
+    Takes the options of :func:`attention` as keywords.
+
+    >>> attn.explain_backend(q, k, v, return_qk="probabilities")
+    'cpu: qk output needs the reference; runs on reference'
+    """
+    return _attn.explain_backend(_arg(q), _arg(k), _arg(v), _opts(**options), backward)
+
+
+def backends() -> list:
+    """The backends compiled in, in the order "automatic" tries them."""
+    return list(_attn.backends())
+
+
+# ---- the family -----------------------------------------------------------------------------
+
+def attention_family(q, k, v, *, score: str = "scaled_dot", distribution: str = "softmax",
+                     **params):
+    """The attention family: ``out_i = Σ_j distribution(score(q_i, k_j) + mask_ij) v_j``.
+
+    Scores: dot, scaled_dot (``scale``), general (``W [D, Dk]``), biased_general (``W``, ``b``),
+    activated_general (``W``, ``b``, ``activation`` tanh|relu|sigmoid), additive (``W_q [A, D]``,
+    ``W_k [A, Dk]``, ``b [A]``, ``w_v [A]`` or ``[Dv, A]``), cosine (``temperature``), location
+    (``W_a [Nk, D]``), gaussian, box, triangle (``bandwidth``).
+    Distributions: softmax, sigmoid (``sigmoid_bias``), sparsemax, entmax15, hardmax
+    (``hardmax_grad`` zero|straight_through), topk (``top_k``), kernel.
+    Masking keywords as :func:`attention`: attn_mask, is_causal, alignment, window,
+    nonpad_kv_seqlen, q_num_heads, kv_num_heads; and backend, path, num_threads.
+
+    >>> out = attn.attention_family(q, k, v, score="cosine", temperature=0.1, distribution="sparsemax")
+    """
+    kind = _kind_of(q)
+    out, _ = _attn.attention_family(_arg(q), _arg(k), _arg(v),
+                                    _opts(score=score, distribution=distribution, **params), _EXT)
+    return _result(out, kind)
+
+
+def attention_family_backward(q, k, v, dout, *, score: str = "scaled_dot",
+                              distribution: str = "softmax", **params) -> FamilyGrads:
+    """Gradients of ``Σ dout·out`` for :func:`attention_family` with the same arguments:
+    :class:`FamilyGrads` (dq, dk, dv, each parameter's gradient, and the scalar gradients of
+    temperature, bandwidth and sigmoid_bias)."""
+    kind = _kind_of(q)
+    g = _attn.attention_family_backward(_arg(q), _arg(k), _arg(v), _arg(dout),
+                                        _opts(score=score, distribution=distribution, **params), _EXT)
+    return FamilyGrads(*(_result(x, kind) for x in g[:9]), *g[9:])
+
+
+def attention_weights(q, k, v, *, score: str = "scaled_dot", distribution: str = "softmax",
+                      **params):
+    """The attention weights α of :func:`attention_family` (float64 ``[B, Hq, Nq, Nk]``, or
+    ``[B, Hq, Nq, Nk, Dv]`` when multi-dimensional), for inspection and plotting.
+
+    >>> alpha = attn.attention_weights(q, k, v, score="additive", W_q=Wq, W_k=Wk, b=b, w_v=wv)
+    """
+    kind = _kind_of(q)
+    return _result(_attn.attention_weights(_arg(q), _arg(k), _arg(v),
+                                           _opts(score=score, distribution=distribution, **params), _EXT), kind)
+
+
+# ---- positional -----------------------------------------------------------------------------
+
+def _positions(positions):
+    return positions if positions is None or isinstance(positions, int) else _arg(positions)
+
+
+def rotary(x, positions=None, *, rotary_dim: int = 0, base: float = 10000.0,
+           layout: str = "half_split", num_heads: int = 0):
+    """Rotary position embedding (RoPE) of ``x [B, H, N, D]`` (or ``[B, N, H*D]`` with num_heads).
+
+    ``positions``: an int offset (row n at offset + n) or int64 ids ``[N]`` / ``[B, N]``.
+    ``layout``: "half_split" (GPT-NeoX, LLaMA) or "interleaved" (GPT-J). ``rotary_dim``: the
+    leading features rotated (0 = all).
+
+    >>> qr = attn.rotary(q, 16)          # rows at positions 16, 17, ...
+    """
+    kind = _kind_of(x)
+    return _result(_attn.rotary(_arg(x), _positions(positions), rotary_dim, base, layout,
+                                num_heads, False, _EXT), kind)
+
+
+def rotary_backward(dy, positions=None, *, rotary_dim: int = 0, base: float = 10000.0,
+                    layout: str = "half_split", num_heads: int = 0):
+    """Backward of :func:`rotary`: the inverse rotation of ``dy``."""
+    kind = _kind_of(dy)
+    return _result(_attn.rotary(_arg(dy), _positions(positions), rotary_dim, base, layout,
+                                num_heads, True, _EXT), kind)
+
+
+def sinusoidal(N: int, D: int, *, base: float = 10000.0, dtype: str = "float32", positions=None,
+               like=None):
+    """Sinusoidal encoding ``PE[p, 2i] = sin(p·base^(-2i/D))``, ``PE[p, 2i+1] = cos(...)``.
+
+    Returns ``[N, D]`` (``[B, N, D]`` for ids ``[B, N]``), NumPy unless ``like`` is a torch
+    tensor. dtype: "float32", "float64", "float16" or "bfloat16".
+
+    >>> pe = attn.sinusoidal(128, 512)
+    """
+    kind = _NUMPY if like is None else _kind_of(like)
+    return _result(_attn.sinusoidal(N, D, base, dtype, _positions(positions), _EXT), kind)
+
+
+def t5_relative_bias(table, Nq: int, Nk: int, *, bidirectional: bool = True,
+                     num_buckets: Optional[int] = None, max_distance: int = 128,
+                     query_offset: int = 0):
+    """T5 relative position bias ``[1, H, Nq, Nk]`` from ``table [num_buckets, H]`` — a float
+    ``attn_mask`` for :func:`attention` (T5 uses ``scale=1``).
+
+    >>> bias = attn.t5_relative_bias(table, 16, 16)
+    >>> out = attn.attention(q, k, v, attn_mask=bias, scale=1.0)
+    """
+    kind = _kind_of(table)
+    nb = table.shape[0] if num_buckets is None else num_buckets
+    return _result(_attn.t5_relative_bias(_arg(table), Nq, Nk, bidirectional, nb, max_distance,
+                                          query_offset, _EXT), kind)
+
+
+def t5_relative_bias_backward(dbias, *, bidirectional: bool = True, num_buckets: int = 32,
+                              max_distance: int = 128, query_offset: int = 0):
+    """Gradient of the table ``[num_buckets, H]`` from ``dbias [B', H, Nq, Nk]`` (summed over B')."""
+    kind = _kind_of(dbias)
+    return _result(_attn.t5_relative_bias_backward(_arg(dbias), bidirectional, num_buckets,
+                                                   max_distance, query_offset, _EXT), kind)
+
+
+def t5_relative_buckets(Nq: int, Nk: int, *, bidirectional: bool = True, num_buckets: int = 32,
+                        max_distance: int = 128, query_offset: int = 0):
+    """int64 ``[Nq, Nk]``: the T5 bucket of every (query, key) pair (NumPy)."""
+    return _attn.t5_relative_buckets(Nq, Nk, bidirectional, num_buckets, max_distance, query_offset)
+
+
+from ._arrays import NUMPY as _NUMPY  # noqa: E402
+from .plot import plot_attention  # noqa: E402
+
+
+def __getattr__(name):  # `attn.torch` on first use, so `import attn` does not import torch
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'attn' has no attribute {name!r}")

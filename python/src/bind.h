@@ -1,0 +1,12 @@
+// python/src/bind.h — the parts of the `attn._attn` extension, one per public header.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace attn::py {
+
+void bind_attention(nanobind::module_& m);   // attention.h, execution.h
+void bind_family(nanobind::module_& m);      // family.h
+void bind_positional(nanobind::module_& m);  // positional.h
+
+}  // namespace attn::py

@@ -1,0 +1,230 @@
+"""Arrays in and out: NumPy and torch, every dtype, views read in place (no copy), results of
+the caller's kind, bad input as ValueError/TypeError with attn's message, the GIL released,
+the KV cache written in place, the version shared with CMake, and the plot."""
+
+import pathlib
+import re
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import attn
+from attn import _attn
+from conftest import assert_close
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def ref_attention(q, k, v, mask=None, causal=False):
+    """float64 NumPy reference, [B, H, N, D], Hq == Hkv."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def test_version_is_cmakes():
+    m = re.search(r"project\(attn VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text())
+    assert attn.__version__ == m.group(1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5), (np.float16, 3e-3),
+                                       (ml_dtypes.bfloat16, 3e-2)])
+def test_numpy_dtypes_round_trip(dtype, tol, rng):
+    q, k, v = (rng.standard_normal((2, 3, 5, 8)).astype(dtype) for _ in range(3))
+    out = attn.attention(q, k, v)
+    assert isinstance(out, np.ndarray) and out.dtype == np.dtype(dtype) and out.shape == (2, 3, 5, 8)
+    assert_close(out.astype(np.float64), ref_attention(q, k, v), tol, str(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_torch_in_torch_out(dtype):
+    q = torch.randn(1, 2, 4, 8).to(dtype)
+    out = attn.attention(q, q, q, is_causal=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == dtype
+    r = attn.attention(q, q, q, return_lse=True)
+    assert isinstance(r.lse, torch.Tensor) and r.lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+def test_no_copy_views(rng):
+    """The extension reads an array where it lies: the address and element strides it sees are
+    the array's own, for contiguous, transposed, sliced and broadcast NumPy and torch views."""
+    a = rng.standard_normal((2, 8, 6, 4)).astype(np.float32)
+    t = torch.from_numpy(a.copy())
+    cases = [
+        (a, a.ctypes.data, [s // 4 for s in a.strides]),
+        (a.transpose(0, 2, 1, 3), a.ctypes.data, [s // 4 for s in a.transpose(0, 2, 1, 3).strides]),
+        (a[:, ::2], a.ctypes.data, [s // 4 for s in a[:, ::2].strides]),
+        (np.broadcast_to(a[:1], a.shape), a.ctypes.data, [0] + [s // 4 for s in a.strides[1:]]),
+        (t, t.data_ptr(), list(t.stride())),
+        (t.transpose(1, 2), t.data_ptr(), list(t.transpose(1, 2).stride())),
+        (t[:, 1:], t[:, 1:].data_ptr(), list(t[:, 1:].stride())),
+    ]
+    for x, ptr, strides in cases:
+        got_ptr, shape, got_strides, dtype = _attn.view_info(attn._arrays.arg(x))
+        assert got_ptr == ptr and list(shape) == list(x.shape) and list(got_strides) == strides, (shape, strides)
+        assert dtype == "float32"
+    # bfloat16 from ml_dtypes travels as a uint16 view of the same memory
+    b = a.astype(ml_dtypes.bfloat16)
+    assert _attn.view_info(attn._arrays.arg(b))[0] == b.ctypes.data
+    assert _attn.view_info(attn._arrays.arg(b))[3] == "bfloat16"
+    # and a transposed view computes what its contiguous copy computes
+    qt = a.transpose(0, 2, 1, 3)
+    np.testing.assert_array_equal(attn.attention(qt, qt, qt), attn.attention(*(np.ascontiguousarray(qt),) * 3))
+
+
+def test_kv_cache_written_in_place():
+    """attention_with_kv_cache writes the new keys into the caller's buffers (a transposed
+    torch view here) and reads the cache in place."""
+    B, Hkv, cap, D = 2, 2, 8, 4
+    store = torch.zeros(B, cap, Hkv, D)
+    K = store.transpose(1, 2)                 # [B, Hkv, cap, D], not contiguous
+    V = torch.zeros(B, Hkv, cap, D)
+    lens = torch.tensor([0, 3])
+    V[1, :, :3] = torch.randn(Hkv, 3, D)
+    K[1, :, :3] = torch.randn(Hkv, 3, D)
+    q, k1, v1 = torch.randn(B, 2, 1, D), torch.randn(B, Hkv, 1, D), torch.randn(B, Hkv, 1, D)
+    out = attn.attention_with_kv_cache(q, k1, v1, K, V, lens, is_causal=True)
+    assert torch.equal(K[0, :, 0], k1[0, :, 0]) and torch.equal(store[0, 0], k1[0, :, 0])
+    assert torch.equal(K[1, :, 3], k1[1, :, 0]) and torch.equal(V[1, :, 3], v1[1, :, 0])
+    want = ref_attention(q[1:].numpy(), K[1:, :, :4].numpy(), V[1:, :, :4].numpy())
+    assert_close(out[1:], want, 1e-5, "batch 1")
+    assert torch.equal(lens, torch.tensor([0, 3])), "lengths are the caller's to advance"
+
+
+def test_backward_numpy(rng):
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
+    r = attn.attention(q, k, v, return_lse=True)
+    g = attn.attention_backward(q, k, v, r.out, np.ones_like(r.out), r.lse)
+    assert g.dq.shape == q.shape and g.dk.shape == k.shape and g.dv.shape == v.shape
+    np.testing.assert_allclose(g.dv.sum(axis=2), np.full((1, 2, 4), 3.0), rtol=1e-12)  # Σ_i p_ij summed over j = Nq
+
+
+def test_bad_input_messages():
+    q = np.zeros((1, 2, 3, 4), np.float32)
+    with pytest.raises(TypeError, match=r"^attention: q, k, v have dtypes float32, float64, float32"):
+        attn.attention(q, q.astype(np.float64), q)
+    with pytest.raises(TypeError, match=r"attention: q has dtype int64"):
+        attn.attention(q.astype(np.int64), q, q)
+    with pytest.raises(TypeError, match=r"uint8"):
+        attn.attention(q.astype(np.uint8), q, q)
+    with pytest.raises(ValueError, match=r"^attention: q, k, v have 3, 4, 4 dims"):
+        attn.attention(q[0], q, q)
+    with pytest.raises(TypeError, match=r"attention: q is a list, expected an array"):
+        attn.attention([[1.0]], q, q)
+    with pytest.raises(ValueError, match=r"alignment 'sideways' is not one of"):
+        attn.attention(q, q, q, alignment="sideways")
+    with pytest.raises(ValueError, match=r"backend: 'gpu' is not one of"):
+        attn.attention(q, q, q, backend="gpu")
+    with pytest.raises(ValueError, match=r"num_threads = -1"):
+        attn.attention(q, q, q, num_threads=-1)
+    with pytest.raises(TypeError, match=r"attention: attn_mask has dtype"):
+        attn.attention(q, q, q, attn_mask=np.zeros((3, 3), np.int32))
+    with pytest.raises(ValueError, match=r"attention_family: unknown option 'bandwith'"):
+        attn.attention_family(q, q, q, score="gaussian", bandwith=1.0)
+    with pytest.raises(TypeError, match=r"torch.uint16"):
+        attn.attention(torch.zeros(1, 1, 1, 1, dtype=torch.uint16), q, q)
+    import attn.torch as at
+    with pytest.raises(TypeError, match=r"scaled_dot_product_attention: query is a ndarray"):
+        at.scaled_dot_product_attention(q, q, q)
+
+
+def test_tensor_without_cpu_memory_refused():
+    """A tensor attn cannot read on the CPU (a meta tensor here: no GPU on this machine) is
+    refused with a TypeError naming the argument, never read."""
+    t = torch.zeros(1, 1, 2, 2)
+    with pytest.raises(TypeError, match=r"attention: q is a torch.Tensor, expected an array"):
+        attn.attention(torch.empty(1, 1, 2, 2, device="meta"), t, t)
+
+
+def test_gil_released_while_computing():
+    """Another Python thread runs while attn computes: its counter advances during the call."""
+    q = np.random.default_rng(0).standard_normal((1, 4, 1024, 64)).astype(np.float32)
+    count, done = [0], threading.Event()
+
+    def spin():
+        while not done.is_set():
+            count[0] += 1
+
+    th = threading.Thread(target=spin)
+    th.start()
+    try:
+        time.sleep(0.01)
+        before = count[0]
+        attn.attention(q, q, q, backend="reference", num_threads=1)
+        during = count[0] - before
+    finally:
+        done.set()
+        th.join()
+    assert during > 1000, during
+
+
+def test_family_positional_numpy(rng):
+    q, k, v = (rng.standard_normal((1, 1, 4, 3)) for _ in range(3))
+    out = attn.attention_family(q, k, v, score="dot", distribution="softmax")
+    s = q @ np.swapaxes(k, -1, -2)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-10)
+    alpha = attn.attention_weights(q, k, v, score="dot", distribution="hardmax")
+    assert alpha.shape == (1, 1, 4, 4) and set(np.unique(alpha)) <= {0.0, 1.0}
+    pe = attn.sinusoidal(6, 4)
+    assert pe.dtype == np.float32 and pe.shape == (6, 4)
+    np.testing.assert_allclose(pe[3, 0], np.sin(3.0), rtol=1e-6)
+    np.testing.assert_allclose(pe[3, 3], np.cos(3.0 * 10000 ** (-2 / 4)), rtol=1e-6)
+    x = rng.standard_normal((1, 2, 5, 4))
+    y = attn.rotary(x, 7)
+    np.testing.assert_allclose(attn.rotary_backward(y, 7), x, rtol=1e-12, atol=1e-12)
+    bias = attn.t5_relative_bias(rng.standard_normal((32, 2)).astype(np.float32), 3, 5)
+    assert bias.shape == (1, 2, 3, 5)
+    assert attn.t5_relative_buckets(2, 2, bidirectional=False).tolist() == [[0, 0], [1, 0]]
+
+
+def test_explain_backend_and_backends():
+    q = np.zeros((1, 1, 2, 4), np.float32)
+    assert attn.backends()[-1] == "reference"
+    assert "reference" in attn.explain_backend(q, q, q, return_qk="probabilities")
+
+
+def test_plot_attention(tmp_path, rng):
+    q, k, v = (rng.standard_normal((1, 1, 3, 4)) for _ in range(3))
+    alpha = attn.attention_weights(q, k, v)
+    path = tmp_path / "alpha.png"
+    attn.plot_attention(alpha, x_labels=list("abcd")[:3], y_labels=["x", "y", "z"], path=str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="x_labels"):
+        attn.plot_attention(alpha, x_labels=["a"])
+
+
+def test_any_dlpack_producer():
+    """An object that only speaks DLPack is read too (NumPy comes back)."""
+    t = torch.randn(1, 2, 3, 4)
+
+    class Producer:
+        def __dlpack__(self, stream=None, **kw):
+            return t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return t.__dlpack_device__()
+
+    out = attn.attention(Producer(), Producer(), Producer())
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_array_equal(out, attn.attention(t, t, t).numpy())
+
+
+def test_num_threads_honoured_and_bitwise_stable(rng):
+    """num_threads reaches attn::execution: any thread count gives bitwise the same result
+    (work is split by shape only), and a bad count is refused."""
+    q, k, v = (rng.standard_normal((1, 4, 67, 32)).astype(np.float32) for _ in range(3))
+    one = attn.attention(q, k, v, is_causal=True, num_threads=1)
+    two = attn.attention(q, k, v, is_causal=True, num_threads=2)
+    np.testing.assert_array_equal(one, two)
+    with pytest.raises(TypeError, match="num_threads must be an int"):
+        attn.attention(q, k, v, num_threads="two")

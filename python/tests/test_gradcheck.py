@@ -1,0 +1,129 @@
+"""torch.autograd.gradcheck (float64, central differences) of attn's backward passes: the core
+op with its differentiable options, every family score × distribution pair with its learned
+parameters, and the positional encodings."""
+
+import pytest
+import torch
+
+import attn.torch as at
+
+torch.manual_seed(0)
+
+
+def r(*shape, grad=True):
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=grad)
+
+
+@pytest.mark.parametrize("opts", [
+    {},
+    {"is_causal": True},
+    {"is_causal": True, "alignment": "bottom_right", "window": (2, 0)},
+    {"softcap": 1.5, "scale": 0.7},
+    {"alibi": True},
+    {"sinks": True},
+    {"float_mask": True},
+    {"gqa": True, "float_mask": True, "is_causal": True},
+])
+def test_core_op(opts):
+    opts = dict(opts)
+    Hkv = 1 if opts.pop("gqa", False) else 2
+    q, k, v = r(2, 2, 3, 4), r(2, Hkv, 5, 4), r(2, Hkv, 5, 3)
+    inputs = [q, k, v]
+    names = ["q", "k", "v"]
+    if opts.pop("float_mask", False):
+        inputs.append(r(1, 2, 3, 5)); names.append("attn_mask")
+    if opts.pop("alibi", False):
+        inputs.append(torch.tensor([0.3, 0.6], dtype=torch.float64, requires_grad=True)); names.append("alibi_slopes")
+    if opts.pop("sinks", False):
+        inputs.append(torch.tensor([0.2, -0.1], dtype=torch.float64, requires_grad=True)); names.append("sinks")
+
+    def f(*xs):
+        kw = dict(zip(names[3:], xs[3:]))
+        return at.attention(*xs[:3], **kw, **opts)
+    assert torch.autograd.gradcheck(f, tuple(inputs))
+
+
+def test_core_op_3d_layout():
+    q, k, v = r(2, 3, 2 * 4), r(2, 5, 1 * 4), r(2, 5, 1 * 3)
+    assert torch.autograd.gradcheck(lambda q, k, v: at.attention(q, k, v, q_num_heads=2, kv_num_heads=1),
+                                    (q, k, v))
+
+
+D, Dk, A, Nq, Nk, Dv = 4, 3, 5, 3, 6, 2
+
+SCORES = {
+    "dot": {},
+    "scaled_dot": {"scale": 0.8},
+    "general": {"W": (D, D)},
+    "biased_general": {"W": (D, D), "b": (1,)},
+    "activated_general": {"W": (D, D), "b": (1,), "activation": "tanh"},
+    "additive": {"W_q": (A, D), "W_k": (A, D), "b": (A,), "w_v": (A,)},
+    "cosine": {"temperature": "scalar"},
+    "location": {"W_a": (Nk, D)},
+    "gaussian": {"bandwidth": "scalar"},
+    "triangle": {"bandwidth": "scalar"},
+}
+DISTRIBUTIONS = ["softmax", "sigmoid", "sparsemax", "entmax15", "topk"]
+
+
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+@pytest.mark.parametrize("score", sorted(SCORES))
+def test_family_pair(score, distribution):
+    if score == "triangle" and distribution != "softmax":
+        distribution = "kernel" if distribution == "softmax" else distribution
+    q, k, v = r(1, 2, Nq, D), r(1, 2, Nk, D), r(1, 2, Nk, Dv)
+    params, names = [], []
+    consts = {}
+    for name, spec in SCORES[score].items():
+        if spec == "scalar":
+            params.append(torch.tensor(1.3, dtype=torch.float64, requires_grad=True)); names.append(name)
+        elif isinstance(spec, tuple):
+            params.append(r(*spec) * 0.5); names.append(name)
+        else:
+            consts[name] = spec
+    if distribution == "sigmoid":
+        params.append(torch.tensor(-0.4, dtype=torch.float64, requires_grad=True)); names.append("sigmoid_bias")
+    if distribution == "topk":
+        consts["top_k"] = 3
+    params = [p.detach().requires_grad_() for p in params]
+
+    def f(q, k, v, *ps):
+        return at.attention_family(q, k, v, score=score, distribution=distribution,
+                                   **dict(zip(names, ps)), **consts)
+    # sparse maps have kinks where the support changes; random inputs sit away from them
+    assert torch.autograd.gradcheck(f, (q, k, v, *params), atol=1e-6, rtol=1e-4)
+
+
+def test_family_kernel_triangle():
+    q, k, v = r(1, 1, Nq, D), r(1, 1, Nk, D), r(1, 1, Nk, Dv)
+    h = torch.tensor(4.0, dtype=torch.float64, requires_grad=True)
+    f = lambda q, k, v, h: at.attention_family(q, k, v, score="triangle", distribution="kernel", bandwidth=h)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (q, k, v, h))
+
+
+def test_multidimensional_additive():
+    q, k, v = r(1, 1, Nq, D), r(1, 1, Nk, D), r(1, 1, Nk, Dv)
+    Wq, Wk, b, wv = r(A, D), r(A, D), r(A), r(Dv, A)
+    f = lambda q, k, v, Wq, Wk, b, wv: at.attention_family(q, k, v, score="additive", W_q=Wq, W_k=Wk, b=b, w_v=wv)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (q, k, v, Wq, Wk, b, wv))
+
+
+@pytest.mark.parametrize("layout", ["half_split", "interleaved"])
+@pytest.mark.parametrize("positions", [0, 5, "ids"])
+def test_rotary(layout, positions):
+    x = r(2, 3, 4, 8)
+    pos = torch.tensor([3, 1, 4, 1], dtype=torch.int64) if positions == "ids" else positions
+    assert torch.autograd.gradcheck(lambda x: at.rotary(x, pos, layout=layout, rotary_dim=6), (x,))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_relative_bias(bidirectional):
+    table = r(8, 2)
+    f = lambda t: at.t5_relative_bias(t, 5, 7, bidirectional=bidirectional, max_distance=16)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (table,))
+
+
+def test_t5_bias_through_attention():
+    table, q, k, v = r(8, 2), r(1, 2, 4, 3), r(1, 2, 4, 3), r(1, 2, 4, 3)
+    f = lambda t, q, k, v: at.scaled_dot_product_attention(q, k, v, at.t5_relative_bias(t, 4, 4), scale=1.0)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (table, q, k, v))

@@ -1,0 +1,164 @@
+"""attn.torch.scaled_dot_product_attention against torch's SDPA (math backend, float64 oracle):
+forward and gradients of query, key, value and float masks over a random sweep of shapes,
+masks (bool/float, broadcast), causal, GQA, scale, 3-D/4-D and dtypes."""
+
+import itertools
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attn.torch as at
+from conftest import GRAD_TOL, TOL, assert_close
+
+
+def oracle(q, k, v, mask=None, **kw):
+    """torch's math SDPA in float64 on float64 copies of the inputs."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+
+
+def make_case(seed):
+    r = random.Random(seed)
+    B = r.choice([1, 2, 3])
+    Hkv = r.choice([1, 2, 3])
+    group = r.choice([1, 1, 2, 3]) if seed % 3 else 1
+    Hq = Hkv * group
+    L, S = r.choice([1, 2, 5, 17, 33]), r.choice([1, 3, 7, 16, 31])
+    E, Ev = r.choice([1, 4, 8, 13]), r.choice([1, 4, 8, 9])
+    mask_kind = r.choice(["none", "bool", "float"])
+    mask_shape = r.choice([(B, Hq, L, S), (1, 1, L, S), (L, S), (B, 1, 1, S), (1, Hq, L, 1), (S,)])
+    causal = r.random() < 0.3 and mask_kind == "none"
+    scale = r.choice([None, None, 0.3])
+    three_d = r.random() < 0.2 and Hq == 1 and Hkv == 1
+    return dict(B=B, Hq=Hq, Hkv=Hkv, L=L, S=S, E=E, Ev=Ev, mask_kind=mask_kind,
+                mask_shape=mask_shape, causal=causal, scale=scale, three_d=three_d)
+
+
+def tensors(c, gen):
+    shape = lambda H, N, D: (c["B"], N, D) if c["three_d"] else (c["B"], H, N, D)  # noqa: E731
+    q = torch.randn(*shape(c["Hq"], c["L"], c["E"]), dtype=torch.float64, generator=gen)
+    k = torch.randn(*shape(c["Hkv"], c["S"], c["E"]), dtype=torch.float64, generator=gen)
+    v = torch.randn(*shape(c["Hkv"], c["S"], c["Ev"]), dtype=torch.float64, generator=gen)
+    mask = None
+    if c["mask_kind"] == "bool":
+        mask = torch.rand(*c["mask_shape"], generator=gen) < 0.7
+        # keep at least one key per row, so torch (NaN on fully masked rows) is a valid oracle
+        mask = mask.expand(*torch.broadcast_shapes(mask.shape, (c["L"], c["S"]))).clone()
+        mask[..., 0] = True
+    elif c["mask_kind"] == "float":
+        mask = torch.randn(*c["mask_shape"], dtype=torch.float64, generator=gen)
+    if c["three_d"] and mask is not None and mask.dim() == 4:
+        mask = mask[:, 0]
+    return q, k, v, mask
+
+
+CASES = list(range(40))
+
+
+@pytest.mark.parametrize("seed", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_forward_and_grads(seed, dtype):
+    c = make_case(seed)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, mask = tensors(c, gen)
+    kw = dict(is_causal=c["causal"], scale=c["scale"], enable_gqa=c["Hq"] != c["Hkv"])
+    want_grad_mask = mask is not None and mask.is_floating_point()
+
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    m64 = mask.clone().requires_grad_() if want_grad_mask else mask
+    ref = oracle(*ins, m64, **kw)
+
+    low = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    mlow = mask
+    if want_grad_mask:
+        mlow = mask.to(dtype).requires_grad_()
+    out = at.scaled_dot_product_attention(*low, mlow, **kw)
+    assert out.dtype == dtype and out.shape == ref.shape
+    # compare with the oracle on the rounded inputs, so only attn's arithmetic is measured
+    ins_r = [t.detach().to(dtype).double().requires_grad_() for t in (q, k, v)]
+    m_r = mlow.detach().double().requires_grad_() if want_grad_mask else mask
+    ref_r = oracle(*ins_r, m_r, **kw)
+    assert_close(out, ref_r, TOL[dtype], f"out {c}")
+
+    dout = torch.randn(ref.shape, dtype=torch.float64, generator=gen)
+    targets_r = ins_r + ([m_r] if want_grad_mask else [])
+    targets = low + ([mlow] if want_grad_mask else [])
+    g_ref = torch.autograd.grad(ref_r, targets_r, dout)
+    g = torch.autograd.grad(out, targets, dout.to(dtype))
+    for name, a, b in zip(["dq", "dk", "dv", "dmask"], g, g_ref):
+        assert a.dtype == dtype, name
+        assert_close(a, b, GRAD_TOL[dtype], f"{name} {c}")
+    if dtype == torch.float64:  # and the untouched oracle, for good measure
+        assert_close(out, ref, 1e-12, "out vs f64")
+
+
+@pytest.mark.parametrize("shape", [(5, 8), (2, 5, 8), (2, 3, 2, 5, 8)])
+def test_ranks_other_than_4(shape):
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(*shape, dtype=torch.float64, generator=gen)
+    k = torch.randn(*shape[:-2], 6, 8, dtype=torch.float64, generator=gen)
+    v = torch.randn(*shape[:-2], 6, 3, dtype=torch.float64, generator=gen)
+    mask = torch.rand(shape[-2], 6, generator=gen) < 0.8
+    mask[:, 0] = True
+    assert_close(at.scaled_dot_product_attention(q, k, v, mask), oracle(q, k, v, mask), 1e-12, str(shape))
+
+
+def test_fully_masked_row_contract():
+    """attn's contract: a row with no key left gives 0 and zero gradients, never NaN. PyTorch's
+    math backend (torch >= 2.5, _safe_softmax) also gives 0 here; older ones gave NaN. attn is
+    checked on its own contract, and the oracle's value is stated, not assumed."""
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False  # row 1 sees no key
+    out = at.scaled_dot_product_attention(q, k, v, mask)
+    assert torch.all(out[:, :, 1] == 0)
+    out.sum().backward()
+    assert torch.all(q.grad[:, :, 1] == 0) and torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+    ref = oracle(q.detach(), k.detach(), v.detach(), mask)
+    torch_row = ref[:, :, 1]
+    assert bool(torch.isnan(torch_row).all()) or bool((torch_row == 0).all())
+    assert_close(out[:, :, [0, 2]], ref[:, :, [0, 2]], 1e-12, "other rows")
+
+
+def test_float_mask_broadcast_gradient_shape():
+    q = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    m = torch.randn(1, 3, 1, 6, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    v = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    at.scaled_dot_product_attention(q, k, v, m).sum().backward()
+    m2 = m.detach().clone().requires_grad_()
+    oracle(q, k, v, m2).sum().backward()
+    assert m.grad.shape == m.shape
+    assert_close(m.grad, m2.grad, 1e-10, "dmask")
+
+
+def test_dropout_refused_and_extras():
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="dropout_p = 0.1 is not supported"):
+        at.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(TypeError, match="unknown keyword"):
+        at.scaled_dot_product_attention(q, q, q, droput=0.0)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        at.scaled_dot_product_attention(q, torch.randn(1, 4, 3, 4), torch.randn(1, 4, 3, 4))
+    # an extra: softcap changes the result, window (0, 0) sees only the diagonal
+    v = torch.randn(1, 2, 3, 4)
+    out = at.scaled_dot_product_attention(q, q, v, window=(0, 0))
+    assert_close(out, v, 1e-6, "window (0, 0)")
+
+
+def test_alibi_and_sinks_gradients():
+    """alibi_slopes and sinks (attn extras) get gradients; checked by finite differences."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    sinks = torch.tensor([0.1, -0.3], dtype=torch.float64, requires_grad=True)
+    f = lambda q, k, v, s, z: at.scaled_dot_product_attention(q, k, v, alibi_slopes=s, sinks=z,  # noqa: E731
+                                                              is_causal=True, softcap=2.0)
+    assert torch.autograd.gradcheck(f, (q, k, v, slopes, sinks))
