@@ -200,12 +200,14 @@ Tensor sentence_embedder::embed(const std::vector<std::string>& texts, std::int6
   for (std::int64_t s = 0; s < n; s += batch) {
     auto t0 = clock_type::now();
     const std::vector<std::string> part(texts.begin() + s, texts.begin() + std::min(n, s + batch));
-    token_batch tb;
-    try {
-      tb = tokenizer_.encode_batch(part, max_seq_length_);
-    } catch (const error& e) {
-      fail(fmt::format("texts [{}, {}): {}", s, s + std::int64_t(part.size()), e.what()));
+    for (std::size_t i = 0; i < part.size(); ++i) {  // name the text that cannot be read
+      try {
+        tokenizer_.normalize(part[i]);
+      } catch (const error& e) {
+        fail(fmt::format("text {} (counting from 0): {}", s + std::int64_t(i), e.what()));
+      }
     }
+    const token_batch tb = tokenizer_.encode_batch(part, max_seq_length_);
     lap(t0, prof ? &prof->tokenize : nullptr);
     const Tensor h = model_.forward(tb.ids, tb.lengths, attention_dtype, exec, prof);
     t0 = clock_type::now();

@@ -51,6 +51,13 @@ void add_embed(CLI::App& app, int& exit_code) {
         lines.push_back(line);
       }
     }
+    for (std::size_t i = 0; i < lines.size(); ++i) {  // a line that is not UTF-8: name it
+      try {
+        emb.tokenizer().normalize(lines[i]);
+      } catch (const error& err) {
+        throw error(fmt::format("attn embed: {} line {}: {}", a->input.empty() ? "--text" : a->input, i + 1, err.what()));
+      }
+    }
     const execution exec{.num_threads = a->threads};
     models::embed_profile prof;
     const auto t0 = std::chrono::steady_clock::now();
