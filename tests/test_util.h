@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -102,6 +103,28 @@ inline bool any_nan(const TensorView& t) {
   for (double x : to_vector(t))
     if (std::isnan(x)) return true;
   return false;
+}
+
+// Compares `analytic` with the central differences (f(t + h) - f(t - h)) / 2h of `loss` with
+// respect to every element of `t`, a float64 tensor that `loss` reads (t is perturbed in place
+// and restored). Tolerance: atol + rtol |fd|.
+inline void expect_gradient(const std::string& what, const Tensor& t, const TensorView& analytic,
+                            const std::function<double()>& loss, double atol = 1e-6, double rtol = 1e-6) {
+  ASSERT_EQ(t.type(), dtype::f64) << what;
+  ASSERT_EQ(analytic.shape(), t.shape()) << what;
+  const double h = 1e-6;
+  double* p = t.data_as<double>();
+  const auto a = to_vector(analytic);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const double x = p[i];
+    p[i] = x + h;
+    const double lp = loss();
+    p[i] = x - h;
+    const double lm = loss();
+    p[i] = x;
+    const double fd = (lp - lm) / (2 * h);
+    EXPECT_NEAR(a[std::size_t(i)], fd, atol + rtol * std::abs(fd)) << what << " element " << i;
+  }
 }
 
 }  // namespace attn::testing

@@ -1,0 +1,11 @@
+# attn::nn (include/attn/nn): layers with explicit forward and backward, built on the ops.
+target_sources(attn PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/parameter.cc
+  ${CMAKE_CURRENT_LIST_DIR}/init.cc
+  ${CMAKE_CURRENT_LIST_DIR}/linear.cc
+  ${CMAKE_CURRENT_LIST_DIR}/embedding.cc
+  ${CMAKE_CURRENT_LIST_DIR}/norm.cc
+  ${CMAKE_CURRENT_LIST_DIR}/activation.cc
+  ${CMAKE_CURRENT_LIST_DIR}/dropout.cc
+  ${CMAKE_CURRENT_LIST_DIR}/gru.cc
+)
