@@ -111,12 +111,14 @@ struct dkdv_pair {
 inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
-inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
+// Scratch sizes, in floats. `static`: the kernel body calls them too, and an inline function
+// with external linkage could be merged by the linker with a copy compiled for another ISA.
+static inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
   // decode (decode.h, decode_layout; W <= L): q and o rows, per-lane state, mask, padded block
   const std::int64_t decode = (2 * L + 4) * (D + Dv + 4 * L) + 8 * L * (L + 4) + 64;
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
-inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
+static inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
 
 // bf16 operands of the forward on an ISA with a bf16 dot product, in pairs along the reduction
 // axis of each product (one 32-bit word = two bf16): qp [D/2][L] (pair d of lane x at qp[(d/2)·L + x]), k [Nk'][ldk] rows with
@@ -169,7 +171,7 @@ struct kernel_table {
   void (*dkdv_bf16)(const dkdv_pair&, const bf16_dkdv_operands&);
 };
 
-inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
+static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
 
 // The kernels of each ISA compiled in (each defined in its own kernels_<isa>.cc).
 const kernel_table& kernels_generic();
