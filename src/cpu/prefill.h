@@ -201,11 +201,7 @@ void dkdv_scores(const dkdv_pair& pr, const score_consts& sc, float* S, float* d
                              hi, slope, true);
       const vf p = vexp(s - lse);
       vf ds = p * (load(dP + r * ld + x) - delta);
-      if (sc.alibi) {
-        vi d = pos - j;
-        d = d < 0 ? -d : d;
-        dalibi -= ds * __builtin_convertvector(d, vf);
-      }
+      if (sc.alibi) dalibi -= ds * key_distance(pos, j);
       if (sc.softcap) ds *= splat(1.0f) - t * t;
       store(S + r * ld + x, p);
       store(dP + r * ld + x, ds);

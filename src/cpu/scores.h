@@ -23,6 +23,12 @@ struct score_consts {
         alibi(sp.alibi) {}
 };
 
+// |pos - j| as floats: the ALiBi distance of key j from the query at key position pos.
+inline vf key_distance(vi pos, vi j) {
+  const vi d = pos - j;
+  return __builtin_convertvector(d < 0 ? -d : d, vf);
+}
+
 // The score of q·k for key j (pos: the query's key position, for ALiBi); *t receives
 // tanh(scale·qk / cap) with softcap (the backward's chain rule needs 1 - t²). `ranged`: some
 // lane's key range excludes part of the block, so [lo, hi) must be applied.
@@ -34,11 +40,7 @@ inline vf transform(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos, 
     s = c.cap * th;
   }
   if (c.bias) s += bias;
-  if (c.alibi) {
-    vi d = pos - j;
-    d = d < 0 ? -d : d;
-    s -= slope * __builtin_convertvector(d, vf);
-  }
+  if (c.alibi) s -= slope * key_distance(pos, j);
   if (ranged) s = (j >= lo) & (j < hi) ? s : splat(-kInf);
   return s;
 }
