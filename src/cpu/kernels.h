@@ -121,9 +121,10 @@ static inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, s
 static inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
 
 // bf16 operands of the forward on an ISA with a bf16 dot product, in pairs along the reduction
-// axis of each product (one 32-bit word = two bf16): qp [D/2][L] (pair d of lane x at qp[(d/2)·L + x]), k [Nk'][ldk] rows with
-// ldk even, vp [Nk'/2][Dv] (keys 2j', 2j'+1 of column x at vp[j'·Dv + x]); Nk' = Nk rounded up
-// to even, the extra row zero. D is even; scores are scaled by score_params::scale.
+// axis of each product (one 32-bit word = two bf16): qp [D/2][L] (pair d of lane x at
+// qp[(d/2)·L + x]), k [Nk'][ldk] rows with ldk even, vp [Nk'/2][Dv] (keys 2j', 2j'+1 of column
+// x at vp[j'·Dv + x]); Nk' = Nk rounded up to even, the extra row zero. D is even; scores are
+// scaled by score_params::scale.
 struct bf16_operands {
   const std::uint32_t* qp = nullptr;
   const std::uint16_t* k = nullptr;
