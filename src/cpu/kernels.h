@@ -1,8 +1,11 @@
 // src/cpu/kernels.h — the plain interface between the cpu backend's driver (cpu_backend.cc,
-// compiled for baseline x86-64) and its SIMD kernels (kernel_body.h, compiled once per ISA in
-// kernels_<isa>.cc with that ISA's flags). No SIMD types here.
+// compiled for baseline x86-64) and its SIMD kernels. No SIMD types here.
 //
-// Two tile layouts, both fed to one register-blocked micro-kernel
+// Words: a *kernel* is one entry of kernel_table (forward, dq, dkdv and their bf16 variants);
+// kernels_<isa>.cc builds one ISA's table by compiling the kernel body (kernel_body.h and the
+// headers it includes) with that ISA's flags; isa.cc picks the table.
+//
+// Two tile layouts, both fed to one register tile (tile.h)
 //   out[r][x..x+W) (+)= Σ_k a[r·ars + k·aks] · b[k·bks + x..x+W)     (a broadcast, b vector)
 // so that only our own padded buffers are ever read as vectors (b) and user rows (q, k, v,
 // dout, converted to f32 with unit x-stride) are only read as scalars (a):
@@ -17,11 +20,12 @@
 // lanes for the q·k dots — each K vector loaded once for up to 4 rows, W dots folded into one
 // vector by a transpose-add tree — and the softmax runs on vectors of (row, key) lanes, so each
 // K/V row is read once, as is, for all the rows of the group — f32 or bf16, no copy.
-// bf16 inputs on the avx512bf16 level use the same layouts with bf16 pairs (bf16_operands).
+// bf16 inputs on an ISA with a bf16 dot product use the same layouts with bf16 pairs as the
+// words of the products (bf16_operands below): the same code, another operand type.
 //
 // ISA code must not call inline functions shared with other translation units (they may be
-// merged by the linker with the copy built for another ISA): everything in kernel_body.h is
-// in an anonymous namespace and uses only builtins.
+// merged by the linker with the copy built for another ISA): the kernel body is in an
+// anonymous namespace and uses only builtins and always-inline intrinsics.
 #pragma once
 
 #include <cstdint>
@@ -69,10 +73,11 @@ struct forward_io {
   float* ot = nullptr;
 };
 
-// dq from the saved lse: dot: [Dv][L] dout rows, lse: [L] (+inf on fully masked rows),
-// delta: [L] rowsum(dout∘out); dqt: [D][L] receives Σ_j ds_ij k_j (the caller multiplies by scale).
+// dq from the saved lse: doutt: [Dv][L] dout rows transposed, lse: [L] (+inf on fully masked
+// rows), delta: [L] rowsum(dout∘out); dqt: [D][L] receives Σ_j ds_ij k_j (the caller multiplies
+// by scale).
 struct dq_io {
-  const float* dot = nullptr;
+  const float* doutt = nullptr;
   const float* lse = nullptr;
   const float* delta = nullptr;
   float* dqt = nullptr;
@@ -106,17 +111,20 @@ struct dkdv_pair {
 inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
-inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
-  // decode (kernel_body.h, decode_layout; W <= L): q and o rows, per-lane state, mask, padded block
+// Scratch sizes, in floats. `static`: the kernel body calls them too, and an inline function
+// with external linkage could be merged by the linker with a copy compiled for another ISA.
+static inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
+  // decode (decode.h, decode_layout; W <= L): q and o rows, per-lane state, mask, padded block
   const std::int64_t decode = (2 * L + 4) * (D + Dv + 4 * L) + 8 * L * (L + 4) + 64;
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
-inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
+static inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }
 
-// bf16 operands of the AVX512_BF16 forward, in pairs along the dot's reduction axis (one 32-bit
-// word = two bf16): qp [D/2][L] (pair d of lane x at qp[(d/2)·L + x]), k [Nk'][ldk] rows with
-// ldk even, vp [Nk'/2][Dv] (keys 2j', 2j'+1 of column x at vp[j'·Dv + x]); Nk' = Nk rounded up
-// to even, the extra row zero. D is even; scores are scaled by score_params::scale.
+// bf16 operands of the forward on an ISA with a bf16 dot product, in pairs along the reduction
+// axis of each product (one 32-bit word = two bf16): qp [D/2][L] (pair d of lane x at
+// qp[(d/2)·L + x]), k [Nk'][ldk] rows with ldk even, vp [Nk'/2][Dv] (keys 2j', 2j'+1 of column
+// x at vp[j'·Dv + x]); Nk' = Nk rounded up to even, the extra row zero. D is even; scores are
+// scaled by score_params::scale.
 struct bf16_operands {
   const std::uint32_t* qp = nullptr;
   const std::uint16_t* k = nullptr;
@@ -124,7 +132,8 @@ struct bf16_operands {
   const std::uint32_t* vp = nullptr;
 };
 
-// bf16 operands of the AVX512_BF16 backward (D and Dv even; words = bf16 pairs, low half first).
+// bf16 operands of the backward on an ISA with a bf16 dot product (D and Dv even; words = bf16
+// pairs, low half first).
 //   dq pass (lane layout): qp [D/2][L], dop [Dv/2][L] lane words of q and dout; k, v: key rows
 //     [Nk'][D|Dv]; kpairs [Nk'/2][D] (keys 2j', 2j'+1 of column d at kpairs[j'·D + d]).
 struct bf16_dq_operands {
@@ -147,22 +156,23 @@ struct bf16_dkdv_operands {
 };
 
 struct kernel_table {
-  const char* name;       // "generic", "avx2", "avx512"
+  const char* name;       // "generic", "avx2", "avx512", "avx512bf16"
   int W;                  // floats per vector
   int lanes;              // L for prefill-sized lane blocks
   int lanes_small;        // L when the whole (b, hkv) has at most this many rows (decode)
   void (*forward)(const lane_block&, const forward_io&);
   void (*dq)(const lane_block&, const dq_io&);
   void (*dkdv)(const dkdv_pair&);
-  // Forward from bf16 operands with fp32 accumulation (AVX512_BF16 only; null elsewhere).
+  // Forward from bf16 operands with fp32 accumulation (ISAs with a bf16 dot product only:
+  // avx512bf16; null elsewhere).
   // Uses lanes == kernel_table::lanes; scratch as lane_scratch_floats plus bf16_scratch_floats.
   void (*forward_bf16)(const lane_block&, const bf16_operands&, const forward_io&);
-  // Backward passes from bf16 operands, fp32 accumulation (AVX512_BF16 only; null elsewhere).
+  // Backward passes from bf16 operands, fp32 accumulation (likewise).
   void (*dq_bf16)(const lane_block&, const bf16_dq_operands&, const dq_io&);
   void (*dkdv_bf16)(const dkdv_pair&, const bf16_dkdv_operands&);
 };
 
-inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
+static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
 
 // The kernels of each ISA compiled in (each defined in its own kernels_<isa>.cc).
 const kernel_table& kernels_generic();

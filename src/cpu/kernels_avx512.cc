@@ -1,5 +1,5 @@
-// src/cpu/kernels_avx512.cc — the fused kernels for the avx512 level (16 floats per vector; flags in
-// sources.cmake). All code is in kernel_body.h.
+// src/cpu/kernels_avx512.cc — the cpu kernels for the avx512 level (16 floats per vector); flags in sources.cmake,
+// code in kernel_body.h. No bf16 dot product: bf16 inputs are widened to f32.
 namespace attn::detail::cpu {
 namespace {
 constexpr int W = 16;  // floats per vector
@@ -12,7 +12,7 @@ constexpr int R = 6;  // tile rows: R·C accumulators
 
 namespace attn::detail::cpu {
 const kernel_table& kernels_avx512() {
-  static constexpr kernel_table table = make_table("avx512");
+  static constexpr kernel_table table = make_table<no_bf16_dot>("avx512");
   return table;
 }
 }  // namespace attn::detail::cpu

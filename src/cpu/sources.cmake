@@ -1,5 +1,7 @@
 # src/cpu — the fused CPU backend. Each ISA level is its own translation unit with its own
-# flags; the driver and the runtime dispatch (isa.cc) are built for baseline x86-64.
+# flags, compiling the kernel body (kernel_body.h: simd.h, tile.h, scores.h, prefill.h,
+# decode.h; simd_avx512bf16.h for the last level); the driver and the runtime dispatch (isa.cc)
+# are built for baseline x86-64.
 target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc
   ${CMAKE_CURRENT_LIST_DIR}/isa.cc

@@ -28,5 +28,7 @@ inline CLI::Validator backend_name_check() {
 void add_conformance(CLI::App& app, int& exit_code);
 void add_run(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
+void add_tokenize(CLI::App& app, int& exit_code);
+void add_embed(CLI::App& app, int& exit_code);
 
 }  // namespace attn::cli

@@ -2,6 +2,8 @@
 //   attn conformance DIR...      run ONNX Attention conformance cases
 //   attn run --q q.npy ...       one attention from .npy files
 //   attn bench [--grid standard] time attention and its peers against the machine's peak
+//   attn tokenize --text "..."   BERT WordPiece tokenization of a model folder
+//   attn embed --text "..."      sentence embeddings (all-MiniLM-L6-v2) on attn
 // Exit status: 0 success, 1 a check failed (conformance), 2 bad arguments or files.
 #include <fmt/format.h>
 
@@ -16,6 +18,8 @@ int main(int argc, char** argv) {
   attn::cli::add_conformance(app, exit_code);
   attn::cli::add_run(app, exit_code);
   attn::cli::add_bench(app, exit_code);
+  attn::cli::add_tokenize(app, exit_code);
+  attn::cli::add_embed(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

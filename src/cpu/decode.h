@@ -1,0 +1,300 @@
+// src/cpu/decode.h — the forward for a (b, hkv) with at most W query rows (decode: Nq·G
+// small, many keys; memory-bound). D sits in the SIMD lanes for the q·k dots and keys in the
+// lanes for the softmax, so that each K/V row is read once, as it is stored, for all the rows
+// of the group — f32 or bf16, no copy.
+//
+// Rows are taken RG at a time (RG = 4; 1 or 2 when the (b, hkv) has only that many rows), keys
+// in blocks of W, each block read once (from memory; then from L1 for every row group):
+//   dots: KG = W / RG keys × RG rows at a time into W accumulator vectors with D in the lanes,
+//     each K vector loaded once for the RG rows; transpose_add folds the W accumulators into one
+//     score vector whose lane r·KG + x is row r · key x ("mixed layout"), RG vectors per block;
+//   softmax in the mixed layout: a per-lane running max (equal over a row's KG lanes), one exp
+//     per score and per-lane partial sums of p — no scalar work per key;
+//   P·V: RG rows × CB output vectors accumulate in registers over the W keys of the block, each
+//     V vector loaded once per row group.
+// K/V rows are read through storage<T> (simd.h): bf16 as 32-bit words, even and odd elements
+// apart, so q and o are kept in that "native" order — a permutation of d applied to q once and
+// undone on o once. The q·k dots take an operand type of tile.h: f32_operands multiply the
+// widened vectors; bf16_pair_operands (an ISA with a bf16 dot product, q exactly bf16:
+// lane_block::q_bf16) take the K words as they are, with q packed into words in memory order.
+// A short last block, or a head size that does not fill whole units, goes through a
+// zero-padded copy of the block. The rows a block ahead are prefetched, one line per line read
+// (the hardware prefetcher alone reaches about half the bandwidth here).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/kernels.h"
+#include "cpu/scores.h"
+#include "cpu/simd.h"
+#include "cpu/tile.h"
+
+namespace attn::detail::cpu {
+namespace {
+
+// Scratch of the decode forward (floats, within lane_scratch_floats): per row group g,
+// per-lane vectors; per row, q and o.
+struct decode_layout {
+  std::int64_t nr, ng, nrp, D, Dv, Dp, Dvp;
+  float *qr, *orow, *mvec, *lacc, *pb, *alpha, *bias, *biasm, *kpad, *vpad;
+  std::int32_t *pos, *lo, *hi;
+  float* slope;
+  decode_layout(const lane_block& lb, int RG, int unit) : nr(lb.nl), D(lb.D), Dv(lb.Dv) {
+    ng = (nr + RG - 1) / RG, nrp = ng * RG;
+    Dp = (D + unit - 1) / unit * unit, Dvp = (Dv + unit - 1) / unit * unit;
+    float* f = lb.scratch;
+    qr = f, f += nrp * Dp;        // [nrp][Dp] q rows (f32 native order, or bf16 pair words)
+    orow = f, f += nrp * Dvp;     // [nrp][Dvp] unnormalised outputs, native order
+    mvec = f, f += ng * W;        // [ng][W] running max (mixed layout)
+    lacc = f, f += ng * W;        // [ng][W] partial sums of p
+    pos = reinterpret_cast<std::int32_t*>(f), f += ng * W;  // [ng][W] row constants, mixed layout
+    lo = reinterpret_cast<std::int32_t*>(f), f += ng * W;
+    hi = reinterpret_cast<std::int32_t*>(f), f += ng * W;
+    slope = f, f += ng * W;
+    pb = f, f += RG * W;          // [RG][W] p of the current block and row group
+    alpha = f, f += W;            // [RG] rescale factors
+    bias = f, f += lb.L * W;      // [L][W] mask of the block
+    biasm = f, f += nrp * W;      // [ng][RG][W] the same, mixed layout
+    kpad = f, f += W * Dp;        // [W][Dp] a padded copy of the block (f32 or bf16)
+    vpad = f, f += W * Dvp;
+  }
+};
+
+// Scores of keys kb[0, W) (row stride ks, storage T) for the RG rows q[r·qs ..] (words of Ops),
+// in the mixed layout. A unit is storage<T>::U·W elements of d: Ops::key_vectors<T> vectors of
+// words of K and of q.
+template <int RG, class Ops, class T>
+inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int64_t nu, const T* kb, std::int64_t ks,
+                          vf* s, const T* kpf) {
+  constexpr int KG = W / RG, KV = Ops::template key_vectors<T>, E = storage<T>::U * W;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    vf acc[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) acc[i] = vf{};
+    const T* kp = kb + kg * KG * ks;
+    const T* pp = kpf + kg * KG * ks;
+    for (std::int64_t u = 0; u < nu; ++u) {
+      typename Ops::vword qv[RG][KV];
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 2
+        for (int e = 0; e < KV; ++e) qv[r][e] = Ops::load_words(q + r * qs + (u * KV + e) * W);
+#pragma GCC unroll 16
+      for (int x = 0; x < KG; ++x) {
+        typename Ops::vword kv[KV];
+        Ops::template load_keys<T>(kp + x * ks + u * E, kv);
+        __builtin_prefetch(pp + x * ks + u * E);
+#pragma GCC unroll 2
+        for (int e = 0; e < KV; ++e)
+#pragma GCC unroll 4
+          for (int r = 0; r < RG; ++r) acc[r * KG + x] = Ops::madd(acc[r * KG + x], kv[e], qv[r][e]);
+      }
+    }
+    transpose_add(acc);
+    s[kg] = acc[0];
+  }
+}
+
+// Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
+template <int RG>
+inline void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s, std::int64_t j0,
+                           std::int64_t nb) {
+  constexpr int KG = W / RG;
+  const vi pos = loadi(st.pos + g * W), lo = loadi(st.lo + g * W), hi0 = loadi(st.hi + g * W);
+  const vi hi = hi0 < splati(std::int32_t(j0 + nb)) ? hi0 : splati(std::int32_t(j0 + nb));
+  const vf slope = load(st.slope + g * W);
+  const vi keyoff = iota() & splati(KG - 1);
+  const vf m_old = load(st.mvec + g * W);
+  vf mx = m_old, t;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    s[kg] = transform(s[kg], sc, &t, sc.bias ? load(st.biasm + (g * RG + kg) * W) : vf{},
+                      splati(std::int32_t(j0 + kg * KG)) + keyoff, pos, lo, hi, slope, true);
+    mx = vmax(mx, s[kg]);
+  }
+  mx = group_max<KG / 2>(mx);
+  const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
+  const vf a = vexp(m_old - mu);
+  vf sum = load(st.lacc + g * W) * a;
+#pragma GCC unroll 4
+  for (int kg = 0; kg < RG; ++kg) {
+    const vf p = vexp(s[kg] - mu);
+    store(st.pb + kg * W, p);
+    sum += p;
+  }
+  store(st.lacc + g * W, sum);
+  store(st.mvec + g * W, mx);
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) st.alpha[r] = a[r * KG];
+}
+
+
+// O[r][c0·W, (c0 + CB)·W) = α_r O + Σ_x p[r][x] v_x for the RG rows at o (row stride Dvp).
+template <int RG, int CB, class T>
+inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb, std::int64_t vs,
+                      std::int64_t c0, const T* vpf) {
+  constexpr int KG = W / RG, U = storage<T>::U;
+  static_assert(CB % U == 0);
+  vf acc[RG][CB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf a = splat(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
+  }
+  const T* vp = vb + c0 * W;
+  const T* pp = vpf + c0 * W;
+#pragma GCC unroll 16
+  for (int x = 0; x < W; ++x, vp += vs, pp += vs) {
+    vf vv[CB];
+#pragma GCC unroll 8
+    for (int u = 0; u < CB / U; ++u) storage<T>::get(vp + u * U * W, vv + u * U), __builtin_prefetch(pp + u * U * W);
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const vf px = splat(pb[x / KG * W + r * KG + x % KG]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) acc[r][c] += px * vv[c];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
+}
+template <int RG, int CB, class T>
+inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb,
+                           std::int64_t vs, std::int64_t c0, const T* vpf) {
+  if constexpr (CB > 0) {
+    if constexpr (CB % storage<T>::U == 0)
+      if (nv == CB) return decode_pv<RG, CB>(o, Dvp, pb, alpha, vb, vs, c0, vpf);
+    decode_pv_tail<RG, CB - 1>(nv, o, Dvp, pb, alpha, vb, vs, c0, vpf);
+  }
+}
+
+// Bytes of each of K and V prefetched ahead of the block being read (at least one block): far
+// enough ahead to cover the memory latency at full bandwidth, near enough that the lines are
+// still in L1 when the block is read. The window is not critical: 4–16 KiB all do both.
+constexpr std::int64_t kDecodePrefetchBytes = 8192;
+
+// Ops: the operand type of the q·k dots; T: the storage of the K/V rows read.
+template <int RG, class Ops, class T>
+void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
+  constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
+  constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
+  const decode_layout st(lb, RG, U * W);
+  const score_consts sc(lb.sp);
+  const lane_range kr(lb);
+  const std::int64_t L = lb.L, nr = st.nr, Dp = st.Dp, Dvp = st.Dvp;
+  for (std::int64_t g = 0; g < st.nrp; ++g) {
+    const bool valid = g < nr;
+    if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
+      auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+      const auto bits = [&](std::int64_t d) {
+        std::uint32_t u = 0;
+        if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
+        return u >> 16;
+      };
+      for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
+    } else {
+      for (std::int64_t d = 0; d < Dp; ++d)
+        st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+    }
+    for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
+    const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
+    for (int x = 0; x < KG; ++x) {
+      st.mvec[x0 + x] = valid ? io.m[g] : -kInf;
+      st.lacc[x0 + x] = valid && x == 0 ? io.l[g] : 0.0f;
+      st.pos[x0 + x] = valid ? lb.pos[g] : 0;
+      st.lo[x0 + x] = valid ? lb.lo[g] : 0;
+      st.hi[x0 + x] = valid ? lb.hi[g] : 0;
+      st.slope[x0 + x] = valid && lb.sp.alibi ? lb.slope[g] : 0.0f;
+    }
+  }
+  const auto* qwords = reinterpret_cast<const typename Ops::word*>(st.qr);
+  const std::int64_t qs = Dp / P;  // words per q row
+  const bool b16 = lb.k16 != nullptr;
+  const std::int64_t esize = b16 ? 2 : 4;
+  const char* kbase = b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
+  const char* vbase = b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
+  const auto elem_f32 = [&](const char* base, std::int64_t i) {
+    return b16 ? bf16_scalar(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
+  };
+  const std::int64_t nu = Dp / (U * W), nv = Dvp / W;
+  const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
+  const std::int64_t pf_keys = imax(W, kDecodePrefetchBytes / row_bytes);
+  vf s[RG];
+  for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
+    const std::int64_t nb = imin(W, kr.kmax - j0);
+    const T* kb = reinterpret_cast<const T*>(kbase + j0 * lb.ksn * esize);
+    const T* vb = reinterpret_cast<const T*>(vbase + j0 * lb.vsn * esize);
+    std::int64_t ks = lb.ksn, vs = lb.vsn;
+    // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
+    // block: issued in a burst, they stall); the current block itself when there are none.
+    const bool pf = j0 + pf_keys + W <= kr.kmax;
+    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + (j0 + pf_keys) * lb.ksn * esize) : kb;
+    const T* vpf = pf ? reinterpret_cast<const T*>(vbase + (j0 + pf_keys) * lb.vsn * esize) : vb;
+    if (copy_all || nb < W) {  // a short last block or an odd shape: a zero-padded copy
+      T* kp = reinterpret_cast<T*>(st.kpad);
+      T* vp = reinterpret_cast<T*>(st.vpad);
+      const char* kb0 = kbase + j0 * lb.ksn * esize;
+      const char* vb0 = vbase + j0 * lb.vsn * esize;
+      for (std::int64_t x = 0; x < W; ++x) {
+        for (std::int64_t d = 0; d < Dp; ++d) {
+          if constexpr (U == 1) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kb0, x * lb.ksn + d) : 0.0f;
+          else kp[x * Dp + d] = x < nb ? reinterpret_cast<const std::uint16_t*>(kb0)[x * lb.ksn + d] : 0;
+        }
+        for (std::int64_t d = 0; d < Dvp; ++d) {
+          if constexpr (U == 1) vp[x * Dvp + d] = x < nb && d < lb.Dv ? elem_f32(vb0, x * lb.vsn + d) : 0.0f;
+          else vp[x * Dvp + d] = x < nb ? reinterpret_cast<const std::uint16_t*>(vb0)[x * lb.vsn + d] : 0;
+        }
+      }
+      kb = kp, vb = vp, ks = Dp, vs = Dvp, kpf = kp, vpf = vp;
+    }
+    if (sc.bias) {
+      lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
+      for (std::int64_t g = 0; g < st.nrp; ++g)
+        for (std::int64_t x = 0; x < W; ++x)
+          st.biasm[g / RG * RG * W + x / KG * W + g % RG * KG + x % KG] = g < L && x < nb ? st.bias[g * W + x] : 0.0f;
+    }
+    for (std::int64_t g = 0; g < st.ng; ++g) {
+      const bool first = g == 0;  // later row groups read the block from L1
+      decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
+      decode_softmax<RG>(st, sc, g, s, j0, nb);
+      float* o = st.orow + g * RG * Dvp;
+      std::int64_t c0 = 0;
+      for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
+      if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
+    }
+  }
+  for (std::int64_t g = 0; g < nr; ++g) {
+    const std::int64_t x0 = g / RG * W + g % RG * KG;
+    float l = 0.0f;
+    for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
+    io.l[g] = l;
+    io.m[g] = st.mvec[x0];
+    for (std::int64_t d = 0; d < lb.Dv; ++d) io.ot[d * L + g] = st.orow[g * Dvp + storage<T>::native(d)];
+  }
+}
+
+// Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
+template <int RG, class Dot>
+void decode_group(const lane_block& lb, const forward_io& io) {
+  const bool b16 = lb.k16 != nullptr;
+  if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
+    if constexpr (Dot::available)
+      if (lb.q_bf16) return decode_rows<RG, bf16_pair_operands<Dot>, std::uint16_t>(lb, io, false);
+    return decode_rows<RG, f32_operands, std::uint16_t>(lb, io, false);
+  }
+  decode_rows<RG, f32_operands, float>(lb, io, b16 || lb.D % W != 0 || lb.Dv % W != 0);
+}
+
+template <class Dot>
+void decode_forward(const lane_block& lb, const forward_io& io) {
+  if (lb.nl >= 3) return decode_group<4, Dot>(lb, io);
+  if (lb.nl == 2) return decode_group<2, Dot>(lb, io);
+  decode_group<1, Dot>(lb, io);
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu

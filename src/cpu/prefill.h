@@ -1,0 +1,238 @@
+// src/cpu/prefill.h — the forward and its two backward passes in the tile layouts of kernels.h,
+// written once for every operand type of tile.h (Ops: f32, or bf16 pairs on an ISA with a bf16
+// dot product). With bf16 pairs the reduction axis of each product is walked two elements a
+// word: key blocks start on an even key and hold an even number of keys (the packed K/V have a
+// zero key past the end), and P, dS are rounded to bf16 for the products that consume them.
+//
+// Lane layout (forward, dq): query rows are SIMD lanes, scores are kept transposed,
+// Sᵀ[key][lane], the softmax state (m, l) is one vector per lane group.
+// Row layout (dk, dv): one query row per tile row, keys in SIMD lanes.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/kernels.h"
+#include "cpu/scores.h"
+#include "cpu/simd.h"
+#include "cpu/tile.h"
+
+namespace attn::detail::cpu {
+namespace {
+
+// What the lane-layout passes multiply, in words of Ops (P = Ops::kPack elements of the
+// reduction axis per word).
+template <class Ops>
+struct lane_operands {
+  using word = typename Ops::word;
+  const word* qt = nullptr;           // [D/P][L] q of the lanes
+  const word* doutt = nullptr;        // [Dv/P][L] dout of the lanes (dq)
+  const word* k = nullptr;            // key j, word d' at k[j·k_rs + d'] (S = K qᵀ)
+  std::int64_t k_rs = 0;
+  const word* v = nullptr;            // value j, word d' at v[j·v_rs + d'] (dP = V doutᵀ, dq)
+  std::int64_t v_rs = 0;
+  const word* k_steps = nullptr;      // keys by reduction step: column d of step j' at k_steps[j'·k_ss + d] (dqᵀ += Kᵀ dS)
+  std::int64_t k_ss = 0;
+  const word* v_steps = nullptr;      // values by reduction step (Oᵀ += Vᵀ P)
+  std::int64_t v_ss = 0;
+};
+
+// Round n up to a multiple of P.
+template <int P>
+constexpr std::int64_t round_up(std::int64_t n) {
+  return (n + P - 1) / P * P;
+}
+
+// ---- forward, lane layout ----
+//   Sᵀ[j][lane] = k_j · qᵀ_lane         (q pre-scaled, or scale in score_params)
+//   m' = max(m, max_j s), p = e^{s - m'}, l = l·e^{m - m'} + Σ p, Oᵀ = Oᵀ·e^{m - m'} + Vᵀ P
+
+// The online-softmax step of keys [j0, j0 + nb) on the scores S (in place → p), then Oᵀ *= α.
+template <int CC>
+void softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc, float* S, float* bias,
+                   float* alpha, std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  const bool ranged = block_ranged(lb, j0, j0 + nb);
+  const bool identity = !ranged && !sc.softcap && !sc.bias && !sc.alibi && lb.sp.scale == 1.0f;
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+    const vf m_old = load(io.m + c * W);
+    vf mx = m_old, t;
+    if (identity) {  // plain scores (the common case): only the max
+      for (std::int64_t jj = 0; jj < nb; ++jj) mx = vmax(mx, load(S + jj * L + c * W));
+    } else {
+      for (std::int64_t jj = 0; jj < nb; ++jj) {
+        float* sj = S + jj * L + c * W;
+        const vf s = transform(load(sj), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+        store(sj, s);
+        mx = vmax(mx, s);
+      }
+    }
+    const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
+    const vf a = vexp(m_old - mu);
+    vf sum{};
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sj = S + jj * L + c * W;
+      const vf p = vexp(load(sj) - mu);
+      store(sj, p);
+      sum += p;
+    }
+    store(io.l + c * W, load(io.l + c * W) * a + sum);
+    store(io.m + c * W, mx);
+    store(alpha + c * W, a);
+  }
+  for (std::int64_t d = 0; d < lb.Dv; ++d)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+}
+
+// Scratch (lb.scratch): S, bias [kLaneKeyBlock][L], α [L]; `packed`: P as operand words
+// [kLaneKeyBlock/P][L] (bf16 pairs only).
+template <class Ops, int CC>
+void forward_lanes(const lane_block& lb, const lane_operands<Ops>& op, const forward_io& io,
+                   typename Ops::word* packed) {
+  constexpr int P = Ops::kPack;
+  const std::int64_t L = CC * W;
+  float* S = lb.scratch;
+  float* bias = S + kLaneKeyBlock * L;
+  float* alpha = bias + kLaneKeyBlock * L;
+  const score_consts sc(lb.sp);
+  const lane_range kr(lb);
+  for (std::int64_t j0 = kr.kmin / P * P; j0 < kr.kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
+    gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
+    softmax_block<CC>(lb, io, sc, S, bias, alpha, j0, nb);
+    const typename Ops::word* pw = Ops::pack_rows(S, nb, L, packed);
+    gemm<Ops>(lb.Dv, L, nb / P, op.v_steps + j0 / P * op.v_ss, 1, op.v_ss, pw, L, io.ot, L, true);
+  }
+}
+
+// ---- backward dq, lane layout (recompute from lse) ----
+//   p = e^{s - lse}, dp = dout·v_j, ds = p (dp - Δ) (· (1 - t²) with softcap), dqᵀ += Kᵀ dS
+// (the forward's p = e^{s - m'} with the final m and l folded into lse; Oᵀ += Vᵀ P gives
+// dP = V doutᵀ).
+
+// From the raw scores S and dP of keys [j0, j0 + nb), writes dS into S.
+template <int CC>
+void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc, float* S, float* bias, const float* dP,
+               std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  const bool ranged = block_ranged(lb, j0, j0 + nb);
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+    const vf lse = load(io.lse + c * W), delta = load(io.delta + c * W);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sj = S + jj * L + c * W;
+      vf t{};
+      const vf s = transform(load(sj), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+      const vf p = vexp(s - lse);
+      vf ds = p * (load(dP + jj * L + c * W) - delta);
+      if (sc.softcap) ds *= splat(1.0f) - t * t;
+      store(sj, ds);
+    }
+  }
+}
+
+// Scratch (lb.scratch): S, bias, dP [kLaneKeyBlock][L]; `packed`: dS as operand words.
+template <class Ops, int CC>
+void dq_lanes(const lane_block& lb, const lane_operands<Ops>& op, const dq_io& io, typename Ops::word* packed) {
+  constexpr int P = Ops::kPack;
+  const std::int64_t L = CC * W;
+  float* S = lb.scratch;
+  float* bias = S + kLaneKeyBlock * L;
+  float* dP = bias + kLaneKeyBlock * L;
+  for (std::int64_t i = 0; i < lb.D * L; ++i) io.dqt[i] = 0.0f;
+  const score_consts sc(lb.sp);
+  const lane_range kr(lb);
+  for (std::int64_t j0 = kr.kmin / P * P; j0 < kr.kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
+    gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
+    gemm<Ops>(nb, L, lb.Dv / P, op.v + j0 * op.v_rs, op.v_rs, 1, op.doutt, L, dP, L, false);
+    dq_scores<CC>(lb, io, sc, S, bias, dP, j0, nb);
+    const typename Ops::word* dsw = Ops::pack_rows(S, nb, L, packed);
+    gemm<Ops>(lb.D, L, nb / P, op.k_steps + j0 / P * op.k_ss, 1, op.k_ss, dsw, L, io.dqt, L, true);
+  }
+}
+
+// ---- backward dk, dv, row layout: one query block against one key block ----
+//   S = Q Kᵀ, dP = dO Vᵀ, P = e^{s' - lse} (s' the transformed score), dS = P (dP - Δ),
+//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS
+
+// What the row-layout pass multiplies, in words of Ops.
+template <class Ops>
+struct row_operands {
+  using word = typename Ops::word;
+  const word* q = nullptr;            // query row r, word d' at q[r·q_rs + d']
+  std::int64_t q_rs = 0;
+  const word* dout = nullptr;         // dout rows, likewise
+  std::int64_t dout_rs = 0;
+  const word* q_steps = nullptr;      // query rows by reduction step: column d of step r' at q_steps[r'·q_ss + d]
+  std::int64_t q_ss = 0;
+  const word* dout_steps = nullptr;   // dout rows by reduction step
+  std::int64_t dout_ss = 0;
+  const word* kt = nullptr;           // [D/P][ldk] the key block, transposed, zero-padded
+  const word* vt = nullptr;           // [Dv/P][ldk]
+};
+
+// From the raw S and dP of the pair, writes P into S and dS into dP; adds the ALiBi gradient.
+void dkdv_scores(const dkdv_pair& pr, const score_consts& sc, float* S, float* dP, float* bias) {
+  const std::int64_t ld = pr.ldk, nq = pr.nq;
+  if (sc.bias) {
+    pr.sp.bias(pr.sp.bias_ctx, pr.j0, pr.nb, bias, ld, 1);
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
+  }
+  const vf slope = splat(pr.slope);
+  vf dalibi{};
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb))), pos = splati(pr.pos[r]);
+    const vf lse = splat(pr.lse[r]), delta = splat(pr.delta[r]);
+    for (std::int64_t x = 0; x < ld; x += W) {
+      const vi j = iota() + std::int32_t(pr.j0 + x);
+      vf t{};
+      const vf s = transform(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos, lo,
+                             hi, slope, true);
+      const vf p = vexp(s - lse);
+      vf ds = p * (load(dP + r * ld + x) - delta);
+      if (sc.alibi) dalibi -= ds * key_distance(pos, j);
+      if (sc.softcap) ds *= splat(1.0f) - t * t;
+      store(S + r * ld + x, p);
+      store(dP + r * ld + x, ds);
+    }
+  }
+  if (sc.alibi) {
+    double sum = 0.0;
+    for (int x = 0; x < W; ++x) sum += double(dalibi[x]);
+    *pr.dalibi += sum;
+  }
+}
+
+// Scratch (pr.scratch): S, dP, bias [nq][ldk], then P and dS as operand words
+// [nq/P rounded up][ldk] each (bf16 pairs only).
+template <class Ops>
+void dkdv_rows(const dkdv_pair& pr, const row_operands<Ops>& op) {
+  constexpr int P = Ops::kPack;
+  const std::int64_t ld = pr.ldk, nq = pr.nq, nqs = round_up<P>(nq) / P;
+  float* S = pr.scratch;
+  float* dP = S + nq * ld;
+  float* bias = dP + nq * ld;
+  auto* packed = reinterpret_cast<typename Ops::word*>(bias + nq * ld);
+  const score_consts sc(pr.sp);
+  gemm<Ops>(nq, ld, pr.D / P, op.q, op.q_rs, 1, op.kt, ld, S, ld, false);
+  gemm<Ops>(nq, ld, pr.Dv / P, op.dout, op.dout_rs, 1, op.vt, ld, dP, ld, false);
+  dkdv_scores(pr, sc, S, dP, bias);
+  const typename Ops::word* pw = Ops::pack_rows(S, nq, ld, packed);
+  const typename Ops::word* dsw = Ops::pack_rows(dP, nq, ld, packed + nqs * ld);
+  gemm<Ops>(pr.Dv, ld, nqs, op.dout_steps, 1, op.dout_ss, pw, ld, pr.dvt, ld, true);
+  gemm<Ops>(pr.D, ld, nqs, op.q_steps, 1, op.q_ss, dsw, ld, pr.dkt, ld, true);
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu

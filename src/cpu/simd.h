@@ -1,0 +1,182 @@
+// src/cpu/simd.h — the portable SIMD layer of the cpu kernels: GCC vector types of W lanes,
+// loads and stores, exp and tanh, lane shuffles, and the readers that turn stored elements
+// (f32, bf16) into f32 vectors. No intrinsics: every ISA compiles this file with its own flags
+// and W. The one instruction that has no portable spelling (vdpbf16ps) is in
+// simd_avx512bf16.h.
+//
+// Included by kernels_<isa>.cc after it has defined, in attn::detail::cpu::(anonymous),
+//   constexpr int W (floats per vector), C (vectors per tile row), R (tile rows).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+namespace attn::detail::cpu {
+namespace {
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef std::int32_t vi __attribute__((vector_size(W * 4)));
+typedef std::uint32_t vu __attribute__((vector_size(W * 4)));  // W words of two bf16
+
+inline vf load(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline vi loadi(const std::int32_t* p) {
+  vi v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline vu loadu(const std::uint32_t* p) {
+  vu v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+inline void storeu(std::uint32_t* p, vu v) { __builtin_memcpy(p, &v, sizeof v); }
+inline vf splat(float s) { return s - vf{}; }  // x - 0 folds away; x + 0 would not (-0)
+inline vi splati(std::int32_t s) { return s - vi{}; }
+inline vu splatu(std::uint32_t s) { return s - vu{}; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vi iota() {
+  vi r;
+  for (int i = 0; i < W; ++i) r[i] = i;
+  return r;
+}
+inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+constexpr float kInf = __builtin_inff();
+
+// ---- math ----
+
+// e^x: n = round(x·log2 e), r = x - n·ln 2 (two-part ln 2), e^r by its Taylor-like minimax
+// polynomial (Cephes expf), times 2^n built in the exponent bits. ≈ 2 ulp; exactly 0 below
+// -87.3, so masked keys (-inf) weigh exactly nothing.
+inline vf vexp(vf x) {
+  const vf xc = vmax(x, splat(-87.3f)) < splat(88.0f) ? vmax(x, splat(-87.3f)) : splat(88.0f);
+  const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
+  const vf t = xc * splat(1.44269504088896341f) + magic;
+  const vf n = t - magic;
+  vf r = xc - n * splat(0.693359375f);
+  r = r - n * splat(-2.12194440e-4f);
+  vf y = splat(1.9875691500e-4f);
+  y = y * r + splat(1.3981999507e-3f);
+  y = y * r + splat(8.3334519073e-3f);
+  y = y * r + splat(4.1665795894e-2f);
+  y = y * r + splat(1.6666665459e-1f);
+  y = y * r + splat(5.0000001201e-1f);
+  y = y * (r * r) + r + splat(1.0f);
+  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  const vf p = y * (vf)e;
+  return x < splat(-87.3f) ? vf{} : p;
+}
+
+// tanh(x) = sign(x)·(1 - 2 / (e^{2|x|} + 1))
+inline vf vtanh(vf x) {
+  const vi sign = (vi)x & splati(std::int32_t(0x80000000u));
+  const vf ax = (vf)((vi)x & splati(0x7fffffff));
+  const vf t = splat(1.0f) - splat(2.0f) / (vexp(ax + ax) + splat(1.0f));
+  return (vf)((vi)t | sign);
+}
+
+// ---- bf16 ----
+
+// bf16 → f32 is a 16-bit shift.
+inline float bf16_scalar(const std::uint16_t* p) {
+  const std::uint32_t u = std::uint32_t(*p) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+// Finite floats → bf16 bits (round to nearest even), one per 32-bit lane.
+inline vu bf16_bits(vf p) {
+  const vu u = (vu)p;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+// How a stored element type becomes f32 vectors, a "unit" of U vectors at a time:
+//   float: W floats → one vector, in memory order;
+//   bf16:  2W bf16 read as W 32-bit words → two vectors, the even elements (word << 16) then
+//          the odd ones (word & 0xffff0000): exact, no shuffles. A vector of d that is read
+//          this way is kept in that "native" order, a permutation of d within each unit.
+template <class T>
+struct storage {
+  static constexpr int U = 1;  // vectors per unit
+  static void get(const float* p, vf* out) { out[0] = load(p); }
+  static std::int64_t native(std::int64_t d) { return d; }
+  static float scalar(const float* p) { return *p; }
+};
+template <>
+struct storage<std::uint16_t> {
+  static constexpr int U = 2;
+  static void get(const std::uint16_t* p, vf* out) {
+    vi w;
+    __builtin_memcpy(&w, p, sizeof w);
+    out[0] = (vf)(w << 16);
+    out[1] = (vf)(w & splati(std::int32_t(0xffff0000u)));
+  }
+  static std::int64_t native(std::int64_t d) {
+    const std::int64_t u = d / (2 * W), e = d % (2 * W);
+    return u * 2 * W + (e & 1) * W + e / 2;
+  }
+  static float scalar(const std::uint16_t* p) { return bf16_scalar(p); }
+};
+
+// ---- lane shuffles ----
+
+// fold(a, b) over groups of 2h lanes: first h lanes = a's group folded in half, next h = b's.
+constexpr int fold_index(int x, int h, int second) {
+  const int g = x / (2 * h) * (2 * h), o = x % (2 * h);
+  return (o < h ? g + o : W + g + o - h) + second * h;
+}
+template <int H, int S, int... X>
+constexpr vi fold_mask(std::integer_sequence<int, X...>) {
+  return vi{fold_index(X, H, S)...};
+}
+template <int H>
+inline vf fold(vf a, vf b) {
+  constexpr vi m1 = fold_mask<H, 0>(std::make_integer_sequence<int, W>{});
+  constexpr vi m2 = fold_mask<H, 1>(std::make_integer_sequence<int, W>{});
+  return __builtin_shuffle(a, b, m1) + __builtin_shuffle(a, b, m2);
+}
+template <int H, int... X>
+constexpr vi xor_mask(std::integer_sequence<int, X...>) {
+  return vi{(X ^ H)...};
+}
+
+// v[0..W) → v[0], whose lane x is the sum of v[x]'s lanes (a transpose-add tree; the rest of v
+// is overwritten).
+template <int N = W>
+inline void transpose_add(vf* v) {
+  if constexpr (N > 1) {
+#pragma GCC unroll 16
+    for (int i = 0; i < N / 2; ++i) v[i] = fold<N / 2>(v[i], v[i + N / 2]);
+    transpose_add<N / 2>(v);
+  }
+}
+
+// Lane-wise max within groups of 2H lanes (then H/2, ...): every lane gets its group's max.
+template <int H>
+inline vf group_max(vf v) {
+  if constexpr (H == 0) {
+    return v;
+  } else {
+    constexpr vi m = xor_mask<H>(std::make_integer_sequence<int, W>{});
+    return group_max<H / 2>(vmax(v, __builtin_shuffle(v, m)));
+  }
+}
+
+// ---- the bf16 dot product of an ISA ----
+
+// kernels_<isa>.cc names its bf16 dot product when it builds its table (make_table<Dot>):
+// no_bf16_dot where the ISA has none (bf16 inputs are then widened to f32), or a type with
+//   static constexpr bool available = true;
+//   static vf dot_pairs(vf acc, vu a, vu b);   // acc + a.lo·b.lo + a.hi·b.hi per 32-bit lane
+// (simd_avx512bf16.h).
+struct no_bf16_dot {
+  static constexpr bool available = false;
+};
+
+}  // namespace
+}  // namespace attn::detail::cpu

@@ -1,0 +1,136 @@
+// src/cpu/tile.h — the matrix products of the cpu kernels: one register tile and the GEMM
+// around it, with the operand type a parameter (the way flash-attn's kernel traits make bf16 a
+// change of parameters):
+//   out[r][x..x+W) (+)= Σ_k dot(a[r·ars + k·aks], b[k·bks + x..x+W))     (a broadcast, b vector)
+// k runs over the words of the reduction axis. An operand type says what a word is, how two
+// words multiply into an fp32 accumulator, and how fp32 rows (P, dS) become B operands:
+//   f32_operands            a word is one float; dot = a·b (an FMA).
+//   bf16_pair_operands<Dot> a word is two bf16 adjacent on the reduction axis (low half
+//                           first); dot = a.lo·b.lo + a.hi·b.hi, by the ISA's Dot
+//                           (simd_avx512bf16.h); fp32 rows are rounded to bf16 in pairs.
+// Only our own padded buffers are ever read as vectors (b); user rows are read as scalars (a).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/simd.h"
+
+namespace attn::detail::cpu {
+namespace {
+
+struct f32_operands {
+  using word = float;
+  using vword = vf;
+  static constexpr int kPack = 1;  // elements of the reduction axis per word
+  static vword broadcast(word a) { return splat(a); }
+  static vword load_words(const word* p) { return load(p); }
+  static vf madd(vf acc, vword a, vword b) { return acc + a * b; }
+  // Rows [rows][n] of fp32 values as B operand words [rows / kPack][n]: these rows themselves.
+  static const word* pack_rows(const float* s, std::int64_t, std::int64_t, word*) { return s; }
+  // Decode reads key rows of storage T in units of storage<T>::U vectors, widened to f32.
+  template <class T>
+  static constexpr int key_vectors = storage<T>::U;
+  template <class T>
+  static void load_keys(const T* p, vword* out) {
+    storage<T>::get(p, out);
+  }
+};
+
+template <class Dot>
+struct bf16_pair_operands {
+  static_assert(Dot::available, "bf16 pair operands need the ISA's bf16 dot product");
+  using word = std::uint32_t;
+  using vword = vu;
+  static constexpr int kPack = 2;
+  static vword broadcast(word a) { return splatu(a); }
+  static vword load_words(const word* p) { return loadu(p); }
+  static vf madd(vf acc, vword a, vword b) { return Dot::dot_pairs(acc, a, b); }
+  // Rows 2r', 2r'+1 of s [rows][n] (n a multiple of W) → out[r'][x] = bf16(s[2r'+1][x]) << 16 |
+  // bf16(s[2r'][x]), rounded to nearest even; a missing last row is zero.
+  static const word* pack_rows(const float* s, std::int64_t rows, std::int64_t n, word* out) {
+    for (std::int64_t r = 0; 2 * r < rows; ++r) {
+      const float* r0 = s + 2 * r * n;
+      const float* r1 = 2 * r + 1 < rows ? r0 + n : nullptr;
+      for (std::int64_t x = 0; x < n; x += W)
+        storeu(out + r * n + x, (bf16_bits(r1 ? load(r1 + x) : vf{}) << 16) | bf16_bits(load(r0 + x)));
+    }
+    return out;
+  }
+  // Decode reads bf16 key rows as they are: W words (2W elements) per unit.
+  template <class T>
+  static constexpr int key_vectors = 1;
+  template <class T>
+  static void load_keys(const T* p, vword* out) {
+    static_assert(sizeof(T) == 2, "bf16 pairs read bf16 rows");
+    out[0] = loadu(reinterpret_cast<const std::uint32_t*>(p));
+  }
+};
+
+// The register tile: RR × CC accumulator vectors.
+template <class Ops, int RR, int CC>
+void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
+          const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool accumulate) {
+  vf acc[RR][CC];
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) acc[r][c] = accumulate ? load(o + r * ors + c * W) : vf{};
+  for (std::int64_t k = 0; k < K; ++k) {
+    typename Ops::vword bv[CC];
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) bv[c] = Ops::load_words(b + k * bks + c * W);
+    const typename Ops::word* ak = a + k * aks;
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r) {
+      const typename Ops::vword ar = Ops::broadcast(ak[r * ars]);
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) acc[r][c] = Ops::madd(acc[r][c], ar, bv[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(o + r * ors + c * W, acc[r][c]);
+}
+
+// The tile of cc (runtime, ≤ CC) columns of vectors, as a compile-time shape.
+template <class Ops, int RR, int CC = C>
+void tile_c(int cc, std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
+            const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool acc) {
+  if constexpr (CC == 1) {
+    tile<Ops, RR, 1>(K, a, ars, aks, b, bks, o, ors, acc);
+  } else {
+    if (cc == CC) return tile<Ops, RR, CC>(K, a, ars, aks, b, bks, o, ors, acc);
+    tile_c<Ops, RR, CC - 1>(cc, K, a, ars, aks, b, bks, o, ors, acc);
+  }
+}
+
+// The tile of rr (≤ RR) rows and cc columns.
+template <class Ops, int RR = R>
+void tile_rc(int rr, int cc, std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
+             const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool acc) {
+  if constexpr (RR == 1) {
+    tile_c<Ops, 1>(cc, K, a, ars, aks, b, bks, o, ors, acc);
+  } else {
+    if (rr == RR) return tile_c<Ops, RR>(cc, K, a, ars, aks, b, bks, o, ors, acc);
+    tile_rc<Ops, RR - 1>(rr, cc, K, a, ars, aks, b, bks, o, ors, acc);
+  }
+}
+
+// out [M][N] (row stride ors; N a multiple of W) (+)= A·B over K words, with
+// A(r, k) = a[r·ars + k·aks] and B(k, x) = b[k·bks + x].
+template <class Ops>
+void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const typename Ops::word* a, std::int64_t ars,
+          std::int64_t aks, const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors,
+          bool accumulate) {
+  for (std::int64_t n0 = 0; n0 < N; n0 += C * W) {
+    const int cc = int(imin(C, (N - n0) / W));
+    for (std::int64_t m0 = 0; m0 < M; m0 += R) {
+      const int rr = int(imin(R, M - m0));
+      tile_rc<Ops>(rr, cc, K, a + m0 * ars, ars, aks, b + n0, bks, o + m0 * ors + n0, ors, accumulate);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu
