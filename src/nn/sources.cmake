@@ -14,4 +14,5 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/optim.cc
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cc
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
+  ${CMAKE_CURRENT_LIST_DIR}/memory_network.cc
 )

@@ -16,6 +16,7 @@
 #include "attn/nn/init.h"
 #include "attn/nn/linear.h"
 #include "attn/nn/loss.h"
+#include "attn/nn/memory_network.h"
 #include "attn/nn/multihead.h"
 #include "attn/nn/norm.h"
 #include "attn/nn/optim.h"
