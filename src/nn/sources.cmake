@@ -8,4 +8,10 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/activation.cc
   ${CMAKE_CURRENT_LIST_DIR}/dropout.cc
   ${CMAKE_CURRENT_LIST_DIR}/gru.cc
+  ${CMAKE_CURRENT_LIST_DIR}/multihead.cc
+  ${CMAKE_CURRENT_LIST_DIR}/scored_attention.cc
+  ${CMAKE_CURRENT_LIST_DIR}/loss.cc
+  ${CMAKE_CURRENT_LIST_DIR}/optim.cc
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cc
+  ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
 )

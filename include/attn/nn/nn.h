@@ -9,10 +9,16 @@
 #pragma once
 
 #include "attn/nn/activation.h"
+#include "attn/nn/checkpoint.h"
 #include "attn/nn/dropout.h"
 #include "attn/nn/embedding.h"
 #include "attn/nn/gru.h"
 #include "attn/nn/init.h"
 #include "attn/nn/linear.h"
+#include "attn/nn/loss.h"
+#include "attn/nn/multihead.h"
 #include "attn/nn/norm.h"
+#include "attn/nn/optim.h"
 #include "attn/nn/parameter.h"
+#include "attn/nn/scored_attention.h"
+#include "attn/nn/transformer.h"

@@ -1,4 +1,4 @@
-// tests/nn/gru_test.cc — GRUCell against the equations written out per element, and the
+// tests/nn/nn_gru_test.cc — GRUCell against the equations written out per element, and the
 // bidirectional encoder against cells run by hand on each unpadded sequence; every gradient
 // against central finite differences (float64).
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// tests/nn/blocks_test.cc — the building blocks of attn::nn: Linear, Embedding, LayerNorm,
+// tests/nn/nn_blocks_test.cc — the building blocks of attn::nn: Linear, Embedding, LayerNorm,
 // RMSNorm, activations, residual add, Dropout and initialisation. Forwards against float64
 // formulas written out here, backwards against central finite differences (float64 layers).
 #include <gtest/gtest.h>

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# A small Python venv for the tests that check attn against Python packages (today: the
+# safetensors round trip, tests/nn/safetensors_interop.py). It holds numpy and safetensors
+# from PyPI only; it is created when missing (or when a package is missing) and reused
+# otherwise. Prints the venv's python on stdout; progress goes to stderr.
+#
+#   py=$(bash scripts/python-venv.sh)        # ATTN_TEST_VENV overrides ~/.cache/attn-test-venv
+#
+# The interpreter is Debian's /usr/bin/python3 (python3-venv from scripts/install-deps.sh);
+# PYTHON overrides it.
+set -euo pipefail
+venv="${ATTN_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attn-test-venv}"
+python="${PYTHON:-/usr/bin/python3}"
+log() { echo "python-venv: $*" >&2; }
+
+if ! "$venv/bin/python" -c "import sys" >/dev/null 2>&1; then
+  log "creating $venv with $python ($("$python" --version 2>&1))"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+fi
+py="$venv/bin/python"
+if ! "$py" -c "import numpy, safetensors" >/dev/null 2>&1; then
+  log "installing numpy and safetensors into $venv"
+  "$py" -m pip install -q --disable-pip-version-check "numpy>=1.24" "safetensors>=0.4" >&2
+fi
+echo "$py"
