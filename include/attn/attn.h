@@ -10,5 +10,4 @@
 #include "attn/npy.h"
 #include "attn/onnx.h"
 #include "attn/positional.h"
-#include "attn/safetensors.h"
 #include "attn/tensor.h"
