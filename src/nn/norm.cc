@@ -2,6 +2,7 @@
 #include "attn/nn/norm.h"
 
 #include <cmath>
+#include <utility>
 
 #include "nn/nn_impl.h"
 
@@ -19,6 +20,16 @@ std::int64_t rows(const char* op, const Tensor& x, const Tensor& weight) {
 void check_dy(const char* op, const Tensor& x, const Tensor& dy) {
   detail::check_dtype(op, "dy", dy, x.type());
   detail::check_shape(op, "dy", dy, x.shape());
+}
+
+// μ and 1 / sqrt(σ² + eps) of one row of C values (σ² biased), in double.
+template <class T>
+std::pair<double, double> moments(const T* x, std::int64_t C, double eps) {
+  double mean = 0, var = 0;
+  for (std::int64_t c = 0; c < C; ++c) mean += x[c];
+  mean /= double(C);
+  for (std::int64_t c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
+  return {mean, 1.0 / std::sqrt(var / double(C) + eps)};
 }
 
 Tensor ones(std::int64_t C, dtype t) { return Tensor::full({C}, t, 1.0); }
@@ -43,11 +54,7 @@ Tensor LayerNorm::forward(const Tensor& x) const {
     T* yp = detail::ptr<T>(y);
     for (std::int64_t m = 0; m < M; ++m) {
       const T* xr = xp + m * C;
-      double mean = 0, var = 0;
-      for (std::int64_t c = 0; c < C; ++c) mean += xr[c];
-      mean /= double(C);
-      for (std::int64_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-      const double rstd = 1.0 / std::sqrt(var / double(C) + eps);
+      const auto [mean, rstd] = moments(xr, C, eps);
       for (std::int64_t c = 0; c < C; ++c) yp[m * C + c] = T((xr[c] - mean) * rstd * w[c] + b[c]);
     }
   });
@@ -70,11 +77,7 @@ Tensor LayerNorm::backward(const Tensor& x, const Tensor& dy) {
     for (std::int64_t m = 0; m < M; ++m) {
       const T* xr = xp + m * C;
       const T* gr = g + m * C;
-      double mean = 0, var = 0;
-      for (std::int64_t c = 0; c < C; ++c) mean += xr[c];
-      mean /= double(C);
-      for (std::int64_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-      const double rstd = 1.0 / std::sqrt(var / double(C) + eps);
+      const auto [mean, rstd] = moments(xr, C, eps);
       double mean_dxhat = 0, mean_dxhat_xhat = 0;
       for (std::int64_t c = 0; c < C; ++c) {
         const double xh = (xr[c] - mean) * rstd, dxh = double(gr[c]) * w[c];

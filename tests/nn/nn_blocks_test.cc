@@ -1,21 +1,10 @@
 // tests/nn/nn_blocks_test.cc — the building blocks of attn::nn: Linear, Embedding, LayerNorm,
 // RMSNorm, activations, residual add, Dropout and initialisation. Forwards against float64
 // formulas written out here, backwards against central finite differences (float64 layers).
-#include <gtest/gtest.h>
-
-#include <cmath>
-#include <random>
-
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::expect_gradient;
-using testing::random_tensor;
-using testing::weighted_sum;
 
 // ---- Linear ----
 

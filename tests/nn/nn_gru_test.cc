@@ -1,21 +1,10 @@
 // tests/nn/nn_gru_test.cc — GRUCell against the equations written out per element, and the
 // bidirectional encoder against cells run by hand on each unpadded sequence; every gradient
 // against central finite differences (float64).
-#include <gtest/gtest.h>
-
-#include <cmath>
-#include <random>
-
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::expect_gradient;
-using testing::random_tensor;
-using testing::weighted_sum;
 
 double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 

@@ -2,22 +2,12 @@
 // attention written out here with loops (projections, masks, softmax, output projection), the
 // returned weights, gradients against central finite differences, and KV-cache decoding
 // against the full causal forward.
-#include <gtest/gtest.h>
-
-#include <cmath>
 #include <limits>
-#include <random>
 
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::expect_gradient;
-using testing::random_tensor;
-using testing::weighted_sum;
 
 // y[b, n, o] = Σ_i x[b, n, i] W[o, i] + bias[o]
 std::vector<double> project(const Linear& l, const Tensor& x) {

@@ -1,23 +1,13 @@
 // tests/nn/nn_scored_attention_test.cc — AdditiveAttention and LuongAttention (dot, general,
 // concat, location): forwards against the score formulas, softmax and weighted sum written out
 // here with loops; gradients against central finite differences (float64).
-#include <gtest/gtest.h>
-
-#include <cmath>
 #include <functional>
 #include <limits>
-#include <random>
 
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::expect_gradient;
-using testing::random_tensor;
-using testing::weighted_sum;
 
 using score_fn = std::function<double(std::int64_t b, std::int64_t i, std::int64_t j)>;
 

@@ -1,21 +1,12 @@
 // tests/nn/nn_train_test.cc — losses (values against formulas written here, gradients against
 // central finite differences), SGD / Adam / AdamW against their update rules stepped by hand,
 // gradient clipping, the learning-rate schedule, and gradient accumulation over micro-batches.
-#include <gtest/gtest.h>
-
-#include <cmath>
 #include <numbers>
-#include <random>
 
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::expect_gradient;
-using testing::random_tensor;
 
 TEST(NnLoss, CrossEntropyValueGradientAndIgnoreIndex) {
   std::mt19937 r(1);

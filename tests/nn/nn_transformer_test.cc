@@ -2,20 +2,10 @@
 // pre-norm): every gradient against central finite differences (float64), the post-norm
 // encoder's forward against its sublayers composed by hand, dropout's eval mode, and decoding
 // through the KV cache against the full forward.
-#include <gtest/gtest.h>
-
-#include <random>
-
-#include "attn/nn/nn.h"
-#include "test_util.h"
+#include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
-
-using testing::all_close;
-using testing::expect_gradient;
-using testing::random_tensor;
-using testing::weighted_sum;
 
 const transformer_config kSmall{.d_model = 4, .num_heads = 2, .d_ff = 6, .act = activation::gelu};
 

@@ -65,14 +65,14 @@ int write(const std::string& dir) {
     views.emplace_back(name, t);
     write_npy(dir + "/attn/" + name + ".npy", t);
   }
-  nn::save_safetensors(dir + "/attn_dtypes.safetensors", views);
+  write_safetensors(dir + "/attn_dtypes.safetensors", views);
   return 0;
 }
 
 int check(const std::string& dir) {
   int bad = 0;
   auto compare_file = [&](const std::string& file) {
-    const nn::safetensors_file f = nn::load_safetensors(dir + "/" + file);
+    const safetensors_file f = read_safetensors(dir + "/" + file);
     for (const auto& [name, t] : f.tensors) {
       const Tensor want = read_npy(dir + "/py/" + name + ".npy");
       if (!same_bits(t, want)) {
@@ -85,7 +85,7 @@ int check(const std::string& dir) {
     std::printf("%s: %zu tensors, metadata entries %zu\n", file.c_str(), f.tensors.size(), f.metadata.size());
     return f;
   };
-  const nn::safetensors_file dtypes = compare_file("py_dtypes.safetensors");
+  const safetensors_file dtypes = compare_file("py_dtypes.safetensors");
   if (dtypes.tensors.size() != 6) std::printf("py_dtypes.safetensors: expected 6 tensors\n"), ++bad;
   if (dtypes.metadata.count("written_by") == 0 || dtypes.metadata.at("written_by") != "python")
     std::printf("py_dtypes.safetensors: metadata written_by=python missing\n"), ++bad;
