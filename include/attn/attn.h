@@ -10,4 +10,5 @@
 #include "attn/npy.h"
 #include "attn/onnx.h"
 #include "attn/positional.h"
+#include "attn/safetensors.h"
 #include "attn/tensor.h"

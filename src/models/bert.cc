@@ -12,7 +12,7 @@
 #include "attn/attention.h"
 #include "attn/error.h"
 #include "attn/nn/activation.h"
-#include "attn/nn/checkpoint.h"
+#include "attn/safetensors.h"
 
 namespace attn::models {
 namespace {
@@ -113,18 +113,16 @@ bert_model bert_model::load(const std::string& dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) fail(fmt::format("model folder {} does not exist", dir));
   bert_model m(bert_config::from_file(dir + "/config.json"));
-  const std::string file = dir + "/model.safetensors";
-  const nn::safetensors_file f = nn::load_safetensors(file);
+  const safetensors_file f = read_safetensors(dir + "/model.safetensors");
   nn::parameter_list ps;
   m.parameters(ps);
-  for (const nn::parameter_ref& p : ps) {  // the file's extra tensors (position_ids) are buffers
-    const auto it = f.tensors.find(p.name);
-    if (it == f.tensors.end()) fail(fmt::format("{}: no tensor '{}'", file, p.name));
-    const Tensor& t = it->second;
+  for (const nn::parameter_ref& p : ps) {
+    if (!f.contains(p.name)) fail(fmt::format("{}: no tensor '{}'", f.path, p.name));
+    const Tensor& t = f.at(p.name);
     if (t.shape() != p.value->shape())
-      fail(fmt::format("{}: tensor '{}' has shape {}, expected {}", file, p.name, shape_str(t.shape()),
+      fail(fmt::format("{}: tensor '{}' has shape {}, expected {}", f.path, p.name, shape_str(t.shape()),
                        shape_str(p.value->shape())));
-    if (!is_floating(t.type())) fail(fmt::format("{}: tensor '{}' has dtype {}", file, p.name, dtype_name(t.type())));
+    if (!is_floating(t.type())) fail(fmt::format("{}: tensor '{}' has dtype {}", f.path, p.name, dtype_name(t.type())));
     *p.value = t.to(dtype::f32);
   }
   return m;
