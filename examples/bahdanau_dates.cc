@@ -13,10 +13,11 @@
 //   ./build/release/examples/example_bahdanau_dates [steps] [min_exact_match]
 #include <attn/attn.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "progress.h"
 
 namespace {
 
@@ -249,7 +250,7 @@ int main(int argc, char** argv) {
   const nn::parameter_list ps = m.parameters();
   std::printf("parameters: %lld\n", (long long)nn::parameter_count(ps));
   nn::adam opt;
-  const auto t0 = std::chrono::steady_clock::now();
+  const progress meter;
   for (int step = 0; step < steps; ++step) {
     const batch bt = make_batch(data, B);
     model::saved s;
@@ -259,11 +260,7 @@ int main(int argc, char** argv) {
     nn::clip_grad_norm(ps, 1.0);
     opt.lr = nn::warmup_cosine(step, 100, steps, 3e-3, 1e-4);
     opt.step(ps);
-    if (step % 100 == 0 || step == steps - 1) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("step %5d  loss %.4f  char accuracy %.3f  %.1f steps/s\n", step, l.loss,
-                  double(l.correct) / double(l.count), double(step + 1) / secs);
-    }
+    meter.report(step, steps, 100, l, "char accuracy", 1, "steps");
   }
   const batch test = make_batch(held_out, 512);
   std::vector<std::vector<double>> alignment;

@@ -9,11 +9,12 @@
 //   ./build/release/examples/example_memory_network [steps] [min_accuracy]
 #include <attn/attn.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "progress.h"
 
 namespace {
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
   nn::parameter_list ps;
   net.parameters(ps);
   nn::adam opt;
-  const auto t0 = std::chrono::steady_clock::now();
+  const progress meter;
   for (int step = 0; step < steps; ++step) {
     const stories s = make(data, B);
     nn::MemoryNetwork::saved saved;
@@ -87,11 +88,7 @@ int main(int argc, char** argv) {
     nn::clip_grad_norm(ps, 40.0);
     opt.lr = nn::warmup_cosine(step, 50, steps, 1e-2, 1e-4);
     opt.step(ps);
-    if (step % 200 == 0 || step == steps - 1) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("step %5d  loss %.4f  accuracy %.3f  %.0f steps/s\n", step, l.loss,
-                  double(l.correct) / double(l.count), double(step + 1) / secs);
-    }
+    meter.report(step, steps, 200, l, "accuracy", 1, "steps");
   }
   const std::int64_t n = 1000;
   const stories test = make(held_out, n);

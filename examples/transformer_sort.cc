@@ -10,9 +10,10 @@
 // on 512 held-out strings; exits 1 below min_exact_match (used as a test).
 #include <attn/attn.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+
+#include "progress.h"
 
 namespace {
 
@@ -114,7 +115,7 @@ int main(int argc, char** argv) {
   const nn::parameter_list ps = m.parameters();
   std::printf("parameters: %lld\n", (long long)nn::parameter_count(ps));
   nn::adam opt{.lr = 1e-3, .weight_decay = 0.01, .decoupled = true};
-  const auto t0 = std::chrono::steady_clock::now();
+  const progress meter;
   for (int step = 0; step < steps; ++step) {
     Tensor src, tgt, tgt_in;
     make_batch(data, B, src, tgt, tgt_in);
@@ -125,11 +126,7 @@ int main(int argc, char** argv) {
     nn::clip_grad_norm(ps, 1.0);
     opt.lr = nn::warmup_cosine(step, 100, steps, 2e-3, 1e-4);
     opt.step(ps);
-    if (step % 100 == 0 || step == steps - 1) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("step %5d  loss %.4f  token accuracy %.3f  %.0f tokens/s\n", step, l.loss,
-                  double(l.correct) / double(l.count), double((step + 1) * B * N) / secs);
-    }
+    meter.report(step, steps, 100, l, "token accuracy", double(B * N), "tokens");
   }
   Tensor src, tgt, tgt_in;
   make_batch(held_out, 512, src, tgt, tgt_in);
