@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "attn/tensor.h"
 #include "core/common.h"  // fail
@@ -35,6 +36,22 @@ inline void check_shape(const char* op, const char* name, const Tensor& t, const
 inline void check_last_dim(const char* op, const char* name, const Tensor& t, std::int64_t C, const char* what) {
   if (t.rank() < 1 || t.size(-1) != C)
     fail(op, fmt::format("{} has shape {}, expected [..., {}] with {} = {}", name, shape_str(t.shape()), what, what, C));
+}
+
+// Sequence lengths: int64 of shape `want`, every value in [0, N]. The message names the element:
+// "lengths[1, 2] = 9 is outside [0, W] = [0, 5]" (`range` names N).
+inline std::vector<std::int64_t> read_lengths(const char* op, const char* name, const Tensor& lengths,
+                                              const Shape& want, std::int64_t N, const char* range) {
+  check_dtype(op, name, lengths, dtype::i64);
+  check_shape(op, name, lengths, want);
+  std::vector<std::int64_t> len(lengths.data_as<std::int64_t>(), lengths.data_as<std::int64_t>() + lengths.numel());
+  for (std::size_t i = 0; i < len.size(); ++i)
+    if (len[i] < 0 || len[i] > N) {
+      std::string at = std::to_string(want.size() == 2 ? std::int64_t(i) / want[1] : std::int64_t(i));
+      if (want.size() == 2) at += ", " + std::to_string(std::int64_t(i) % want[1]);
+      fail(op, fmt::format("{}[{}] = {} is outside [0, {}] = [0, {}]", name, at, len[i], range, N));
+    }
+  return len;
 }
 
 // Calls f(T{}) with T = double for float64 tensors and float otherwise.

@@ -15,4 +15,6 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cc
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cc
   ${CMAKE_CURRENT_LIST_DIR}/memory_network.cc
+  ${CMAKE_CURRENT_LIST_DIR}/co_attention.cc
+  ${CMAKE_CURRENT_LIST_DIR}/hierarchical.cc
 )

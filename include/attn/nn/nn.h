@@ -10,9 +10,11 @@
 
 #include "attn/nn/activation.h"
 #include "attn/nn/checkpoint.h"
+#include "attn/nn/co_attention.h"
 #include "attn/nn/dropout.h"
 #include "attn/nn/embedding.h"
 #include "attn/nn/gru.h"
+#include "attn/nn/hierarchical.h"
 #include "attn/nn/init.h"
 #include "attn/nn/linear.h"
 #include "attn/nn/loss.h"
