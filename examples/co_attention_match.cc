@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "progress.h"
+#include "classifier.h"
 
 namespace {
 
@@ -173,33 +173,14 @@ int main(int argc, char** argv) {
   const double min_accuracy = argc > 2 ? std::atof(argv[2]) : 0.0;
   nn::rng gen(1), data(2), held_out(3);
   model m(gen);
-  nn::parameter_list ps;
-  m.parameters(ps);
-  nn::adam opt;
-  const progress meter;
-  for (int step = 0; step < steps; ++step) {
-    const batch s = make(data, B);
-    model::saved sv;
-    m.run(s, sv, false);
-    const nn::loss_result l = nn::cross_entropy(m.logits(sv), s.labels);
-    nn::zero_grad(ps);
-    m.backward(s, sv, l.grad);
-    nn::clip_grad_norm(ps, 5.0);
-    opt.lr = nn::warmup_cosine(step, 50, steps, 1e-2, 1e-4);
-    opt.step(ps);
-    meter.report(step, steps, 100, l, "accuracy", B, "questions");
-  }
+  train_classifier(m, make, data, steps, B, "questions");
   const std::int64_t n = 1000;
   const batch test = make(held_out, n);
   model::saved sv;
   const nn::CoAttention::result r = m.run(test, sv, true);
-  const Tensor logits = m.logits(sv);
   std::int64_t correct = 0;
-  std::vector<std::int64_t> predicted(std::size_t(n), 0);
-  for (std::int64_t b = 0; b < n; ++b) {
-    predicted[std::size_t(b)] = logits.get({b, 1}) > logits.get({b, 0});
-    correct += predicted[std::size_t(b)] == std::int64_t(test.labels.get({b}));
-  }
+  const std::vector<std::int64_t> predicted = predicted_classes(m.logits(sv));
+  for (std::int64_t b = 0; b < n; ++b) correct += predicted[std::size_t(b)] == std::int64_t(test.labels.get({b}));
   // The first "yes" and the first "no" question.
   for (std::int64_t want : {1, 0})
     for (std::int64_t b = 0; b < n; ++b)

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "progress.h"
+#include "classifier.h"
 
 namespace {
 
@@ -130,31 +130,14 @@ int main(int argc, char** argv) {
   const double min_accuracy = argc > 2 ? std::atof(argv[2]) : 0.0;
   nn::rng gen(1), data(2), held_out(3);
   model m(gen);
-  nn::parameter_list ps;
-  m.parameters(ps);
-  nn::adam opt;
-  const progress meter;
-  for (int step = 0; step < steps; ++step) {
-    const batch d = make(data, B);
-    model::saved sv;
-    m.run(d, sv, false);
-    const nn::loss_result l = nn::cross_entropy(m.logits(sv), d.labels);
-    nn::zero_grad(ps);
-    m.backward(d, sv, l.grad);
-    nn::clip_grad_norm(ps, 5.0);
-    opt.lr = nn::warmup_cosine(step, 50, steps, 1e-2, 1e-4);
-    opt.step(ps);
-    meter.report(step, steps, 100, l, "accuracy", B, "documents");
-  }
+  train_classifier(m, make, data, steps, B, "documents");
   const std::int64_t n = 1000;
   const batch test = make(held_out, n);
   model::saved sv;
   const nn::HierarchicalAttention::result r = m.run(test, sv, true);
-  const Tensor logits = m.logits(sv);
   std::int64_t correct = 0, on_key = 0;
-  std::vector<std::int64_t> predicted(std::size_t(n), 0);
+  const std::vector<std::int64_t> predicted = predicted_classes(m.logits(sv));
   for (std::int64_t b = 0; b < n; ++b) {
-    predicted[std::size_t(b)] = logits.get({b, 1}) > logits.get({b, 0});
     correct += predicted[std::size_t(b)] == std::int64_t(test.labels.get({b}));
     // Does the sentence attention peak on the "overall" sentence?
     std::int64_t best = 0;

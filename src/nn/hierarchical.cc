@@ -11,14 +11,8 @@
 namespace attn::nn {
 namespace {
 
-// One head, scale 1 (the paper's u_tᵀ u_c has no 1/sqrt(A)), keys t >= lengths_r excluded.
-attention_options pool_options(const Tensor& lengths) {
-  attention_options o;
-  o.q_num_heads = o.kv_num_heads = 1;
-  o.scale = 1.0;
-  o.nonpad_kv_seqlen = lengths;
-  return o;
-}
+// The paper's score u_tᵀ u_c has no 1/sqrt(A): one head, scale 1, keys t >= lengths_r excluded.
+attention_options pool_options(const Tensor& lengths) { return detail::one_head_unscaled(lengths); }
 
 Tensor reshaped(const Tensor& t, Shape shape) { return Tensor::copy_of(t.view().reshape(std::move(shape))); }
 

@@ -52,14 +52,6 @@ void bag_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, c
   }
 }
 
-attention_options hop_options(const Tensor& lengths) {
-  attention_options o;
-  o.q_num_heads = o.kv_num_heads = 1;
-  o.scale = 1.0;
-  o.nonpad_kv_seqlen = lengths;
-  return o;
-}
-
 }  // namespace
 
 MemoryNetwork::MemoryNetwork(std::int64_t V, std::int64_t d, std::int64_t S, std::int64_t hops, rng& gen, dtype t) {
@@ -93,7 +85,7 @@ MemoryNetwork::result MemoryNetwork::forward(const Tensor& story, const Tensor& 
                                       ids->data_as<std::int64_t>()[i], V));
   result r;
   if (s) *s = {story, query, lengths, {}, {}};
-  attention_options opt = hop_options(lengths);
+  attention_options opt = detail::one_head_unscaled(lengths);
   if (need_weights) opt.return_qk = qk_output::probabilities;
   detail::with_type(t, [&](auto zero) {
     using U = decltype(zero);
@@ -125,7 +117,7 @@ void MemoryNetwork::backward(const saved& s, const Tensor& dlogits) {
     const linear_grads gl = linear_backward(s.u_last, E[std::size_t(K)].weight, dlogits);
     add_into(E[std::size_t(K)].dweight, gl.dW);
     Tensor du = Tensor::copy_of(gl.dx.view().reshape({B, 1, d}));
-    const attention_options opt = hop_options(s.lengths);
+    const attention_options opt = detail::one_head_unscaled(s.lengths);
     for (std::int64_t k = K; k >= 1; --k) {
       const hop_saved& h = s.hops[std::size_t(k - 1)];
       // u_{k+1} = u_k + o  →  du_k = du, do = du;  o = attention(u_k, m, c)

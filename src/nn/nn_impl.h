@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/attention.h"
 #include "attn/tensor.h"
 #include "core/common.h"  // fail
 
@@ -52,6 +53,16 @@ inline std::vector<std::int64_t> read_lengths(const char* op, const char* name, 
       fail(op, fmt::format("{}[{}] = {} is outside [0, {}] = [0, {}]", name, at, len[i], range, N));
     }
   return len;
+}
+
+// One head, scale 1 (a plain dot product, as the memory network and HAN's context attention
+// score), keys j >= lengths_b excluded: attn::attention's options for [B, N, features] inputs.
+inline attention_options one_head_unscaled(const Tensor& lengths) {
+  attention_options o;
+  o.q_num_heads = o.kv_num_heads = 1;
+  o.scale = 1.0;
+  o.nonpad_kv_seqlen = lengths;
+  return o;
 }
 
 // Calls f(T{}) with T = double for float64 tensors and float otherwise.
