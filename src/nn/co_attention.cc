@@ -135,7 +135,10 @@ CoAttention::CoAttention(const co_attention_config& c, rng& gen, dtype t) : conf
 
 CoAttention::result CoAttention::forward(const Tensor& x, const Tensor& y, const std::optional<Tensor>& x_lengths,
                                          const std::optional<Tensor>& y_lengths, saved* s, bool need_weights) const {
-  const dtype t = config.granularity == co_attention_granularity::coarse ? over_x.W_k.type() : W_b.type();
+  const Tensor& param = config.granularity == co_attention_granularity::coarse ? over_x.W_k : W_b;
+  if (!param.defined() || param.numel() == 0)
+    detail::fail(kOp, "the layer has no parameters: construct it from a co_attention_config");
+  const dtype t = param.type();
   detail::check_dtype(kOp, "x", x, t);
   detail::check_dtype(kOp, "y", y, t);
   if (x.rank() != 3 || x.size(2) != config.Dx)

@@ -31,6 +31,8 @@ ContextAttention::ContextAttention(std::int64_t D, std::int64_t A, rng& gen, dty
 ContextAttention::result ContextAttention::forward(const Tensor& h, const Tensor& lengths, saved* s,
                                                    bool need_weights) const {
   const char* op = "ContextAttention";
+  if (!context.defined() || context.numel() == 0)
+    detail::fail(op, "the layer has no parameters: construct it with sizes D, A");
   const std::int64_t D = proj.in_features(), A = proj.out_features();
   detail::check_dtype(op, "h", h, context.type());
   if (h.rank() != 3 || h.size(2) != D)
@@ -95,6 +97,8 @@ HierarchicalAttention::result HierarchicalAttention::forward(const Tensor& x, co
                                                              const Tensor& sentence_lengths, saved* s,
                                                              bool need_weights) const {
   const char* op = "HierarchicalAttention";
+  if (!word_attention.context.defined() || word_attention.context.numel() == 0)
+    detail::fail(op, "the layer has no parameters: construct it with sizes E, Hw, Hs");
   const std::int64_t E = word_encoder.fwd.ih.in_features(), Dw = word_attention.proj.in_features();
   detail::check_dtype(op, "x", x, word_attention.context.type());
   if (x.rank() != 4 || x.size(3) != E)

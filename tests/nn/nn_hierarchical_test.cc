@@ -180,6 +180,14 @@ TEST(NnHierarchicalAttention, Errors) {
   EXPECT_THROW_MSG(han.backward(s, Tensor::zeros({2, 3}, dtype::f64)),
                    "ContextAttention.backward: dpooled has shape [2, 3], expected [2, 4]");
   EXPECT_THROW_MSG(HierarchicalAttention(0, 3, 2, gen), "HierarchicalAttention: E = 0, Hw = 3, Hs = 2 must be >= 1");
+  EXPECT_THROW_MSG(HierarchicalAttention().forward(dc.x, dc.word_lengths, dc.sentence_lengths),
+                   "HierarchicalAttention: the layer has no parameters");
+  EXPECT_THROW_MSG(ContextAttention().forward(dc.x, dc.sentence_lengths), "ContextAttention: the layer has no parameters");
+  ContextAttention att(3, 2, gen, dtype::f64);
+  EXPECT_THROW_MSG(att.forward(Tensor::zeros({2, 4, 2}, dtype::f64), dc.sentence_lengths),
+                   "ContextAttention: h has shape [2, 4, 2], expected [R, N, D] with D = 3");
+  EXPECT_THROW_MSG(att.forward(Tensor::zeros({2, 4, 3}, dtype::f64), Tensor::from_values({2}, dtype::i64, {1, 5})),
+                   "ContextAttention: lengths[1] = 5 is outside [0, N] = [0, 4]");
 }
 
 }  // namespace
