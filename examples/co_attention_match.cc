@@ -13,7 +13,9 @@
 // Prints the accuracy on 1000 held-out questions and the co-attention of a "yes" and a "no"
 // question as text heatmaps.
 //
-//   ./build/release/examples/example_co_attention_match [steps] [min_accuracy]
+//   ./build/release/examples/example_co_attention_match [steps] [min_accuracy] [parallel|alternating]
+// (alternating: each fact first gathers the question words, then each question word attends over
+// the facts against what they gathered; W_2 started at I + noise too).
 #include <attn/attn.h>
 
 #include <algorithm>
@@ -71,9 +73,9 @@ struct model {
   nn::CoAttention co;
   nn::Linear hidden, out;
 
-  explicit model(nn::rng& gen)
+  model(nn::rng& gen, nn::co_attention_kind kind)
       : emb(V, E, gen),
-        co({nn::co_attention_kind::parallel, nn::co_attention_granularity::fine, E, E}, gen),
+        co({kind, nn::co_attention_granularity::fine, E, E}, gen),
         hidden(E, Hc, gen),
         out(Hc, 2, gen) {
     // N(0, 0.3²) rows: with PyTorch's N(0, 1) the bilinear scores start at |L| ~ 10, the softmax
@@ -82,6 +84,8 @@ struct model {
     // W_b = I + Xavier noise: the affinity starts as the similarity x·y, so each question word
     // starts out preferring the facts that contain it.
     for (std::int64_t i = 0; i < E; ++i) co.W_b.data_as<float>()[i * E + i] += 1.0f;
+    if (co.W_2.defined())
+      for (std::int64_t i = 0; i < E; ++i) co.W_2.data_as<float>()[i * E + i] += 1.0f;
   }
 
   struct saved {
@@ -172,7 +176,8 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 1500;
   const double min_accuracy = argc > 2 ? std::atof(argv[2]) : 0.0;
   nn::rng gen(1), data(2), held_out(3);
-  model m(gen);
+  const bool alternating = argc > 3 && std::string(argv[3]) == "alternating";
+  model m(gen, alternating ? nn::co_attention_kind::alternating : nn::co_attention_kind::parallel);
   train_classifier(m, make, data, steps, B, "questions");
   const std::int64_t n = 1000;
   const batch test = make(held_out, n);
