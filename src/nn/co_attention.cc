@@ -193,6 +193,8 @@ CoAttention::result CoAttention::forward(const Tensor& x, const Tensor& y, const
 // Each step undoes one line of the forward, last first.
 CoAttention::grads CoAttention::backward(const saved& s, const Tensor& dx_context, const Tensor& dy_context) {
   const char* op = "CoAttention.backward";
+  if (!s.x.defined() || !s.y.defined() || !s.x_lengths.defined())
+    detail::fail(op, "saved is empty: pass the record that forward filled");
   const bool coarse = config.granularity == co_attention_granularity::coarse;
   const bool alternating = config.kind == co_attention_kind::alternating;
   const std::int64_t B = s.x.size(0), Nx = s.x.size(1), Ny = s.y.size(1), Dx = config.Dx, Dy = config.Dy;

@@ -59,6 +59,8 @@ ContextAttention::result ContextAttention::forward(const Tensor& h, const Tensor
 }
 
 Tensor ContextAttention::backward(const saved& s, const Tensor& dpooled) {
+  if (!s.h.defined() || !s.lse.defined())
+    detail::fail("ContextAttention.backward", "saved is empty: pass the record that forward filled");
   const std::int64_t R = s.h.size(0), D = s.h.size(2);
   detail::check_dtype("ContextAttention.backward", "dpooled", dpooled, context.type());
   detail::check_shape("ContextAttention.backward", "dpooled", dpooled, {R, D});
@@ -128,6 +130,7 @@ HierarchicalAttention::result HierarchicalAttention::forward(const Tensor& x, co
 
 // Each line undoes one line of the forward, last first.
 Tensor HierarchicalAttention::backward(const saved& s, const Tensor& ddocument) {
+  if (!s.words.x.defined()) detail::fail("HierarchicalAttention.backward", "saved is empty: pass the record that forward filled");
   const std::int64_t E = word_encoder.fwd.ih.in_features(), Dw = word_attention.proj.in_features();
   // document = ContextAttention_s(g);  g = BiGRU_s(sentence vectors)
   const Tensor dg = sentence_attention.backward(s.sentence_pool, ddocument);

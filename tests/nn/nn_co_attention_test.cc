@@ -251,6 +251,7 @@ TEST_P(NnCoAttention, Errors) {
   CoAttention::saved s;
   const auto res = co.forward(x, y, xl, yl, &s);
   EXPECT_THROW_MSG(co.backward(s, res.y_context, Tensor{}), "CoAttention.backward: dx_context has shape");
+  EXPECT_THROW_MSG(co.backward(CoAttention::saved{}, res.x_context, res.y_context), "CoAttention.backward: saved is empty");
   EXPECT_THROW_MSG(CoAttention(config(0, 2), gen), "CoAttention: Dx = 0 and Dy = 2 must be >= 1 and A = 4 >= 0");
   EXPECT_THROW_MSG(CoAttention().forward(x, y), "CoAttention: the layer has no parameters");
 }

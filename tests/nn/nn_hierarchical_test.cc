@@ -179,6 +179,8 @@ TEST(NnHierarchicalAttention, Errors) {
   han.forward(dc.x, dc.word_lengths, dc.sentence_lengths, &s);
   EXPECT_THROW_MSG(han.backward(s, Tensor::zeros({2, 3}, dtype::f64)),
                    "ContextAttention.backward: dpooled has shape [2, 3], expected [2, 4]");
+  EXPECT_THROW_MSG(han.backward(HierarchicalAttention::saved{}, Tensor::zeros({2, 4}, dtype::f64)),
+                   "HierarchicalAttention.backward: saved is empty");
   EXPECT_THROW_MSG(HierarchicalAttention(0, 3, 2, gen), "HierarchicalAttention: E = 0, Hw = 3, Hs = 2 must be >= 1");
   EXPECT_THROW_MSG(HierarchicalAttention().forward(dc.x, dc.word_lengths, dc.sentence_lengths),
                    "HierarchicalAttention: the layer has no parameters");
