@@ -16,8 +16,8 @@
 // grey print); NaN cells are magenta, +inf and −inf take the top and bottom colours. Each cell
 // is a square of 32 px for small matrices, shrinking to 1 px as the larger side reaches 512,
 // so a 512 × 512 map is 512 px wide. Labels use a built-in 5×8 ASCII font; a label longer than
-// 24 characters is cut (its last character becomes '~'), and where cells are narrower than a
-// line of text only every k-th label is drawn, so labels never overlap.
+// max_label_chars (24) is cut (its last character becomes '~'), and where cells are narrower
+// than a line of text only every k-th label is drawn, so labels never overlap.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,7 @@ enum class value_range {
 struct heatmap_options {
   std::string title{};  // drawn above the map ("" for none); cut to the picture's width
   value_range range = value_range::automatic;
+  std::size_t max_label_chars = 24;  // longer labels are cut; 1 .. 256
 };
 
 // Where everything lands in the picture, in pixels (x right, y down from the top-left corner).

@@ -21,7 +21,7 @@ constexpr int kMargin = 6;            // around everything
 constexpr int kGap = 4;               // between labels and the map
 constexpr int kMaxCell = 32, kMapTarget = 512;  // a cell is 512 / max(rows, cols) px, within [1, 32]
 constexpr std::int64_t kMaxSide = 4096;         // cells a side at most (a 4096 px map at 1 px a cell)
-constexpr std::size_t kMaxLabelChars = 24;
+constexpr std::size_t kMaxLabelLimit = 256;  // of heatmap_options::max_label_chars
 constexpr std::size_t kValueChars = 10;         // "-1.23e-100": the colour bar's min and max
 constexpr int kBarGap = 10, kBarW = 12, kBarMinH = 64;
 
@@ -36,9 +36,9 @@ constexpr std::array<rgb, 9> kViridis = {{{68, 1, 84},
                                           {173, 220, 48},
                                           {253, 231, 37}}};
 
-std::size_t longest(const std::vector<std::string>& labels) {
+std::size_t longest(const std::vector<std::string>& labels, std::size_t max_chars) {
   std::size_t n = 0;
-  for (const std::string& s : labels) n = std::max(n, std::min(s.size(), kMaxLabelChars));
+  for (const std::string& s : labels) n = std::max(n, std::min(s.size(), max_chars));
   return n;
 }
 
@@ -66,8 +66,8 @@ heatmap_layout layout_heatmap(std::int64_t rows, std::int64_t cols, const std::v
   l.cell = int(std::clamp<std::int64_t>(kMapTarget / std::max<std::int64_t>({rows, cols, 1}), 1, kMaxCell));
   l.row_label_step = label_step(l.cell);
   l.col_label_step = l.row_label_step;
-  l.row_label_w = detail::text_width(longest(row_labels));
-  l.col_label_h = detail::text_width(longest(col_labels));
+  l.row_label_w = detail::text_width(longest(row_labels, opt.max_label_chars));
+  l.col_label_h = detail::text_width(longest(col_labels, opt.max_label_chars));
   const int title_h = opt.title.empty() ? 0 : kLineH + kGap;
   l.row_label_x = kMargin;
   l.map_x = kMargin + (l.row_label_w ? l.row_label_w + kGap : 0);
@@ -112,6 +112,8 @@ void write_heatmap(const std::string& path, const TensorView& weights, const std
   if (!col_labels.empty() && std::int64_t(col_labels.size()) != cols)
     attn::detail::fail(op, fmt::format("col_labels has {} entries but weights {} has {} cols", col_labels.size(),
                                  shape_str(weights.shape()), cols));
+  if (opt.max_label_chars < 1 || opt.max_label_chars > kMaxLabelLimit)
+    attn::detail::fail(op, fmt::format("opt.max_label_chars is {}, expected 1 .. {}", opt.max_label_chars, kMaxLabelLimit));
 
   // Pass 1: the values as float64 and their range.
   std::vector<double> v(std::size_t(rows * cols));
@@ -141,12 +143,12 @@ void write_heatmap(const std::string& path, const TensorView& weights, const std
       c.fill(l.map_x + int(j) * l.cell, l.map_y + int(i) * l.cell, l.cell, l.cell, colour(v[std::size_t(i * cols + j)]));
   // Row labels end at the map, centred on their row; column labels read upwards from the map.
   for (std::int64_t i = 0; i < std::int64_t(row_labels.size()); i += l.row_label_step) {
-    const std::string s = detail::fit(row_labels[std::size_t(i)], kMaxLabelChars);
+    const std::string s = detail::fit(row_labels[std::size_t(i)], opt.max_label_chars);
     const int y = l.map_y + int(i) * l.cell + l.cell / 2 - detail::kGlyphH / 2;
     detail::draw_text(c, l.row_label_x + l.row_label_w - detail::text_width(s.size()), y, s, detail::kBlack);
   }
   for (std::int64_t j = 0; j < std::int64_t(col_labels.size()); j += l.col_label_step) {
-    const std::string s = detail::fit(col_labels[std::size_t(j)], kMaxLabelChars);
+    const std::string s = detail::fit(col_labels[std::size_t(j)], opt.max_label_chars);
     const int x = l.map_x + int(j) * l.cell + l.cell / 2 - detail::kGlyphH / 2;
     detail::draw_text_up(c, x, l.col_label_y + l.col_label_h - 1, s, detail::kBlack);
   }

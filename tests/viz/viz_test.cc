@@ -165,6 +165,8 @@ TEST(Viz, LongLabelsAreCut) {
   const auto p = read_png(path);
   EXPECT_EQ(p.width, l.width);
   EXPECT_GT(p.dark_pixels(l.row_label_x, l.map_y, l.row_label_w, l.cell), 20);
+  EXPECT_EQ(viz::layout_heatmap(2, 2, rows, {}, {.max_label_chars = 40}).row_label_w, 40 * 6 - 1);
+  EXPECT_EQ(viz::layout_heatmap(2, 2, {"ab", "c"}, {}, {.max_label_chars = 40}).row_label_w, 2 * 6 - 1);
 }
 
 TEST(Viz, MatrixOfPicksOneBatchAndHead) {
@@ -190,6 +192,8 @@ TEST(Viz, HeatmapBadInputIsAnErrorNamingTheArgument) {
   EXPECT_THROW_MSG(viz::write_heatmap(path, w, {"a", "b"}), "write_heatmap: row_labels has 2 entries but weights [3, 4] has 3 rows");
   EXPECT_THROW_MSG(viz::write_heatmap(path, w, {}, {"a", "b", "c", "d", "e"}),
                    "write_heatmap: col_labels has 5 entries but weights [3, 4] has 4 cols");
+  EXPECT_THROW_MSG(viz::write_heatmap(path, w, {}, {}, {.max_label_chars = 0}),
+                   "write_heatmap: opt.max_label_chars is 0, expected 1 .. 256");
   EXPECT_THROW_MSG(viz::write_heatmap("/nonexistent-attn-dir/x.png", w),
                    "write_heatmap: path \"/nonexistent-attn-dir/x.png\" cannot be written: No such file or directory");
   EXPECT_THROW_MSG(viz::write_heatmap(fs::temp_directory_path().string(), w), "cannot be written: Is a directory");
