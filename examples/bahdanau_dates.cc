@@ -8,15 +8,17 @@
 //            s_t = GRUCell([Embedding(y_{t−1}) ; c_t], s_{t−1})
 //            logits_t = W_out [s_t ; c_t] + b_out
 // Trained with teacher forcing and cross-entropy; evaluated by greedy decoding on held-out
-// dates (exact match of all 10 characters); prints one alignment as a text heatmap.
+// dates (exact match of all 10 characters); prints one alignment as a text heatmap and writes
+// it as bahdanau_alignment.png into png_dir (default ".").
 //
-//   ./build/release/examples/example_bahdanau_dates [steps] [min_exact_match]
+//   ./build/release/examples/example_bahdanau_dates [steps] [min_exact_match] [png_dir]
 #include <attn/attn.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "pictures.h"
 #include "progress.h"
 
 namespace {
@@ -269,6 +271,14 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < got.size(); ++i) exact += got[i] == test.pairs[i].tgt;
   for (std::size_t i = 0; i < 3; ++i) std::printf("%-20s -> %s\n", test.pairs[i].src.c_str(), got[i].c_str());
   print_alignment(test.pairs[0], got[0], alignment);
+  // The same alignment as a picture: [Nt output characters, the input's characters].
+  const std::string& src = test.pairs[0].src;
+  Tensor picture = Tensor::empty({kNt, std::int64_t(src.size())}, attn::dtype::f64);
+  for (std::int64_t t = 0; t < kNt; ++t)
+    for (std::size_t j = 0; j < src.size(); ++j) picture.set({t, std::int64_t(j)}, alignment[std::size_t(t)][j]);
+  pictures(argc, argv, 3).heatmap("bahdanau_alignment.png", picture, char_labels(got[0]), char_labels(src),
+                                  {.title = "alignment: \"" + src + "\" -> \"" + got[0] + "\"",
+                                   .range = attn::viz::value_range::unit});
   const double rate = double(exact) / double(got.size());
   std::printf("held-out exact match (greedy): %.3f\n", rate);
   if (rate < min_exact) {

@@ -13,7 +13,9 @@
 // Prints the accuracy on 1000 held-out questions and the co-attention of a "yes" and a "no"
 // question as text heatmaps.
 //
-//   ./build/release/examples/example_co_attention_match [steps] [min_accuracy] [parallel|alternating]
+// Writes the two heatmaps as co_attention_yes.png and co_attention_no.png into png_dir (default ".").
+//
+//   ./build/release/examples/example_co_attention_match [steps] [min_accuracy] [png_dir] [parallel|alternating]
 // (alternating: each fact first gathers the question words, then each question word attends over
 // the facts against what they gathered; W_2 started at I + noise too).
 #include <attn/attn.h>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "classifier.h"
+#include "pictures.h"
 
 namespace {
 
@@ -152,8 +155,10 @@ std::string word(const Tensor& ids, std::initializer_list<std::int64_t> at) {
   return kWords[std::size_t(ids.get(at))];
 }
 
-// The weights of each question word over the facts: one row per fact, one column per word.
-void heatmap(const batch& s, const nn::CoAttention::result& r, std::int64_t b, std::int64_t predicted) {
+// The weights of each question word over the facts: printed with one row per fact and one column
+// per word, and written as a PNG with one row per word.
+void heatmap(const batch& s, const nn::CoAttention::result& r, std::int64_t b, std::int64_t predicted,
+             const pictures& png) {
   const char* shades = " .:-=+*#%@";
   const std::string q0 = word(s.question, {b, 0}), q1 = word(s.question, {b, 1});
   std::printf("\n\"%s %s ?\"  answer %s, predicted %s   (darker = more weight)\n", q0.c_str(), q1.c_str(),
@@ -168,6 +173,17 @@ void heatmap(const batch& s, const nn::CoAttention::result& r, std::int64_t b, s
     }
     std::printf("\n");
   }
+  const std::int64_t L = std::int64_t(s.lengths.get({b}));
+  Tensor w = Tensor::empty({2, L}, attn::dtype::f64);
+  std::vector<std::string> facts;
+  for (std::int64_t j = 0; j < L; ++j) {
+    facts.push_back(word(s.facts, {b, j, 0}) + " - " + word(s.facts, {b, j, 1}));
+    for (std::int64_t i = 0; i < 2; ++i) w.set({i, j}, r.y_weights.get({b, i, j}));
+  }
+  const bool yes = s.labels.get({b}) != 0;
+  png.heatmap(yes ? "co_attention_yes.png" : "co_attention_no.png", w, {q0, q1}, facts,
+              {.title = "\"" + q0 + " " + q1 + " ?\" answer " + (yes ? "yes" : "no") + ": each word over the facts",
+               .range = attn::viz::value_range::unit});
 }
 
 }  // namespace
@@ -176,7 +192,8 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 1500;
   const double min_accuracy = argc > 2 ? std::atof(argv[2]) : 0.0;
   nn::rng gen(1), data(2), held_out(3);
-  const bool alternating = argc > 3 && std::string(argv[3]) == "alternating";
+  const pictures png(argc, argv, 3);
+  const bool alternating = argc > 4 && std::string(argv[4]) == "alternating";
   model m(gen, alternating ? nn::co_attention_kind::alternating : nn::co_attention_kind::parallel);
   train_classifier(m, make, data, steps, B, "questions");
   const std::int64_t n = 1000;
@@ -190,7 +207,7 @@ int main(int argc, char** argv) {
   for (std::int64_t want : {1, 0})
     for (std::int64_t b = 0; b < n; ++b)
       if (std::int64_t(test.labels.get({b})) == want) {
-        heatmap(test, r, b, predicted[std::size_t(b)]);
+        heatmap(test, r, b, predicted[std::size_t(b)], png);
         break;
       }
   const double accuracy = double(correct) / double(n);

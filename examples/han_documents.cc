@@ -11,9 +11,11 @@
 //
 //   x = Embedding(words) [B, S, W, E] ─ HierarchicalAttention ─ document [B, 2Hs] ─ Linear ─ logits [B, 2]
 // Prints the accuracy on 1000 held-out documents, how often the sentence attention peaks on the
-// deciding sentence, and the sentence and word weights of two documents as text heatmaps.
+// deciding sentence, and the sentence and word weights of two documents as text heatmaps; writes
+// the first document's sentence weights and the word weights of its most attended sentence as
+// han_sentences.png and han_words.png into png_dir (default ".").
 //
-//   ./build/release/examples/example_han_documents [steps] [min_accuracy]
+//   ./build/release/examples/example_han_documents [steps] [min_accuracy] [png_dir]
 #include <attn/attn.h>
 
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "classifier.h"
+#include "pictures.h"
 
 namespace {
 
@@ -123,6 +126,39 @@ void heatmap(const batch& d, const nn::HierarchicalAttention::result& r, std::in
   }
 }
 
+std::string sentence(const batch& d, std::int64_t b, std::int64_t i) {
+  std::string out;
+  for (std::int64_t t = 0; t < std::int64_t(d.word_lengths.get({b, i})); ++t)
+    out += (t ? " " : "") + kWords[std::size_t(d.ids.get({b, i, t}))];
+  return out;
+}
+
+// Document b's sentence weights (one row, a column per sentence) and the word weights of its
+// most attended sentence (one row, a column per word).
+void pictures_of(const batch& d, const nn::HierarchicalAttention::result& r, std::int64_t b, const pictures& png) {
+  const std::int64_t S_b = std::int64_t(d.sentence_lengths.get({b}));
+  Tensor ws = Tensor::empty({1, S_b}, attn::dtype::f64);
+  std::vector<std::string> sentences;
+  std::int64_t top = 0;
+  for (std::int64_t i = 0; i < S_b; ++i) {
+    ws.set({0, i}, r.sentence_weights.get({b, i}));
+    sentences.push_back(sentence(d, b, i));
+    if (r.sentence_weights.get({b, i}) > r.sentence_weights.get({b, top})) top = i;
+  }
+  const std::string label = d.labels.get({b}) ? "positive" : "negative";
+  png.heatmap("han_sentences.png", ws, {"document"}, sentences,
+              {.title = "sentence attention, " + label, .range = attn::viz::value_range::unit, .max_label_chars = 40});
+  const std::int64_t L = std::int64_t(d.word_lengths.get({b, top}));
+  Tensor ww = Tensor::empty({1, L}, attn::dtype::f64);
+  std::vector<std::string> words;
+  for (std::int64_t t = 0; t < L; ++t) {
+    ww.set({0, t}, r.word_weights.get({b, top, t}));
+    words.push_back(kWords[std::size_t(d.ids.get({b, top, t}))]);
+  }
+  png.heatmap("han_words.png", ww, {"sentence " + std::to_string(top + 1)}, words,
+              {.title = "word attention in the most attended sentence", .range = attn::viz::value_range::unit});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,6 +183,7 @@ int main(int argc, char** argv) {
   }
   heatmap(test, r, 0, predicted[0]);
   heatmap(test, r, 1, predicted[1]);
+  pictures_of(test, r, 0, pictures(argc, argv, 3));
   const double accuracy = double(correct) / double(n);
   std::printf("held-out accuracy: %.3f (chance 0.5); the sentence attention peaks on the \"overall\" sentence in %.3f\n",
               accuracy, double(on_key) / double(n));

@@ -4,9 +4,10 @@
 //   "where is mary ?"  →  garden
 // Stories have 2–8 sentences about 4 people and 6 places; the answer is where the person went
 // last. Sentences are stored most recent first (the paper's temporal encoding). Prints the
-// accuracy on 1000 held-out stories and one story's attention hop by hop.
+// accuracy on 1000 held-out stories and one story's attention hop by hop, and writes each hop's
+// attention as memory_network_hop<k>.png into png_dir (default ".").
 //
-//   ./build/release/examples/example_memory_network [steps] [min_accuracy]
+//   ./build/release/examples/example_memory_network [steps] [min_accuracy] [png_dir]
 #include <attn/attn.h>
 
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "pictures.h"
 #include "progress.h"
 
 namespace {
@@ -106,6 +108,18 @@ int main(int argc, char** argv) {
     std::printf("  %-32s", sentence(test, 0, i).c_str());
     for (const Tensor& w : r.weights) std::printf("  %.2f", w.get({0, 0, 0, i}));
     std::printf("\n");
+  }
+  // Each hop as a picture: the question against the story's sentences, oldest first.
+  const pictures png(argc, argv, 3);
+  const std::string question = "where is " + kWords[std::size_t(test.query.get({0, 2}))] + " ?";
+  std::vector<std::string> sentences;
+  Tensor hop = Tensor::empty({1, L}, attn::dtype::f64);
+  for (std::int64_t i = L - 1; i >= 0; --i) sentences.push_back(sentence(test, 0, i));
+  for (std::size_t k = 0; k < r.weights.size(); ++k) {
+    for (std::int64_t i = 0; i < L; ++i) hop.set({0, i}, r.weights[k].get({0, 0, 0, L - 1 - i}));
+    png.heatmap("memory_network_hop" + std::to_string(k + 1) + ".png", hop, {question}, sentences,
+                {.title = "hop " + std::to_string(k + 1) + ", answer " + kWords[std::size_t(test.answers[0])],
+                 .range = attn::viz::value_range::unit, .max_label_chars = 32});
   }
   const double accuracy = double(correct) / double(n);
   std::printf("held-out accuracy (3 hops): %.3f\n", accuracy);

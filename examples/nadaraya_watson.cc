@@ -8,14 +8,18 @@
 // training point attending to the others (its own key masked out, or w would grow without
 // bound and the fit would memorise the noise).
 //
-//   ./build/release/examples/example_nadaraya_watson [epochs] [max_test_mse]
+//   ./build/release/examples/example_nadaraya_watson [epochs] [max_test_mse] [png_dir]
 // Prints both test losses and the learned w; exits 1 if the parametric test MSE exceeds
 // max_test_mse or the non-parametric one, or the training loss did not fall (used as a test).
+// Writes nadaraya_watson_weights.png (the learned kernel's weights, test × train points) and
+// nadaraya_watson_fit.png (truth, training points and both fits) into png_dir (default ".").
 #include <attn/attn.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+
+#include "pictures.h"
 
 namespace {
 
@@ -35,6 +39,12 @@ attn::family_options kernel_options(double h, const std::optional<Tensor>& mask)
 }
 
 double mse_of(const Tensor& pred, const Tensor& y) { return attn::nn::mse(pred, y).loss; }
+
+std::vector<std::string> x_labels(const std::vector<double>& xs) {
+  std::vector<std::string> out;
+  for (double x : xs) out.push_back(std::to_string(x).substr(0, 4));  // "3.14"
+  return out;
+}
 
 }  // namespace
 
@@ -82,8 +92,27 @@ int main(int argc, char** argv) {
     if (epoch == 1 || epoch % 5 == 0 || epoch == epochs)
       std::printf("epoch %3d  train mse %.4f  w = 1/h = %.3f\n", epoch, l.loss, 1.0 / h.get({0}));
   }
-  const double test = mse_of(attn::attention_family(x_test, x_train, y_train, kernel_options(h.get({0}), {})).out, y_test);
+  const attn::family_options learned = kernel_options(h.get({0}), {});
+  const Tensor fit = attn::attention_family(x_test, x_train, y_train, learned).out;
+  const double test = mse_of(fit, y_test);
   std::printf("parametric (learned w = %.3f): test mse %.4f\n", 1.0 / h.get({0}), test);
+
+  // Each test point's weights over the sorted training points: a band along the diagonal, as
+  // narrow as the learned kernel.
+  const pictures png(argc, argv, 3);
+  const Tensor weights = attn::attention_family_weights(x_test, x_train, y_train, learned);  // [1, 1, N, N]
+  char title[64];
+  std::snprintf(title, sizeof title, "Nadaraya-Watson weights, w = %.2f", 1.0 / h.get({0}));
+  png.heatmap("nadaraya_watson_weights.png", attn::viz::matrix_of(weights, 0, 0), x_labels(xt), x_labels(xs),
+              {.title = title});
+  const std::vector<double> base_fit =
+      attn::attention_family(x_test, x_train, y_train, kernel_options(1.0, {})).out.to_vector();
+  png.plot("nadaraya_watson_fit.png",
+           {{"truth", xt, yt, {40, 40, 40}, true},
+            {"training points", xs, ys, {120, 120, 220}, false},
+            {"w = 1", xt, base_fit, {230, 150, 40}, true},
+            {"learned w", xt, fit.to_vector(), {200, 30, 30}, true}},
+           {.title = "y = 2 sin x + x^0.8: kernel regression"});
   if (!(last < first) || test > max_test_mse || !(test < base)) {
     std::printf("did not learn: train mse %.4f -> %.4f, test mse %.4f (max %.4f)\n", first, last, test, max_test_mse);
     return 1;

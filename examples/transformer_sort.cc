@@ -5,14 +5,17 @@
 //   src [B, N] ─ Embedding ─ encoder layer ─ memory [B, N, E]      (no positions: sorting ignores order)
 //   BOS + tgt[:-1] ─ Embedding ─ decoder layer (rotary self-attention, cross-attention) ─ LN ─ Linear ─ logits
 //
-//   ./build/release/examples/example_transformer_sort [steps] [min_exact_match]
+//   ./build/release/examples/example_transformer_sort [steps] [min_exact_match] [png_dir]
 // Prints loss and token accuracy while training, then the exact-match rate of greedy decoding
-// on 512 held-out strings; exits 1 below min_exact_match (used as a test).
+// on 512 held-out strings; exits 1 below min_exact_match (used as a test). Writes the decoder's
+// cross-attention on one held-out string, one picture a head, as transformer_sort_cross_head<h>.png
+// into png_dir (default ".").
 #include <attn/attn.h>
 
 #include <cstdio>
 #include <cstdlib>
 
+#include "pictures.h"
 #include "progress.h"
 
 namespace {
@@ -64,6 +67,19 @@ struct model {
     const nn::TransformerDecoderLayer::grads g = dec.backward(s.dec, final_norm.backward(s.d, dn));
     tgt_emb.backward(tgt_in, g.dx);
     src_emb.backward(src, enc.backward(s.enc, g.dmemory));
+  }
+
+  // The cross-attention [1, Hq, N, N] of one string src [1, N] while it decodes `out` [1, N]:
+  // the forward on BOS + out[:-1] saves what the cross-attention saw, which is run again with
+  // need_weights.
+  Tensor cross_attention(const Tensor& src, const Tensor& out) {
+    Tensor tgt_in = Tensor::full({1, N}, attn::dtype::i64, double(BOS));
+    for (std::int64_t t = 1; t < N; ++t) tgt_in.set({0, t}, out.get({0, t - 1}));
+    enc.set_training(false), dec.set_training(false);
+    saved s;
+    forward(src, tgt_in, s);
+    enc.set_training(true), dec.set_training(true);
+    return dec.cross_attn.forward(s.dec.cross.query, s.dec.cross.key, s.dec.cross.value, {}, nullptr, true).weights;
   }
 
   // Greedy decoding: one token a step through the self-attention cache.
@@ -136,6 +152,17 @@ int main(int argc, char** argv) {
     exact += std::equal(pred.data_as<std::int64_t>() + i * N, pred.data_as<std::int64_t>() + (i + 1) * N,
                         tgt.data_as<std::int64_t>() + i * N);
   const double rate = double(exact) / 512.0;
+  // Where each output position looks in the input: sorting reads the input digit it writes.
+  const Tensor one = Tensor::copy_of(src.view().slice(0, 0, 1)), got = Tensor::copy_of(pred.view().slice(0, 0, 1));
+  const Tensor cross = m.cross_attention(one, got);
+  std::vector<std::string> in_digits, out_digits;
+  for (std::int64_t n = 0; n < N; ++n)
+    in_digits.push_back(std::to_string(one.data_as<std::int64_t>()[n])),
+        out_digits.push_back(std::to_string(got.data_as<std::int64_t>()[n]));
+  const pictures png(argc, argv, 3);
+  for (std::int64_t h = 0; h < cross.size(1); ++h)
+    png.heatmap("transformer_sort_cross_head" + std::to_string(h) + ".png", attn::viz::matrix_of(cross, 0, h), out_digits,
+                in_digits, {.title = "cross-attention head " + std::to_string(h), .range = attn::viz::value_range::unit});
   std::printf("held-out exact match (greedy, KV cache): %.3f\n", rate);
   if (rate < min_exact) {
     std::printf("exact match %.3f is below the required %.3f\n", rate, min_exact);

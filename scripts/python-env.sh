@@ -5,20 +5,13 @@
 #
 #   py=$(bash scripts/python-env.sh)      # ATTN_VENV overrides ~/.cache/attn-venv
 #
-# The interpreter is Debian's /usr/bin/python3 (python3-venv and python3-dev come from
-# scripts/install-deps.sh), not whatever `python3` a shell's PATH finds first (pyenv, conda):
-# CI and developers then build against the same Python. PYTHON overrides it.
+# The venv is made by scripts/venv-common.sh (Debian's python3; PYTHON overrides it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv-common.sh
 venv="${ATTN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attn-venv}"
-python="${PYTHON:-/usr/bin/python3}"
 log() { echo "python-env: $*" >&2; }
-
-if ! "$venv/bin/python" -c "import sys" >/dev/null 2>&1; then
-  log "creating $venv with $python ($("$python" --version 2>&1))"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-fi
+ensure_venv python-env "$venv"
 py="$venv/bin/python"
 
 stamp="$venv/.attn-requirements.sha256"

@@ -6,18 +6,13 @@
 #
 #   py=$(bash scripts/python-venv.sh)        # ATTN_TEST_VENV overrides ~/.cache/attn-test-venv
 #
-# The interpreter is Debian's /usr/bin/python3 (python3-venv from scripts/install-deps.sh);
-# PYTHON overrides it.
+# It is separate from scripts/python-env.sh's venv so that ctest needs neither torch nor the
+# attn package; both are made by scripts/venv-common.sh (Debian's python3; PYTHON overrides it).
 set -euo pipefail
+source "$(dirname "$0")/venv-common.sh"
 venv="${ATTN_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attn-test-venv}"
-python="${PYTHON:-/usr/bin/python3}"
 log() { echo "python-venv: $*" >&2; }
-
-if ! "$venv/bin/python" -c "import sys" >/dev/null 2>&1; then
-  log "creating $venv with $python ($("$python" --version 2>&1))"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-fi
+ensure_venv python-venv "$venv"
 py="$venv/bin/python"
 if ! "$py" -c "import numpy, safetensors" >/dev/null 2>&1; then
   log "installing numpy and safetensors into $venv"

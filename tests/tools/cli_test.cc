@@ -9,6 +9,7 @@
 #include <random>
 
 #include "test_util.h"
+#include "viz/png_read.h"
 
 namespace attn {
 namespace {
@@ -78,6 +79,56 @@ TEST(Cli, RunMatchesTheApiAndWritesGradients) {
   EXPECT_TRUE(testing::all_close(read_npy(f("dq.npy")), g.dq, 0));
   EXPECT_TRUE(testing::all_close(read_npy(f("dk.npy")), g.dk, 0));
   EXPECT_TRUE(testing::all_close(read_npy(f("dv.npy")), g.dv, 0));
+}
+
+// --probs-png draws one (batch, head) of the probabilities: the decoded PNG has the size the
+// layout of an [Nq, Nk] map gives, and every cell the colour of that head's probability on the
+// fixed [0, 1] scale (the causal first row attends to key 0 alone: the top colour there).
+TEST(Cli, RunDrawsOneHeadsProbabilitiesAsAPng) {
+  const fs::path d = scratch("png");
+  std::mt19937 rng(5);
+  const Tensor q = testing::random_tensor({2, 3, 5, 4}, dtype::f32, rng), k = testing::random_tensor({2, 3, 7, 4}, dtype::f32, rng);
+  write_npy((d / "q.npy").string(), q);
+  write_npy((d / "k.npy").string(), k);
+  const std::string qkv = " --q " + (d / "q.npy").string() + " --k " + (d / "k.npy").string() + " --v " + (d / "k.npy").string() +
+                          " --out " + (d / "o.npy").string();
+  const std::string png = (d / "p.png").string();
+  auto r = sh("run" + qkv + " --causal --probs-png " + png + " --probs-head 1,2 --probs " + (d / "p.npy").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> rows, cols;
+  for (int i = 0; i < 5; ++i) rows.push_back(std::to_string(i));
+  for (int j = 0; j < 7; ++j) cols.push_back(std::to_string(j));
+  const viz::heatmap_layout l = viz::layout_heatmap(5, 7, rows, cols, {.title = "probabilities, batch 1 head 2"});
+  auto p = testing::read_png(png);
+  ASSERT_TRUE(p.error.empty()) << p.error;
+  EXPECT_EQ(p.width, l.width);
+  EXPECT_EQ(p.height, l.height);
+  const Tensor probs = read_npy((d / "p.npy").string());
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 7; ++j) {
+      const viz::rgb want = viz::colour_at(probs.get({1, 2, i, j}));
+      EXPECT_EQ(p.at(l.map_x + j * l.cell + l.cell / 2, l.map_y + i * l.cell + l.cell / 2), want) << i << ", " << j;
+    }
+  // The family path draws its weights too (default head 0,0).
+  r = sh("run" + qkv + " --score cosine --distribution sparsemax --probs-png " + png);
+  ASSERT_EQ(r.code, 0) << r.out;
+  p = testing::read_png(png);
+  EXPECT_EQ(p.width, l.width);
+  EXPECT_GT(p.dark_pixels(l.row_label_x, l.map_y, l.row_label_w, 5 * l.cell), 10);
+  // Bad --probs-head: a message and exit status 2.
+  r = sh("run" + qkv + " --probs-png " + png + " --probs-head 2,0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn run: --probs-head 2,0 is outside the probabilities [2, 3, 5, 7] (batch < 2, head < 3)"),
+            std::string::npos) << r.out;
+  r = sh("run" + qkv + " --probs-png " + png + " --probs-head 1:2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn run: --probs-head \"1:2\" is not B,H"), std::string::npos) << r.out;
+  r = sh("run" + qkv + " --probs-head 0,1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn run: --probs-head needs --probs-png"), std::string::npos) << r.out;
+  r = sh("run" + qkv + " --probs-png /nonexistent-attn-dir/p.png");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("write_heatmap: path \"/nonexistent-attn-dir/p.png\" cannot be written"), std::string::npos) << r.out;
 }
 
 TEST(Cli, BadInputExitsWithStatus2AndAMessage) {

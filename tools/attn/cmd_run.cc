@@ -5,19 +5,25 @@
 //   attn run ... --dout dout.npy --dq dq.npy --dk dk.npy --dv dv.npy      (backward too)
 //   attn run ... --score additive --W-q wq.npy --W-k wk.npy --w-v wv.npy --distribution entmax15
 //                                                   (the attention family, include/attn/family.h)
+//   attn run ... --probs-png p.png --probs-head 0,2   (batch 0, head 2's probabilities as a heatmap)
 #include <fmt/format.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "attn/attn.h"
+#include "attn/viz.h"
 #include "cli.h"
 
 namespace attn::cli {
 namespace {
 
 struct run_args {
-  std::string q, k, v, out, lse, probs, qk, mask, past_key, past_value, present_key, present_value, nonpad, alibi,
+  std::string q, k, v, out, lse, probs, probs_png, probs_head, qk, mask, past_key, past_value, present_key, present_value, nonpad, alibi,
       sinks, dout, dq, dk, dv, dmask, dalibi, dsinks;
   std::string dtype_name = "input", alignment = "top_left", qk_mode = "none", backend = "automatic";
   std::optional<double> scale;
@@ -44,6 +50,40 @@ void write_if(const std::string& path, const Tensor& t, const char* what) {
   if (path.empty()) return;
   if (!t.defined()) throw error(fmt::format("attn run: --{} was asked for but this call produces none", what));
   write_npy(path, t);
+}
+
+struct batch_head {
+  std::int64_t b = 0, h = 0;
+};
+
+// --probs-head "B,H": two indices >= 0; checked before anything runs (the range after, against
+// the probabilities' shape).
+batch_head parse_probs_head(const run_args& a) {
+  if (a.probs_head.empty()) return {};
+  if (a.probs_png.empty()) throw error("attn run: --probs-head needs --probs-png");
+  batch_head bh;
+  char comma = 0, rest = 0;
+  const int n = std::sscanf(a.probs_head.c_str(), "%" SCNd64 "%c%" SCNd64 "%c", &bh.b, &comma, &bh.h, &rest);
+  if (n != 3 || comma != ',' || bh.b < 0 || bh.h < 0)
+    throw error(fmt::format("attn run: --probs-head \"{}\" is not B,H (two indices >= 0, e.g. 0,1)", a.probs_head));
+  return bh;
+}
+
+// --probs-png: one (batch, head) of the probabilities [B, Hq, Nq, Nk] as a heatmap on [0, 1],
+// rows the queries, columns the keys, labelled by position.
+void write_probs_png(const run_args& a, const Tensor& probs) {
+  if (a.probs_png.empty()) return;
+  const batch_head bh = parse_probs_head(a);
+  if (bh.b >= probs.size(0) || bh.h >= probs.size(1))
+    throw error(fmt::format("attn run: --probs-head {},{} is outside the probabilities {} (batch < {}, head < {})", bh.b,
+                            bh.h, shape_str(probs.shape()), probs.size(0), probs.size(1)));
+  auto positions = [](std::int64_t n) {
+    std::vector<std::string> s;
+    for (std::int64_t i = 0; i < n; ++i) s.push_back(std::to_string(i));
+    return s;
+  };
+  viz::write_heatmap(a.probs_png, viz::matrix_of(probs, bh.b, bh.h), positions(probs.size(2)), positions(probs.size(3)),
+                     {.title = fmt::format("probabilities, batch {} head {}", bh.b, bh.h), .range = viz::value_range::unit});
 }
 
 // attn run with --score or --distribution: attn::attention_family on the same .npy inputs and
@@ -86,7 +126,11 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
 
   const family_result r = attention_family(q, k, v, o, exec);
   write_npy(a.out, r.out);
-  if (!a.probs.empty()) write_npy(a.probs, attention_family_weights(q, k, v, o, exec));
+  if (!a.probs.empty() || !a.probs_png.empty()) {
+    const Tensor p = attention_family_weights(q, k, v, o, exec);
+    if (!a.probs.empty()) write_npy(a.probs, p);
+    write_probs_png(a, p);
+  }
   const bool want_grad = !a.dq.empty() || !a.dk.empty() || !a.dv.empty() || !a.dW.empty() || !a.db.empty() ||
                          !a.dW_q.empty() || !a.dW_k.empty() || !a.dw_v.empty() || !a.dW_a.empty();
   if (want_grad && a.dout.empty()) throw error("attn run: gradients need --dout");
@@ -117,6 +161,7 @@ int run(const run_args& a) {
     const dtype t = parse_dtype(a.dtype_name);
     q = q.to(t), k = k.to(t), v = v.to(t);
   }
+  parse_probs_head(a);  // a bad --probs-head stops the run before any work
   if (!a.score.empty() || !a.distribution.empty()) return run_family(a, q, k, v);
   attention_options o;
   o.scale = a.scale;
@@ -136,9 +181,9 @@ int run(const run_args& a) {
                                                          {"biased", qk_output::biased},
                                                          {"probabilities", qk_output::probabilities}};
   o.return_qk = modes.at(a.qk_mode);
-  if (!a.probs.empty()) {
+  if (!a.probs.empty() || !a.probs_png.empty()) {
     if (o.return_qk != qk_output::none && o.return_qk != qk_output::probabilities)
-      throw error("attn run: --probs and --qk-mode other than probabilities cannot be combined");
+      throw error("attn run: --probs/--probs-png and --qk-mode other than probabilities cannot be combined");
     o.return_qk = qk_output::probabilities;
   }
   if (!a.qk.empty() && o.return_qk == qk_output::none)
@@ -164,6 +209,7 @@ int run(const run_args& a) {
   write_npy(a.out, r.out);
   write_if(a.lse, r.lse, "lse");
   write_if(a.probs, r.qk, "probs");
+  write_probs_png(a, r.qk);
   write_if(a.qk, r.qk, "qk");
   write_if(a.present_key, r.present_key, "present-key");
   write_if(a.present_value, r.present_value, "present-value");
@@ -200,6 +246,8 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--out", a->out, "output file")->required();
   s->add_option("--lse", a->lse, "write the log-sum-exp [B, Hq, Nq]");
   s->add_option("--probs", a->probs, "write the probabilities [B, Hq, Nq, Nk]");
+  s->add_option("--probs-png", a->probs_png, "draw one (batch, head) of the probabilities as a PNG heatmap");
+  s->add_option("--probs-head", a->probs_head, "B,H: the batch and head --probs-png draws (default 0,0)");
   s->add_option("--qk", a->qk, "write the intermediate chosen by --qk-mode");
   s->add_option("--qk-mode", a->qk_mode, "scaled | softcapped | biased | probabilities")
       ->check(CLI::IsMember({"none", "scaled", "softcapped", "biased", "probabilities"}));
