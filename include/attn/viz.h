@@ -5,6 +5,7 @@
 //   weights [Nq, Nk]   rows = queries, columns = keys; f32, f64, f16, bf16 (bool, int64 too),
 //                      any strides (a slice of a [B, Hq, Nq, Nk] probability tensor as it is)
 //
+//   o.return_qk = attn::qk_output::probabilities;
 //   attn::Tensor p = attn::attention(q, k, v, o).qk;               // [B, Hq, Nq, Nk]
 //   attn::TensorView one = attn::viz::matrix_of(p, 0, 1);          // batch 0, head 1: [Nq, Nk]
 //   attn::viz::write_heatmap("head1.png", one, {"the", "cat", "sat"}, {"the", "cat", "sat"},

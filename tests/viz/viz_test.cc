@@ -101,6 +101,14 @@ TEST(Viz, HeatmapReadsEveryDtypeAndStridedViews) {
     EXPECT_EQ(cell(p, l, 0, 1), viz::colour_at(1)) << dtype_name(t);  // w[1, 0] = 1
     EXPECT_EQ(cell(p, l, 1, 1), viz::colour_at(0)) << dtype_name(t);  // w[1, 1] = 0
     EXPECT_EQ(cell(p, l, 2, 0), viz::colour_at(0.75)) << dtype_name(t);
+  }  // A bool matrix (an adjacency): true cells on top, false at the bottom; int64 likewise.
+  for (dtype t : {dtype::boolean, dtype::i64}) {
+    const std::string path = scratch("bool.png");
+    viz::write_heatmap(path, Tensor::from_values({1, 2}, t, {1, 0}));
+    const viz::heatmap_layout l = viz::layout_heatmap(1, 2, {}, {});
+    const auto p = read_png(path);
+    EXPECT_EQ(cell(p, l, 0, 0), viz::colour_at(1)) << dtype_name(t);
+    EXPECT_EQ(cell(p, l, 0, 1), viz::colour_at(0)) << dtype_name(t);
   }
 }
 
