@@ -161,7 +161,7 @@ template <class Forward, class Backward>
 double train_nodes(const graph& g, nn::parameter_list ps, int steps, const char* name, Forward forward, Backward backward) {
   nn::adam opt{.lr = 3e-3, .weight_decay = 1e-2, .decoupled = true};
   const Tensor targets = label_tensor(g.train, {1, kNodes});
-  const progress meter;
+  const progress meter{.name = name};
   Tensor logits;
   for (int step = 0; step < steps; ++step) {
     logits = forward();
@@ -169,7 +169,6 @@ double train_nodes(const graph& g, nn::parameter_list ps, int steps, const char*
     nn::zero_grad(ps);
     backward(l.grad);
     opt.step(ps);
-    if (step % 100 == 0 || step == steps - 1) std::printf("%s ", name);
     meter.report(step, steps, 100, l, "train accuracy", 1, "steps");
   }
   return accuracy_on(forward(), g.test);
