@@ -64,7 +64,8 @@ struct heatmap_layout {
   int bar_x = 0, bar_y = 0, bar_w = 0, bar_h = 0;  // colour bar: top row the max colour, bottom the min
 };
 
-// The layout of a rows × cols heatmap with these labels (empty: none) and options.
+// The layout of a rows × cols heatmap with these labels (empty: none) and options; rows and
+// cols in 1 .. 4096 (else attn::error).
 heatmap_layout layout_heatmap(std::int64_t rows, std::int64_t cols, const std::vector<std::string>& row_labels,
                               const std::vector<std::string>& col_labels, const heatmap_options& opt = {});
 
