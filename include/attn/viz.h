@@ -5,6 +5,7 @@
 //   weights [Nq, Nk]   rows = queries, columns = keys; f32, f64, f16, bf16 (bool, int64 too),
 //                      any strides (a slice of a [B, Hq, Nq, Nk] probability tensor as it is)
 //
+//   o.return_qk = attn::qk_output::probabilities;
 //   attn::Tensor p = attn::attention(q, k, v, o).qk;               // [B, Hq, Nq, Nk]
 //   attn::TensorView one = attn::viz::matrix_of(p, 0, 1);          // batch 0, head 1: [Nq, Nk]
 //   attn::viz::write_heatmap("head1.png", one, {"the", "cat", "sat"}, {"the", "cat", "sat"},
@@ -63,7 +64,8 @@ struct heatmap_layout {
   int bar_x = 0, bar_y = 0, bar_w = 0, bar_h = 0;  // colour bar: top row the max colour, bottom the min
 };
 
-// The layout of a rows × cols heatmap with these labels (empty: none) and options.
+// The layout of a rows × cols heatmap with these labels (empty: none) and options; rows and
+// cols in 1 .. 4096 (else attn::error).
 heatmap_layout layout_heatmap(std::int64_t rows, std::int64_t cols, const std::vector<std::string>& row_labels,
                               const std::vector<std::string>& col_labels, const heatmap_options& opt = {});
 

@@ -62,6 +62,8 @@ rgb colour_at(double t) {
 
 heatmap_layout layout_heatmap(std::int64_t rows, std::int64_t cols, const std::vector<std::string>& row_labels,
                               const std::vector<std::string>& col_labels, const heatmap_options& opt) {
+  if (rows < 1 || cols < 1 || rows > kMaxSide || cols > kMaxSide)
+    attn::detail::fail("layout_heatmap", fmt::format("rows {} and cols {} must each be in 1 .. {}", rows, cols, kMaxSide));
   heatmap_layout l;
   l.cell = int(std::clamp<std::int64_t>(kMapTarget / std::max<std::int64_t>({rows, cols, 1}), 1, kMaxCell));
   l.row_label_step = label_step(l.cell);

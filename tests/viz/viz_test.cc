@@ -101,6 +101,14 @@ TEST(Viz, HeatmapReadsEveryDtypeAndStridedViews) {
     EXPECT_EQ(cell(p, l, 0, 1), viz::colour_at(1)) << dtype_name(t);  // w[1, 0] = 1
     EXPECT_EQ(cell(p, l, 1, 1), viz::colour_at(0)) << dtype_name(t);  // w[1, 1] = 0
     EXPECT_EQ(cell(p, l, 2, 0), viz::colour_at(0.75)) << dtype_name(t);
+  }  // A bool matrix (an adjacency): true cells on top, false at the bottom; int64 likewise.
+  for (dtype t : {dtype::boolean, dtype::i64}) {
+    const std::string path = scratch("bool.png");
+    viz::write_heatmap(path, Tensor::from_values({1, 2}, t, {1, 0}));
+    const viz::heatmap_layout l = viz::layout_heatmap(1, 2, {}, {});
+    const auto p = read_png(path);
+    EXPECT_EQ(cell(p, l, 0, 0), viz::colour_at(1)) << dtype_name(t);
+    EXPECT_EQ(cell(p, l, 0, 1), viz::colour_at(0)) << dtype_name(t);
   }
 }
 
@@ -192,6 +200,8 @@ TEST(Viz, HeatmapBadInputIsAnErrorNamingTheArgument) {
   EXPECT_THROW_MSG(viz::write_heatmap(path, w, {"a", "b"}), "write_heatmap: row_labels has 2 entries but weights [3, 4] has 3 rows");
   EXPECT_THROW_MSG(viz::write_heatmap(path, w, {}, {"a", "b", "c", "d", "e"}),
                    "write_heatmap: col_labels has 5 entries but weights [3, 4] has 4 cols");
+  EXPECT_THROW_MSG(viz::layout_heatmap(0, 3, {}, {}), "layout_heatmap: rows 0 and cols 3 must each be in 1 .. 4096");
+  EXPECT_THROW_MSG(viz::layout_heatmap(2, 5000, {}, {}), "layout_heatmap: rows 2 and cols 5000 must each be in 1 .. 4096");
   EXPECT_THROW_MSG(viz::write_heatmap(path, w, {}, {}, {.max_label_chars = 0}),
                    "write_heatmap: opt.max_label_chars is 0, expected 1 .. 256");
   EXPECT_THROW_MSG(viz::write_heatmap("/nonexistent-attn-dir/x.png", w),

@@ -23,8 +23,8 @@ namespace attn::cli {
 namespace {
 
 struct run_args {
-  std::string q, k, v, out, lse, probs, probs_png, probs_head, qk, mask, past_key, past_value, present_key, present_value, nonpad, alibi,
-      sinks, dout, dq, dk, dv, dmask, dalibi, dsinks;
+  std::string q, k, v, out, lse, probs, probs_png, probs_head, qk, mask, past_key, past_value, present_key,
+      present_value, nonpad, alibi, sinks, dout, dq, dk, dv, dmask, dalibi, dsinks;
   std::string dtype_name = "input", alignment = "top_left", qk_mode = "none", backend = "automatic";
   std::optional<double> scale;
   double softcap = 0;
@@ -156,12 +156,12 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
 }
 
 int run(const run_args& a) {
+  parse_probs_head(a);  // a bad --probs-head stops the run before any work
   Tensor q = read_npy(a.q), k = read_npy(a.k), v = read_npy(a.v);
   if (a.dtype_name != "input") {
     const dtype t = parse_dtype(a.dtype_name);
     q = q.to(t), k = k.to(t), v = v.to(t);
   }
-  parse_probs_head(a);  // a bad --probs-head stops the run before any work
   if (!a.score.empty() || !a.distribution.empty()) return run_family(a, q, k, v);
   attention_options o;
   o.scale = a.scale;
