@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <new>
 
 #include "attn/error.h"
 #include "core/common.h"
@@ -83,6 +84,18 @@ qkv_dims check_qkv(const char* op, const TensorView& q, const TensorView& k, con
   if (d.Hkv == 0 || d.Hq == 0 || d.Hq % d.Hkv)
     fail(op, fmt::format("q has {} heads and k/v {}; Hq must be a positive multiple of Hkv", d.Hq, d.Hkv));
   if (d.D == 0 && !o.scale) fail(op, "head size D is 0; the default scale 1/sqrt(D) is undefined (pass scale)");
+  // Broadcast (stride-0) views can describe logical shapes far beyond memory: refuse a call
+  // whose multiply-adds B·Hq·Nq·Nk·(D + Dv) pass kMaxWork instead of hanging or overflowing.
+  constexpr std::int64_t kMaxWork = std::int64_t(1) << 56;
+  std::int64_t work = d.D + d.Dv;
+  for (std::int64_t x : {d.B, d.Hq, d.Nq, d.Nk})
+    if (x != 0 && work > kMaxWork / x) {
+      fail(op, fmt::format("B = {}, Hq = {}, Nq = {}, Nk = {}, D = {}, Dv = {} need B·Hq·Nq·Nk·(D + Dv) multiply-adds, "
+                           "more than 2^56 (refused: days of compute, beyond what the views can hold)",
+                           d.B, d.Hq, d.Nq, d.Nk, d.D, d.Dv));
+    } else {
+      work *= x;
+    }
   return d;
 }
 
@@ -218,8 +231,11 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
   p.softcap = o.softcap;
   p.causal = o.is_causal;
   p.alignment = o.alignment;
-  p.window_left = o.window_left < 0 ? -1 : o.window_left;
-  p.window_right = o.window_right < 0 ? -1 : o.window_right;
+  // A window side beyond 2^62 covers every key (INT64_MAX means unbounded); clamping it keeps
+  // pos ± window inside int64 in key_range.
+  constexpr std::int64_t kWideWindow = std::int64_t(1) << 62;
+  p.window_left = o.window_left < 0 ? -1 : std::min(o.window_left, kWideWindow);
+  p.window_right = o.window_right < 0 ? -1 : std::min(o.window_right, kWideWindow);
 
   // Mask: [.., Nq', Nk'] broadcast to [B, Hq, Nq, Nk] right-aligned; a short last dim is padding.
   if (o.attn_mask) {
@@ -282,8 +298,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
       fail(op, fmt::format("sinks has shape {}, expected [Hq] = [{}]", shape_str(t.shape()), p.Hq));
     p.sinks = small_vector(op, "sinks", t);
   }
-  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
-  p.num_threads = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  p.num_threads = thread_count(op, exec);
   return p;
 }
 
@@ -296,6 +311,18 @@ const backend_impl& pick(const char* op, const problem& p, const backend_request
   if (!sel.chosen)
     fail(op, fmt::format("no backend can run this call: {}", sel.reasons.empty() ? "backend not compiled in" : sel.reasons));
   return *sel.chosen;
+}
+
+// Runs a backend's pass; working memory the machine does not have arrives as attn::error
+// naming the call's sizes, never as std::bad_alloc.
+template <class F>
+void run_guarded(const char* op, const problem& p, const backend_impl& be, F&& pass) {
+  try {
+    pass();
+  } catch (const std::bad_alloc&) {
+    fail(op, fmt::format("out of memory on backend {} (B = {}, Hq = {}, Hkv = {}, Nq = {}, Nk = {}, D = {}, Dv = {})",
+                         be.name(), p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.D, p.Dv));
+  }
 }
 
 Shape out_shape(const TensorView& q, const problem& p) {
@@ -320,7 +347,7 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
     fo.qk = as_bhnx(r.qk, p.Hq);
   }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
-  be.forward(p, fo);
+  run_guarded(op, p, be, [&] { be.forward(p, fo); });
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;
@@ -443,7 +470,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   }
 
   const backend_impl& be = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
-  be.backward(p, io);
+  run_guarded(op, p, be, [&] { be.backward(p, io); });
   g.backend = be.name();
 
   if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());

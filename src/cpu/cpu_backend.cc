@@ -57,9 +57,12 @@ struct free_deleter {
 };
 using fbuf = std::unique_ptr<float[], free_deleter>;
 
+// n floats, 64-byte aligned; attn::error naming the size when the memory is not there.
 fbuf alloc_floats(std::int64_t n) {
   const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
-  return fbuf(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  if (!r) fail("attention (cpu)", fmt::format("cannot allocate {} bytes of working memory", bytes));
+  return r;
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
