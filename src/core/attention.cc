@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 
@@ -225,9 +226,17 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
 
   // Scale, softcap, window, alignment.
   p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(d.D));
+  // Every backend must see the same number: the fast ones use scale and softcap as float32, so
+  // a value that float32 would flush to 0 or round to inf is refused rather than read two ways.
+  constexpr double kMinF = std::numeric_limits<float>::min(), kMaxF = std::numeric_limits<float>::max();
   if (!std::isfinite(p.scale)) fail(op, fmt::format("scale = {} is not finite", p.scale));
+  if (p.scale != 0.0 && (std::abs(p.scale) < kMinF || std::abs(p.scale) > kMaxF))
+    fail(op, fmt::format("scale = {} is outside the normal float32 range [{}, {}] (or 0)", p.scale, kMinF, kMaxF));
   if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
     fail(op, fmt::format("softcap = {} must be finite and >= 0 (0 turns it off)", o.softcap));
+  if (o.softcap != 0.0 && (o.softcap < kMinF || o.softcap > kMaxF))
+    fail(op, fmt::format("softcap = {} is outside the normal float32 range [{}, {}] (0 turns it off)", o.softcap,
+                         kMinF, kMaxF));
   p.softcap = o.softcap;
   p.causal = o.is_causal;
   p.alignment = o.alignment;
@@ -299,7 +308,24 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     p.sinks = small_vector(op, "sinks", t);
   }
   p.num_threads = thread_count(op, exec);
+  if (o.check_finite) {
+    check_finite(op, "q", q);
+    check_finite(op, "k", k);
+    check_finite(op, "v", v);
+    if (p.mask == mask_kind::additive) check_finite(op, "attn_mask", *o.attn_mask, /*minus_inf_ok=*/true);
+  }
   return p;
+}
+
+void check_finite(const char* op, const char* name, const TensorView& t, bool minus_inf_ok) {
+  if (!is_floating(t.type())) return;
+  Shape idx(std::size_t(t.rank()), 0);
+  for (std::int64_t n = 0; n < t.numel(); ++n) {
+    const double x = load_as_double(t.data(), t.type(), t.offset_of(idx));
+    if (!std::isfinite(x) && !(minus_inf_ok && x == kNegInf))
+      fail(op, fmt::format("check_finite: {} holds {} at index {}", name, x, shape_str(idx)));
+    for (int d = t.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == t.size(d); --d) idx[std::size_t(d)] = 0;
+  }
 }
 
 namespace {
@@ -325,6 +351,41 @@ void run_guarded(const char* op, const problem& p, const backend_impl& be, F&& p
   }
 }
 
+// Whether every key row i may see is excluded (-inf bias): a row with lse = -inf for a reason.
+bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+  const auto [lo, hi] = p.key_range(b, i);
+  if (lo >= hi) return true;
+  if (p.mask == mask_kind::none) return false;
+  for (std::int64_t j = lo; j < hi; ++j)
+    if (p.bias(b, h, i, j) != kNegInf) return false;
+  return true;
+}
+
+// One answer on every backend (special values, attention.h): a fast backend computes in
+// float32, so a row it leaves non-finite (NaN or +inf scores, overflow, NaN or inf in v) or
+// with lse = -inf although some key is visible (scores that overflowed to -inf) is computed
+// again by the float64 reference. One pass over out and lse; the rows redone are the rare ones.
+void recompute_special_rows(const problem& p, const forward_outputs& fo) {
+  std::vector<std::int64_t> rows;
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
+        const double lse = load_as_double(fo.lse, fo.lse_type, row);
+        bool special = std::isnan(lse) || lse == -kNegInf || (lse == kNegInf && !fully_masked(p, b, h, i));
+        for (std::int64_t d = 0; d < p.Dv && !special; ++d) special = !std::isfinite(fo.out.load(b, h, i, d));
+        if (special) rows.push_back(row);
+      }
+  if (!rows.empty()) reference_forward_rows(p, fo, rows);
+}
+
+bool all_finite(const Tensor& t) {
+  if (!t.defined()) return true;
+  for (double x : t.to_vector())
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
 Shape out_shape(const TensorView& q, const problem& p) {
   return q.rank() == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
 }
@@ -348,6 +409,7 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
   run_guarded(op, p, be, [&] { be.forward(p, fo); });
+  if (&be != &reference_backend()) recompute_special_rows(p, fo);
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;
@@ -434,6 +496,17 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
     fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
   Tensor lse_c = lse.is_contiguous() ? Tensor() : Tensor::copy_of(lse);
+  if (options.check_finite) {
+    check_finite(op, "out", out);
+    check_finite(op, "dout", dout);
+    check_finite(op, "lse", lse, /*minus_inf_ok=*/true);  // -inf: a fully masked row
+  }
+  // A float32 backward recomputes p = e^{s - lse}: |lse| past kWideLse leaves s - lse fewer
+  // than 13 good bits, so such calls run on the float64 reference, whatever was asked (one
+  // answer on every backend; the result's `backend` says so).
+  constexpr double kWideLse = 1024.0;
+  bool wide_lse = false;
+  for (double x : to_vector(lse)) wide_lse |= std::isfinite(x) && std::abs(x) > kWideLse;
 
   attention_grads g;
   g.dq = Tensor::empty(q.shape(), q.type());
@@ -469,9 +542,19 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
     io.dsinks = dsinks.data_as<double>();
   }
 
-  const backend_impl& be = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
+  const backend_impl& picked = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
+  const backend_impl& be = wide_lse ? reference_backend() : picked;
   run_guarded(op, p, be, [&] { be.backward(p, io); });
   g.backend = be.name();
+  // One answer on every backend: non-finite gradients from a float32 backend (special values,
+  // overflow) are computed again, all of them, by the float64 reference.
+  if (&be != &reference_backend() &&
+      !(all_finite(g.dq) && all_finite(g.dk) && all_finite(g.dv) && all_finite(dalibi) && all_finite(dsinks))) {
+    for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
+      if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * sizeof(double));
+    reference_backend().backward(p, io);
+    g.backend = reference_backend().name();
+  }
 
   if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
   if (dalibi.defined()) {
