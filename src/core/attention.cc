@@ -160,6 +160,49 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
   return r;
 }
 
+// Float masks are shift-invariant per query row: softmax(s + m - c) = softmax(s + m). Adding
+// -1e30 to float32 (or float64) scores would erase them, so a mask whose rows reach beyond
+// ±kMaskShift is replaced by a copy with each row's largest finite value subtracted (its rows
+// only, without the broadcast dims); the shift goes back into the lse (front) and the
+// backward recomputes its own lse. A constant mask then equals no mask exactly.
+constexpr double kMaskShift = 1024.0;
+
+void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store) {
+  Shape cs = m.shape();
+  for (int d = 0; d + 1 < m.rank(); ++d)
+    if (m.stride(d) == 0) cs[std::size_t(d)] = 1;
+  const Tensor c = Tensor::copy_of(TensorView(m.data(), m.type(), cs, m.strides()), dtype::f64);
+  const std::int64_t cols = cs.back(), rows = cols ? c.numel() / cols : 0, used = p.mask_cols;
+  std::vector<double> shift(std::size_t(rows), 0.0);
+  bool wide = false;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mx = kNegInf;
+    for (std::int64_t j = 0; j < used; ++j) {
+      const double x = c.data_as<double>()[r * cols + j];
+      if (std::isfinite(x)) mx = std::max(mx, x);
+    }
+    if (std::isfinite(mx)) shift[std::size_t(r)] = mx, wide |= std::abs(mx) > kMaskShift;
+  }
+  if (!wide) return;
+  store.shifted_mask = Tensor::empty(cs, p.q.type == dtype::f64 ? dtype::f64 : dtype::f32);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j)
+      store_from_double(store.shifted_mask.data(), store.shifted_mask.type(), r * cols + j,
+                        c.data_as<double>()[r * cols + j] - shift[std::size_t(r)]);
+  Shape ss = cs;
+  ss.back() = 1;
+  store.shift = Tensor::from_values(ss, dtype::f64, shift);
+  // Strides over [B, Hq, Nq, Nk] as for the mask itself: 0 on broadcast dims.
+  std::int64_t ms[4] = {0, 0, 0, 0}, hs[4] = {0, 0, 0, 0};
+  const int off = 4 - m.rank();
+  for (int d = 0; d < m.rank(); ++d) {
+    if (cs[std::size_t(d)] != 1 || off + d == 3) ms[off + d] = store.shifted_mask.view().stride(d);
+    if (cs[std::size_t(d)] != 1 && off + d != 3) hs[off + d] = store.shift.view().stride(d);
+  }
+  p.mask_view = strided4{store.shifted_mask.data(), store.shifted_mask.type(), ms[0], ms[1], ms[2], ms[3]};
+  store.mask_shift = strided4{store.shift.data(), dtype::f64, hs[0], hs[1], hs[2], 0};
+}
+
 }  // namespace
 
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -273,6 +316,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
     p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
     p.mask_cols = std::min(m.size(-1), p.Nk);
+    if (p.mask == mask_kind::additive) shift_mask_rows(m, p, store);
   }
 
   if (o.nonpad_kv_seqlen) {
@@ -379,6 +423,19 @@ void recompute_special_rows(const problem& p, const forward_outputs& fo) {
   if (!rows.empty()) reference_forward_rows(p, fo, rows);
 }
 
+// The lse (and biased scores) of the unshifted mask: + the row's shift (shift_mask_rows).
+void unshift(const problem& p, const problem_storage& store, const forward_outputs& fo) {
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const double c = store.mask_shift.load(b, h, i, 0);
+        const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
+        store_from_double(fo.lse, fo.lse_type, row, load_as_double(fo.lse, fo.lse_type, row) + c);
+        if (fo.qk_mode == qk_output::biased)
+          for (std::int64_t j = 0; j < p.Nk; ++j) fo.qk.store(b, h, i, j, fo.qk.load(b, h, i, j) + c);
+      }
+}
+
 bool all_finite(const Tensor& t) {
   if (!t.defined()) return true;
   for (double x : t.to_vector())
@@ -410,6 +467,7 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
   run_guarded(op, p, be, [&] { be.forward(p, fo); });
   if (&be != &reference_backend()) recompute_special_rows(p, fo);
+  if (store.shift.defined()) unshift(p, store, fo);
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;
@@ -506,7 +564,16 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   // answer on every backend; the result's `backend` says so).
   constexpr double kWideLse = 1024.0;
   bool wide_lse = false;
-  for (double x : to_vector(lse)) wide_lse |= std::isfinite(x) && std::abs(x) > kWideLse;
+  if (store.shift.defined()) {  // a shifted mask: the lse of the shifted scores, recomputed
+    const Tensor o = Tensor::empty(out_shape(q, p), q.type());
+    lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
+    forward_outputs fo;
+    fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type();
+    const backend_impl& fb = pick(op, p, {}, exec.use_backend);
+    run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
+    if (&fb != &reference_backend()) recompute_special_rows(p, fo);
+  }
+  for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide_lse |= std::isfinite(x) && std::abs(x) > kWideLse;
 
   attention_grads g;
   g.dq = Tensor::empty(q.shape(), q.type());
@@ -516,7 +583,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   io.out = as_bhnx(out, p.Hq);
   io.dout = as_bhnx(dout, p.Hq);
   io.lse = lse_c.defined() ? lse_c.data() : lse.data();
-  io.lse_type = lse.type();
+  io.lse_type = lse_c.defined() ? lse_c.type() : lse.type();
   io.dq = as_bhnx(g.dq, p.Hq);
   io.dk = as_bhnx(g.dk, p.Hkv);
   io.dv = as_bhnx(g.dv, p.Hkv);

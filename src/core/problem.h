@@ -175,6 +175,11 @@ selection select_backend(const problem& p, const backend_request& req, backend w
 // Everything a problem points into that the front had to allocate.
 struct problem_storage {
   Tensor present_key, present_value;
+  // A float mask with rows beyond ±1024, shifted row by row to a maximum of 0 (softmax is
+  // shift-invariant; -1e30 everywhere then equals no mask), and the shift of query row
+  // (b, h, i) at mask_shift.offset(b, h, i, 0): the front adds it back to the lse.
+  Tensor shifted_mask, shift;
+  strided4 mask_shift;
 };
 
 // An in-place KV cache seen by the front: buffers [B, Hkv, capacity, D|Dv] and the tokens each

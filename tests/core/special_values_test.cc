@@ -195,5 +195,36 @@ TEST(SpecialValues, CpuBackwardWithinItsStatedBound) {
   EXPECT_EQ(attention_backward(q, k, k, r.out, r.out, r.lse).backend, "reference");
 }
 
+// Softmax is shift-invariant: a float mask of -1e30 (or +1e4) everywhere equals no mask on
+// every backend, forward and backward; the lse carries the shift.
+TEST(SpecialValues, ConstantHugeFloatMaskEqualsNoMask) {
+  std::mt19937 rng(6);
+  const Tensor q = testing::random_tensor({2, 2, 5, 8}, dtype::f32, rng), k = testing::random_tensor({2, 2, 7, 8}, dtype::f32, rng);
+  const Tensor v = testing::random_tensor({2, 2, 7, 8}, dtype::f32, rng), dout = testing::random_tensor({2, 2, 5, 8}, dtype::f32, rng);
+  for (double c : {-1e30, 1e4, -3e38}) {
+    for (backend be : {backend::cpu, backend::reference}) {
+      const execution ex{.use_backend = be};
+      const attention_result plain = attention(q, k, v, {}, ex);
+      attention_options o;
+      o.attn_mask = Tensor::full({5, 7}, dtype::f32, c);
+      const attention_result r = attention(q, k, v, o, ex);
+      EXPECT_TRUE(testing::all_close(r.out, plain.out, 0)) << c;
+      EXPECT_NEAR(r.lse.get({1, 1, 4}), plain.lse.get({1, 1, 4}) + c, std::abs(c) * 1e-7) << c;
+      o.attn_mask = Tensor::full({1, 1, 1, 7}, dtype::f32, c);  // broadcast rows
+      EXPECT_TRUE(testing::all_close(attention(q, k, v, o, ex).out, plain.out, 0)) << c;
+      o.is_causal = true;  // with -inf (causal) beside the constant
+      attention_options oc;
+      oc.is_causal = true;
+      EXPECT_TRUE(testing::all_close(attention(q, k, v, o, ex).out, attention(q, k, v, oc, ex).out, 0)) << c;
+      // The backward (a float mask's gradient runs on the reference).
+      o.is_causal = false;
+      const attention_grads g = attention_backward(q, k, v, r.out, dout, r.lse, o);
+      const attention_grads g0 = attention_backward(q, k, v, plain.out, dout, plain.lse);
+      EXPECT_TRUE(testing::all_close(g.dq, g0.dq, 1e-5)) << c;
+      EXPECT_TRUE(testing::all_close(g.dv, g0.dv, 1e-5)) << c;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attn
