@@ -69,6 +69,12 @@ struct masking_options {
 
   std::int64_t q_num_heads = 0;   // required for 3-D inputs; checked against 4-D ones
   std::int64_t kv_num_heads = 0;  // required for 3-D inputs; checked against 4-D ones
+
+  // Opt-in: throw attn::error naming the tensor and index of the first NaN or ±inf in q, k, v
+  // (and in out, dout, lse for the backward), or of a NaN or +inf in a float attn_mask (-inf
+  // there excludes a key). Costs one pass over the inputs; off, special values follow the
+  // contract above.
+  bool check_finite = false;
 };
 
 // The maths of one attention call. How it runs (backend, threads) is `execution`

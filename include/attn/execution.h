@@ -26,7 +26,9 @@ enum class family_path { automatic, core, tiled, reference };
 struct execution {
   backend use_backend = backend::automatic;
   family_path path = family_path::automatic;  // family ops only
-  int num_threads = 0;                         // 0: all available (omp_get_max_threads)
+  // 0: all available (omp_get_max_threads). Results never depend on it; a count above
+  // 4 × the processors (omp_get_num_procs) runs with that many; negative is an attn::error.
+  int num_threads = 0;
 };
 
 // "automatic", "reference", "cpu" and back; parse_* throws attn::error listing the valid names.

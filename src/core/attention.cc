@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <new>
 
 #include "attn/error.h"
 #include "core/common.h"
@@ -83,6 +85,18 @@ qkv_dims check_qkv(const char* op, const TensorView& q, const TensorView& k, con
   if (d.Hkv == 0 || d.Hq == 0 || d.Hq % d.Hkv)
     fail(op, fmt::format("q has {} heads and k/v {}; Hq must be a positive multiple of Hkv", d.Hq, d.Hkv));
   if (d.D == 0 && !o.scale) fail(op, "head size D is 0; the default scale 1/sqrt(D) is undefined (pass scale)");
+  // Broadcast (stride-0) views can describe logical shapes far beyond memory: refuse a call
+  // whose multiply-adds B·Hq·Nq·Nk·(D + Dv) pass kMaxWork instead of hanging or overflowing.
+  constexpr std::int64_t kMaxWork = std::int64_t(1) << 56;
+  std::int64_t work = d.D + d.Dv;
+  for (std::int64_t x : {d.B, d.Hq, d.Nq, d.Nk})
+    if (x != 0 && work > kMaxWork / x) {
+      fail(op, fmt::format("B = {}, Hq = {}, Nq = {}, Nk = {}, D = {}, Dv = {} need B·Hq·Nq·Nk·(D + Dv) multiply-adds, "
+                           "more than 2^56 (refused: days of compute, beyond what the views can hold)",
+                           d.B, d.Hq, d.Nq, d.Nk, d.D, d.Dv));
+    } else {
+      work *= x;
+    }
   return d;
 }
 
@@ -144,6 +158,49 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
   for (double x : r)
     if (!std::isfinite(x)) fail(op, fmt::format("{} holds a non-finite value ({})", name, x));
   return r;
+}
+
+// Float masks are shift-invariant per query row: softmax(s + m - c) = softmax(s + m). Adding
+// -1e30 to float32 (or float64) scores would erase them, so a mask whose rows reach beyond
+// ±kMaskShift is replaced by a copy with each row's largest finite value subtracted (its rows
+// only, without the broadcast dims); the shift goes back into the lse (front) and the
+// backward recomputes its own lse. A constant mask then equals no mask exactly.
+constexpr double kMaskShift = 1024.0;
+
+void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store) {
+  Shape cs = m.shape();
+  for (int d = 0; d + 1 < m.rank(); ++d)
+    if (m.stride(d) == 0) cs[std::size_t(d)] = 1;
+  const Tensor c = Tensor::copy_of(TensorView(m.data(), m.type(), cs, m.strides()), dtype::f64);
+  const std::int64_t cols = cs.back(), rows = cols ? c.numel() / cols : 0, used = p.mask_cols;
+  std::vector<double> shift(std::size_t(rows), 0.0);
+  bool wide = false;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mx = kNegInf;
+    for (std::int64_t j = 0; j < used; ++j) {
+      const double x = c.data_as<double>()[r * cols + j];
+      if (std::isfinite(x)) mx = std::max(mx, x);
+    }
+    if (std::isfinite(mx)) shift[std::size_t(r)] = mx, wide |= std::abs(mx) > kMaskShift;
+  }
+  if (!wide) return;
+  store.shifted_mask = Tensor::empty(cs, p.q.type == dtype::f64 ? dtype::f64 : dtype::f32);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j)
+      store_from_double(store.shifted_mask.data(), store.shifted_mask.type(), r * cols + j,
+                        c.data_as<double>()[r * cols + j] - shift[std::size_t(r)]);
+  Shape ss = cs;
+  ss.back() = 1;
+  store.shift = Tensor::from_values(ss, dtype::f64, shift);
+  // Strides over [B, Hq, Nq, Nk] as for the mask itself: 0 on broadcast dims.
+  std::int64_t ms[4] = {0, 0, 0, 0}, hs[4] = {0, 0, 0, 0};
+  const int off = 4 - m.rank();
+  for (int d = 0; d < m.rank(); ++d) {
+    if (cs[std::size_t(d)] != 1 || off + d == 3) ms[off + d] = store.shifted_mask.view().stride(d);
+    if (cs[std::size_t(d)] != 1 && off + d != 3) hs[off + d] = store.shift.view().stride(d);
+  }
+  p.mask_view = strided4{store.shifted_mask.data(), store.shifted_mask.type(), ms[0], ms[1], ms[2], ms[3]};
+  store.mask_shift = strided4{store.shift.data(), dtype::f64, hs[0], hs[1], hs[2], 0};
 }
 
 }  // namespace
@@ -212,14 +269,25 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
 
   // Scale, softcap, window, alignment.
   p.scale = o.scale ? *o.scale : 1.0 / std::sqrt(double(d.D));
+  // Every backend must see the same number: the fast ones use scale and softcap as float32, so
+  // a value that float32 would flush to 0 or round to inf is refused rather than read two ways.
+  constexpr double kMinF = std::numeric_limits<float>::min(), kMaxF = std::numeric_limits<float>::max();
   if (!std::isfinite(p.scale)) fail(op, fmt::format("scale = {} is not finite", p.scale));
+  if (p.scale != 0.0 && (std::abs(p.scale) < kMinF || std::abs(p.scale) > kMaxF))
+    fail(op, fmt::format("scale = {} is outside the normal float32 range [{}, {}] (or 0)", p.scale, kMinF, kMaxF));
   if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap))
     fail(op, fmt::format("softcap = {} must be finite and >= 0 (0 turns it off)", o.softcap));
+  if (o.softcap != 0.0 && (o.softcap < kMinF || o.softcap > kMaxF))
+    fail(op, fmt::format("softcap = {} is outside the normal float32 range [{}, {}] (0 turns it off)", o.softcap,
+                         kMinF, kMaxF));
   p.softcap = o.softcap;
   p.causal = o.is_causal;
   p.alignment = o.alignment;
-  p.window_left = o.window_left < 0 ? -1 : o.window_left;
-  p.window_right = o.window_right < 0 ? -1 : o.window_right;
+  // A window side beyond 2^62 covers every key (INT64_MAX means unbounded); clamping it keeps
+  // pos ± window inside int64 in key_range.
+  constexpr std::int64_t kWideWindow = std::int64_t(1) << 62;
+  p.window_left = o.window_left < 0 ? -1 : std::min(o.window_left, kWideWindow);
+  p.window_right = o.window_right < 0 ? -1 : std::min(o.window_right, kWideWindow);
 
   // Mask: [.., Nq', Nk'] broadcast to [B, Hq, Nq, Nk] right-aligned; a short last dim is padding.
   if (o.attn_mask) {
@@ -248,6 +316,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
     p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
     p.mask_cols = std::min(m.size(-1), p.Nk);
+    if (p.mask == mask_kind::additive) shift_mask_rows(m, p, store);
   }
 
   if (o.nonpad_kv_seqlen) {
@@ -282,9 +351,25 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
       fail(op, fmt::format("sinks has shape {}, expected [Hq] = [{}]", shape_str(t.shape()), p.Hq));
     p.sinks = small_vector(op, "sinks", t);
   }
-  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
-  p.num_threads = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  p.num_threads = thread_count(op, exec);
+  if (o.check_finite) {
+    check_finite(op, "q", q);
+    check_finite(op, "k", k);
+    check_finite(op, "v", v);
+    if (p.mask == mask_kind::additive) check_finite(op, "attn_mask", *o.attn_mask, /*minus_inf_ok=*/true);
+  }
   return p;
+}
+
+void check_finite(const char* op, const char* name, const TensorView& t, bool minus_inf_ok) {
+  if (!is_floating(t.type())) return;
+  Shape idx(std::size_t(t.rank()), 0);
+  for (std::int64_t n = 0; n < t.numel(); ++n) {
+    const double x = load_as_double(t.data(), t.type(), t.offset_of(idx));
+    if (!std::isfinite(x) && !(minus_inf_ok && x == kNegInf))
+      fail(op, fmt::format("check_finite: {} holds {} at index {}", name, x, shape_str(idx)));
+    for (int d = t.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == t.size(d); --d) idx[std::size_t(d)] = 0;
+  }
 }
 
 namespace {
@@ -296,6 +381,66 @@ const backend_impl& pick(const char* op, const problem& p, const backend_request
   if (!sel.chosen)
     fail(op, fmt::format("no backend can run this call: {}", sel.reasons.empty() ? "backend not compiled in" : sel.reasons));
   return *sel.chosen;
+}
+
+// Runs a backend's pass; working memory the machine does not have arrives as attn::error
+// naming the call's sizes, never as std::bad_alloc.
+template <class F>
+void run_guarded(const char* op, const problem& p, const backend_impl& be, F&& pass) {
+  try {
+    pass();
+  } catch (const std::bad_alloc&) {
+    fail(op, fmt::format("out of memory on backend {} (B = {}, Hq = {}, Hkv = {}, Nq = {}, Nk = {}, D = {}, Dv = {})",
+                         be.name(), p.B, p.Hq, p.Hkv, p.Nq, p.Nk, p.D, p.Dv));
+  }
+}
+
+// Whether every key row i may see is excluded (-inf bias): a row with lse = -inf for a reason.
+bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {
+  const auto [lo, hi] = p.key_range(b, i);
+  if (lo >= hi) return true;
+  if (p.mask == mask_kind::none) return false;
+  for (std::int64_t j = lo; j < hi; ++j)
+    if (p.bias(b, h, i, j) != kNegInf) return false;
+  return true;
+}
+
+// One answer on every backend (special values, attention.h): a fast backend computes in
+// float32, so a row it leaves non-finite (NaN or +inf scores, overflow, NaN or inf in v) or
+// with lse = -inf although some key is visible (scores that overflowed to -inf) is computed
+// again by the float64 reference. One pass over out and lse; the rows redone are the rare ones.
+void recompute_special_rows(const problem& p, const forward_outputs& fo) {
+  std::vector<std::int64_t> rows;
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
+        const double lse = load_as_double(fo.lse, fo.lse_type, row);
+        bool special = std::isnan(lse) || lse == -kNegInf || (lse == kNegInf && !fully_masked(p, b, h, i));
+        for (std::int64_t d = 0; d < p.Dv && !special; ++d) special = !std::isfinite(fo.out.load(b, h, i, d));
+        if (special) rows.push_back(row);
+      }
+  if (!rows.empty()) reference_forward_rows(p, fo, rows);
+}
+
+// The lse (and biased scores) of the unshifted mask: + the row's shift (shift_mask_rows).
+void unshift(const problem& p, const problem_storage& store, const forward_outputs& fo) {
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const double c = store.mask_shift.load(b, h, i, 0);
+        const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
+        store_from_double(fo.lse, fo.lse_type, row, load_as_double(fo.lse, fo.lse_type, row) + c);
+        if (fo.qk_mode == qk_output::biased)
+          for (std::int64_t j = 0; j < p.Nk; ++j) fo.qk.store(b, h, i, j, fo.qk.load(b, h, i, j) + c);
+      }
+}
+
+bool all_finite(const Tensor& t) {
+  if (!t.defined()) return true;
+  for (double x : t.to_vector())
+    if (!std::isfinite(x)) return false;
+  return true;
 }
 
 Shape out_shape(const TensorView& q, const problem& p) {
@@ -320,7 +465,9 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
     fo.qk = as_bhnx(r.qk, p.Hq);
   }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
-  be.forward(p, fo);
+  run_guarded(op, p, be, [&] { be.forward(p, fo); });
+  if (&be != &reference_backend()) recompute_special_rows(p, fo);
+  if (store.shift.defined()) unshift(p, store, fo);
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;
@@ -407,6 +554,26 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
     fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
   Tensor lse_c = lse.is_contiguous() ? Tensor() : Tensor::copy_of(lse);
+  if (options.check_finite) {
+    check_finite(op, "out", out);
+    check_finite(op, "dout", dout);
+    check_finite(op, "lse", lse, /*minus_inf_ok=*/true);  // -inf: a fully masked row
+  }
+  // A float32 backward recomputes p = e^{s - lse}: |lse| past kWideLse leaves s - lse fewer
+  // than 13 good bits, so such calls run on the float64 reference, whatever was asked (one
+  // answer on every backend; the result's `backend` says so).
+  constexpr double kWideLse = 1024.0;
+  bool wide_lse = false;
+  if (store.shift.defined()) {  // a shifted mask: the lse of the shifted scores, recomputed
+    const Tensor o = Tensor::empty(out_shape(q, p), q.type());
+    lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
+    forward_outputs fo;
+    fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type();
+    const backend_impl& fb = pick(op, p, {}, exec.use_backend);
+    run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
+    if (&fb != &reference_backend()) recompute_special_rows(p, fo);
+  }
+  for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide_lse |= std::isfinite(x) && std::abs(x) > kWideLse;
 
   attention_grads g;
   g.dq = Tensor::empty(q.shape(), q.type());
@@ -416,7 +583,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   io.out = as_bhnx(out, p.Hq);
   io.dout = as_bhnx(dout, p.Hq);
   io.lse = lse_c.defined() ? lse_c.data() : lse.data();
-  io.lse_type = lse.type();
+  io.lse_type = lse_c.defined() ? lse_c.type() : lse.type();
   io.dq = as_bhnx(g.dq, p.Hq);
   io.dk = as_bhnx(g.dk, p.Hkv);
   io.dv = as_bhnx(g.dv, p.Hkv);
@@ -442,9 +609,19 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
     io.dsinks = dsinks.data_as<double>();
   }
 
-  const backend_impl& be = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
-  be.backward(p, io);
+  const backend_impl& picked = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
+  const backend_impl& be = wide_lse ? reference_backend() : picked;
+  run_guarded(op, p, be, [&] { be.backward(p, io); });
   g.backend = be.name();
+  // One answer on every backend: non-finite gradients from a float32 backend (special values,
+  // overflow) are computed again, all of them, by the float64 reference.
+  if (&be != &reference_backend() &&
+      !(all_finite(g.dq) && all_finite(g.dk) && all_finite(g.dv) && all_finite(dalibi) && all_finite(dsinks))) {
+    for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
+      if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * sizeof(double));
+    reference_backend().backward(p, io);
+    g.backend = reference_backend().name();
+  }
 
   if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
   if (dalibi.defined()) {

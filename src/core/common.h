@@ -3,7 +3,9 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -18,6 +20,15 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 // Throws attn::error "<op>: <what>".
 [[noreturn]] inline void fail(const char* op, const std::string& what) {
   throw error(fmt::format("{}: {}", op, what));
+}
+
+// The thread count a call runs with, decided here for every op: 0 means all available
+// (omp_get_max_threads); a request above 4 × the processors is clamped to that (results do not
+// depend on the thread count, and OpenMP cannot start 100000 threads); negative is an error.
+inline int thread_count(const char* op, const execution& exec) {
+  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
+  const int cap = 4 * std::max(1, omp_get_num_procs());
+  return exec.num_threads ? std::min(exec.num_threads, cap) : std::max(1, std::min(omp_get_max_threads(), cap));
 }
 
 // A q/k/v-like tensor seen as [B, H, N, X] (no copy): 4-D as is, 3-D [B, N, H*X] split into

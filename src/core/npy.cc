@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <iterator>
@@ -55,20 +56,30 @@ dtype parse_descr(const std::string& d, const std::string& name) {
   fail(name, fmt::format("unsupported dtype '{}' (supported: <f4 <f2 <f8 |b1 <i8)", d));
 }
 
+// A Python tuple of non-negative integers: "()", "(5,)", "(2, 3)". Elements are separated by
+// commas; "(4   000, 3)" (digits split by spaces) is refused, as Python would.
 Shape parse_shape(const std::string& s, const std::string& name) {
-  if (s.size() < 2 || s.front() != '(' || s.back() != ')') fail(name, fmt::format("bad shape '{}'", s));
+  auto bad = [&] { fail(name, fmt::format("bad shape '{}'", s)); };
+  if (s.size() < 2 || s.front() != '(' || s.back() != ')') bad();
+  auto space = [&](std::size_t p) { return std::isspace(static_cast<unsigned char>(s[p])) != 0; };
+  auto digit = [&](std::size_t p) { return std::isdigit(static_cast<unsigned char>(s[p])) != 0; };
+  const std::size_t end = s.size() - 1;  // the ')'
   Shape shape;
   std::size_t p = 1;
-  while (p < s.size() - 1) {
-    while (p < s.size() - 1 && (std::isspace(static_cast<unsigned char>(s[p])) || s[p] == ',')) ++p;
-    if (p >= s.size() - 1) break;
-    if (!std::isdigit(static_cast<unsigned char>(s[p]))) fail(name, fmt::format("bad shape '{}'", s));
+  while (p < end && space(p)) ++p;
+  while (p < end) {
+    if (!digit(p)) bad();
     std::int64_t v = 0;
-    while (p < s.size() - 1 && std::isdigit(static_cast<unsigned char>(s[p]))) {
+    for (; p < end && digit(p); ++p) {
       if (v > (std::int64_t(1) << 40)) fail(name, fmt::format("shape '{}' is too large", s));
-      v = v * 10 + (s[p++] - '0');
+      v = v * 10 + (s[p] - '0');
     }
     shape.push_back(v);
+    while (p < end && space(p)) ++p;
+    if (p == end) break;
+    if (s[p] != ',') bad();
+    ++p;
+    while (p < end && space(p)) ++p;
   }
   if (shape.size() > 16) fail(name, fmt::format("shape '{}' has more than 16 dims", s));
   return shape;
@@ -99,9 +110,14 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
   if (fo != "True" && fo != "False") fail(name, fmt::format("bad fortran_order '{}'", fo));
   const Shape shape = parse_shape(dict_value(header, "shape", name), name);
 
-  std::int64_t n = 1;
+  // Elements, and the same product with zero sizes read as 1 (the strides of a view): both
+  // bounded, so no stride computation can overflow, even for an empty array.
+  std::int64_t n = 1, extent = 1;
   for (auto s : shape) {
-    if (s != 0 && n > (std::int64_t(1) << 48) / s) fail(name, "shape is too large");
+    const std::int64_t s1 = std::max<std::int64_t>(s, 1);
+    if (extent > (std::int64_t(1) << 48) / s1)
+      fail(name, fmt::format("shape {} is too large (more than 2^48 elements)", shape_str(shape)));
+    extent *= s1;
     n *= s;
   }
   const std::size_t data_bytes = std::size_t(n) * dtype_size(t);
@@ -110,6 +126,10 @@ Tensor parse_npy(const void* bytes, std::size_t size, const std::string& name) {
     fail(name, fmt::format("truncated data: shape {} needs {} bytes, file has {}", shape_str(shape), data_bytes,
                            size - data_start));
 
+  if (t == dtype::boolean)  // a C++ bool must hold 0 or 1
+    for (std::size_t i = 0; i < data_bytes; ++i)
+      if (b[data_start + i] > 1)
+        fail(name, fmt::format("bool element {} is byte {}, expected 0 or 1", i, int(b[data_start + i])));
   if (fo == "False" || shape.size() < 2) {
     Tensor r = Tensor::empty(shape, t);
     std::memcpy(r.data(), b + data_start, data_bytes);
@@ -157,6 +177,7 @@ void write_npy(const std::string& path, const TensorView& t) {
   f.write(reinterpret_cast<const char*>(pre), 10);
   f.write(header.data(), std::streamsize(header.size()));
   f.write(static_cast<const char*>(c.data()), std::streamsize(std::size_t(c.numel()) * dtype_size(c.type())));
+  f.close();  // flushes: a full disk shows here, not in the destructor
   if (!f) fail(path, "write failed");
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -155,6 +156,9 @@ struct backend_impl {
 const std::vector<const backend_impl*>& backend_registry();
 
 const backend_impl& reference_backend();  // src/reference
+// The reference's forward of some rows only, row = (b·Hq + h)·Nq + i: the front recomputes
+// there the rows a fast backend left non-finite (special values, attention.h).
+void reference_forward_rows(const problem& p, const forward_outputs& o, std::span<const std::int64_t> rows);
 const backend_impl& cpu_backend();        // src/cpu
 
 // The one backend selector, used by every call and by explain_backend. `want` is the caller's
@@ -171,6 +175,11 @@ selection select_backend(const problem& p, const backend_request& req, backend w
 // Everything a problem points into that the front had to allocate.
 struct problem_storage {
   Tensor present_key, present_value;
+  // A float mask with rows beyond ±1024, shifted row by row to a maximum of 0 (softmax is
+  // shift-invariant; -1e30 everywhere then equals no mask), and the shift of query row
+  // (b, h, i) at mask_shift.offset(b, h, i, 0): the front adds it back to the lse.
+  Tensor shifted_mask, shift;
+  strided4 mask_shift;
 };
 
 // An in-place KV cache seen by the front: buffers [B, Hkv, capacity, D|Dv] and the tokens each
@@ -187,6 +196,10 @@ void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, c
 // Checks every argument of an attention call and builds its problem (src/core/attention.cc).
 // Other fronts (src/family) reuse it for the mask, causal, window and padding semantics.
 // `cache`, when given, makes k and v the new tokens appended to it (past_key must be unset).
+// With check_finite: attn::error "<op>: check_finite: <name> holds nan at index [0, 1, 2, 3]"
+// for the first NaN or ±inf of t (-inf allowed when minus_inf_ok, as in a float mask).
+void check_finite(const char* op, const char* name, const TensorView& t, bool minus_inf_ok = false);
+
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention_options& o, const execution& exec, problem_storage& store,
                       const cache_input* cache = nullptr);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <numeric>
 
 #include "attn/error.h"
@@ -94,14 +95,32 @@ std::uint16_t f32_to_f16(float f) {
 std::string shape_str(std::span<const std::int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 namespace {
+// a·b, or attn::error naming `what` when it leaves int64.
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const Shape& shape, const char* what) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw error(fmt::format("tensor: shape {} has more {} than int64 holds", shape_str(shape), what));
+  return r;
+}
 Shape contiguous_strides(const Shape& shape) {
   Shape st(shape.size());
   std::int64_t acc = 1;
   for (int i = int(shape.size()) - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= std::max<std::int64_t>(shape[i], 1);
+    if (i > 0) acc = checked_mul(acc, std::max<std::int64_t>(shape[i], 1), shape, "elements");
   }
   return st;
+}
+// Every element of a view must be addressable: numel and the largest offset fit in int64
+// (a broadcast view of a huge logical shape is refused here, not by a crash later).
+void check_extent(const Shape& shape, const Shape& strides) {
+  std::int64_t n = 1, last = 0;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    n = checked_mul(n, shape[i], shape, "elements");
+    if (shape[i] > 1 && __builtin_add_overflow(last, checked_mul(shape[i] - 1, strides[i], shape, "element offsets"), &last))
+      throw error(fmt::format("tensor: shape {} with strides {} has offsets beyond int64", shape_str(shape),
+                              shape_str(strides)));
+  }
 }
 int norm_dim(int dim, int rank, const char* what) {
   const int d = dim < 0 ? dim + rank : dim;
@@ -122,6 +141,7 @@ TensorView::TensorView(void* data, dtype t, Shape shape, Shape strides)
   }
   for (auto s : strides_)
     if (s < 0) throw error(fmt::format("tensor: negative stride in {}", shape_str(strides_)));
+  check_extent(shape_, strides_);
 }
 
 std::int64_t TensorView::size(int dim) const { return shape_[norm_dim(dim, rank(), "size")]; }
@@ -199,6 +219,9 @@ TensorView TensorView::broadcast_to(const Shape& shape) const {
       throw error(fmt::format("tensor.broadcast_to: cannot broadcast {} to {}", shape_str(shape_), shape_str(shape)));
     }
   }
+  for (auto s : shape)
+    if (s < 0) throw error(fmt::format("tensor.broadcast_to: negative size in shape {}", shape_str(shape)));
+  check_extent(r.shape_, r.strides_);
   return r;
 }
 
@@ -291,9 +314,13 @@ Tensor Tensor::empty(Shape shape, dtype t) {
   std::int64_t n = 1;
   for (auto s : shape) {
     if (s < 0) throw error(fmt::format("tensor: negative size in shape {}", shape_str(shape)));
-    n *= s;
+    n = checked_mul(n, s, shape, "elements");
   }
-  r.storage_ = std::shared_ptr<std::byte[]>(new std::byte[std::size_t(std::max<std::int64_t>(n, 1)) * dtype_size(t)]);
+  const std::int64_t bytes = checked_mul(std::max<std::int64_t>(n, 1), std::int64_t(dtype_size(t)), shape, "bytes");
+  std::byte* mem = new (std::nothrow) std::byte[std::size_t(bytes)];
+  if (!mem)
+    throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
+  r.storage_ = std::shared_ptr<std::byte[]>(mem);
   r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
   return r;
 }

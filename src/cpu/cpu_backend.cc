@@ -57,9 +57,12 @@ struct free_deleter {
 };
 using fbuf = std::unique_ptr<float[], free_deleter>;
 
+// n floats, 64-byte aligned; attn::error naming the size when the memory is not there.
 fbuf alloc_floats(std::int64_t n) {
   const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
-  return fbuf(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  if (!r) fail("attention (cpu)", fmt::format("cannot allocate {} bytes of working memory", bytes));
+  return r;
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -306,10 +309,10 @@ void forward(const problem& p, const forward_outputs& o) {
 
   // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
-    for (std::int64_t x = 0; x < ls.nl; ++x) {
-      const float inv = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+    for (std::int64_t x = 0; x < ls.nl; ++x) {  // l NaN (a NaN score): out NaN, redone by the front
+      const float inv = l[x] > 0.0f || std::isnan(l[x]) ? 1.0f / l[x] : 0.0f;
       store_row(o.out, b, ls.h[x], ls.i[x], p.Dv, ot + x, ls.L, inv);
-      const double lse = l[x] > 0.0f ? double(m[x] + std::log(l[x])) : kNegInf;
+      const double lse = l[x] > 0.0f || std::isnan(l[x]) ? double(m[x] + std::log(l[x])) : kNegInf;
       store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
     }
   };
@@ -376,7 +379,10 @@ void forward(const problem& p, const forward_outputs& o) {
         for (std::int64_t c = 0; c < nchunk; ++c) mx = std::max(mx, pc[c * per + x]);
         l[x] = 0.0f, m[x] = mx;
         for (std::int64_t d = 0; d < p.Dv; ++d) ot[d * L + x] = 0.0f;
-        if (mx == -kInfF) continue;
+        if (mx == -kInfF) {  // no key, or only NaN scores (l NaN): keep the NaN
+          for (std::int64_t c = 0; c < nchunk; ++c) l[x] += pc[c * per + L + x];
+          continue;
+        }
         for (std::int64_t c = 0; c < nchunk; ++c) {
           const float* q = pc + c * per;
           const float w = std::exp(q[x] - mx);

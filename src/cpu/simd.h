@@ -52,9 +52,12 @@ constexpr float kInf = __builtin_inff();
 
 // e^x: n = round(x·log2 e), r = x - n·ln 2 (two-part ln 2), e^r by its Taylor-like minimax
 // polynomial (Cephes expf), times 2^n built in the exponent bits. ≈ 2 ulp; exactly 0 below
-// -87.3, so masked keys (-inf) weigh exactly nothing.
+// -87.3, so masked keys (-inf) weigh exactly nothing. NaN stays NaN (the clamps are written so
+// that a NaN compares false and passes through): a NaN score makes its row NaN, as in the
+// reference, and the front then recomputes that row there (attention.cc).
 inline vf vexp(vf x) {
-  const vf xc = vmax(x, splat(-87.3f)) < splat(88.0f) ? vmax(x, splat(-87.3f)) : splat(88.0f);
+  const vf lo = x < splat(-87.3f) ? splat(-87.3f) : x;
+  const vf xc = lo > splat(88.0f) ? splat(88.0f) : lo;
   const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
   const vf t = xc * splat(1.44269504088896341f) + magic;
   const vf n = t - magic;

@@ -34,6 +34,7 @@ enum class act_kind { identity, tanh, relu, sigmoid };
 
 struct fproblem {
   problem p;  // masks, causal frontier, window, padding and threads (its q/k/v are not used)
+  problem_storage store;  // what p points into (a shifted float mask)
   std::int64_t B = 0, Hq = 0, Hkv = 0, Nq = 0, Nk = 0, Dv = 0;
   std::int64_t Pq = 0, Pk = 0, F = 1;
   std::vector<double> Qp, Kp, V;

@@ -113,8 +113,7 @@ problem build(const char* op, const TensorView& x, const TensorView& W, const ex
   p.K = p.x.cols;
   p.N = W.size(0);
   p.W = as_matrix(W);
-  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
-  p.num_threads = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  p.num_threads = detail::thread_count(op, exec);
   return p;
 }
 

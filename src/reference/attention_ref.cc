@@ -47,49 +47,76 @@ void score_row(const problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
 
 double sink_of(const problem& p, std::int64_t h) { return p.sinks.empty() ? kNegInf : p.sinks[std::size_t(h)]; }
 
-void forward(const problem& p, const forward_outputs& o) {
+// The softmax of one row of scores s (-inf: key excluded): fills prob and returns
+// lse = log(Σ_j exp(s_j) + exp(sink)), computed around the row maximum. Special values
+// (attention.h): a NaN or +inf among the kept scores has no softmax, so lse and every kept
+// probability are NaN; with no key kept, lse = -inf and every probability 0.
+double row_softmax(const problem& p, std::int64_t h, const std::vector<double>& s, std::vector<double>& prob) {
+  std::fill(prob.begin(), prob.end(), 0.0);
+  double m = sink_of(p, h);
+  bool nan_row = false;
+  for (double x : s) {
+    if (std::isnan(x) || x == -kNegInf) nan_row = true;
+    else m = std::max(m, x);
+  }
+  if (nan_row) {
+    for (std::size_t j = 0; j < s.size(); ++j)
+      if (s[j] != kNegInf) prob[j] = std::numeric_limits<double>::quiet_NaN();
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (m == kNegInf) return kNegInf;  // fully masked row
+  double sum = p.sinks.empty() ? 0.0 : std::exp(sink_of(p, h) - m);
+  for (double x : s) sum += std::exp(x - m);
+  const double lse = m + std::log(sum);
+  for (std::size_t j = 0; j < s.size(); ++j)
+    if (s[j] != kNegInf) prob[j] = std::exp(s[j] - lse);
+  return lse;
+}
+
+// Row i of head h in batch b (q: its float64 query; K, V: its key/value head as float64 rows):
+// out, lse and the requested intermediate.
+struct row_buffers {
   row_scores r;
-  std::vector<double> prob(std::size_t(p.Nk)), acc(std::size_t(p.Dv));
+  std::vector<double> prob, acc;
+  explicit row_buffers(const problem& p) : prob(std::size_t(p.Nk)), acc(std::size_t(p.Dv)) {}
+};
+
+void forward_row(const problem& p, const forward_outputs& o, std::int64_t b, std::int64_t h, std::int64_t i,
+                 const double* q, const std::vector<double>& K, const std::vector<double>& V, row_buffers& w) {
+  score_row(p, b, h, i, q, K, w.r);
+  const double lse = row_softmax(p, h, w.r.s, w.prob);
+  std::fill(w.acc.begin(), w.acc.end(), std::isnan(lse) ? lse : 0.0);
+  for (std::int64_t j = 0; j < p.Nk && !std::isnan(lse); ++j) {
+    if (w.r.s[std::size_t(j)] == kNegInf) continue;  // excluded: its value is never read
+    const double pj = w.prob[std::size_t(j)];
+    for (std::int64_t d = 0; d < p.Dv; ++d) w.acc[std::size_t(d)] += pj * V[std::size_t(j * p.Dv + d)];
+  }
+  for (std::int64_t d = 0; d < p.Dv; ++d) o.out.store(b, h, i, d, w.acc[std::size_t(d)]);
+  store_from_double(o.lse, o.lse_type, (b * p.Hq + h) * p.Nq + i, lse);
+  if (o.qk_mode != qk_output::none) {
+    const std::vector<double>& src = o.qk_mode == qk_output::scaled       ? w.r.x
+                                     : o.qk_mode == qk_output::softcapped ? w.r.c
+                                     : o.qk_mode == qk_output::biased     ? w.r.s
+                                                                          : w.prob;
+    for (std::int64_t j = 0; j < p.Nk; ++j) o.qk.store(b, h, i, j, src[std::size_t(j)]);
+  }
+}
+
+void forward(const problem& p, const forward_outputs& o) {
+  row_buffers w(p);
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
       const std::vector<double> K = gather(p.k, b, hk, p.Nk, p.D);
       const std::vector<double> V = gather(p.v, b, hk, p.Nk, p.Dv);
       for (std::int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
         const std::vector<double> Q = gather(p.q, b, h, p.Nq, p.D);
-        for (std::int64_t i = 0; i < p.Nq; ++i) {
-          score_row(p, b, h, i, Q.data() + i * p.D, K, r);
-          // lse = log(Σ_j exp(s_j) + exp(sink)), computed around the row maximum.
-          double m = sink_of(p, h);
-          for (double s : r.s) m = std::max(m, s);
-          double lse = kNegInf;
-          std::fill(prob.begin(), prob.end(), 0.0);
-          std::fill(acc.begin(), acc.end(), 0.0);
-          if (m != kNegInf) {  // else: fully masked row -> out 0, lse -inf, probabilities 0
-            double sum = p.sinks.empty() ? 0.0 : std::exp(sink_of(p, h) - m);
-            for (std::int64_t j = 0; j < p.Nk; ++j) sum += std::exp(r.s[std::size_t(j)] - m);
-            lse = m + std::log(sum);
-            for (std::int64_t j = 0; j < p.Nk; ++j) {
-              const double pj = std::exp(r.s[std::size_t(j)] - lse);
-              prob[std::size_t(j)] = pj;
-              for (std::int64_t d = 0; d < p.Dv; ++d) acc[std::size_t(d)] += pj * V[std::size_t(j * p.Dv + d)];
-            }
-          }
-          for (std::int64_t d = 0; d < p.Dv; ++d) o.out.store(b, h, i, d, acc[std::size_t(d)]);
-          store_from_double(o.lse, o.lse_type, (b * p.Hq + h) * p.Nq + i, lse);
-          if (o.qk_mode != qk_output::none) {
-            const std::vector<double>& src = o.qk_mode == qk_output::scaled       ? r.x
-                                             : o.qk_mode == qk_output::softcapped ? r.c
-                                             : o.qk_mode == qk_output::biased     ? r.s
-                                                                                  : prob;
-            for (std::int64_t j = 0; j < p.Nk; ++j) o.qk.store(b, h, i, j, src[std::size_t(j)]);
-          }
-        }
+        for (std::int64_t i = 0; i < p.Nq; ++i) forward_row(p, o, b, h, i, Q.data() + i * p.D, K, V, w);
       }
     }
   }
 }
 
-// Backward of one row, from the saved lse (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
+// Backward of one row, from its recomputed float64 lse (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
 //   p_j  = exp(s_j - lse)                      dp_j = dO_i·v_j
 //   ds_j = p_j (dp_j - Δ_i)                    -> dmask_j, dalibi (-|pos_i - j|)
 //   dx_j = ds_j (1 - (c_j/softcap)²)           (softcap' ; 1 without softcap)
@@ -97,7 +124,7 @@ void forward(const problem& p, const forward_outputs& o) {
 //   dsink_h -= exp(sink_h - lse) Δ_i
 void backward(const problem& p, const backward_io& io) {
   row_scores r;
-  std::vector<double> dq(std::size_t(p.D)), dO(std::size_t(p.Dv));
+  std::vector<double> dq(std::size_t(p.D)), dO(std::size_t(p.Dv)), prob(std::size_t(p.Nk)), dp(std::size_t(p.Nk));
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
       const std::vector<double> K = gather(p.k, b, hk, p.Nk, p.D);
@@ -107,24 +134,25 @@ void backward(const problem& p, const backward_io& io) {
         const std::vector<double> Q = gather(p.q, b, h, p.Nq, p.D);
         for (std::int64_t i = 0; i < p.Nq; ++i) {
           std::fill(dq.begin(), dq.end(), 0.0);
-          const double lse = load_as_double(io.lse, io.lse_type, (b * p.Hq + h) * p.Nq + i);
+          const double* q = Q.data() + i * p.D;
+          score_row(p, b, h, i, q, K, r);
+          // The row's own float64 lse, recomputed: the saved one (float32 for float32 inputs)
+          // would limit the oracle to float32's precision of s - lse.
+          const double lse = row_softmax(p, h, r.s, prob);
           if (lse != kNegInf) {
-            const double* q = Q.data() + i * p.D;
-            score_row(p, b, h, i, q, K, r);
             for (std::int64_t d = 0; d < p.Dv; ++d) dO[std::size_t(d)] = io.dout.load(b, h, i, d);
-            std::vector<double> prob(std::size_t(p.Nk)), dp(std::size_t(p.Nk));
             double delta = 0.0;
             for (std::int64_t j = 0; j < p.Nk; ++j) {
-              const double pj = std::exp(r.s[std::size_t(j)] - lse);
+              if (r.s[std::size_t(j)] == kNegInf) continue;  // excluded key: no gradient
+              const double pj = prob[std::size_t(j)];
               double dpj = 0.0;
               for (std::int64_t d = 0; d < p.Dv; ++d) dpj += dO[std::size_t(d)] * V[std::size_t(j * p.Dv + d)];
-              prob[std::size_t(j)] = pj;
               dp[std::size_t(j)] = dpj;
               delta += pj * dpj;
             }
             for (std::int64_t j = 0; j < p.Nk; ++j) {
               const double pj = prob[std::size_t(j)];
-              if (pj == 0.0) continue;
+              if (r.s[std::size_t(j)] == kNegInf || pj == 0.0) continue;
               const double ds = pj * (dp[std::size_t(j)] - delta);
               if (io.dmask.data) static_cast<double*>(io.dmask.data)[io.dmask.offset(b, h, i, j)] += ds;
               if (io.dalibi) io.dalibi[b * p.Hq + h] -= ds * double(std::abs(p.query_pos(b, i) - j));
@@ -156,6 +184,18 @@ std::string always(const problem&, const backend_request&) { return {}; }
 std::string path(const problem&, const backend_request&) { return "float64, one query row at a time"; }
 
 }  // namespace
+
+void reference_forward_rows(const problem& p, const forward_outputs& o, std::span<const std::int64_t> rows) {
+  row_buffers w(p);
+  std::vector<double> q(std::size_t(p.D));
+  for (const std::int64_t row : rows) {
+    const std::int64_t i = row % p.Nq, h = row / p.Nq % p.Hq, b = row / p.Nq / p.Hq;
+    const std::vector<double> K = gather(p.k, b, h / p.group(), p.Nk, p.D);
+    const std::vector<double> V = gather(p.v, b, h / p.group(), p.Nk, p.Dv);
+    for (std::int64_t d = 0; d < p.D; ++d) q[std::size_t(d)] = p.q.load(b, h, i, d);
+    forward_row(p, o, b, h, i, q.data(), K, V, w);
+  }
+}
 
 const backend_impl& reference_backend() {
   static const backend_impl impl{backend::reference, always, path, forward, backward};

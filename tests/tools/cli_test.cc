@@ -157,5 +157,61 @@ TEST(Cli, BadInputExitsWithStatus2AndAMessage) {
   EXPECT_EQ(sh("run --help").code, 0);
 }
 
+// Issue 14: no output is lost without a word, no argument crashes the tool.
+TEST(Cli, EveryOutputWriteIsChecked) {
+  const fs::path d = scratch("full");
+  std::mt19937 rng(5);
+  for (const char* n : {"q", "dout"}) write_npy((d / (std::string(n) + ".npy")).string(), testing::random_tensor({1, 2, 3, 4}, dtype::f32, rng));
+  const std::string in = " --q " + (d / "q.npy").string() + " --k " + (d / "q.npy").string() + " --v " + (d / "q.npy").string();
+  const std::string out = " --out " + (d / "o.npy").string();
+  for (const std::string flag : {"--lse", "--dq", "--dv"}) {
+    const auto r = sh("run" + in + out + " --dout " + (d / "dout.npy").string() + " " + flag + " /dev/full");
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_NE(r.out.find("npy: /dev/full: write failed"), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, OnePathForTwoFilesIsRefusedNamingBoth) {
+  const fs::path d = scratch("paths");
+  const std::string qf = (d / "q.npy").string(), kf = (d / "k.npy").string();
+  std::mt19937 rng(6);
+  write_npy(qf, testing::random_tensor({1, 2, 3, 4}, dtype::f32, rng));
+  write_npy(kf, testing::random_tensor({1, 2, 3, 4}, dtype::f32, rng));
+  const std::string in = " --q " + qf + " --k " + kf + " --v " + kf;
+  auto r = sh("run" + in + " --out " + (d / "o.npy").string() + " --lse " + (d / "." / "o.npy").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn run: --out and --lse both write"), std::string::npos) << r.out;
+  r = sh("run" + in + " --out " + qf);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn run: --out would overwrite the input --q"), std::string::npos) << r.out;
+  r = sh("run" + in + " --out " + (d / "o.npy").string() + " --dout " + qf + " --dq " + (d / ".." / d.filename() / "k.npy").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn run: --dq would overwrite the input --k"), std::string::npos) << r.out;
+  EXPECT_EQ(read_npy(qf).shape(), (Shape{1, 2, 3, 4}));  // untouched
+}
+
+TEST(Cli, IntegersBeyondInt64AndHugeThreadCounts) {
+  const fs::path d = scratch("ints");
+  const std::string qf = (d / "q.npy").string();
+  std::mt19937 rng(7);
+  write_npy(qf, testing::random_tensor({1, 2, 3, 4}, dtype::f32, rng));
+  const std::string run = "run --q " + qf + " --k " + qf + " --v " + qf + " --out " + (d / "o.npy").string();
+  for (const char* arg : {"--window-left 99999999999999999999999", "--window-right -99999999999999999999999",
+                          "--q-num-heads 9223372036854775808"}) {
+    const auto r = sh(run + " " + arg);
+    EXPECT_EQ(r.code, 2) << arg;
+    EXPECT_NE(r.out.find("is beyond int64"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(sh(run + " --window-left 9223372036854775807").code, 0);
+  for (const char* t : {"100000", "2147483647"}) {
+    const auto r = sh(run + " --threads " + t);
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+  const auto r = sh("bench --nq 100000000000 --nk 100000000000 --d 64 --reps 1 --warmup 0 --peers none --threads 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out.find("bad_alloc"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cannot allocate"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace attn

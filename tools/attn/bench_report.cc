@@ -134,6 +134,7 @@ void report::emit(const row& r) {
   }
   csv_ << "\n";
   csv_.flush();
+  if (!csv_) throw error("attn bench: writing the --csv file failed (disk full?)");
 }
 
 void report::skipped(int threads, const std::string& impl, const std::string& why) const {

@@ -10,6 +10,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -44,6 +45,42 @@ dtype parse_dtype(const std::string& s) {
                                                  {"float16", dtype::f16}, {"bf16", dtype::bf16}, {"bfloat16", dtype::bf16},
                                                  {"f64", dtype::f64},  {"float64", dtype::f64}};
   return m.at(s);
+}
+
+using named_path = std::pair<const char*, const std::string*>;
+
+// Two outputs on one file, or an output over an input, would lose data without a word: both
+// are refused, naming the two options. Paths are compared after resolving ".", ".." and links.
+void check_paths(const run_args& a) {
+  const named_path inputs[] = {{"--q", &a.q},         {"--k", &a.k},       {"--v", &a.v},
+                               {"--mask", &a.mask},   {"--past-key", &a.past_key}, {"--past-value", &a.past_value},
+                               {"--nonpad-kv-seqlen", &a.nonpad}, {"--alibi-slopes", &a.alibi},
+                               {"--sinks", &a.sinks}, {"--dout", &a.dout}, {"--W", &a.W}, {"--b", &a.b},
+                               {"--W-q", &a.W_q},     {"--W-k", &a.W_k},   {"--w-v", &a.w_v}, {"--W-a", &a.W_a}};
+  const named_path outputs[] = {{"--out", &a.out},     {"--lse", &a.lse},       {"--probs", &a.probs},
+                                {"--probs-png", &a.probs_png},
+                                {"--qk", &a.qk},       {"--present-key", &a.present_key},
+                                {"--present-value", &a.present_value}, {"--dq", &a.dq}, {"--dk", &a.dk},
+                                {"--dv", &a.dv},       {"--dmask", &a.dmask},   {"--dalibi", &a.dalibi},
+                                {"--dsinks", &a.dsinks}, {"--dW", &a.dW},       {"--db", &a.db},
+                                {"--dW-q", &a.dW_q},   {"--dW-k", &a.dW_k},     {"--dw-v", &a.dw_v},
+                                {"--dW-a", &a.dW_a}};
+  auto resolved = [](const std::string& p) {
+    std::error_code ec;
+    const std::filesystem::path r = std::filesystem::weakly_canonical(p, ec);
+    return ec ? std::filesystem::path(p).lexically_normal() : r;
+  };
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    const auto [out, path] = outputs[i];
+    if (path->empty()) continue;
+    const std::filesystem::path r = resolved(*path);
+    for (std::size_t j = 0; j < i; ++j)
+      if (!outputs[j].second->empty() && resolved(*outputs[j].second) == r)
+        throw error(fmt::format("attn run: {} and {} both write {}", outputs[j].first, out, *path));
+    for (const auto& [in, in_path] : inputs)
+      if (!in_path->empty() && resolved(*in_path) == r)
+        throw error(fmt::format("attn run: {} would overwrite the input {} ({})", out, in, *path));
+  }
 }
 
 void write_if(const std::string& path, const Tensor& t, const char* what) {
@@ -156,6 +193,7 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
 }
 
 int run(const run_args& a) {
+  check_paths(a);
   parse_probs_head(a);  // a bad --probs-head stops the run before any work
   Tensor q = read_npy(a.q), k = read_npy(a.k), v = read_npy(a.v);
   if (a.dtype_name != "input") {
