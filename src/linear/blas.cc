@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <vector>
@@ -90,10 +89,9 @@ const library& lib() {
   return l;
 }
 
-void use_threads(int n) {
-  static std::atomic<int> current{-1};
-  if (current.exchange(n) != n) lib().set_threads(n);
-}
+// OpenBLAS runs single-threaded inside attn's OpenMP threads (see gemm below). Set on every
+// call (a store when unchanged): another user of the library in this process may change it.
+void use_one_thread() { lib().set_threads(1); }
 
 // ---- operands ----
 
@@ -154,13 +152,34 @@ operand<T> as_operand(const matrix& a, bool transpose, std::vector<T>& buf) {
   return {buf.data(), int(rmin), transpose ? kTrans : kNoTrans};
 }
 
-// C [m, n] (contiguous, ldc = n) = op(A) [m, k] · op(B) [k, n] + beta · C.
+// C [m, n] (ldc = ldc) = op(A) [m, k] · op(B) [k, n] + beta · C, on the calling thread.
 template <class T>
-void gemm(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c) {
+void gemm_serial(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c, int ldc) {
   if constexpr (sizeof(T) == 4)
-    lib().sgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, beta, c, std::max(1, n));
+    lib().sgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, beta, c, ldc);
   else
-    lib().dgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0, a.data, a.ld, b.data, b.ld, beta, c, std::max(1, n));
+    lib().dgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0, a.data, a.ld, b.data, b.ld, beta, c, ldc);
+}
+
+// Rows of C below which a block is not worth a thread.
+constexpr int kMinRowsPerThread = 32;
+
+// C [m, n] (contiguous, ldc = n) = op(A) [m, k] · op(B) [k, n] + beta · C, on `threads` of
+// attn's OpenMP threads, each running a single-threaded OpenBLAS on one block of C's rows (row
+// r0 of op(A) is A + r0·lda untransposed, A + r0 transposed). One pool of threads for the whole
+// program: OpenBLAS's own pthreads would contend with the OpenMP workers of the ops before and
+// after (both spin while idle), which on a machine with as many threads as cores costs more
+// than the GEMM gains. The row split depends on m and `threads` only.
+template <class T>
+void gemm(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c, int threads) {
+  const int blocks = std::max(1, std::min(threads, m / kMinRowsPerThread));
+  const int ldc = std::max(1, n);
+#pragma omp parallel for num_threads(blocks) schedule(static) if (blocks > 1)
+  for (int i = 0; i < blocks; ++i) {
+    const int r0 = int(std::int64_t(m) * i / blocks), r1 = int(std::int64_t(m) * (i + 1) / blocks);
+    const operand<T> ai{a.data + (a.trans == kNoTrans ? std::int64_t(r0) * a.ld : r0), a.ld, a.trans};
+    gemm_serial<T>(r1 - r0, n, k, ai, b, beta, c + std::int64_t(r0) * ldc, ldc);
+  }
 }
 
 // An output [rows, cols] in compute type T: the output itself when its dtype is T (outputs are
@@ -199,7 +218,8 @@ void forward_as(const problem& p) {
   if (p.M > 0 && p.N > 0 && p.K > 0) {
     std::vector<T> xb, wb;
     // y [M, N] = x [M, K] · Wᵀ [K, N]
-    gemm<T>(int(p.M), int(p.N), int(p.K), as_operand<T>(p.x, false, xb), as_operand<T>(p.W, true, wb), T(1), y.data);
+    gemm<T>(int(p.M), int(p.N), int(p.K), as_operand<T>(p.x, false, xb), as_operand<T>(p.W, true, wb), T(1), y.data,
+            p.num_threads);
   }
   y.finish();
 }
@@ -213,7 +233,7 @@ void backward_as(const problem& p) {
     output<T> dx(p.dx);
     std::fill(dx.data, dx.data + p.M * p.K, T(0));
     // dx [M, K] = dy [M, N] · W [N, K]
-    if (any) gemm<T>(int(p.M), int(p.K), int(p.N), dy, as_operand<T>(p.W, false, wb), T(0), dx.data);
+    if (any) gemm<T>(int(p.M), int(p.K), int(p.N), dy, as_operand<T>(p.W, false, wb), T(0), dx.data, p.num_threads);
     dx.finish();
   }
   if (p.dW.data) {
@@ -222,7 +242,7 @@ void backward_as(const problem& p) {
     // dW [N, K] = dyᵀ [N, M] · x [M, K]
     if (any) {
       const operand<T> dyt{dy.data, dy.ld, dy.trans == kNoTrans ? kTrans : kNoTrans};
-      gemm<T>(int(p.N), int(p.K), int(p.M), dyt, as_operand<T>(p.x, false, xb), T(0), dW.data);
+      gemm<T>(int(p.N), int(p.K), int(p.M), dyt, as_operand<T>(p.x, false, xb), T(0), dW.data, p.num_threads);
     }
     dW.finish();
   }
@@ -241,7 +261,7 @@ const std::string& why_not() { return lib().why_not; }
 const std::string& describe() { return lib().describe; }
 
 void forward(const problem& p) {
-  use_threads(p.num_threads);
+  use_one_thread();
   if (p.type == dtype::f64)
     forward_as<double>(p);
   else
@@ -249,7 +269,7 @@ void forward(const problem& p) {
 }
 
 void backward(const problem& p) {
-  use_threads(p.num_threads);
+  use_one_thread();
   if (p.type == dtype::f64)
     backward_as<double>(p);
   else
