@@ -161,8 +161,11 @@ void gemm_serial(int m, int n, int k, const operand<T>& a, const operand<T>& b, 
     lib().dgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0, a.data, a.ld, b.data, b.ld, beta, c, ldc);
 }
 
-// Rows of C below which a block is not worth a thread.
+// A thread gets at least this many rows of C and this many flops (≈ 50 µs): a smaller GEMM runs
+// on the calling thread alone, as waking a second one costs more than it saves (much more on a
+// machine with more runnable threads than cores, where the wake-up waits for a time slice).
 constexpr int kMinRowsPerThread = 32;
+constexpr double kMinFlopsPerThread = double(1 << 23);
 
 // C [m, n] (contiguous, ldc = n) = op(A) [m, k] · op(B) [k, n] + beta · C, on `threads` of
 // attn's OpenMP threads, each running a single-threaded OpenBLAS on one block of C's rows (row
@@ -172,7 +175,8 @@ constexpr int kMinRowsPerThread = 32;
 // than the GEMM gains. The row split depends on m and `threads` only.
 template <class T>
 void gemm(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c, int threads) {
-  const int blocks = std::max(1, std::min(threads, m / kMinRowsPerThread));
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const int blocks = std::max(1, std::min({threads, m / kMinRowsPerThread, int(flops / kMinFlopsPerThread)}));
   const int ldc = std::max(1, n);
 #pragma omp parallel for num_threads(blocks) schedule(static) if (blocks > 1)
   for (int i = 0; i < blocks; ++i) {
@@ -247,10 +251,18 @@ void backward_as(const problem& p) {
     dW.finish();
   }
   if (p.db.data) {
-    // db [N] = Σ_m dy [m, :], summed in double (O(M N), beside the GEMMs' O(M N K)).
+    // db [N] = Σ_m dy [m, :], summed in double (O(M N), beside the GEMMs' O(M N K)); the rows of
+    // the row-major GEMM operand are read directly, a column-major dy element by element.
     std::vector<double> s(std::size_t(p.N), 0.0);
-    for (std::int64_t m = 0; m < p.M; ++m)
-      for (std::int64_t n = 0; n < p.N; ++n) s[std::size_t(n)] += p.dy.load(m, n);
+    if (any && dy.trans == kNoTrans) {
+      for (std::int64_t m = 0; m < p.M; ++m) {
+        const T* row = dy.data + m * dy.ld;
+        for (std::int64_t n = 0; n < p.N; ++n) s[std::size_t(n)] += double(row[n]);
+      }
+    } else {
+      for (std::int64_t m = 0; m < p.M; ++m)
+        for (std::int64_t n = 0; n < p.N; ++n) s[std::size_t(n)] += p.dy.load(m, n);
+    }
     for (std::int64_t n = 0; n < p.N; ++n) p.db.store(n, s[std::size_t(n)]);
   }
 }

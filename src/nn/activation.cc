@@ -77,7 +77,7 @@ Tensor activate(activation a, const Tensor& x) {
     const auto& k = attn::detail::cpu::select_rowwise();
     const float* xp = detail::ptr<float>(x);
     float* yp = detail::ptr<float>(y);
-    constexpr std::int64_t kChunk = 1 << 14;  // elements per task
+    constexpr std::int64_t kChunk = 1 << 15;  // elements per task
     const std::int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (std::int64_t c = 0; c < chunks; ++c) k.gelu(xp + c * kChunk, yp + c * kChunk, std::min(kChunk, n - c * kChunk));

@@ -63,7 +63,7 @@ Tensor LayerNorm::forward(const Tensor& x, const Tensor& residual) const {
     const float *xp = detail::ptr<float>(x), *w = detail::ptr<float>(weight), *b = detail::ptr<float>(bias);
     const float* rp = residual.defined() ? detail::ptr<float>(residual) : nullptr;
     float* yp = detail::ptr<float>(y);
-#pragma omp parallel for schedule(static) if (M * C >= (1 << 14))
+#pragma omp parallel for schedule(static) if (M * C >= (1 << 16))
     for (std::int64_t m = 0; m < M; ++m)
       k.layer_norm(xp + m * C, rp ? rp + m * C : nullptr, w, b, yp + m * C, C, float(eps));
     return y;
