@@ -2,7 +2,7 @@
 bf16 attention) beside sentence-transformers on PyTorch, in one run, alternating, batch 32,
 2 threads; attn's --profile says where its time goes.
 
-usage: python bench/embed_bench.py [ATTN_BINARY] [--rounds 3]
+usage: python bench/embed_bench.py [ATTN_BINARY] [--rounds 3] [--sentences 1000]
 (run with the venv of scripts/python-env.sh: ~/.cache/attn-venv/bin/python)
 """
 import argparse
@@ -24,9 +24,10 @@ def main():
     ap.add_argument("attn", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "build", "release",
                                                              "tools", "attn", "attn"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sentences", type=int, default=1000, help="fewer for a quick look; figures use 1000")
     a = ap.parse_args()
     model = test_models.model_dir()
-    lines = test_models.sentences(1000)
+    lines = test_models.sentences(a.sentences)
     path = "/tmp/attn_embed_bench.txt"
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

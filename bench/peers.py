@@ -5,6 +5,9 @@
   torch_sdpa           torch.nn.functional.scaled_dot_product_attention, forward and backward
   ggml_flash_attn_ext  ggml's fused CPU attention through ggml-python, forward only (ggml has
                        no backward for it)
+  torch_mha            torch.nn.MultiheadAttention (batch_first, biases) forward + backward
+                       into x, for `attn bench --layer mha`: the configuration's B, Hq, Nq, D
+                       are the layer's B, heads, N and head size (E = Hq·D)
 
 Protocol (`attn bench` is the other end; replies are tab-separated lines closed by "done"):
   start:    "peer\t<impl>\t<version>" or "skip\t<impl>\t<why>" per peer, then "ready"
@@ -100,6 +103,32 @@ class TorchPeer:
         return (lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)), detail, None
 
 
+class TorchMhaPeer:
+    impl = "torch_mha"
+
+    def __init__(self):
+        import torch  # noqa: PLC0415 - optional
+
+        self.torch = torch
+        self.version = TorchPeer().version
+
+    def prepare(self, c):
+        torch = self.torch
+        torch.set_num_threads(c.threads)
+        torch.manual_seed(1)
+        E = c.Hq * c.D
+        mha = torch.nn.MultiheadAttention(E, c.Hq, batch_first=True)
+        x = torch.rand(c.B, c.Nq, E).mul_(2).sub_(1).requires_grad_(True)
+        dy = torch.rand(c.B, c.Nq, E).mul_(2).sub_(1)
+
+        def call():
+            y, _ = mha(x, x, x, need_weights=False)
+            y.backward(dy)
+            x.grad = None
+            mha.zero_grad(set_to_none=False)
+        return call, f"{self.version}, nn.MultiheadAttention E {E} H {c.Hq}", None
+
+
 # ---- ggml -------------------------------------------------------------------------------------
 
 class GgmlPeer:
@@ -178,10 +207,10 @@ class GgmlPeer:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peers", default="torch,ggml", help="comma-separated: torch, ggml")
+    ap.add_argument("--peers", default="torch,ggml", help="comma-separated: torch, ggml, torch_mha")
     args = ap.parse_args()
     peers = []
-    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer)):
+    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer), ("torch_mha", TorchMhaPeer)):
         if name not in args.peers.split(","):
             continue
         try:

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "cpu/kernels.h"
+#include "cpu/rowwise.h"
 
 namespace attn::detail::cpu {
 namespace {
@@ -27,6 +28,16 @@ int detected_level() {
   return level;
 }
 
+// The detected level, capped by ATTN_CPU_ISA.
+int capped_level() {
+  int level = detected_level();
+  if (const char* env = std::getenv("ATTN_CPU_ISA"); env && *env) {
+    for (int i = 0; i < 4; ++i)
+      if (std::strcmp(env, kLevels[i]) == 0 && i < level) level = i;
+  }
+  return level;
+}
+
 }  // namespace
 
 const char* const* available_isas(int* count) {
@@ -35,16 +46,21 @@ const char* const* available_isas(int* count) {
 }
 
 const kernel_table& select_kernels() {
-  int level = detected_level();
-  if (const char* env = std::getenv("ATTN_CPU_ISA"); env && *env) {
-    for (int i = 0; i < 4; ++i)
-      if (std::strcmp(env, kLevels[i]) == 0 && i < level) level = i;
-  }
-  switch (level) {
+  switch (capped_level()) {
     case 3: return kernels_avx512bf16();
     case 2: return kernels_avx512();
     case 1: return kernels_avx2();
     default: return kernels_generic();
+  }
+}
+
+// The row-wise kernels have no bf16 dot product to use: avx512bf16 runs the avx512 ones.
+const rowwise_table& select_rowwise() {
+  switch (capped_level()) {
+    case 3:
+    case 2: return rowwise_avx512();
+    case 1: return rowwise_avx2();
+    default: return rowwise_generic();
   }
 }
 

@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <vector>
@@ -90,10 +89,9 @@ const library& lib() {
   return l;
 }
 
-void use_threads(int n) {
-  static std::atomic<int> current{-1};
-  if (current.exchange(n) != n) lib().set_threads(n);
-}
+// OpenBLAS runs single-threaded inside attn's OpenMP threads (see gemm below). Set on every
+// call (a store when unchanged): another user of the library in this process may change it.
+void use_one_thread() { lib().set_threads(1); }
 
 // ---- operands ----
 
@@ -154,13 +152,38 @@ operand<T> as_operand(const matrix& a, bool transpose, std::vector<T>& buf) {
   return {buf.data(), int(rmin), transpose ? kTrans : kNoTrans};
 }
 
-// C [m, n] (contiguous, ldc = n) = op(A) [m, k] · op(B) [k, n] + beta · C.
+// C [m, n] (ldc = ldc) = op(A) [m, k] · op(B) [k, n] + beta · C, on the calling thread.
 template <class T>
-void gemm(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c) {
+void gemm_serial(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c, int ldc) {
   if constexpr (sizeof(T) == 4)
-    lib().sgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, beta, c, std::max(1, n));
+    lib().sgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0f, a.data, a.ld, b.data, b.ld, beta, c, ldc);
   else
-    lib().dgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0, a.data, a.ld, b.data, b.ld, beta, c, std::max(1, n));
+    lib().dgemm(kRowMajor, a.trans, b.trans, m, n, k, 1.0, a.data, a.ld, b.data, b.ld, beta, c, ldc);
+}
+
+// A thread gets at least this many rows of C and this many flops (≈ 50 µs): a smaller GEMM runs
+// on the calling thread alone, as waking a second one costs more than it saves (much more on a
+// machine with more runnable threads than cores, where the wake-up waits for a time slice).
+constexpr int kMinRowsPerThread = 32;
+constexpr double kMinFlopsPerThread = double(1 << 23);
+
+// C [m, n] (contiguous, ldc = n) = op(A) [m, k] · op(B) [k, n] + beta · C, on `threads` of
+// attn's OpenMP threads, each running a single-threaded OpenBLAS on one block of C's rows (row
+// r0 of op(A) is A + r0·lda untransposed, A + r0 transposed). One pool of threads for the whole
+// program: OpenBLAS's own pthreads would contend with the OpenMP workers of the ops before and
+// after (both spin while idle), which on a machine with as many threads as cores costs more
+// than the GEMM gains. The row split depends on m and `threads` only.
+template <class T>
+void gemm(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta, T* c, int threads) {
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const int blocks = std::max(1, std::min({threads, m / kMinRowsPerThread, int(flops / kMinFlopsPerThread)}));
+  const int ldc = std::max(1, n);
+#pragma omp parallel for num_threads(blocks) schedule(static) if (blocks > 1)
+  for (int i = 0; i < blocks; ++i) {
+    const int r0 = int(std::int64_t(m) * i / blocks), r1 = int(std::int64_t(m) * (i + 1) / blocks);
+    const operand<T> ai{a.data + (a.trans == kNoTrans ? std::int64_t(r0) * a.ld : r0), a.ld, a.trans};
+    gemm_serial<T>(r1 - r0, n, k, ai, b, beta, c + std::int64_t(r0) * ldc, ldc);
+  }
 }
 
 // An output [rows, cols] in compute type T: the output itself when its dtype is T (outputs are
@@ -199,7 +222,8 @@ void forward_as(const problem& p) {
   if (p.M > 0 && p.N > 0 && p.K > 0) {
     std::vector<T> xb, wb;
     // y [M, N] = x [M, K] · Wᵀ [K, N]
-    gemm<T>(int(p.M), int(p.N), int(p.K), as_operand<T>(p.x, false, xb), as_operand<T>(p.W, true, wb), T(1), y.data);
+    gemm<T>(int(p.M), int(p.N), int(p.K), as_operand<T>(p.x, false, xb), as_operand<T>(p.W, true, wb), T(1), y.data,
+            p.num_threads);
   }
   y.finish();
 }
@@ -213,7 +237,7 @@ void backward_as(const problem& p) {
     output<T> dx(p.dx);
     std::fill(dx.data, dx.data + p.M * p.K, T(0));
     // dx [M, K] = dy [M, N] · W [N, K]
-    if (any) gemm<T>(int(p.M), int(p.K), int(p.N), dy, as_operand<T>(p.W, false, wb), T(0), dx.data);
+    if (any) gemm<T>(int(p.M), int(p.K), int(p.N), dy, as_operand<T>(p.W, false, wb), T(0), dx.data, p.num_threads);
     dx.finish();
   }
   if (p.dW.data) {
@@ -222,15 +246,23 @@ void backward_as(const problem& p) {
     // dW [N, K] = dyᵀ [N, M] · x [M, K]
     if (any) {
       const operand<T> dyt{dy.data, dy.ld, dy.trans == kNoTrans ? kTrans : kNoTrans};
-      gemm<T>(int(p.N), int(p.K), int(p.M), dyt, as_operand<T>(p.x, false, xb), T(0), dW.data);
+      gemm<T>(int(p.N), int(p.K), int(p.M), dyt, as_operand<T>(p.x, false, xb), T(0), dW.data, p.num_threads);
     }
     dW.finish();
   }
   if (p.db.data) {
-    // db [N] = Σ_m dy [m, :], summed in double (O(M N), beside the GEMMs' O(M N K)).
+    // db [N] = Σ_m dy [m, :], summed in double (O(M N), beside the GEMMs' O(M N K)); the rows of
+    // the row-major GEMM operand are read directly, a column-major dy element by element.
     std::vector<double> s(std::size_t(p.N), 0.0);
-    for (std::int64_t m = 0; m < p.M; ++m)
-      for (std::int64_t n = 0; n < p.N; ++n) s[std::size_t(n)] += p.dy.load(m, n);
+    if (any && dy.trans == kNoTrans) {
+      for (std::int64_t m = 0; m < p.M; ++m) {
+        const T* row = dy.data + m * dy.ld;
+        for (std::int64_t n = 0; n < p.N; ++n) s[std::size_t(n)] += double(row[n]);
+      }
+    } else {
+      for (std::int64_t m = 0; m < p.M; ++m)
+        for (std::int64_t n = 0; n < p.N; ++n) s[std::size_t(n)] += p.dy.load(m, n);
+    }
     for (std::int64_t n = 0; n < p.N; ++n) p.db.store(n, s[std::size_t(n)]);
   }
 }
@@ -241,7 +273,7 @@ const std::string& why_not() { return lib().why_not; }
 const std::string& describe() { return lib().describe; }
 
 void forward(const problem& p) {
-  use_threads(p.num_threads);
+  use_one_thread();
   if (p.type == dtype::f64)
     forward_as<double>(p);
   else
@@ -249,7 +281,7 @@ void forward(const problem& p) {
 }
 
 void backward(const problem& p) {
-  use_threads(p.num_threads);
+  use_one_thread();
   if (p.type == dtype::f64)
     backward_as<double>(p);
   else

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -87,6 +88,11 @@ bert_model::bert_model(const bert_config& c) : config_(c) {
     layers_.push_back(std::move(L));
   }
   pooler_ = nn::Linear(H, H, gen);
+  fuse_qkv();
+}
+
+void bert_model::fuse_qkv() {
+  for (bert_layer& L : layers_) L.qkv = nn::stacked({&L.query, &L.key, &L.value});
 }
 
 void bert_model::parameters(nn::parameter_list& list, const std::string& prefix) {
@@ -125,6 +131,7 @@ bert_model bert_model::load(const std::string& dir) {
     if (!is_floating(t.type())) fail(fmt::format("{}: tensor '{}' has dtype {}", f.path, p.name, dtype_name(t.type())));
     *p.value = t.to(dtype::f32);
   }
+  m.fuse_qkv();
   return m;
 }
 
@@ -160,19 +167,25 @@ Tensor bert_model::forward(const Tensor& ids, const std::vector<std::int64_t>& l
   ao.q_num_heads = ao.kv_num_heads = config_.num_attention_heads;
   ao.nonpad_kv_seqlen = Tensor::from_values({B}, dtype::i64, std::vector<double>(lengths.begin(), lengths.end()));
   for (const bert_layer& L : layers_) {
-    Tensor q = L.query.forward(h), k = L.key.forward(h), v = L.value.forward(h);  // [B, N, H]
+    // One GEMM for q, k, v: [B, N, 3H]; attention reads the three column blocks in place.
+    Tensor qkv = L.qkv.forward(h);
     t0 = lap(t0, prof ? &prof->projections : nullptr);
-    if (attention_dtype != dtype::f32) q = q.to(attention_dtype), k = k.to(attention_dtype), v = v.to(attention_dtype);
-    Tensor a = attention(q, k, v, ao, exec).out;
+    if (attention_dtype != dtype::f32) qkv = qkv.to(attention_dtype);
+    const TensorView& all = qkv.view();
+    Tensor a = attention(all.slice(2, 0, H), all.slice(2, H, 2 * H), all.slice(2, 2 * H, 3 * H), ao, exec).out;
     if (a.type() != dtype::f32) a = a.to(dtype::f32);
     t0 = lap(t0, prof ? &prof->attention : nullptr);
     a = L.attention_output.forward(a);
     t0 = lap(t0, prof ? &prof->projections : nullptr);
-    a = L.attention_norm.forward(nn::add(a, h));
+    a = L.attention_norm.forward(a, h);
     t0 = lap(t0, prof ? &prof->norms : nullptr);
-    Tensor f = L.output.forward(nn::activate(nn::activation::gelu, L.intermediate.forward(a)));
+    Tensor f = L.intermediate.forward(a);
     t0 = lap(t0, prof ? &prof->ffn : nullptr);
-    h = L.output_norm.forward(nn::add(f, a));
+    f = nn::activate(nn::activation::gelu, f);
+    t0 = lap(t0, prof ? &prof->gelu : nullptr);
+    f = L.output.forward(f);
+    t0 = lap(t0, prof ? &prof->ffn : nullptr);
+    h = L.output_norm.forward(f, a);
     t0 = lap(t0, prof ? &prof->norms : nullptr);
   }
   return h;
@@ -197,23 +210,30 @@ Tensor sentence_embedder::embed(const std::vector<std::string>& texts, std::int6
   const std::int64_t n = std::int64_t(texts.size()), H = model_.config().hidden_size;
   Tensor out = Tensor::zeros({n, H}, dtype::f32);
   float* o = out.data_as<float>();
-  for (std::int64_t s = 0; s < n; s += batch) {
-    auto t0 = clock_type::now();
-    const std::vector<std::string> part(texts.begin() + s, texts.begin() + std::min(n, s + batch));
-    for (std::size_t i = 0; i < part.size(); ++i) {  // name the text that cannot be read
-      try {
-        tokenizer_.normalize(part[i]);
-      } catch (const error& e) {
-        fail(fmt::format("text {} (counting from 0): {}", s + std::int64_t(i), e.what()));
-      }
+  auto t0 = clock_type::now();
+  std::vector<std::vector<std::int64_t>> ids(texts.size());
+  for (std::size_t i = 0; i < texts.size(); ++i) {  // name the text that cannot be read
+    try {
+      ids[i] = tokenizer_.encode(texts[i], max_seq_length_);
+    } catch (const error& e) {
+      fail(fmt::format("text {} (counting from 0): {}", i, e.what()));
     }
-    const token_batch tb = tokenizer_.encode_batch(part, max_seq_length_);
-    lap(t0, prof ? &prof->tokenize : nullptr);
+  }
+  // Longest first, so each batch is padded to little more than its own texts.
+  std::vector<std::size_t> order(texts.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return ids[a].size() > ids[b].size(); });
+  lap(t0, prof ? &prof->tokenize : nullptr);
+  for (std::int64_t s = 0; s < n; s += batch) {
+    const std::int64_t nb = std::min(n, s + batch) - s;
+    std::vector<std::vector<std::int64_t>> part;
+    for (std::int64_t b = 0; b < nb; ++b) part.push_back(std::move(ids[order[std::size_t(s + b)]]));
+    const token_batch tb = tokenizer_.pad_batch(part);
     const Tensor h = model_.forward(tb.ids, tb.lengths, attention_dtype, exec, prof);
     t0 = clock_type::now();
     const std::int64_t N = h.size(1);
     const float* x = h.data_as<float>();
-    for (std::int64_t b = 0; b < std::int64_t(part.size()); ++b) {  // mean over valid tokens, then L2
+    for (std::int64_t b = 0; b < nb; ++b) {  // mean over valid tokens, then L2
       const std::int64_t len = tb.lengths[std::size_t(b)];
       std::vector<double> acc(std::size_t(H), 0.0);
       for (std::int64_t t = 0; t < len; ++t)
@@ -221,7 +241,8 @@ Tensor sentence_embedder::embed(const std::vector<std::string>& texts, std::int6
       double norm = 0.0;
       for (double& a : acc) a /= double(len), norm += a * a;
       norm = std::max(std::sqrt(norm), 1e-12);  // torch.nn.functional.normalize's eps
-      for (std::int64_t c = 0; c < H; ++c) o[(s + b) * H + c] = float(acc[std::size_t(c)] / norm);
+      float* row = o + std::int64_t(order[std::size_t(s + b)]) * H;
+      for (std::int64_t c = 0; c < H; ++c) row[c] = float(acc[std::size_t(c)] / norm);
     }
     lap(t0, prof ? &prof->pooling : nullptr);
   }

@@ -332,23 +332,27 @@ std::vector<std::int64_t> wordpiece_tokenizer::encode(std::string_view utf8, std
 token_batch wordpiece_tokenizer::encode_batch(const std::vector<std::string>& texts, std::int64_t max_length) const {
   std::vector<std::vector<std::int64_t>> all;
   all.reserve(texts.size());
-  std::int64_t L = 0;
   for (std::size_t i = 0; i < texts.size(); ++i) {
     try {
       all.push_back(encode(texts[i], max_length));
     } catch (const error& e) {
       fail(fmt::format("text {}: {}", i, e.what()));
     }
-    L = std::max<std::int64_t>(L, std::int64_t(all.back().size()));
   }
-  const auto n = std::int64_t(texts.size());
+  return pad_batch(all);
+}
+
+token_batch wordpiece_tokenizer::pad_batch(const std::vector<std::vector<std::int64_t>>& rows) const {
+  std::int64_t L = 0;
+  for (const auto& row : rows) L = std::max<std::int64_t>(L, std::int64_t(row.size()));
+  const auto n = std::int64_t(rows.size());
   token_batch b;
   b.ids = Tensor::full({n, L}, dtype::i64, double(pad_id_));
   b.mask = Tensor::zeros({n, L}, dtype::i64);
   auto* ids = b.ids.data_as<std::int64_t>();
   auto* mask = b.mask.data_as<std::int64_t>();
   for (std::int64_t i = 0; i < n; ++i) {
-    const auto& row = all[std::size_t(i)];
+    const auto& row = rows[std::size_t(i)];
     for (std::size_t j = 0; j < row.size(); ++j) ids[i * L + std::int64_t(j)] = row[j], mask[i * L + std::int64_t(j)] = 1;
     b.lengths.push_back(std::int64_t(row.size()));
   }

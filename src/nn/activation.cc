@@ -1,10 +1,12 @@
-// src/nn/activation.cc — elementwise activations (computed in double per element) and the
-// residual add.
+// src/nn/activation.cc — elementwise activations (computed in double per element; the float32
+// exact-erf GELU in the SIMD row kernel of src/cpu/rowwise.h) and the residual add.
 #include "attn/nn/activation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
+#include "cpu/rowwise.h"
 #include "nn/nn_impl.h"
 
 namespace attn::nn {
@@ -71,6 +73,16 @@ std::string to_string(activation a) {
 Tensor activate(activation a, const Tensor& x) {
   detail::check_compute_dtype("activate", "x", x);
   Tensor y = Tensor::empty(x.shape(), x.type());
+  if (a == activation::gelu && x.type() == dtype::f32) {
+    const auto& k = attn::detail::cpu::select_rowwise();
+    const float* xp = detail::ptr<float>(x);
+    float* yp = detail::ptr<float>(y);
+    constexpr std::int64_t kChunk = 1 << 15;  // elements per task
+    const std::int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (std::int64_t c = 0; c < chunks; ++c) k.gelu(xp + c * kChunk, yp + c * kChunk, std::min(kChunk, n - c * kChunk));
+    return y;
+  }
   detail::with_type(x.type(), [&](auto zero) {
     using T = decltype(zero);
     const T* xp = detail::ptr<T>(x);

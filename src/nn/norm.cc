@@ -4,6 +4,8 @@
 #include <cmath>
 #include <utility>
 
+#include "attn/nn/activation.h"
+#include "cpu/rowwise.h"
 #include "nn/nn_impl.h"
 
 namespace attn::nn {
@@ -45,9 +47,28 @@ LayerNorm::LayerNorm(std::int64_t C, dtype t, double eps_) : eps(eps_) {
 }
 
 // x̂ = (x − μ) · rstd,  rstd = 1 / sqrt(σ² + eps);  y = x̂ ∘ w + b
-Tensor LayerNorm::forward(const Tensor& x) const {
+// float32 runs the SIMD row kernel (src/cpu/rowwise.h, f32 sums), rows split over threads;
+// float64 sums each row in double.
+Tensor LayerNorm::forward(const Tensor& x) const { return forward(x, Tensor()); }
+
+Tensor LayerNorm::forward(const Tensor& x, const Tensor& residual) const {
   const std::int64_t M = rows("LayerNorm", x, weight), C = weight.size(0);
+  if (residual.defined()) {
+    detail::check_dtype("LayerNorm", "residual", residual, x.type());
+    detail::check_shape("LayerNorm", "residual", residual, x.shape());
+  }
   Tensor y = Tensor::empty(x.shape(), x.type());
+  if (x.type() == dtype::f32) {
+    const auto& k = attn::detail::cpu::select_rowwise();
+    const float *xp = detail::ptr<float>(x), *w = detail::ptr<float>(weight), *b = detail::ptr<float>(bias);
+    const float* rp = residual.defined() ? detail::ptr<float>(residual) : nullptr;
+    float* yp = detail::ptr<float>(y);
+#pragma omp parallel for schedule(static) if (M * C >= (1 << 16))
+    for (std::int64_t m = 0; m < M; ++m)
+      k.layer_norm(xp + m * C, rp ? rp + m * C : nullptr, w, b, yp + m * C, C, float(eps));
+    return y;
+  }
+  if (residual.defined()) return forward(add(x, residual));
   detail::with_type(x.type(), [&](auto zero) {
     using T = decltype(zero);
     const T *xp = detail::ptr<T>(x), *w = detail::ptr<T>(weight), *b = detail::ptr<T>(bias);

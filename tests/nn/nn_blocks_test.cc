@@ -24,6 +24,24 @@ TEST(NnLinear, ForwardIsXWtPlusB) {
       }
 }
 
+TEST(NnLinear, StackedIsThePartsSideBySide) {
+  rng gen(5);
+  Linear a(6, 2, gen), b(6, 3, gen), c(6, 1, gen);
+  const Linear abc = stacked({&a, &b, &c});
+  std::mt19937 r(6);
+  const Tensor x = random_tensor({4, 6}, dtype::f32, r);
+  const Tensor y = abc.forward(x);
+  ASSERT_EQ(y.shape(), (Shape{4, 6}));
+  std::int64_t o = 0;
+  for (const Linear* p : {&a, &b, &c}) {
+    EXPECT_TRUE(all_close(Tensor::copy_of(y.view().slice(1, o, o + p->out_features())), p->forward(x), 1e-6));
+    o += p->out_features();
+  }
+  Linear nob(6, 2, gen, false), wide(7, 2, gen);
+  EXPECT_THROW_MSG(stacked({&a, &nob}), "stacked: parts have weights [2, 6] and [2, 6], without bias");
+  EXPECT_THROW_MSG(stacked({&a, &wide}), "stacked: parts have weights [2, 6] and [2, 7]");
+}
+
 TEST(NnLinear, InitialisationBoundAndSeed) {
   rng a(7), b(7);
   Linear l1(64, 32, a), l2(64, 32, b);
@@ -133,7 +151,30 @@ TEST(NnNorm, Float32MatchesFloat64) {
   EXPECT_TRUE(all_close(l32.backward(x.to(dtype::f32), dy.to(dtype::f32)), l64.backward(x, dy), 1e-5));
 }
 
-// ---- activations, residual ----
+// The float32 LayerNorm (SIMD row kernel, src/cpu/rowwise.h) on every ISA level against the
+// float64 layer, at row widths around the vector widths (tails) and with a residual.
+TEST(NnNorm, Float32KernelOnEveryIsaWithResidual) {
+  std::mt19937 r(11);
+  for (const char* isa : {"generic", "avx2", "avx512"}) {
+    setenv("ATTN_CPU_ISA", isa, 1);
+    for (std::int64_t C : {1, 3, 8, 17, 384}) {
+      LayerNorm l64(C, dtype::f64, 1e-12), l32(C, dtype::f32, 1e-12);
+      rng g{static_cast<std::uint64_t>(C)};
+      fill_uniform(l64.weight, -2, 2, g), fill_uniform(l64.bias, -1, 1, g);
+      l32.weight = l64.weight.to(dtype::f32), l32.bias = l64.bias.to(dtype::f32);
+      const Tensor x = random_tensor({5, C}, dtype::f64, r, -3, 3), res = random_tensor({5, C}, dtype::f64, r, -3, 3);
+      const Tensor want = l64.forward(add(x, res));
+      EXPECT_TRUE(all_close(l32.forward(x.to(dtype::f32), res.to(dtype::f32)), want, 2e-5)) << isa << " C " << C;
+      EXPECT_TRUE(all_close(l32.forward(x.to(dtype::f32)), l64.forward(x), 2e-5)) << isa << " C " << C;
+      EXPECT_TRUE(all_close(l64.forward(x, res), want, 0.0));  // float64: add, then the same layer
+    }
+  }
+  unsetenv("ATTN_CPU_ISA");
+  LayerNorm ln(4);
+  EXPECT_THROW_MSG(ln.forward(Tensor::zeros({2, 4}, dtype::f32), Tensor::zeros({3, 4}, dtype::f32)),
+                   "LayerNorm: residual has shape [3, 4], expected [2, 4]");
+}
+
 
 TEST(NnActivation, KnownValues) {
   const Tensor x = Tensor::from_values({4}, dtype::f64, {-1.0, 0.0, 1.0, 2.0});
@@ -145,6 +186,28 @@ TEST(NnActivation, KnownValues) {
   EXPECT_NEAR(at(activation::tanh)[3], std::tanh(2.0), 1e-15);
   EXPECT_NEAR(at(activation::sigmoid)[1], 0.5, 1e-15);
   EXPECT_NEAR(at(activation::sigmoid)[2], 0.7310585786300049, 1e-15);
+}
+
+// The float32 exact-erf GELU (SIMD row kernel) on every ISA level against float64 erf, over
+// |x| up to 10 (the tail of erfc, where 1 + erf(x) would cancel), at lengths with tails.
+TEST(NnActivation, Float32GeluKernelOnEveryIsa) {
+  for (const char* isa : {"generic", "avx2", "avx512"}) {
+    setenv("ATTN_CPU_ISA", isa, 1);
+    for (std::int64_t n : {1, 7, 8, 17, 20001, 40003}) {
+      std::vector<double> xs(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) xs[std::size_t(i)] = -10.0 + 20.0 * double(i) / double(std::max<std::int64_t>(n - 1, 1));
+      const Tensor x = Tensor::from_values({n}, dtype::f64, xs);
+      const std::vector<double> got = activate(activation::gelu, x.to(dtype::f32)).to_vector();
+      const std::vector<double> xf = x.to(dtype::f32).to_vector();  // the float inputs
+      double worst = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double v = xf[std::size_t(i)], want = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+        worst = std::max(worst, std::abs(got[std::size_t(i)] - want) / std::max(1.0, std::abs(want)));
+      }
+      EXPECT_LE(worst, 3e-7) << isa << " n " << n;
+    }
+  }
+  unsetenv("ATTN_CPU_ISA");
 }
 
 TEST(NnActivation, BackwardMatchesFiniteDifferences) {

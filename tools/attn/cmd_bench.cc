@@ -5,6 +5,7 @@
 //   attn bench --grid standard --threads 1,2 --csv out.csv    the standard grid, two thread counts
 //   attn bench --hq 32 --hkv 8 --nq 1 --nk 131072 --d 128 --kv-cache both   one decode step
 //   attn bench --nq 16 --nk 16 --d 8 --reps 1 --json          CI smoke test
+//   attn bench --layer mha                                     nn::MultiHeadAttention vs torch (bench_layer.h)
 //
 // Every configuration is timed as: --warmup untimed calls of each contender, then --reps rounds
 // of one timed call each (attn, then every peer), the medians reported.
@@ -30,6 +31,7 @@
 #include "attn/attn.h"
 #include "bench_blas.h"
 #include "bench_grid.h"
+#include "bench_layer.h"
 #include "bench_memory.h"
 #include "bench_peers.h"
 #include "bench_probe.h"
@@ -52,6 +54,7 @@ struct bench_args {
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
   std::int64_t probe_mib = 512;
+  std::string layer = "none";
 };
 
 // Which options were given on the command line (their defaults depend on it).
@@ -483,7 +486,28 @@ void add_bench(CLI::App& app, int& exit_code) {
                            "time one decode step appending --nq tokens to a cache of --nk − --nq: inplace (default: "
                            "attention_with_kv_cache), onnx (past_key/past_value copied into a new present), both")
                  ->expected(0, 1);
-  s->callback([a, dt, ps, kv, &exit_code] {
+  auto* batch = s->get_option("--batch");
+  auto* hq = s->get_option("--hq");
+  auto* nq = s->get_option("--nq");
+  auto* d = s->get_option("--d");
+  auto* threads = s->get_option("--threads");
+  s->add_option("--layer", a->layer,
+                "none | mha: time nn::MultiHeadAttention forward+backward beside torch.nn.MultiheadAttention "
+                "(default shape B8 N512 H8 D64, 2 threads; --batch, --nq, --hq, --d, --threads, --reps change it)")
+      ->check(CLI::IsMember({"none", "mha"}));
+  s->callback([a, dt, ps, kv, batch, hq, nq, d, threads, &exit_code] {
+    if (a->layer == "mha") {
+      bench::layer_args l;
+      if (batch->count()) l.B = a->batch;
+      if (hq->count()) l.H = a->hq;
+      if (nq->count()) l.N = a->nq;
+      if (d->count()) l.D = a->d;
+      if (threads->count()) l.threads = a->threads;
+      l.reps = a->reps, l.warmup = a->warmup, l.python = a->python, l.peer_script = a->peer_script;
+      l.torch = a->peers.find("torch") != std::string::npos;
+      exit_code = bench::run_mha_layer(l);
+      return;
+    }
     exit_code = run(*a, given{dt->count() > 0, ps->count() > 0, kv->count() > 0});
   });
 }

@@ -81,8 +81,9 @@ void add_embed(CLI::App& app, int& exit_code) {
     }
     if (a->profile)
       fmt::print("time: tokenize {:.3f} s, embeddings {:.3f}, projections {:.3f}, attention {:.3f}, ffn {:.3f}, "
-                 "norms {:.3f}, pooling {:.3f}\n",
-                 prof.tokenize, prof.embeddings, prof.projections, prof.attention, prof.ffn, prof.norms, prof.pooling);
+                 "gelu {:.3f}, norms {:.3f}, pooling {:.3f}\n",
+                 prof.tokenize, prof.embeddings, prof.projections, prof.attention, prof.ffn, prof.gelu, prof.norms,
+                 prof.pooling);
     exit_code = 0;
   });
 }

@@ -38,6 +38,7 @@ struct bert_config {
 
 struct bert_layer {
   nn::Linear query, key, value, attention_output;
+  nn::Linear qkv;  // query, key, value stacked [3H, H] (bert_model::fuse_qkv): what forward runs
   nn::LayerNorm attention_norm;
   nn::Linear intermediate, output;
   nn::LayerNorm output_norm;
@@ -45,8 +46,10 @@ struct bert_layer {
 
 // Where forward() spends its time, accumulated over calls (seconds).
 struct embed_profile {
-  double tokenize = 0, embeddings = 0, projections = 0, attention = 0, ffn = 0, norms = 0, pooling = 0;
-  double total() const { return tokenize + embeddings + projections + attention + ffn + norms + pooling; }
+  // projections: W_QKV and W_O; ffn: its two GEMMs; gelu: the activation between them;
+  // norms: residual add + LayerNorm.
+  double tokenize = 0, embeddings = 0, projections = 0, attention = 0, ffn = 0, gelu = 0, norms = 0, pooling = 0;
+  double total() const { return tokenize + embeddings + projections + attention + ffn + gelu + norms + pooling; }
 };
 
 class bert_model {
@@ -65,6 +68,9 @@ class bert_model {
   // Hugging Face names: "embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight", …
   void parameters(nn::parameter_list& list, const std::string& prefix = "");
   const bert_config& config() const { return config_; }
+  // Rebuilds each layer's qkv from its query, key and value (one GEMM in forward instead of
+  // three). load() and the constructor call it; call it after changing those weights yourself.
+  void fuse_qkv();
 
  private:
   bert_config config_;
@@ -81,8 +87,9 @@ class sentence_embedder {
   static sentence_embedder load(const std::string& dir);
 
   // [n, hidden] float32, unit L2 norm: mean of the last hidden state over each text's tokens.
-  // Texts run in batches of `batch` (each padded to its longest); the result does not depend
-  // on the batch size.
+  // Texts run longest first (as sentence-transformers runs them) in batches of `batch`, each
+  // padded to its longest, so a batch holds texts of similar length; the result, in input
+  // order, does not depend on the batch size or the order.
   Tensor embed(const std::vector<std::string>& texts, std::int64_t batch = 32, dtype attention_dtype = dtype::f32,
                const execution& exec = {}, embed_profile* profile = nullptr) const;
 

@@ -54,6 +54,8 @@ class wordpiece_tokenizer {
   std::vector<std::string> tokenize(std::string_view utf8) const;
   // encode() of every text, padded to the longest.
   token_batch encode_batch(const std::vector<std::string>& texts, std::int64_t max_length = 0) const;
+  // Rows of ids (from encode()) padded with [PAD] to the longest.
+  token_batch pad_batch(const std::vector<std::vector<std::int64_t>>& rows) const;
 
   // The normalised text of step 1 (for tests and debugging).
   std::string normalize(std::string_view utf8) const;

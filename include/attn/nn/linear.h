@@ -37,4 +37,11 @@ struct Linear {
   void parameters(parameter_list& list, const std::string& prefix = "");
 };
 
+// One Linear whose output is the outputs of `parts` side by side: weights stacked by rows,
+// biases concatenated (all parts have a bias or none do; same in_features and dtype). One GEMM
+// over an input instead of one per part — W_Q, W_K, W_V of self-attention. A copy: it does not
+// follow later changes of the parts.
+//   nn::Linear qkv = nn::stacked({&q_proj, &k_proj, &v_proj});   // y [..., 3E]
+Linear stacked(std::initializer_list<const Linear*> parts);
+
 }  // namespace attn::nn

@@ -26,6 +26,8 @@ struct LayerNorm {
   explicit LayerNorm(std::int64_t C, dtype t = dtype::f32, double eps = 1e-5);
 
   Tensor forward(const Tensor& x) const;
+  // LayerNorm(x + residual), the post-norm residual step, in one pass over the rows (float32).
+  Tensor forward(const Tensor& x, const Tensor& residual) const;
   Tensor backward(const Tensor& x, const Tensor& dy);
 
   void parameters(parameter_list& list, const std::string& prefix = "");
