@@ -287,9 +287,6 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
   return p;
 }
 
-namespace {
-
-// The backend the selector picks, or attn::error naming why none can run.
 const backend_impl& pick(const char* op, const problem& p, const backend_request& req, backend want) {
   const selection sel = select_backend(p, req, want);
   if (!sel.unknown.empty()) fail(op, fmt::format("ATTN_BACKEND = '{}' names no backend", sel.unknown));
@@ -297,6 +294,8 @@ const backend_impl& pick(const char* op, const problem& p, const backend_request
     fail(op, fmt::format("no backend can run this call: {}", sel.reasons.empty() ? "backend not compiled in" : sel.reasons));
   return *sel.chosen;
 }
+
+namespace {
 
 Shape out_shape(const TensorView& q, const problem& p) {
   return q.rank() == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
