@@ -89,7 +89,7 @@ void forward(const problem& p, const forward_outputs& o) {
   }
 }
 
-// Backward of one row, from the saved lse (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
+// Backward of one row, from the saved lse and out (dO_i = dout row, Δ_i = dO_i·O_i = Σ_j p_j dp_j):
 //   p_j  = exp(s_j - lse)                      dp_j = dO_i·v_j
 //   ds_j = p_j (dp_j - Δ_i)                    -> dmask_j, dalibi (-|pos_i - j|)
 //   dx_j = ds_j (1 - (c_j/softcap)²)           (softcap' ; 1 without softcap)
@@ -113,14 +113,16 @@ void backward(const problem& p, const backward_io& io) {
             score_row(p, b, h, i, q, K, r);
             for (std::int64_t d = 0; d < p.Dv; ++d) dO[std::size_t(d)] = io.dout.load(b, h, i, d);
             std::vector<double> prob(std::size_t(p.Nk)), dp(std::size_t(p.Nk));
+            // Δ_i from the saved out, not Σ_j p_j dp_j over this call's keys: equal for a whole
+            // row, and still right when the keys are one block of a longer row (ring attention).
             double delta = 0.0;
+            for (std::int64_t d = 0; d < p.Dv; ++d) delta += dO[std::size_t(d)] * io.out.load(b, h, i, d);
             for (std::int64_t j = 0; j < p.Nk; ++j) {
               const double pj = std::exp(r.s[std::size_t(j)] - lse);
               double dpj = 0.0;
               for (std::int64_t d = 0; d < p.Dv; ++d) dpj += dO[std::size_t(d)] * V[std::size_t(j * p.Dv + d)];
               prob[std::size_t(j)] = pj;
               dp[std::size_t(j)] = dpj;
-              delta += pj * dpj;
             }
             for (std::int64_t j = 0; j < p.Nk; ++j) {
               const double pj = prob[std::size_t(j)];
