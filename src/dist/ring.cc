@@ -305,6 +305,12 @@ void for_each_pair(const ring_plan& plan, int owner, F&& f) {
   }
 }
 
+// This rank's k or v (any strides) into the first rows of a ring buffer.
+void load_block(const TensorView& t, const Tensor& buf) {
+  const Tensor c = t.is_contiguous() ? Tensor() : Tensor::copy_of(t);
+  std::memcpy(buf.data(), c.defined() ? c.data() : t.data(), std::size_t(t.numel()) * dtype_size(t.type()));
+}
+
 std::int64_t longest(const ring_plan& plan) { return *std::max_element(plan.n.begin(), plan.n.end()); }
 
 }  // namespace
@@ -346,9 +352,7 @@ ring_result ring_attention(MPI_Comm user_comm, const TensorView& q, const Tensor
   // Two K/V buffers sized for the longest shard: the block in use and the one arriving.
   Tensor kb[2] = {Tensor::empty({B, Hkv, rows_max, plan.D}, plan.type), Tensor::empty({B, Hkv, rows_max, plan.D}, plan.type)};
   Tensor vb[2] = {Tensor::empty({B, Hkv, rows_max, plan.Dv}, plan.type), Tensor::empty({B, Hkv, rows_max, plan.Dv}, plan.type)};
-  const Tensor k0 = Tensor::copy_of(k), v0 = Tensor::copy_of(v);
-  std::memcpy(kb[0].data(), k0.data(), std::size_t(k0.numel()) * dtype_size(plan.type));
-  std::memcpy(vb[0].data(), v0.data(), std::size_t(v0.numel()) * dtype_size(plan.type));
+  load_block(k, kb[0]), load_block(v, vb[0]);
 
   ring_result res;
   res.backend = std::string(plan.backend->name());
@@ -441,9 +445,7 @@ ring_grads ring_attention_backward(MPI_Comm user_comm, const TensorView& q, cons
     return std::array<Tensor, 2>{Tensor::zeros({B, Hkv, rows_max, X}, plan.type), Tensor::zeros({B, Hkv, rows_max, X}, plan.type)};
   };
   std::array<Tensor, 2> kb = buffers(plan.D), vb = buffers(plan.Dv), dkb = buffers(plan.D), dvb = buffers(plan.Dv);
-  const Tensor k0 = Tensor::copy_of(k), v0 = Tensor::copy_of(v);
-  std::memcpy(kb[0].data(), k0.data(), std::size_t(k0.numel()) * dtype_size(plan.type));
-  std::memcpy(vb[0].data(), v0.data(), std::size_t(v0.numel()) * dtype_size(plan.type));
+  load_block(k, kb[0]), load_block(v, vb[0]);
 
   ring_link kv_link(plan, comm.get()), dkv_link(plan, comm.get());
   for (int s = 0; s < plan.P; ++s) {
