@@ -244,11 +244,19 @@ class ring_link {
 
   void send(const TensorView& t, int tag) { post(t, tag, true); }
   void recv(const TensorView& t, int tag) { post(t, tag, false); }
+  // Lets MPI move posted messages along without blocking. Open MPI without a progress thread
+  // moves a large (rendezvous) message only inside MPI calls, so the ring calls this between
+  // the kernel calls of a step.
+  void progress() {
+    if (reqs_.empty()) return;
+    int done = 0;
+    check_mpi(plan_.op, MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE), "Testall on the ring");
+    if (done) reqs_.clear();
+  }
   // Blocks until every posted send and receive is done; returns the seconds it waited.
   double wait() {
     const double t0 = MPI_Wtime();
-    std::vector<MPI_Status> st(reqs_.size());
-    check_mpi(plan_.op, MPI_Waitall(int(reqs_.size()), reqs_.data(), st.data()), "Waitall on the ring");
+    check_mpi(plan_.op, MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "Waitall on the ring");
     reqs_.clear();
     return MPI_Wtime() - t0;
   }
@@ -291,17 +299,24 @@ void add_rows(Dst* dst, std::int64_t dst_rows, std::int64_t at, const Src* src, 
   }
 }
 
-// Every (query segment, key segment) pair of one step: f(q_local_offset, qg, k_local_offset, kg).
+// Every (query rows, key segment) pair of one step: f(q_local_offset, qg, k_local_offset, kg).
+// A query segment is cut into up to kPieces runs of at least kMinRows rows, so that the ring
+// can let MPI progress between kernel calls (the results do not depend on the cut).
+constexpr std::int64_t kPieces = 4, kMinRows = 256;
 template <class F>
 void for_each_pair(const ring_plan& plan, int owner, F&& f) {
   std::int64_t lq = 0;
-  for (const segment& qg : plan.segs[std::size_t(plan.rank)]) {
-    std::int64_t lk = 0;
-    for (const segment& kg : plan.segs[std::size_t(owner)]) {
-      if (qg.length && kg.length) f(lq, qg, lk, kg);
-      lk += kg.length;
+  for (const segment& qs : plan.segs[std::size_t(plan.rank)]) {
+    const std::int64_t piece = std::max(kMinRows, (qs.length + kPieces - 1) / kPieces);
+    for (std::int64_t at = 0; at < qs.length; at += piece) {
+      const segment qg{qs.begin + at, std::min(piece, qs.length - at)};
+      std::int64_t lk = 0;
+      for (const segment& kg : plan.segs[std::size_t(owner)]) {
+        if (kg.length) f(lq + at, qg, lk, kg);
+        lk += kg.length;
+      }
     }
-    lq += qg.length;
+    lq += qs.length;
   }
 }
 
@@ -384,6 +399,7 @@ ring_result ring_attention(MPI_Comm user_comm, const TensorView& q, const Tensor
       fo.lse = lse.data();
       fo.lse_type = plan.type;
       plan.backend->forward(p, fo);
+      link.progress();
       merge(lq, qg.length, out, lse);
     });
     step.compute_s = MPI_Wtime() - t0;
@@ -483,6 +499,7 @@ ring_grads ring_attention_backward(MPI_Comm user_comm, const TensorView& q, cons
       io.dq = as_bhnx(dq, Hq), io.dk = as_bhnx(dk, Hkv), io.dv = as_bhnx(dv, Hkv);
       io.dalibi = dalibi.empty() ? nullptr : dalibi.data();
       plan.backend->backward(p, io);
+      kv_link.progress(), dkv_link.progress();
       with_type(plan.type, [&](auto t) {
         using T = decltype(t);
         add_rows(dq_acc.data_as<double>(), n, lq, dq.data_as<T>(), qg.length, B * Hq, plan.D);

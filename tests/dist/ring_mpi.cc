@@ -137,6 +137,12 @@ TEST(Ring, ShortSequence) {  // N < 2P: empty zigzag chunks, and ranks with no r
   both_layouts(c, "N = 3");
 }
 
+TEST(Ring, LongShardsCutIntoPieces) {  // shards of more than 256 rows run as several kernel calls per step
+  ring_case c;
+  c.Hq = 1, c.Hkv = 1, c.N = 1100, c.D = 4, c.Dv = 4, c.opt.is_causal = true;
+  both_layouts(c, "N = 1100");
+}
+
 TEST(Ring, SoftcapAlibiSinksPadding) {  // positions are global: ALiBi distances, bottom_right with padding
   ring_case c;
   c.B = 2, c.Hq = 2, c.Hkv = 1, c.N = 17;
