@@ -80,6 +80,26 @@ int main(int argc, char** argv) {
     const attn::Tensor q = random({1, a.h, n, a.d}, 1 + rank), k = random({1, a.h, n, a.d}, 100 + rank),
                        v = random({1, a.h, n, a.d}, 200 + rank), dout = random({1, a.h, n, a.d}, 300 + rank);
     const attn::execution exec{.num_threads = a.threads};
+    // The link alone: one blocking ring exchange of a K and a V block (what one step moves).
+    if (P > 1) {
+      std::vector<double> link;
+      const attn::Tensor kr = attn::Tensor::empty(k.shape(), k.type()), vr = attn::Tensor::empty(v.shape(), v.type());
+      for (int rep = 0; rep < 5; ++rep) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        for (const auto* pair : {&k, &v}) {
+          const attn::Tensor& out = *pair;
+          const attn::Tensor& in = pair == &k ? kr : vr;
+          MPI_Sendrecv(out.data(), int(out.numel()), MPI_FLOAT, (rank + 1) % P, 0, in.data(), int(in.numel()), MPI_FLOAT,
+                       (rank + P - 1) % P, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        double t = MPI_Wtime() - t0;
+        MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        link.push_back(t);
+      }
+      const double t = median(link), bytes = 2.0 * double(k.numel()) * 4.0;
+      if (rank == 0) std::printf("link: one K/V exchange (%.1f MiB) %.4f s, %.2f GB/s per rank\n", bytes / (1 << 20), t, bytes / t * 1e-9);
+    }
     std::vector<double> total;
     std::vector<attn::dist::ring_stats> stats;
     for (int rep = 0; rep <= a.reps; ++rep) {  // rep 0 warms up
@@ -105,19 +125,21 @@ int main(int argc, char** argv) {
       std::printf("P %d  N %lld  H %lld  D %lld  %s%s layout %s threads/rank %d: median %.4f s  %.2f GFLOP/s\n", P,
                   (long long)a.n, (long long)a.h, (long long)a.d, a.causal ? "causal " : "",
                   a.backward ? "fwd+bwd" : "fwd", a.layout.c_str(), a.threads, T, flops / T * 1e-9);
-    // Per step: the slowest rank's compute and wait in the median repetition.
+    // Per step of the median repetition: compute and wait, fastest and slowest rank. A wait is
+    // the link's time not hidden by compute plus the time for the slowest rank to catch up.
     const std::size_t pick = std::size_t(std::find(total.begin(), total.end(), T) - total.begin());
     const auto& st = stats[pick];
     const std::size_t K = st.steps.size();
-    std::vector<double> c(K), w(K), cmax(K), wmax(K);
+    std::vector<double> c(K), w(K), cmax(K), wmax(K), cmin(K), wmin(K);
     for (std::size_t s = 0; s < K; ++s) c[s] = st.steps[s].compute_s, w[s] = st.steps[s].wait_s;
     MPI_Reduce(c.data(), cmax.data(), int(K), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(w.data(), wmax.data(), int(K), MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    const double kv_bytes = 2.0 * double(n) * double(a.d) * double(a.h) * 4.0;
+    MPI_Reduce(c.data(), cmin.data(), int(K), MPI_DOUBLE, MPI_MIN, 0, MPI_COMM_WORLD);
+    MPI_Reduce(w.data(), wmin.data(), int(K), MPI_DOUBLE, MPI_MIN, 0, MPI_COMM_WORLD);
     if (rank == 0)
       for (std::size_t s = 0; s < K; ++s)
-        std::printf("  %s step %zu: compute %.4f s  wait %.4f s  (K/V block %.1f MiB)\n",
-                    a.backward ? "backward" : "forward", s, cmax[s], wmax[s], kv_bytes / (1 << 20));
+        std::printf("  %s step %zu: compute %.4f .. %.4f s  wait %.4f .. %.4f s (ranks' min .. max)\n",
+                    a.backward ? "backward" : "forward", s, cmin[s], cmax[s], wmin[s], wmax[s]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     rc = 2;

@@ -8,17 +8,13 @@
 #include <string>
 
 #include "attn/attn.h"
+#include "test_util.h"
 
 namespace {
 
-attn::Tensor random(attn::Shape shape, unsigned seed) {
-  std::int64_t n = 1;
-  for (auto s : shape) n *= s;
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (double& x : v) x = u(gen);
-  return attn::Tensor::from_values(std::move(shape), attn::dtype::f32, v);
+attn::Tensor random(const attn::Shape& shape, unsigned seed) {
+  std::mt19937 rng(seed);
+  return attn::testing::random_tensor(shape, attn::dtype::f32, rng);
 }
 
 }  // namespace

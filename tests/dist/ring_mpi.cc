@@ -13,6 +13,7 @@
 
 #include "attn/attn.h"
 #include "attn/dist.h"
+#include "test_util.h"
 
 namespace {
 
@@ -32,14 +33,9 @@ int world_size() {
 }
 
 // The same pseudo-random tensor on every rank (values in [-1, 1)).
-Tensor random(attn::Shape shape, attn::dtype t, unsigned seed) {
-  std::int64_t n = 1;
-  for (auto s : shape) n *= s;
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> u(-1.0, 1.0);
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (double& x : v) x = u(gen);
-  return Tensor::from_values(std::move(shape), t, v);
+Tensor random(const attn::Shape& shape, attn::dtype t, unsigned seed) {
+  std::mt19937 rng(seed);
+  return attn::testing::random_tensor(shape, t, rng);
 }
 
 // max |a - b| with -inf only where both are -inf; NaN anywhere fails.
