@@ -158,7 +158,7 @@ ring_plan make_plan(const char* op, const private_comm& comm, const TensorView& 
     more(p);
     mine.B = p.B, mine.Hq = p.Hq, mine.Hkv = p.Hkv, mine.n = p.Nq, mine.D = p.D, mine.Dv = p.Dv;
     mine.type = std::int64_t(q.type());
-  } catch (const error& e) {
+  } catch (const std::exception& e) {  // attn::error, or e.g. bad_alloc: every rank must hear of it
     mine.failed = 1;
     put(mine.message, sizeof mine.message, without_op(op, e.what()));
   }
