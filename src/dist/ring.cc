@@ -281,6 +281,27 @@ class ring_link {
 
 enum tag : int { tag_k = 1, tag_v, tag_dk, tag_dv };
 
+// Two [B, Hkv, rows_max, X] buffers sized for the longest shard: at step s, [s % 2] holds the
+// block in use (of rank owner(s)) and [(s + 1) % 2] receives the next one.
+using buffer_pair = std::array<Tensor, 2>;
+
+int owner_at(const ring_plan& plan, int s) { return ((plan.rank - s) % plan.P + plan.P) % plan.P; }
+
+buffer_pair make_buffers(const ring_plan& plan, std::int64_t rows_max, std::int64_t X) {
+  return {Tensor::zeros({plan.B, plan.Hkv, rows_max, X}, plan.type), Tensor::zeros({plan.B, plan.Hkv, rows_max, X}, plan.type)};
+}
+
+// Step s: posts the send of a and b's blocks in use to rank + 1 and the receive of the next
+// ones (of rank owner(s + 1)) from rank - 1.
+void pass_on(ring_link& link, const ring_plan& plan, int s, const buffer_pair& a, int tag_a, const buffer_pair& b,
+             int tag_b) {
+  const std::int64_t rows = plan.n[std::size_t(owner_at(plan, s))], next = plan.n[std::size_t(owner_at(plan, s + 1))];
+  link.send(rows_view(a[s % 2], rows), tag_a);
+  link.send(rows_view(b[s % 2], rows), tag_b);
+  link.recv(rows_view(a[(s + 1) % 2], next), tag_a);
+  link.recv(rows_view(b[(s + 1) % 2], next), tag_b);
+}
+
 // Calls f(T{}) with T the C++ type of dtype t (float32 or float64: what the ring accepts).
 template <class F>
 void with_type(dtype t, F&& f) {
@@ -341,7 +362,7 @@ ring_result ring_attention(MPI_Comm user_comm, const TensorView& q, const Tensor
   const char* op = "ring_attention";
   private_comm comm(op, user_comm);
   const ring_plan plan = make_plan(op, comm, q, k, v, options, exec, false, [](const problem&) {});
-  const std::int64_t B = plan.B, Hq = plan.Hq, Hkv = plan.Hkv, n = plan.n[std::size_t(plan.rank)];
+  const std::int64_t B = plan.B, Hq = plan.Hq, n = plan.n[std::size_t(plan.rank)];
   const std::int64_t rows_max = longest(plan);
 
   std::vector<double> acc_out(std::size_t(B * Hq * n * plan.Dv), 0.0), acc_lse(std::size_t(B * Hq * n), kNegInf);
@@ -364,23 +385,16 @@ ring_result ring_attention(MPI_Comm user_comm, const TensorView& q, const Tensor
     });
   };
 
-  // Two K/V buffers sized for the longest shard: the block in use and the one arriving.
-  Tensor kb[2] = {Tensor::empty({B, Hkv, rows_max, plan.D}, plan.type), Tensor::empty({B, Hkv, rows_max, plan.D}, plan.type)};
-  Tensor vb[2] = {Tensor::empty({B, Hkv, rows_max, plan.Dv}, plan.type), Tensor::empty({B, Hkv, rows_max, plan.Dv}, plan.type)};
+  const buffer_pair kb = make_buffers(plan, rows_max, plan.D), vb = make_buffers(plan, rows_max, plan.Dv);
   load_block(k, kb[0]), load_block(v, vb[0]);
 
   ring_result res;
   res.backend = std::string(plan.backend->name());
   ring_link link(plan, comm.get());
   for (int s = 0; s < plan.P; ++s) {
-    const int owner = (plan.rank - s + plan.P) % plan.P, next = (owner - 1 + plan.P) % plan.P;
+    const int owner = owner_at(plan, s);
     const Tensor &kc = kb[s % 2], &vc = vb[s % 2];
-    if (s + 1 < plan.P) {  // the block moves on while this rank computes with it
-      link.send(rows_view(kc, plan.n[std::size_t(owner)]), tag_k);
-      link.send(rows_view(vc, plan.n[std::size_t(owner)]), tag_v);
-      link.recv(rows_view(kb[(s + 1) % 2], plan.n[std::size_t(next)]), tag_k);
-      link.recv(rows_view(vb[(s + 1) % 2], plan.n[std::size_t(next)]), tag_v);
-    }
+    if (s + 1 < plan.P) pass_on(link, plan, s, kb, tag_k, vb, tag_v);  // the block moves on while in use
     ring_step step;
     const double t0 = MPI_Wtime();
     const TensorView kv = rows_view(kc, plan.n[std::size_t(owner)]), vv = rows_view(vc, plan.n[std::size_t(owner)]);
@@ -457,23 +471,16 @@ ring_grads ring_attention_backward(MPI_Comm user_comm, const TensorView& q, cons
 
   // K/V buffers as in the forward, and the dK/dV accumulators of the block in use and of the
   // one arriving (they travel one step behind K/V: a block's accumulator leaves after its step).
-  auto buffers = [&](std::int64_t X) {
-    return std::array<Tensor, 2>{Tensor::zeros({B, Hkv, rows_max, X}, plan.type), Tensor::zeros({B, Hkv, rows_max, X}, plan.type)};
-  };
-  std::array<Tensor, 2> kb = buffers(plan.D), vb = buffers(plan.Dv), dkb = buffers(plan.D), dvb = buffers(plan.Dv);
+  const buffer_pair kb = make_buffers(plan, rows_max, plan.D), vb = make_buffers(plan, rows_max, plan.Dv);
+  const buffer_pair dkb = make_buffers(plan, rows_max, plan.D), dvb = make_buffers(plan, rows_max, plan.Dv);
   load_block(k, kb[0]), load_block(v, vb[0]);
 
   ring_link kv_link(plan, comm.get()), dkv_link(plan, comm.get());
   for (int s = 0; s < plan.P; ++s) {
-    const int owner = (plan.rank - s + plan.P) % plan.P, next = (owner - 1 + plan.P) % plan.P;
+    const int owner = owner_at(plan, s);
     const std::int64_t rows = plan.n[std::size_t(owner)];
     const Tensor &kc = kb[s % 2], &vc = vb[s % 2], &dkc = dkb[s % 2], &dvc = dvb[s % 2];
-    if (s + 1 < plan.P) {
-      kv_link.send(rows_view(kc, rows), tag_k);
-      kv_link.send(rows_view(vc, rows), tag_v);
-      kv_link.recv(rows_view(kb[(s + 1) % 2], plan.n[std::size_t(next)]), tag_k);
-      kv_link.recv(rows_view(vb[(s + 1) % 2], plan.n[std::size_t(next)]), tag_v);
-    }
+    if (s + 1 < plan.P) pass_on(kv_link, plan, s, kb, tag_k, vb, tag_v);
     ring_step step;
     const double t0 = MPI_Wtime();
     // This step's dk/dv contributions, added to the owner's accumulator once it has arrived.
@@ -515,13 +522,7 @@ ring_grads ring_attention_backward(MPI_Comm user_comm, const TensorView& q, cons
       add_rows(dkc.data_as<T>(), rows, 0, dk_step.data_as<T>(), rows, B * Hkv, plan.D);
       add_rows(dvc.data_as<T>(), rows, 0, dv_step.data_as<T>(), rows, B * Hkv, plan.Dv);
     });
-    if (plan.P > 1) {  // after the last step the accumulator makes one more hop: home
-      const std::int64_t arriving = plan.n[std::size_t(next)];
-      dkv_link.send(rows_view(dkc, rows), tag_dk);
-      dkv_link.send(rows_view(dvc, rows), tag_dv);
-      dkv_link.recv(rows_view(dkb[(s + 1) % 2], arriving), tag_dk);
-      dkv_link.recv(rows_view(dvb[(s + 1) % 2], arriving), tag_dv);
-    }
+    if (plan.P > 1) pass_on(dkv_link, plan, s, dkb, tag_dk, dvb, tag_dv);  // after step P - 1: the hop home
     if (s + 1 < plan.P) step.wait_s += kv_link.wait();
     g.stats.steps.push_back(step);
   }
