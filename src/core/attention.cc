@@ -372,9 +372,6 @@ void check_finite(const char* op, const char* name, const TensorView& t, bool mi
   }
 }
 
-namespace {
-
-// The backend the selector picks, or attn::error naming why none can run.
 const backend_impl& pick(const char* op, const problem& p, const backend_request& req, backend want) {
   const selection sel = select_backend(p, req, want);
   if (!sel.unknown.empty()) fail(op, fmt::format("ATTN_BACKEND = '{}' names no backend", sel.unknown));
@@ -382,6 +379,8 @@ const backend_impl& pick(const char* op, const problem& p, const backend_request
     fail(op, fmt::format("no backend can run this call: {}", sel.reasons.empty() ? "backend not compiled in" : sel.reasons));
   return *sel.chosen;
 }
+
+namespace {
 
 // Runs a backend's pass; working memory the machine does not have arrives as attn::error
 // naming the call's sizes, never as std::bad_alloc.

@@ -171,6 +171,8 @@ struct selection {
   std::string unknown;
 };
 selection select_backend(const problem& p, const backend_request& req, backend want);
+// The backend select_backend picks, or attn::error "<op>: ..." naming why none can run.
+const backend_impl& pick(const char* op, const problem& p, const backend_request& req, backend want);
 
 // Everything a problem points into that the front had to allocate.
 struct problem_storage {

@@ -2,6 +2,7 @@
 // backward. Plain loops, one query row at a time, every score materialised for that row;
 // written to be read and trusted, not to be fast. It is the test oracle for every other
 // backend and stays selectable (backend::reference, ATTN_BACKEND=reference).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -116,7 +117,15 @@ void forward(const problem& p, const forward_outputs& o) {
   }
 }
 
-// Backward of one row, from its recomputed float64 lse (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
+// Whether a saved lse is this row's own (float64 own_lse), to the precision of its type: a saved
+// float32 lse carries the fast backend's rounding (relative 1e-5 covers long rows), a float64
+// one the reference's. A block of a longer row (ring attention) has a smaller own lse.
+bool same_lse(double own_lse, double saved_lse, dtype saved_type) {
+  const double tol = (saved_type == dtype::f64 ? 1e-12 : 1e-5) * std::max(1.0, std::abs(own_lse));
+  return std::abs(own_lse - saved_lse) <= tol;
+}
+
+// Backward of one row (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
 //   p_j  = exp(s_j - lse)                      dp_j = dO_i·v_j
 //   ds_j = p_j (dp_j - Δ_i)                    -> dmask_j, dalibi (-|pos_i - j|)
 //   dx_j = ds_j (1 - (c_j/softcap)²)           (softcap' ; 1 without softcap)
@@ -137,18 +146,28 @@ void backward(const problem& p, const backward_io& io) {
           const double* q = Q.data() + i * p.D;
           score_row(p, b, h, i, q, K, r);
           // The row's own float64 lse, recomputed: the saved one (float32 for float32 inputs)
-          // would limit the oracle to float32's precision of s - lse.
-          const double lse = row_softmax(p, h, r.s, prob);
+          // would limit the oracle to float32's precision of s - lse. It is used when the saved
+          // lse is this row's to the saved type's precision (or overflowed); otherwise these keys
+          // are one block of a longer row (ring attention), and the saved lse and out — the whole
+          // row's — define p_j and Δ_i.
+          const double own_lse = row_softmax(p, h, r.s, prob);
+          const double saved_lse = load_as_double(io.lse, io.lse_type, (b * p.Hq + h) * p.Nq + i);
+          const bool whole_row = !std::isfinite(saved_lse) || same_lse(own_lse, saved_lse, io.lse_type);
+          const double lse = whole_row ? own_lse : saved_lse;
+          if (!whole_row)
+            for (std::int64_t j = 0; j < p.Nk; ++j) prob[std::size_t(j)] = std::exp(r.s[std::size_t(j)] - lse);
           if (lse != kNegInf) {
             for (std::int64_t d = 0; d < p.Dv; ++d) dO[std::size_t(d)] = io.dout.load(b, h, i, d);
             double delta = 0.0;
+            if (!whole_row)
+              for (std::int64_t d = 0; d < p.Dv; ++d) delta += dO[std::size_t(d)] * io.out.load(b, h, i, d);
             for (std::int64_t j = 0; j < p.Nk; ++j) {
               if (r.s[std::size_t(j)] == kNegInf) continue;  // excluded key: no gradient
               const double pj = prob[std::size_t(j)];
               double dpj = 0.0;
               for (std::int64_t d = 0; d < p.Dv; ++d) dpj += dO[std::size_t(d)] * V[std::size_t(j * p.Dv + d)];
               dp[std::size_t(j)] = dpj;
-              delta += pj * dpj;
+              if (whole_row) delta += pj * dpj;
             }
             for (std::int64_t j = 0; j < p.Nk; ++j) {
               const double pj = prob[std::size_t(j)];

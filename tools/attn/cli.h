@@ -4,8 +4,10 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
+#include "attn/attention.h"
 #include "attn/error.h"
 #include "attn/execution.h"
 
@@ -26,6 +28,15 @@ inline CLI::Validator backend_name_check() {
 }
 
 void add_conformance(CLI::App& app, int& exit_code);
+
+// `attn run --ring` (cmd_run_ring.cc): what run() hands over besides the inputs and options.
+struct ring_run {
+  std::string layout = "contiguous";
+  std::string out, lse, dq, dk, dv, dalibi, dsinks;
+  std::optional<Tensor> dout;
+};
+int run_ring(const ring_run& a, const Tensor& q, const Tensor& k, const Tensor& v, const attention_options& o,
+             const execution& exec);
 void add_run(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);

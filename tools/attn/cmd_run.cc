@@ -27,6 +27,8 @@ struct run_args {
   std::string q, k, v, out, lse, probs, probs_png, probs_head, qk, mask, past_key, past_value, present_key,
       present_value, nonpad, alibi, sinks, dout, dq, dk, dv, dmask, dalibi, dsinks;
   std::string dtype_name = "input", alignment = "top_left", qk_mode = "none", backend = "automatic";
+  bool ring = false;  // --ring: ring attention over MPI (cmd_run_ring.cc)
+  std::string layout = "contiguous";
   std::optional<double> scale;
   double softcap = 0;
   bool causal = false, explain = false;
@@ -242,6 +244,18 @@ int run(const run_args& a) {
   o.alibi_slopes = opt(a.alibi);
   o.sinks = opt(a.sinks);
 
+  if (a.ring) {
+    const std::pair<const char*, bool> single_only[] = {
+        {"--probs", !a.probs.empty()}, {"--qk", !a.qk.empty()}, {"--present-key", !a.present_key.empty()},
+        {"--present-value", !a.present_value.empty()}, {"--dmask", !a.dmask.empty()}, {"--explain", a.explain}};
+    for (auto [name, given] : single_only)
+      if (given) throw error(fmt::format("attn run: {} cannot be combined with --ring", name));
+    if ((!a.dq.empty() || !a.dk.empty() || !a.dv.empty() || !a.dalibi.empty() || !a.dsinks.empty()) && a.dout.empty())
+      throw error("attn run: gradients need --dout");
+    ring_run rr{a.layout, a.out, a.lse, a.dq, a.dk, a.dv, a.dalibi, a.dsinks, std::nullopt};
+    if (!a.dout.empty()) rr.dout = read_npy(a.dout).to(q.type());
+    return run_ring(rr, q, k, v, o, exec);
+  }
   if (a.explain) fmt::print("{}\n", explain_backend(q, k, v, o, !a.dout.empty(), exec));
   const attention_result r = attention(q, k, v, o, exec);
   write_npy(a.out, r.out);
@@ -311,6 +325,9 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--backend", a->backend, "automatic | reference | cpu")
       ->check(backend_name_check());
   s->add_option("--threads", a->threads, "threads (0: all)");
+  s->add_flag("--ring", a->ring, "ring attention over MPI: run under mpirun -np P; rank 0 writes the outputs");
+  s->add_option("--layout", a->layout, "--ring: how the sequence is split: contiguous | zigzag")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}));
   s->add_flag("--explain", a->explain, "print which backend runs and why others do not");
   s->add_option("--dout", a->dout, "upstream gradient of out: runs the backward");
   s->add_option("--dq", a->dq, "write dq");
