@@ -250,10 +250,8 @@ ring_result ring_attention(MPI_Comm user_comm, const TensorView& q, const Tensor
         store_from_double(sink_lse.data(), plan.type, bh * n + i, plan.sinks[std::size_t(bh % Hq)]);
     merge(0, n, zero, sink_lse);
   }
-  res.out = Tensor::empty({B, Hq, n, plan.Dv}, plan.type);
-  res.lse = Tensor::empty({B, Hq, n}, plan.type);
-  for (std::size_t e = 0; e < acc_out.size(); ++e) store_from_double(res.out.data(), plan.type, std::int64_t(e), acc_out[e]);
-  for (std::size_t e = 0; e < acc_lse.size(); ++e) store_from_double(res.lse.data(), plan.type, std::int64_t(e), acc_lse[e]);
+  res.out = Tensor::from_values({B, Hq, n, plan.Dv}, plan.type, acc_out);
+  res.lse = Tensor::from_values({B, Hq, n}, plan.type, acc_lse);
   return res;
 }
 
