@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,36 @@ clock_type::time_point lap(clock_type::time_point t0, double* slot) {
   const auto t1 = clock_type::now();
   if (slot) *slot += std::chrono::duration<double>(t1 - t0).count();
   return t1;
+}
+
+// The valid rows of x [B, N, C] (row t < lengths[b] of batch b), packed: [Σ lengths, C].
+Tensor pack_rows(const Tensor& x, const std::vector<std::int64_t>& lengths) {
+  const std::int64_t N = x.size(1), C = x.size(2);
+  std::int64_t T = 0;
+  for (std::int64_t len : lengths) T += len;
+  Tensor out = Tensor::empty({T, C}, x.type());
+  const std::size_t row = std::size_t(C) * dtype_size(x.type());
+  const auto* src = static_cast<const std::byte*>(x.data());
+  auto* dst = static_cast<std::byte*>(out.data());
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    std::memcpy(dst, src + b * std::size_t(N) * row, std::size_t(lengths[b]) * row);
+    dst += std::size_t(lengths[b]) * row;
+  }
+  return out;
+}
+
+// The inverse of pack_rows: [B, N, C] with the padding rows zero.
+Tensor unpack_rows(const Tensor& packed, const std::vector<std::int64_t>& lengths, std::int64_t N) {
+  const std::int64_t B = std::int64_t(lengths.size()), C = packed.size(1);
+  Tensor out = Tensor::zeros({B, N, C}, packed.type());
+  const std::size_t row = std::size_t(C) * dtype_size(packed.type());
+  const auto* src = static_cast<const std::byte*>(packed.data());
+  auto* dst = static_cast<std::byte*>(out.data());
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    std::memcpy(dst + b * std::size_t(N) * row, src, std::size_t(lengths[b]) * row);
+    src += std::size_t(lengths[b]) * row;
+  }
+  return out;
 }
 
 }  // namespace
@@ -166,14 +197,18 @@ Tensor bert_model::forward(const Tensor& ids, const std::vector<std::int64_t>& l
   attention_options ao;
   ao.q_num_heads = ao.kv_num_heads = config_.num_attention_heads;
   ao.nonpad_kv_seqlen = Tensor::from_values({B}, dtype::i64, std::vector<double>(lengths.begin(), lengths.end()));
+  // Everything but attention runs on the valid tokens only, packed [T, H] (T = Σ lengths): the
+  // padding rows of a batch cost no GEMM work. Attention gets them back in [B, N, ·].
+  h = pack_rows(h, lengths);
   for (const bert_layer& L : layers_) {
-    // One GEMM for q, k, v: [B, N, 3H]; attention reads the three column blocks in place.
-    Tensor qkv = L.qkv.forward(h);
+    // One GEMM for q, k, v; attention reads the three column blocks of [B, N, 3H] in place.
+    Tensor qkv = unpack_rows(L.qkv.forward(h), lengths, N);
     t0 = lap(t0, prof ? &prof->projections : nullptr);
     if (attention_dtype != dtype::f32) qkv = qkv.to(attention_dtype);
     const TensorView& all = qkv.view();
     Tensor a = attention(all.slice(2, 0, H), all.slice(2, H, 2 * H), all.slice(2, 2 * H, 3 * H), ao, exec).out;
     if (a.type() != dtype::f32) a = a.to(dtype::f32);
+    a = pack_rows(a, lengths);
     t0 = lap(t0, prof ? &prof->attention : nullptr);
     a = L.attention_output.forward(a);
     t0 = lap(t0, prof ? &prof->projections : nullptr);
@@ -188,7 +223,7 @@ Tensor bert_model::forward(const Tensor& ids, const std::vector<std::int64_t>& l
     h = L.output_norm.forward(f, a);
     t0 = lap(t0, prof ? &prof->norms : nullptr);
   }
-  return h;
+  return unpack_rows(h, lengths, N);
 }
 
 sentence_embedder sentence_embedder::load(const std::string& dir) {

@@ -60,7 +60,8 @@ class bert_model {
   explicit bert_model(const bert_config& config);
 
   // ids int64 [B, N] (right-padded), lengths [B] (valid tokens per row, >= 1). Returns the last
-  // hidden state [B, N, hidden] (rows past a sequence's length hold values of no meaning).
+  // hidden state [B, N, hidden] (rows past a sequence's length are zero). Everything but
+  // attention runs on the valid tokens only, packed.
   // `attention_dtype` bf16 runs attention on bf16 q/k/v (fp32 accumulation).
   Tensor forward(const Tensor& ids, const std::vector<std::int64_t>& lengths, dtype attention_dtype = dtype::f32,
                  const execution& exec = {}, embed_profile* profile = nullptr) const;
