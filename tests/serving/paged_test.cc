@@ -56,6 +56,9 @@ const paged_case kCases[] = {
     {"long_chunks", {2600, 700}, 4, 2, false, false, causal_alignment::bottom_right, -1, false, false},
 };
 
+// Names the case in gtest's output instead of dumping its bytes.
+void PrintTo(const paged_case& c, std::ostream* os) { *os << c.name; }
+
 class Paged : public ::testing::TestWithParam<std::tuple<paged_case, dtype>> {};
 
 TEST_P(Paged, EqualsDenseAttention) {

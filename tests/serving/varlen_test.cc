@@ -55,6 +55,9 @@ const varlen_case kCases[] = {
     {"alibi_sinks", {4, 1, 6, 0}, {7, 1, 6, 2}, 4, 2, true, causal_alignment::bottom_right, -1, -1, 0, true, true},
 };
 
+// Names the case in gtest's output instead of dumping its bytes.
+void PrintTo(const varlen_case& c, std::ostream* os) { *os << c.name; }
+
 class Varlen : public ::testing::TestWithParam<std::tuple<varlen_case, dtype>> {};
 
 TEST_P(Varlen, EqualsEachSequenceAlone) {
