@@ -88,8 +88,9 @@ paged_dims check_pages(const char* op, const paged_kv_view& c, std::int64_t extr
 TensorView page_rows(const TensorView& pages, std::int64_t page, std::int64_t n) {
   auto* base = static_cast<std::byte*>(pages.data());
   if (base) base += page * pages.stride(0) * std::int64_t(dtype_size(pages.type()));
-  return TensorView(base, pages.type(), {1, pages.size(2), n, pages.size(3)},
-                    {n * pages.stride(1), pages.stride(2), pages.stride(1), pages.stride(3)});
+  const TensorView tokens(base, pages.type(), {n, pages.size(2), pages.size(3)},
+                          {pages.stride(1), pages.stride(2), pages.stride(3)});
+  return token_rows(tokens, 0, n);
 }
 
 // Partial softmax state of [Hq, Nq] rows: out [Hq·Nq, Dv] normalised by its own lse.

@@ -82,6 +82,13 @@ TensorView k_rows(const TensorView& t, const packed_dims& d, std::int64_t b) {
   return token_rows(t, d.cu_k[std::size_t(b)], d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]);
 }
 
+// The core op's problem of sequence b, checked as attn::attention checks it.
+problem sequence_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                         const packed_dims& d, std::int64_t b, const attention_options& o, const execution& exec) {
+  problem_storage store;  // stays empty: no past_key here
+  return build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), for_sequence(o, b), exec, store);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -99,9 +106,7 @@ varlen_result attention_varlen(const TensorView& q, const TensorView& k, const T
   for (std::int64_t b = 0; b < d.B; ++b) {
     const std::int64_t q0 = d.cu_q[std::size_t(b)], nq = d.cu_q[std::size_t(b) + 1] - q0;
     if (nq == 0) continue;
-    problem_storage store;
-    const problem p = build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), for_sequence(options, b),
-                                    exec, store);
+    const problem p = sequence_problem(op, q, k, v, d, b, options, exec);
     const Tensor lse = Tensor::empty({d.Hq, nq}, r.lse.type());
     forward_outputs fo;
     fo.out = as_bhnx(q_rows(r.out, d, b), d.Hq);
@@ -148,9 +153,7 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
   for (std::int64_t b = 0; b < d.B; ++b) {
     const std::int64_t q0 = d.cu_q[std::size_t(b)], nq = d.cu_q[std::size_t(b) + 1] - q0;
     if (nq == 0) continue;  // its dk, dv stay zero
-    problem_storage store;
-    const problem p = build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), for_sequence(options, b),
-                                    exec, store);
+    const problem p = sequence_problem(op, q, k, v, d, b, options, exec);
     const Tensor lse_b = Tensor::empty({1, d.Hq, nq}, lse.type());  // contiguous, as backends read it
     for (std::int64_t h = 0; h < d.Hq; ++h)
       for (std::int64_t i = 0; i < nq; ++i) lse_b.set({0, h, i}, lse.get({h, q0 + i}));
