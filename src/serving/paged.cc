@@ -99,18 +99,21 @@ struct partial {
   partial(std::int64_t rows, std::int64_t Dv)
       : out(std::size_t(rows * Dv), 0.0), lse(std::size_t(rows), kNegInf) {}
 
-  // Merges (o, l) of `rows` rows into this state; `sink` (per row, may be -inf) joins once.
-  template <class Load>
-  void merge(std::int64_t rows, std::int64_t Dv, Load o, const double* l) {
+  // Merges (o [rows, Dv], l [rows]) into this state.
+  template <class T>
+  void merge(std::int64_t rows, std::int64_t Dv, const T* o, const T* l) {
     for (std::int64_t r = 0; r < rows; ++r) {
-      const double a = lse[std::size_t(r)], c = l[r];
+      const double a = lse[std::size_t(r)], c = double(l[r]);
       const double m = std::max(a, c);
       if (m == kNegInf) continue;
       const double n = m + std::log(std::exp(a - m) + std::exp(c - m));
       const double wa = std::exp(a - n), wc = std::exp(c - n);
-      for (std::int64_t x = 0; x < Dv; ++x) {
-        double& y = out[std::size_t(r * Dv + x)];
-        y = y * wa + (wc == 0.0 ? 0.0 : o(r, x) * wc);
+      double* y = out.data() + r * Dv;
+      const T* x = o + r * Dv;
+      if (wc == 0.0) {
+        for (std::int64_t i = 0; i < Dv; ++i) y[i] *= wa;
+      } else {
+        for (std::int64_t i = 0; i < Dv; ++i) y[i] = y[i] * wa + double(x[i]) * wc;
       }
       lse[std::size_t(r)] = n;
     }
@@ -184,7 +187,6 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     problem p = templ[std::size_t(task.b)];
     Tensor o = Tensor::empty({1, Hq, Nq, Dv}, part_type);
     Tensor l = Tensor::empty({rows}, part_type);
-    std::vector<double> lv(static_cast<std::size_t>(rows));
     for (std::int64_t p0 = task.p0; p0 < task.p1;) {
       std::int64_t p1 = p0 + 1;
       while (d.runs && p1 < task.p1 && d.page(task.b, p1) == d.page(task.b, p1 - 1) + 1) ++p1;
@@ -198,9 +200,8 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
       fo.lse = l.data();
       fo.lse_type = part_type;
       be[std::size_t(task.b)]->forward(p, fo);
-      for (std::int64_t r = 0; r < rows; ++r) lv[std::size_t(r)] = load_as_double(l.data(), part_type, r);
-      parts[t].merge(rows, Dv, [&](std::int64_t r, std::int64_t x) { return load_as_double(o.data(), part_type, r * Dv + x); },
-                     lv.data());
+      if (part_type == dtype::f64) parts[t].merge(rows, Dv, o.data_as<const double>(), l.data_as<const double>());
+      else parts[t].merge(rows, Dv, o.data_as<const float>(), l.data_as<const float>());
       p0 = p1;
     }
   }
@@ -212,12 +213,11 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   for (std::int64_t b = 0; b < B; ++b) {
     partial acc(rows, Dv);
     for (std::size_t t = first_task[std::size_t(b)]; t < first_task[std::size_t(b) + 1]; ++t)
-      acc.merge(rows, Dv, [&](std::int64_t rr, std::int64_t x) { return parts[t].out[std::size_t(rr * Dv + x)]; },
-                parts[t].lse.data());
-    if (!sinks.empty()) {  // the sink: a logit with a zero value row
-      std::vector<double> sl(static_cast<std::size_t>(rows));
-      for (std::int64_t r2 = 0; r2 < rows; ++r2) sl[std::size_t(r2)] = sinks[std::size_t(r2 / Nq)];
-      acc.merge(rows, Dv, [](std::int64_t, std::int64_t) { return 0.0; }, sl.data());
+      acc.merge(rows, Dv, parts[t].out.data(), parts[t].lse.data());
+    if (!sinks.empty()) {  // the sink of head h: a logit with a zero value row, for rows of head h
+      std::vector<double> sl(static_cast<std::size_t>(rows)), zero(std::size_t(rows * Dv), 0.0);
+      for (std::int64_t rr = 0; rr < rows; ++rr) sl[std::size_t(rr)] = sinks[std::size_t(rr / Nq)];
+      acc.merge(rows, Dv, zero.data(), sl.data());
     }
     for (std::int64_t rr = 0; rr < rows; ++rr) {
       store_from_double(r.lse.data(), part_type, b * rows + rr, acc.lse[std::size_t(rr)]);

@@ -4,8 +4,9 @@
 // nothing is padded or copied but the small lse rows ([Hq, Nq_b] per sequence, since the
 // backends keep lse contiguous as [B, Hq, Nq]).
 //
-// Threads: sequences run one after another and each call uses all of exec's threads inside
-// (the cpu backend parallelises over heads, query blocks and key chunks of one sequence).
+// Threads: large sequences run one after another, each with all of exec's threads inside (the
+// cpu backend parallelises over heads, query blocks and key chunks); small ones run side by
+// side with one thread each (see run_sequences).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -89,6 +90,56 @@ problem sequence_problem(const char* op, const TensorView& q, const TensorView& 
   return build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), for_sequence(o, b), exec, store);
 }
 
+// A sequence that has queries, with its checked problem and backend; d_alibi, d_sinks ([Hq])
+// collect its parameter gradients in the backward.
+struct sequence_run {
+  std::int64_t b = 0;
+  problem p;
+  const backend_impl* be = nullptr;
+  std::vector<double> d_alibi, d_sinks;
+};
+
+// Sequences below this many multiply-adds in q·kᵀ (Hq·Nq·Nk·D) run side by side, one thread
+// each: many short sequences otherwise pay one parallel region each for little work.
+constexpr double kInnerThreadsWork = double(1 << 24);
+
+// Every sequence is checked (and its backend chosen) before any runs, so a bad argument throws
+// before anything is written.
+std::vector<sequence_run> plan_sequences(const char* op, const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const packed_dims& d, const attention_options& o,
+                                         const execution& exec, const backend_request& req) {
+  std::vector<sequence_run> runs;
+  for (std::int64_t b = 0; b < d.B; ++b) {
+    if (d.cu_q[std::size_t(b) + 1] == d.cu_q[std::size_t(b)]) continue;  // no queries: nothing to compute
+    sequence_run r;
+    r.b = b;
+    r.p = sequence_problem(op, q, k, v, d, b, o, exec);
+    r.be = &pick_backend(op, r.p, req, exec.use_backend);
+    runs.push_back(std::move(r));
+  }
+  return runs;
+}
+
+// fn(run) for every run: large sequences one after another with all threads inside, then the
+// small ones in parallel with one thread each. The backends give the same bits for any thread
+// count, so the split changes nothing in the results.
+template <class Fn>
+void run_sequences(std::vector<sequence_run>& runs, Fn fn) {
+  std::vector<sequence_run*> small;
+  int nt = 1;
+  for (sequence_run& r : runs) {
+    nt = r.p.num_threads;
+    if (double(r.p.Hq) * double(r.p.Nq) * double(r.p.Nk) * double(r.p.D) >= kInnerThreadsWork) {
+      fn(r);
+    } else {
+      r.p.num_threads = 1;
+      small.push_back(&r);
+    }
+  }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (std::size_t i = 0; i < small.size(); ++i) fn(*small[i]);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -103,23 +154,21 @@ varlen_result attention_varlen(const TensorView& q, const TensorView& k, const T
   varlen_result r;
   r.out = Tensor::empty({total_q, d.Hq, d.Dv}, q.type());
   r.lse = Tensor::empty({d.Hq, total_q}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
-  for (std::int64_t b = 0; b < d.B; ++b) {
-    const std::int64_t q0 = d.cu_q[std::size_t(b)], nq = d.cu_q[std::size_t(b) + 1] - q0;
-    if (nq == 0) continue;
-    const problem p = sequence_problem(op, q, k, v, d, b, options, exec);
+  std::vector<sequence_run> runs = plan_sequences(op, q, k, v, d, options, exec, {});
+  run_sequences(runs, [&](const sequence_run& sr) {
+    const std::int64_t q0 = d.cu_q[std::size_t(sr.b)], nq = sr.p.Nq;
     const Tensor lse = Tensor::empty({d.Hq, nq}, r.lse.type());
     forward_outputs fo;
-    fo.out = as_bhnx(q_rows(r.out, d, b), d.Hq);
+    fo.out = as_bhnx(q_rows(r.out, d, sr.b), d.Hq);
     fo.lse = lse.data();
     fo.lse_type = lse.type();
-    const backend_impl& be = pick_backend(op, p, {}, exec.use_backend);
-    be.forward(p, fo);
-    r.backend = std::string(be.name());
+    sr.be->forward(sr.p, fo);
     for (std::int64_t h = 0; h < d.Hq; ++h)
       for (std::int64_t i = 0; i < nq; ++i)
         store_from_double(r.lse.data(), r.lse.type(), h * total_q + q0 + i,
                           load_as_double(lse.data(), lse.type(), h * nq + i));
-  }
+  });
+  if (!runs.empty()) r.backend = std::string(runs.front().be->name());
   return r;
 }
 
@@ -149,34 +198,30 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
   const bool alibi_per_seq = options.alibi_slopes && options.alibi_slopes->rank() == 2;
   Tensor dalibi = options.alibi_slopes ? Tensor::zeros(options.alibi_slopes->shape(), dtype::f64) : Tensor();
   Tensor dsinks = options.sinks ? Tensor::zeros({d.Hq}, dtype::f64) : Tensor();
-  std::vector<double> dalibi_b(std::size_t(d.Hq)), dsinks_b(std::size_t(d.Hq));
-  for (std::int64_t b = 0; b < d.B; ++b) {
-    const std::int64_t q0 = d.cu_q[std::size_t(b)], nq = d.cu_q[std::size_t(b) + 1] - q0;
-    if (nq == 0) continue;  // its dk, dv stay zero
-    const problem p = sequence_problem(op, q, k, v, d, b, options, exec);
+  std::vector<sequence_run> runs = plan_sequences(op, q, k, v, d, options, exec, {.backward = true});
+  run_sequences(runs, [&](sequence_run& sr) {  // sequences without queries keep zero dk, dv
+    const std::int64_t q0 = d.cu_q[std::size_t(sr.b)], nq = sr.p.Nq;
     const Tensor lse_b = Tensor::empty({1, d.Hq, nq}, lse.type());  // contiguous, as backends read it
     for (std::int64_t h = 0; h < d.Hq; ++h)
       for (std::int64_t i = 0; i < nq; ++i) lse_b.set({0, h, i}, lse.get({h, q0 + i}));
     backward_io io;
-    io.out = as_bhnx(q_rows(out, d, b), d.Hq);
-    io.dout = as_bhnx(q_rows(dout, d, b), d.Hq);
+    io.out = as_bhnx(q_rows(out, d, sr.b), d.Hq);
+    io.dout = as_bhnx(q_rows(dout, d, sr.b), d.Hq);
     io.lse = lse_b.data();
     io.lse_type = lse_b.type();
-    io.dq = as_bhnx(q_rows(g.dq, d, b), d.Hq);
-    io.dk = as_bhnx(k_rows(g.dk, d, b), d.Hkv);
-    io.dv = as_bhnx(k_rows(g.dv, d, b), d.Hkv);
-    std::fill(dalibi_b.begin(), dalibi_b.end(), 0.0);
-    std::fill(dsinks_b.begin(), dsinks_b.end(), 0.0);
-    if (dalibi.defined()) io.dalibi = dalibi_b.data();
-    if (dsinks.defined()) io.dsinks = dsinks_b.data();
-    const backend_impl& be = pick_backend(op, p, {.backward = true}, exec.use_backend);
-    be.backward(p, io);
-    g.backend = std::string(be.name());
+    io.dq = as_bhnx(q_rows(g.dq, d, sr.b), d.Hq);
+    io.dk = as_bhnx(k_rows(g.dk, d, sr.b), d.Hkv);
+    io.dv = as_bhnx(k_rows(g.dv, d, sr.b), d.Hkv);
+    if (dalibi.defined()) sr.d_alibi.assign(std::size_t(d.Hq), 0.0), io.dalibi = sr.d_alibi.data();
+    if (dsinks.defined()) sr.d_sinks.assign(std::size_t(d.Hq), 0.0), io.dsinks = sr.d_sinks.data();
+    sr.be->backward(sr.p, io);
+  });
+  for (const sequence_run& sr : runs)  // in sequence order: the sums do not depend on the threads
     for (std::int64_t h = 0; h < d.Hq; ++h) {
-      if (dalibi.defined()) dalibi.data_as<double>()[(alibi_per_seq ? b * d.Hq : 0) + h] += dalibi_b[std::size_t(h)];
-      if (dsinks.defined()) dsinks.data_as<double>()[h] += dsinks_b[std::size_t(h)];
+      if (dalibi.defined()) dalibi.data_as<double>()[(alibi_per_seq ? sr.b * d.Hq : 0) + h] += sr.d_alibi[std::size_t(h)];
+      if (dsinks.defined()) dsinks.data_as<double>()[h] += sr.d_sinks[std::size_t(h)];
     }
-  }
+  if (!runs.empty()) g.backend = std::string(runs.front().be->name());
   if (dalibi.defined()) g.dalibi_slopes = dalibi.to(options.alibi_slopes->type());
   if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
   return g;

@@ -143,6 +143,30 @@ TEST(VarlenViews, StridedPackedInputs) {
   EXPECT_TRUE(all_close(a.lse, b.lse, 0, 0));
 }
 
+// A large sequence (all threads inside one call) next to small ones (side by side, one thread
+// each): the same bits for any thread count, forward and backward, and the large one as alone.
+TEST(VarlenViews, LargeAndSmallSequencesAnyThreadCount) {
+  std::mt19937 rng(9);
+  const std::vector<std::int64_t> cq{0, 1100, 1103, 1103, 1153};
+  const std::int64_t T = cq.back();
+  const Tensor q = random_tensor({T, 2, 8}, dtype::f32, rng), k = random_tensor({T, 2, 8}, dtype::f32, rng);
+  const Tensor v = random_tensor({T, 2, 8}, dtype::f32, rng), dout = random_tensor({T, 2, 8}, dtype::f32, rng);
+  const Tensor cu = index_tensor(cq);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const auto a = attention_varlen(q, k, v, cu, cu, 1100, 1100, o);
+  const auto b = attention_varlen(q, k, v, cu, cu, 1100, 1100, o, {.num_threads = 1});
+  EXPECT_TRUE(all_close(a.out, b.out, 0, 0));
+  EXPECT_TRUE(all_close(a.lse, b.lse, 0, 0));
+  const auto ga = attention_varlen_backward(q, k, v, a.out, dout, a.lse, cu, cu, 1100, 1100, o);
+  const auto gb = attention_varlen_backward(q, k, v, a.out, dout, a.lse, cu, cu, 1100, 1100, o, {.num_threads = 1});
+  EXPECT_TRUE(all_close(ga.dq, gb.dq, 0, 0));
+  EXPECT_TRUE(all_close(ga.dk, gb.dk, 0, 0));
+  EXPECT_TRUE(all_close(ga.dv, gb.dv, 0, 0));
+  const attention_result alone = attention(seq(q, 0, 1100), seq(k, 0, 1100), seq(v, 0, 1100), o);
+  EXPECT_TRUE(all_close(seq(a.out, 0, 1100), alone.out, 0, 0));
+}
+
 TEST(VarlenErrors, BadCuSeqlensByMessage) {
   std::mt19937 rng(5);
   const Tensor q = random_tensor({6, 2, 4}, dtype::f32, rng), k = random_tensor({6, 2, 4}, dtype::f32, rng);
