@@ -83,7 +83,7 @@ TEST_P(Paged, EqualsDenseAttention) {
   const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, c.lens)};
   attention_options o;
   o.is_causal = true, o.alignment = c.align, o.window_left = c.wl;
-  if (c.alibi) o.alibi_slopes = random_tensor({Hq}, dtype::f64, rng, 0.1, 0.9);
+  if (c.alibi) o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);  // one row per sequence
   if (c.sinks) o.sinks = random_tensor({Hq}, dtype::f64, rng);
 
   const attention_result r = attention_paged(q, cache, o);
@@ -93,6 +93,7 @@ TEST_P(Paged, EqualsDenseAttention) {
     const std::int64_t L = c.lens[std::size_t(b)];
     SCOPED_TRACE(fmt::format("{} sequence {} (L {})", c.name, b, L));
     attention_options ob = o;
+    if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({Hq}));
     // The queries are the last Nq tokens: after_past puts them at L - Nq + i.
     ob.alignment = c.align == causal_alignment::top_left ? causal_alignment::top_left : causal_alignment::bottom_right;
     const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1));
@@ -157,6 +158,10 @@ TEST(PagedErrors, BadTablesByMessage) {
   const Tensor one = Tensor::zeros({2, 1, 1, 4}, dtype::f32);
   EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {4, 1})}, one, one),
                    "paged_kv_append: seq_lens[0] = 4 with 1 new tokens is beyond the block table's capacity 4");
+  EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 1})}, one, Tensor::zeros({2, 1, 1, 4}, dtype::f64)),
+                   "paged_kv_append: k_new/v_new have dtypes float32/float64, expected float32 like the pages");
+  EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 1})}, one, Tensor::zeros({2, 1, 2, 4}, dtype::f32)),
+                   "paged_kv_append: v_new has shape [2, 1, 2, 4], expected [2, 1, 1, 4]");
   EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 2})}, one, one),
                    "paged_kv_append: block_table[1, 1] = 9 is outside [0, num_pages = 4)");
 }
