@@ -5,6 +5,8 @@
 //   attn bench --grid standard --threads 1,2 --csv out.csv    the standard grid, two thread counts
 //   attn bench --hq 32 --hkv 8 --nq 1 --nk 131072 --d 128 --kv-cache both   one decode step
 //   attn bench --nq 16 --nk 16 --d 8 --reps 1 --json          CI smoke test
+//   attn bench --varlen 64:4096 --batch 16 --causal           packed sequences vs padded (bench_serving.h)
+//   attn bench --paged 16 --hq 32 --hkv 8 --nq 1 --nk 16384 --d 128   paged decode vs dense
 //
 // Every configuration is timed as: --warmup untimed calls of each contender, then --reps rounds
 // of one timed call each (attn, then every peer), the medians reported.
@@ -34,6 +36,7 @@
 #include "bench_peers.h"
 #include "bench_probe.h"
 #include "bench_report.h"
+#include "bench_serving.h"
 #include "cli.h"
 
 namespace attn::cli {
@@ -52,6 +55,8 @@ struct bench_args {
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
   std::int64_t probe_mib = 512;
+  std::string varlen;        // --varlen MIN:MAX
+  std::int64_t paged = 0;    // --paged PAGE_SIZE
 };
 
 // Which options were given on the command line (their defaults depend on it).
@@ -444,6 +449,23 @@ int run(const bench_args& a, const given& g) {
   return failed_checks ? 1 : 0;
 }
 
+// --varlen / --paged: the serving ops (bench_serving.cc); --hkv defaults to --hq.
+int run_serving(const bench_args& a, bool varlen) {
+  bench::serving_args s;
+  s.batch = a.batch, s.hq = a.hq, s.hkv = a.hkv ? a.hkv : a.hq, s.nq = a.nq, s.nk = a.nk ? a.nk : a.nq, s.d = a.d;
+  s.causal = a.causal, s.type = bench::parse_bench_dtype(a.dtype_name), s.threads = a.threads;
+  s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged;
+  if (!varlen) return bench::run_paged(s);
+  const auto colon = a.varlen.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    s.len_min = std::stoll(a.varlen.substr(0, colon)), s.len_max = std::stoll(a.varlen.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw error(fmt::format("attn bench: --varlen {} is not MIN:MAX (two whole numbers)", a.varlen));
+  }
+  return bench::run_varlen(s);
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app, int& exit_code) {
@@ -483,7 +505,17 @@ void add_bench(CLI::App& app, int& exit_code) {
                            "time one decode step appending --nq tokens to a cache of --nk − --nq: inplace (default: "
                            "attention_with_kv_cache), onnx (past_key/past_value copied into a new present), both")
                  ->expected(0, 1);
-  s->callback([a, dt, ps, kv, &exit_code] {
+  auto* vl = s->add_option("--varlen", a->varlen,
+                           "MIN:MAX — attention_varlen on --batch sequences of random lengths in [MIN, MAX] against "
+                           "the batch padded to the longest");
+  auto* pg = s->add_option("--paged", a->paged,
+                           "PAGE_SIZE — attention_paged (consecutive and shuffled pages) against dense attention, "
+                           "--batch sequences of --nk keys, --nq queries each");
+  s->callback([a, dt, ps, kv, vl, pg, &exit_code] {
+    if (vl->count() || pg->count()) {
+      exit_code = run_serving(*a, vl->count() > 0);
+      return;
+    }
     exit_code = run(*a, given{dt->count() > 0, ps->count() > 0, kv->count() > 0});
   });
 }
