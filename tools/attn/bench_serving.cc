@@ -1,7 +1,8 @@
 // tools/attn/bench_serving.cc — `attn bench --varlen` / `--paged` (bench_serving.h). Each
 // contender gets --warmup untimed calls, then --reps rounds of one timed call each, contenders
-// alternating within a round; medians are printed. The load average is printed with the
-// results: on a shared machine it says how far the times can be trusted.
+// alternating within a round; medians of wall and of process CPU time are printed. The load
+// average is printed with the results: on a shared machine it says how far the times can be
+// trusted, and the CPU time (run with OMP_WAIT_POLICY=passive) is the steadier measure there.
 #include "bench_serving.h"
 
 #include <fmt/format.h>
@@ -13,6 +14,8 @@
 #include <numeric>
 #include <random>
 #include <thread>
+
+#include <time.h>
 
 #include "attn/attn.h"
 #include "bench_probe.h"
@@ -38,23 +41,38 @@ std::string load_average() {
   return f ? fmt::format("{} {} {}", a, b, c) : std::string("unknown");
 }
 
-// Median milliseconds of each contender, alternating within every round.
-std::vector<double> time_medians(const std::vector<std::function<void()>>& fs, int warmup, int reps) {
+double cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+}
+
+// Median wall and CPU (all threads of the process) milliseconds of one contender. Under load
+// the CPU time is the steadier of the two (with OMP_WAIT_POLICY=passive: no spinning counted).
+struct medians {
+  double wall = 0, cpu = 0;
+};
+
+// Medians of each contender, alternating within every round.
+std::vector<medians> time_medians(const std::vector<std::function<void()>>& fs, int warmup, int reps) {
   for (const auto& f : fs)
     for (int i = 0; i < warmup; ++i) f();
-  std::vector<std::vector<double>> ms(fs.size());
+  std::vector<std::vector<double>> wall(fs.size()), cpu(fs.size());
   for (int r = 0; r < reps; ++r)
     for (std::size_t i = 0; i < fs.size(); ++i) {
+      const double c0 = cpu_ms();
       const auto t0 = std::chrono::steady_clock::now();
       fs[i]();
-      ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      wall[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      cpu[i].push_back(cpu_ms() - c0);
     }
-  std::vector<double> med;
-  for (auto& v : ms) {
+  auto median = [](std::vector<double>& v) {
     std::sort(v.begin(), v.end());
-    med.push_back(v[v.size() / 2]);
-  }
-  return med;
+    return v[v.size() / 2];
+  };
+  std::vector<medians> m;
+  for (std::size_t i = 0; i < fs.size(); ++i) m.push_back({median(wall[i]), median(cpu[i])});
+  return m;
 }
 
 int thread_count(int t) { return t ? t : int(std::thread::hardware_concurrency()); }
@@ -105,11 +123,14 @@ int run_varlen(const serving_args& a) {
                                   [&] { attention(qp, kp, vp, padded, ex); },
                                   [&] { attention(q1, k1, v1, o, ex); }},
                                  a.warmup, a.reps);
-    const double single = work(mean) / ms[2] / 1e6;
+    const double single = work(mean) / ms[2].wall / 1e6;
     fmt::print("  threads {}: varlen {:.2f} ms {:.1f} GFLOP/s | padded {:.2f} ms (varlen {:.2f}x faster) | one sequence "
                "of {} {:.1f} GFLOP/s (varlen at {:.0f}%)\n",
-               thread_count(t), ms[0], flops / ms[0] / 1e6, ms[1], ms[1] / ms[0], mean, single,
-               100.0 * flops / ms[0] / 1e6 / single);
+               thread_count(t), ms[0].wall, flops / ms[0].wall / 1e6, ms[1].wall, ms[1].wall / ms[0].wall, mean, single,
+               100.0 * flops / ms[0].wall / 1e6 / single);
+    fmt::print("    cpu time: varlen {:.2f} ms | padded {:.2f} ms ({:.2f}x) | one sequence {:.1f} GFLOP/cpu-s (varlen at {:.0f}%)\n",
+               ms[0].cpu, ms[1].cpu, ms[1].cpu / ms[0].cpu, work(mean) / ms[2].cpu / 1e6,
+               100.0 * (flops / ms[0].cpu) / (work(mean) / ms[2].cpu));
   }
   return 0;
 }
@@ -148,7 +169,10 @@ int run_paged(const serving_args& a) {
                                  : std::string("not probed");
     fmt::print("  threads {}: DRAM read {} | dense {:.3f} ms {:.1f} GB/s | paged consecutive {:.3f} ms ({:.0f}% of dense) | "
                "paged shuffled {:.3f} ms ({:.0f}% of dense)\n",
-               thread_count(t), dram, ms[0], bytes / ms[0] / 1e6, ms[1], 100 * ms[0] / ms[1], ms[2], 100 * ms[0] / ms[2]);
+               thread_count(t), dram, ms[0].wall, bytes / ms[0].wall / 1e6, ms[1].wall, 100 * ms[0].wall / ms[1].wall,
+               ms[2].wall, 100 * ms[0].wall / ms[2].wall);
+    fmt::print("    cpu time: dense {:.3f} ms | paged consecutive {:.3f} ms ({:.0f}%) | paged shuffled {:.3f} ms ({:.0f}%)\n",
+               ms[0].cpu, ms[1].cpu, 100 * ms[0].cpu / ms[1].cpu, ms[2].cpu, 100 * ms[0].cpu / ms[2].cpu);
   }
   return 0;
 }
