@@ -140,6 +140,24 @@ TEST(PagedAppend, WritesOnlyItsRowsAndDecodesLikeDense) {
   }
 }
 
+// Pages of any strides: a head-major buffer [num_pages, Hkv, page_size, D] passed as the view
+// [num_pages, page_size, Hkv, D] gives the same result as token-major pages with the same values.
+TEST(PagedViews, HeadMajorPages) {
+  std::mt19937 rng(29);
+  const std::int64_t P = 6, ps = 4, Hkv = 2, D = 8;
+  const Tensor head_major = random_tensor({P, Hkv, ps, D}, dtype::f32, rng);
+  const TensorView kv = head_major.view().permute({0, 2, 1, 3});
+  const Tensor token_major = Tensor::copy_of(kv);
+  const Tensor table = index_tensor({2, 3}, {4, 0, 2, 5, 1, 3}), lens = index_tensor({2}, {10, 7});
+  const Tensor q = random_tensor({2, 4, 3, D}, dtype::f32, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const attention_result a = attention_paged(q, {kv, kv, table, lens}, o);
+  const attention_result b = attention_paged(q, {token_major, token_major, table, lens}, o);
+  EXPECT_TRUE(all_close(a.out, b.out, 1e-6));
+  EXPECT_TRUE(all_close(a.lse, b.lse, 1e-6));
+}
+
 TEST(PagedErrors, BadTablesByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
   const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
