@@ -10,10 +10,12 @@
 // so the sink joins once. A row no key reaches keeps out = 0 and lse = -inf (lse = sink with
 // sinks), as the core op defines it.
 //
-// Threads: a sequence's pages are cut into chunks of about kChunkKeys keys; chunks of every
-// sequence run in parallel (one thread per core-op call), each merging its runs in order, and
-// the chunks of a sequence merge in order afterwards — the partition depends on the shapes
-// only, so results do not depend on the thread count.
+// Threads. Decode (Hq·Nq < kPrefillRows rows): a sequence's pages are cut into chunks of about
+// kChunkKeys keys; chunks of every sequence run in parallel (one thread per core-op call), each
+// merging its runs in order, and the chunks of a sequence merge in order afterwards. Prefill
+// chunks (more rows): one task per sequence, run one after another with all threads inside
+// each core-op call, so the partial state stays one [Hq·Nq, Dv] per sequence. Either way the
+// partition depends on the shapes only, so results do not depend on the thread count.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -32,6 +34,7 @@ namespace detail {
 namespace {
 
 constexpr std::int64_t kChunkKeys = 2048;
+constexpr std::int64_t kPrefillRows = 256;
 
 struct paged_dims {
   std::int64_t B = 0, Hkv = 0, D = 0, Dv = 0, num_pages = 0, page_size = 0, max_pages = 0;
@@ -154,7 +157,6 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     problem_storage store;
     templ.push_back(build_problem(op, q.slice(0, b, b + 1), page_rows(cache.k_pages, 0, 0),
                                   page_rows(cache.v_pages, 0, 0), ob, exec, store));
-    templ.back().num_threads = 1;
     templ.back().alignment = causal_alignment::after_past;
     be.push_back(&pick_backend(op, templ.back(), {}, exec.use_backend));
   }
@@ -168,7 +170,10 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
                 .sinks;
   }
 
-  const std::int64_t chunk_pages = std::max<std::int64_t>(1, kChunkKeys / d.page_size);
+  const bool prefill = rows >= kPrefillRows;
+  const std::int64_t chunk_pages =
+      prefill ? std::max<std::int64_t>(1, d.max_pages) : std::max<std::int64_t>(1, kChunkKeys / d.page_size);
+  for (problem& p : templ) p.num_threads = prefill ? nt : 1;
   std::vector<chunk_task> tasks;
   std::vector<std::size_t> first_task(std::size_t(B) + 1);
   for (std::int64_t b = 0; b < B; ++b) {
@@ -179,7 +184,7 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   first_task[std::size_t(B)] = tasks.size();
 
   std::vector<partial> parts(tasks.size(), partial(rows, Dv));
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+#pragma omp parallel for if (!prefill) num_threads(nt) schedule(dynamic, 1)
   for (std::size_t t = 0; t < tasks.size(); ++t) {
     const chunk_task& task = tasks[t];
     const std::int64_t L = d.lens[std::size_t(task.b)];

@@ -54,6 +54,7 @@ const paged_case kCases[] = {
     {"window_alibi_sinks", {30, 5, 12}, 4, 3, true, true, causal_alignment::after_past, 6, true, true},
     {"top_left", {11, 6}, 4, 5, true, false, causal_alignment::top_left, -1, false, false},
     {"fewer_keys_than_queries", {2, 0, 3, 5}, 4, 4, true, false, causal_alignment::bottom_right, -1, false, true},
+    {"prefill_many_rows", {100, 37, 0}, 8, 80, true, false, causal_alignment::bottom_right, 20, false, true},
     {"long_chunks", {2600, 700}, 4, 2, false, false, causal_alignment::bottom_right, -1, false, false},
 };
 
