@@ -107,7 +107,7 @@ struct partial {
   void merge(std::int64_t rows, std::int64_t Dv, const T* o, const T* l) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const double a = lse[std::size_t(r)], c = double(l[r]);
-      const double m = std::max(a, c);
+      const double m = std::isnan(c) ? c : std::max(a, c);  // a NaN partial poisons the row, never vanishes
       if (m == kNegInf) continue;
       const double n = m + std::log(std::exp(a - m) + std::exp(c - m));
       const double wa = std::exp(a - n), wc = std::exp(c - n);

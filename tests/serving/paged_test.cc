@@ -159,6 +159,23 @@ TEST(PagedViews, HeadMajorPages) {
   EXPECT_TRUE(all_close(a.lse, b.lse, 1e-6));
 }
 
+// A NaN in one page reaches the output as the dense op gives it (whatever the core op's NaN
+// contract): a partial result's NaN is never merged away.
+TEST(PagedViews, NanInAPageAsDense) {
+  for (const bool in_keys : {false, true}) {
+    std::mt19937 rng(31);
+    const Tensor kp = random_tensor({4, 2, 1, 4}, dtype::f32, rng), vp = random_tensor({4, 2, 1, 4}, dtype::f32, rng);
+    (in_keys ? kp : vp).set({2, 1, 0, 3}, NAN);  // page 2, row 1: key position 1 of the sequence below
+    const std::vector<std::int64_t> table{2, 0, 3};
+    const Tensor q = random_tensor({1, 1, 1, 4}, dtype::f32, rng);
+    const attention_result r = attention_paged(q, {kp, vp, index_tensor({1, 3}, table), index_tensor({1}, {6})});
+    const attention_result want = attention(q, gather(kp, table, 3, 0, 6), gather(vp, table, 3, 0, 6));
+    if (!in_keys) EXPECT_TRUE(testing::any_nan(want.out));
+    EXPECT_TRUE(all_close(r.out, want.out, 1e-5)) << (in_keys ? "NaN key" : "NaN value");
+    EXPECT_TRUE(all_close(r.lse, want.lse, 1e-5)) << (in_keys ? "NaN key" : "NaN value");
+  }
+}
+
 TEST(PagedErrors, BadTablesByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
   const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
