@@ -11,4 +11,5 @@
 #include "attn/onnx.h"
 #include "attn/positional.h"
 #include "attn/safetensors.h"
+#include "attn/serving.h"
 #include "attn/tensor.h"

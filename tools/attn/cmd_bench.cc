@@ -6,6 +6,8 @@
 //   attn bench --hq 32 --hkv 8 --nq 1 --nk 131072 --d 128 --kv-cache both   one decode step
 //   attn bench --nq 16 --nk 16 --d 8 --reps 1 --json          CI smoke test
 //   attn bench --layer mha                                     nn::MultiHeadAttention vs torch (bench_layer.h)
+//   attn bench --varlen 64:4096 --batch 16 --causal           packed sequences vs padded (bench_serving.h)
+//   attn bench --paged 16 --hq 32 --hkv 8 --nq 1 --nk 16384 --d 128   paged decode vs dense
 //
 // Every configuration is timed as: --warmup untimed calls of each contender, then --reps rounds
 // of one timed call each (attn, then every peer), the medians reported.
@@ -36,6 +38,7 @@
 #include "bench_peers.h"
 #include "bench_probe.h"
 #include "bench_report.h"
+#include "bench_serving.h"
 #include "cli.h"
 
 namespace attn::cli {
@@ -55,6 +58,8 @@ struct bench_args {
   int reps = 5, warmup = 1;
   std::int64_t probe_mib = 512;
   std::string layer = "none";
+  std::string varlen;        // --varlen MIN:MAX
+  std::int64_t paged = 0;    // --paged PAGE_SIZE
 };
 
 // Which options were given on the command line (their defaults depend on it).
@@ -447,6 +452,23 @@ int run(const bench_args& a, const given& g) {
   return failed_checks ? 1 : 0;
 }
 
+// --varlen / --paged: the serving ops (bench_serving.cc); --hkv defaults to --hq.
+int run_serving(const bench_args& a, bool varlen) {
+  bench::serving_args s;
+  s.batch = a.batch, s.hq = a.hq, s.hkv = a.hkv ? a.hkv : a.hq, s.nq = a.nq, s.nk = a.nk ? a.nk : a.nq, s.d = a.d;
+  s.causal = a.causal, s.type = bench::parse_bench_dtype(a.dtype_name), s.threads = a.threads;
+  s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged;
+  if (!varlen) return bench::run_paged(s);
+  const auto colon = a.varlen.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    s.len_min = std::stoll(a.varlen.substr(0, colon)), s.len_max = std::stoll(a.varlen.substr(colon + 1));
+  } catch (const std::exception&) {
+    throw error(fmt::format("attn bench: --varlen {} is not MIN:MAX (two whole numbers)", a.varlen));
+  }
+  return bench::run_varlen(s);
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app, int& exit_code) {
@@ -486,6 +508,12 @@ void add_bench(CLI::App& app, int& exit_code) {
                            "time one decode step appending --nq tokens to a cache of --nk − --nq: inplace (default: "
                            "attention_with_kv_cache), onnx (past_key/past_value copied into a new present), both")
                  ->expected(0, 1);
+  auto* vl = s->add_option("--varlen", a->varlen,
+                           "MIN:MAX — attention_varlen on --batch sequences of random lengths in [MIN, MAX] against "
+                           "the batch padded to the longest");
+  auto* pg = s->add_option("--paged", a->paged,
+                           "PAGE_SIZE — attention_paged (consecutive and shuffled pages) against dense attention, "
+                           "--batch sequences of --nk keys, --nq queries each");
   auto* batch = s->get_option("--batch");
   auto* hq = s->get_option("--hq");
   auto* nq = s->get_option("--nq");
@@ -495,7 +523,11 @@ void add_bench(CLI::App& app, int& exit_code) {
                 "none | mha: time nn::MultiHeadAttention forward+backward beside torch.nn.MultiheadAttention "
                 "(default shape B8 N512 H8 D64, 2 threads; --batch, --nq, --hq, --d, --threads, --reps change it)")
       ->check(CLI::IsMember({"none", "mha"}));
-  s->callback([a, dt, ps, kv, batch, hq, nq, d, threads, &exit_code] {
+  s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, &exit_code] {
+    if (vl->count() || pg->count()) {
+      exit_code = run_serving(*a, vl->count() > 0);
+      return;
+    }
     if (a->layer == "mha") {
       bench::layer_args l;
       if (batch->count()) l.B = a->batch;

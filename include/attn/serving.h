@@ -1,0 +1,98 @@
+// attn/serving.h — attention for inference servers: variable-length packed batches
+// (FlashAttention's flash_attn_varlen_func) and a paged KV cache (vLLM's PagedAttention,
+// FlashAttention's block_table). Both run every sequence through the fused core op of
+// attention.h on strided views of the caller's memory: no padding, no copy of K/V.
+//
+// Shape legend as in attention.h: B sequences · Hq / Hkv heads · D key size · Dv value size.
+//
+// Varlen layouts (packed back to back, token-major as FlashAttention):
+//   q [total_q, Hq, D]   k [total_k, Hkv, D]   v [total_k, Hkv, Dv]   out [total_q, Hq, Dv]
+//   cu_seqlens_q, cu_seqlens_k: int64 [B + 1], 0 = cu[0] <= cu[1] <= ... <= cu[B] = total
+//   sequence b owns query rows [cu_q[b], cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1])
+//   lse [Hq, total_q] (FlashAttention's varlen layout), float32 (float64 for float64 inputs)
+// Every option of attention_options that is per call applies to each sequence on its own:
+// is_causal with its causal_alignment (bottom_right is FlashAttention's: the last query of a
+// sequence sits at its last key), windows, softcap, scale, ALiBi ([Hq], or [B, Hq]: one row per
+// sequence), sinks, GQA. Not accepted: attn_mask, nonpad_kv_seqlen (the cu_seqlens say which
+// keys are valid), past_key/past_value, return_qk. A sequence with no keys gives zero output
+// rows and lse = -inf; a sequence with no queries contributes nothing (and zero dk/dv).
+//
+// Paged KV cache layouts:
+//   k_pages [num_pages, page_size, Hkv, D]   v_pages [num_pages, page_size, Hkv, Dv]
+//   block_table int64 [B, max_pages]: page of sequence b's tokens [p·page_size, (p+1)·page_size)
+//   seq_lens int64 [B]: keys of sequence b (0 <= seq_lens[b] <= max_pages · page_size)
+//   q [B, Hq, Nq, D] (the core op's 4-D layout, any strides)   out [B, Hq, Nq, Dv]   lse [B, Hq, Nq]
+// Pages may be shared between sequences and appear in any order; entries of block_table past
+// a sequence's last page are not read.
+//
+// int32 index tensors: attn has no int32 dtype yet, so cu_seqlens, block_table and seq_lens are
+// int64 (a wrong dtype is an attn::error).
+#pragma once
+
+#include <cstdint>
+
+#include "attn/attention.h"
+#include "attn/execution.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+struct varlen_result {
+  Tensor out;  // [total_q, Hq, Dv], dtype of q
+  Tensor lse;  // [Hq, total_q]; -inf on rows with no key
+  std::string backend;
+};
+
+// Forward pass over B packed sequences. max_seqlen_q / max_seqlen_k are upper bounds of the
+// sequence lengths (as in FlashAttention); a length above its bound is an attn::error.
+//
+//   attn::attention_options opt;
+//   opt.is_causal = true, opt.alignment = attn::causal_alignment::bottom_right;
+//   auto r = attn::attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, opt);  // r.out [total_q, Hq, Dv]
+varlen_result attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                               std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+                               const attention_options& options = {}, const execution& exec = {});
+
+struct varlen_grads {
+  Tensor dq, dk, dv;     // [total, H, D|Dv], dtype of q
+  Tensor dalibi_slopes;  // shape of alibi_slopes
+  Tensor dsinks;         // [Hq]
+  std::string backend;
+};
+
+// Backward pass from the saved lse; `out` and `lse` are what attention_varlen returned for the
+// same inputs and options, `dout` has the shape of out.
+varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                       const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                                       std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
+                                       const attention_options& options = {}, const execution& exec = {});
+
+// A paged KV cache as the caller holds it (non-owning).
+struct paged_kv_view {
+  TensorArg k_pages, v_pages, block_table, seq_lens;
+};
+
+// Attention of q against the first seq_lens[b] keys of each sequence, read from the pages in
+// place: decode (Nq = 1 … 16, speculative decoding) and chunked prefill. With is_causal and
+// bottom_right or after_past alignment, query row i of sequence b sits at key position
+// seq_lens[b] - Nq + i (the queries are the last Nq tokens, already appended); top_left keeps
+// pos_i = i. Options as for varlen, ALiBi [Hq] or [B, Hq]. Runs of pages that are consecutive
+// in memory are read as one view; each run gives a partial softmax that is merged by
+// log-sum-exp (sinks join once, at the merge). Forward only.
+//
+//   attn::paged_kv_view cache{k_pages, v_pages, table, lens};
+//   attn::paged_kv_append(cache, k_step, v_step);          // writes the new tokens
+//   lens.data_as<std::int64_t>()[b] += 1 ...               // then the caller advances
+//   auto r = attn::attention_paged(q, cache, opt);        // r.out [B, Hq, Nq, Dv]
+attention_result attention_paged(const TensorView& q, const paged_kv_view& cache,
+                                 const attention_options& options = {}, const execution& exec = {});
+
+// Writes k_new [B, Hkv, Nnew, D] / v_new [B, Hkv, Nnew, Dv] (dtype of the pages) at positions
+// [seq_lens[b], seq_lens[b] + Nnew) of each sequence's pages. Only those rows are written;
+// seq_lens is not changed (the caller advances it by Nnew). The positions must fit the block
+// table: seq_lens[b] + Nnew <= max_pages · page_size.
+void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const TensorView& v_new);
+
+}  // namespace attn

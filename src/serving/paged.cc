@@ -1,0 +1,268 @@
+// src/serving/paged.cc — attention over a paged KV cache and appending to it
+// (include/attn/serving.h).
+//
+// attention_paged reads the pages in place. A run of table entries that are consecutive pages
+// in memory is one strided view [1, Hkv, n, X] (when a page's stride is page_size token rows);
+// each run is one core-op problem whose causal frontier, window and ALiBi are shifted to the
+// run's first key j0 (after_past alignment with P = pos_0 - j0, which may be negative). The run
+// gives out_r and lse_r over its keys; runs merge by log-sum-exp:
+//   lse = log(Σ_r exp(lse_r) + exp(sink)),   out = Σ_r exp(lse_r - lse) · out_r
+// so the sink joins once. A row no key reaches keeps out = 0 and lse = -inf (lse = sink with
+// sinks), as the core op defines it.
+//
+// Threads. Decode (Hq·Nq < kPrefillRows rows): a sequence's pages are cut into chunks of about
+// kChunkKeys keys; chunks of every sequence run in parallel (one thread per core-op call), each
+// merging its runs in order, and the chunks of a sequence merge in order afterwards. Prefill
+// chunks (more rows): one task per sequence, run one after another with all threads inside
+// each core-op call, so the partial state stays one [Hq·Nq, Dv] per sequence. Either way the
+// partition depends on the shapes only, so results do not depend on the thread count.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+
+#include "attn/serving.h"
+#include "core/common.h"
+#include "core/problem.h"
+#include "serving/serving.h"
+
+namespace attn {
+namespace detail {
+namespace {
+
+constexpr std::int64_t kChunkKeys = 2048;
+constexpr std::int64_t kPrefillRows = 256;
+
+struct paged_dims {
+  std::int64_t B = 0, Hkv = 0, D = 0, Dv = 0, num_pages = 0, page_size = 0, max_pages = 0;
+  std::vector<std::int64_t> table, lens;  // table [B, max_pages]
+  bool runs = false;  // consecutive pages are one view (page stride == page_size · token stride)
+
+  std::int64_t page(std::int64_t b, std::int64_t p) const { return table[std::size_t(b * max_pages + p)]; }
+};
+
+// Checks the pages, the block table and the lengths; every position [0, seq_lens[b] + extra)
+// must lie in a page of the table that exists.
+paged_dims check_pages(const char* op, const paged_kv_view& c, std::int64_t extra) {
+  const TensorView& kp = c.k_pages;
+  const TensorView& vp = c.v_pages;
+  if (kp.rank() != 4 || vp.rank() != 4)
+    fail(op, fmt::format("k_pages {} and v_pages {} must be 4-D [num_pages, page_size, Hkv, D]", shape_str(kp.shape()),
+                         shape_str(vp.shape())));
+  if (!is_floating(kp.type()) || vp.type() != kp.type())
+    fail(op, fmt::format("k_pages/v_pages have dtypes {}/{}; expected one float dtype", dtype_name(kp.type()),
+                         dtype_name(vp.type())));
+  if (vp.size(0) != kp.size(0) || vp.size(1) != kp.size(1) || vp.size(2) != kp.size(2))
+    fail(op, fmt::format("v_pages has shape {}, expected [{}, {}, {}, Dv] to match k_pages {}", shape_str(vp.shape()),
+                         kp.size(0), kp.size(1), kp.size(2), shape_str(kp.shape())));
+  if ((kp.data() == nullptr && kp.numel() != 0) || (vp.data() == nullptr && vp.numel() != 0))
+    fail(op, "k_pages/v_pages have no data");
+  paged_dims d;
+  d.num_pages = kp.size(0), d.page_size = kp.size(1), d.Hkv = kp.size(2), d.D = kp.size(3), d.Dv = vp.size(3);
+  if (d.page_size == 0 || d.Hkv == 0)
+    fail(op, fmt::format("k_pages has shape {}; page_size and Hkv must be positive", shape_str(kp.shape())));
+  d.lens = read_index(op, "seq_lens", c.seq_lens, 1, "[B]");
+  d.B = std::int64_t(d.lens.size());
+  d.table = read_index(op, "block_table", c.block_table, 2, "[B, max_pages]");
+  if (c.block_table.size(0) != d.B)
+    fail(op, fmt::format("block_table has shape {} but seq_lens has B = {} entries", shape_str(c.block_table.shape()),
+                         d.B));
+  d.max_pages = c.block_table.size(1);
+  const std::int64_t cap = d.max_pages * d.page_size;
+  for (std::int64_t b = 0; b < d.B; ++b) {
+    const std::int64_t L = d.lens[std::size_t(b)];
+    if (L < 0 || L + extra > cap)
+      fail(op, fmt::format("seq_lens[{}] = {}{} is beyond the block table's capacity {} (max_pages {} · page_size {})",
+                           b, L, extra ? fmt::format(" with {} new tokens", extra) : std::string(), cap, d.max_pages,
+                           d.page_size));
+    for (std::int64_t p = 0; p * d.page_size < L + extra; ++p)
+      if (d.page(b, p) < 0 || d.page(b, p) >= d.num_pages)
+        fail(op, fmt::format("block_table[{}, {}] = {} is outside [0, num_pages = {})", b, p, d.page(b, p), d.num_pages));
+  }
+  d.runs = kp.stride(0) == d.page_size * kp.stride(1) && vp.stride(0) == d.page_size * vp.stride(1);
+  return d;
+}
+
+// Tokens [0, n) from the start of page `page` of [num_pages, page_size, H, X] pages, as the core
+// op's [1, H, n, X] (n may run into the following pages when the layout allows it).
+TensorView page_rows(const TensorView& pages, std::int64_t page, std::int64_t n) {
+  auto* base = static_cast<std::byte*>(pages.data());
+  if (base) base += page * pages.stride(0) * std::int64_t(dtype_size(pages.type()));
+  const TensorView tokens(base, pages.type(), {n, pages.size(2), pages.size(3)},
+                          {pages.stride(1), pages.stride(2), pages.stride(3)});
+  return token_rows(tokens, 0, n);
+}
+
+// Partial softmax state of [Hq, Nq] rows: out [Hq·Nq, Dv] normalised by its own lse.
+struct partial {
+  std::vector<double> out, lse;
+  partial(std::int64_t rows, std::int64_t Dv)
+      : out(std::size_t(rows * Dv), 0.0), lse(std::size_t(rows), kNegInf) {}
+
+  // Merges (o [rows, Dv], l [rows]) into this state.
+  template <class T>
+  void merge(std::int64_t rows, std::int64_t Dv, const T* o, const T* l) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const double a = lse[std::size_t(r)], c = double(l[r]);
+      const double m = std::isnan(c) ? c : std::max(a, c);  // a NaN partial poisons the row, never vanishes
+      if (m == kNegInf) continue;
+      const double n = m + std::log(std::exp(a - m) + std::exp(c - m));
+      const double wa = std::exp(a - n), wc = std::exp(c - n);
+      double* y = out.data() + r * Dv;
+      const T* x = o + r * Dv;
+      if (wc == 0.0) {
+        for (std::int64_t i = 0; i < Dv; ++i) y[i] *= wa;
+      } else {
+        for (std::int64_t i = 0; i < Dv; ++i) y[i] = y[i] * wa + double(x[i]) * wc;
+      }
+      lse[std::size_t(r)] = n;
+    }
+  }
+};
+
+struct chunk_task {
+  std::int64_t b, p0, p1;  // pages [p0, p1) of sequence b
+};
+
+}  // namespace
+}  // namespace detail
+
+attention_result attention_paged(const TensorView& q, const paged_kv_view& cache, const attention_options& options,
+                                 const execution& exec) {
+  using namespace detail;
+  const char* op = "attention_paged";
+  const paged_dims d = check_pages(op, cache, 0);
+  check_qkv_types(op, q, cache.k_pages, cache.v_pages);
+  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
+  const std::int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), Dv = d.Dv;
+  if (B != d.B) fail(op, fmt::format("q has B = {} sequences but seq_lens has {}", B, d.B));
+  if (q.size(3) != d.D) fail(op, fmt::format("q has head size {}, k_pages {}; they must match", q.size(3), d.D));
+  if (Hq % d.Hkv) fail(op, fmt::format("q has {} heads and the pages {}; Hq must be a multiple of Hkv", Hq, d.Hkv));
+  check_serving_options(op, options, B, Hq, d.Hkv);
+  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
+  const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  const dtype part_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
+  const std::int64_t rows = Hq * Nq;
+
+  // One validated problem per sequence (the sinks are left to the merge), and its backend.
+  std::vector<problem> templ;
+  std::vector<const backend_impl*> be;
+  for (std::int64_t b = 0; b < B; ++b) {
+    attention_options ob = for_sequence(options, b);
+    ob.sinks.reset();
+    ob.alignment = causal_alignment::top_left;  // the shift is set per run below
+    problem_storage store;
+    templ.push_back(build_problem(op, q.slice(0, b, b + 1), page_rows(cache.k_pages, 0, 0),
+                                  page_rows(cache.v_pages, 0, 0), ob, exec, store));
+    templ.back().alignment = causal_alignment::after_past;
+    be.push_back(&pick(op, templ.back(), {}, exec.use_backend));
+  }
+  std::vector<double> sinks;
+  if (options.sinks) {
+    problem_storage store;  // the sinks checked as the core op checks them
+    attention_options os;
+    os.sinks = options.sinks;
+    sinks = build_problem(op, q.slice(0, 0, std::min<std::int64_t>(B, 1)), page_rows(cache.k_pages, 0, 0),
+                          page_rows(cache.v_pages, 0, 0), os, exec, store)
+                .sinks;
+  }
+
+  const bool prefill = rows >= kPrefillRows;
+  const std::int64_t chunk_pages =
+      prefill ? std::max<std::int64_t>(1, d.max_pages) : std::max<std::int64_t>(1, kChunkKeys / d.page_size);
+  for (problem& p : templ) p.num_threads = prefill ? nt : 1;
+  std::vector<chunk_task> tasks;
+  std::vector<std::size_t> first_task(std::size_t(B) + 1);
+  for (std::int64_t b = 0; b < B; ++b) {
+    first_task[std::size_t(b)] = tasks.size();
+    const std::int64_t pages = (d.lens[std::size_t(b)] + d.page_size - 1) / d.page_size;
+    for (std::int64_t p0 = 0; p0 < pages; p0 += chunk_pages) tasks.push_back({b, p0, std::min(pages, p0 + chunk_pages)});
+  }
+  first_task[std::size_t(B)] = tasks.size();
+
+  std::vector<partial> parts(tasks.size(), partial(rows, Dv));
+#pragma omp parallel for if (!prefill) num_threads(nt) schedule(dynamic, 1)
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    const chunk_task& task = tasks[t];
+    const std::int64_t L = d.lens[std::size_t(task.b)];
+    const std::int64_t pos0 = options.alignment == causal_alignment::top_left ? 0 : L - Nq;
+    problem p = templ[std::size_t(task.b)];
+    Tensor o = Tensor::empty({1, Hq, Nq, Dv}, part_type);
+    Tensor l = Tensor::empty({rows}, part_type);
+    for (std::int64_t p0 = task.p0; p0 < task.p1;) {
+      std::int64_t p1 = p0 + 1;
+      while (d.runs && p1 < task.p1 && d.page(task.b, p1) == d.page(task.b, p1 - 1) + 1) ++p1;
+      const std::int64_t j0 = p0 * d.page_size, n = std::min(L, p1 * d.page_size) - j0;
+      p.k = as_bhnx(page_rows(cache.k_pages, d.page(task.b, p0), n), d.Hkv);
+      p.v = as_bhnx(page_rows(cache.v_pages, d.page(task.b, p0), n), d.Hkv);
+      p.Nk = n;
+      p.past_len = pos0 - j0;
+      forward_outputs fo;
+      fo.out = as_bhnx(o, Hq);
+      fo.lse = l.data();
+      fo.lse_type = part_type;
+      be[std::size_t(task.b)]->forward(p, fo);
+      if (part_type == dtype::f64) parts[t].merge(rows, Dv, o.data_as<const double>(), l.data_as<const double>());
+      else parts[t].merge(rows, Dv, o.data_as<const float>(), l.data_as<const float>());
+      p0 = p1;
+    }
+  }
+
+  attention_result r;
+  r.out = Tensor::empty({B, Hq, Nq, Dv}, q.type());
+  r.lse = Tensor::empty({B, Hq, Nq}, part_type);
+  r.backend = be.empty() ? std::string("none") : std::string(be.front()->name());
+  for (std::int64_t b = 0; b < B; ++b) {
+    partial acc(rows, Dv);
+    for (std::size_t t = first_task[std::size_t(b)]; t < first_task[std::size_t(b) + 1]; ++t)
+      acc.merge(rows, Dv, parts[t].out.data(), parts[t].lse.data());
+    if (!sinks.empty()) {  // the sink of head h: a logit with a zero value row, for rows of head h
+      std::vector<double> sl(static_cast<std::size_t>(rows)), zero(std::size_t(rows * Dv), 0.0);
+      for (std::int64_t rr = 0; rr < rows; ++rr) sl[std::size_t(rr)] = sinks[std::size_t(rr / Nq)];
+      acc.merge(rows, Dv, zero.data(), sl.data());
+    }
+    for (std::int64_t rr = 0; rr < rows; ++rr) {
+      store_from_double(r.lse.data(), part_type, b * rows + rr, acc.lse[std::size_t(rr)]);
+      for (std::int64_t x = 0; x < Dv; ++x)
+        store_from_double(r.out.data(), q.type(), (b * rows + rr) * Dv + x, acc.out[std::size_t(rr * Dv + x)]);
+    }
+  }
+  return r;
+}
+
+void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const TensorView& v_new) {
+  using namespace detail;
+  const char* op = "paged_kv_append";
+  if (k_new.rank() != 4 || v_new.rank() != 4)
+    fail(op, fmt::format("k_new {} and v_new {} must be 4-D [B, Hkv, Nnew, D]", shape_str(k_new.shape()),
+                         shape_str(v_new.shape())));
+  const paged_dims d = check_pages(op, cache, k_new.size(2));
+  const std::int64_t N = k_new.size(2);
+  if (k_new.type() != cache.k_pages.type() || v_new.type() != cache.k_pages.type())
+    fail(op, fmt::format("k_new/v_new have dtypes {}/{}, expected {} like the pages", dtype_name(k_new.type()),
+                         dtype_name(v_new.type()), dtype_name(cache.k_pages.type())));
+  if (k_new.shape() != Shape{d.B, d.Hkv, N, d.D})
+    fail(op, fmt::format("k_new has shape {}, expected [{}, {}, Nnew, {}]", shape_str(k_new.shape()), d.B, d.Hkv, d.D));
+  if (v_new.shape() != Shape{d.B, d.Hkv, N, d.Dv})
+    fail(op, fmt::format("v_new has shape {}, expected [{}, {}, {}, {}]", shape_str(v_new.shape()), d.B, d.Hkv, N, d.Dv));
+  const std::size_t es = dtype_size(k_new.type());
+  for (auto [src, pages] : {std::pair{&k_new, &cache.k_pages}, {&v_new, &cache.v_pages}}) {
+    const strided4 s = as_bhnx(*src, d.Hkv);
+    const TensorView& pg = *pages;
+    const std::int64_t X = pg.size(3);
+    for (std::int64_t b = 0; b < d.B; ++b)
+      for (std::int64_t t = 0; t < N; ++t) {
+        const std::int64_t pos = d.lens[std::size_t(b)] + t;
+        const std::int64_t base = d.page(b, pos / d.page_size) * pg.stride(0) + (pos % d.page_size) * pg.stride(1);
+        for (std::int64_t h = 0; h < d.Hkv; ++h)
+          for (std::int64_t x = 0; x < X; ++x)
+            std::memcpy(static_cast<std::byte*>(pg.data()) + (base + h * pg.stride(2) + x * pg.stride(3)) * es,
+                        static_cast<const std::byte*>(s.data) + s.offset(b, h, t, x) * es, es);
+      }
+  }
+}
+
+}  // namespace attn

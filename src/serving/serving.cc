@@ -1,0 +1,67 @@
+// src/serving/serving.cc — pieces shared by the varlen and paged fronts (serving.h).
+#include "serving/serving.h"
+
+#include <fmt/format.h>
+
+#include <cstddef>
+
+#include "core/common.h"
+
+namespace attn::detail {
+
+std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank,
+                                     const char* want) {
+  if (t.type() != dtype::i64)
+    fail(op, fmt::format("{} has dtype {}, expected int64", name, dtype_name(t.type())));
+  if (t.rank() != rank) fail(op, fmt::format("{} has shape {}, expected {}", name, shape_str(t.shape()), want));
+  if (t.data() == nullptr && t.numel() != 0) fail(op, fmt::format("{} has no data", name));
+  std::vector<std::int64_t> r;
+  r.reserve(std::size_t(t.numel()));
+  const auto* d = t.data_as<const std::int64_t>();
+  if (rank == 1) {
+    for (std::int64_t i = 0; i < t.size(0); ++i) r.push_back(d[i * t.stride(0)]);
+  } else {
+    for (std::int64_t i = 0; i < t.size(0); ++i)
+      for (std::int64_t j = 0; j < t.size(1); ++j) r.push_back(d[i * t.stride(0) + j * t.stride(1)]);
+  }
+  return r;
+}
+
+void check_serving_options(const char* op, const attention_options& o, std::int64_t B, std::int64_t Hq,
+                           std::int64_t Hkv) {
+  if (o.attn_mask) fail(op, "attn_mask is not supported per sequence (use causal, windows or ALiBi)");
+  if (o.nonpad_kv_seqlen) fail(op, "nonpad_kv_seqlen is not accepted: the sequence lengths say which keys are valid");
+  if (o.past_key || o.past_value) fail(op, "past_key/past_value are not accepted; the keys are given in full");
+  if (o.return_qk != qk_output::none) fail(op, "return_qk is not supported; leave it at none");
+  if (o.q_num_heads && o.q_num_heads != Hq)
+    fail(op, fmt::format("q_num_heads = {} but q has {} heads", o.q_num_heads, Hq));
+  if (o.kv_num_heads && o.kv_num_heads != Hkv)
+    fail(op, fmt::format("kv_num_heads = {} but k has {} heads", o.kv_num_heads, Hkv));
+  if (o.alibi_slopes) {
+    const TensorView& s = *o.alibi_slopes;
+    const bool ok = (s.rank() == 1 && s.size(0) == Hq) || (s.rank() == 2 && s.size(0) == B && s.size(1) == Hq);
+    if (!ok)
+      fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] = [{}] or [B, Hq] = [{}, {}]",
+                           shape_str(s.shape()), Hq, B, Hq));
+  }
+}
+
+attention_options for_sequence(const attention_options& o, std::int64_t b) {
+  attention_options r = o;
+  r.q_num_heads = r.kv_num_heads = 0;
+  if (o.alibi_slopes && o.alibi_slopes->rank() == 2) {
+    const TensorView& s = *o.alibi_slopes;
+    r.alibi_slopes = TensorView(static_cast<std::byte*>(s.data()) + b * s.stride(0) * dtype_size(s.type()), s.type(),
+                                {s.size(1)}, {s.stride(1)});
+  }
+  return r;
+}
+
+TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n) {
+  auto* base = static_cast<std::byte*>(t.data());
+  if (base) base += r0 * t.stride(0) * std::int64_t(dtype_size(t.type()));
+  return TensorView(base, t.type(), {1, t.size(1), n, t.size(2)},
+                    {n * t.stride(0), t.stride(1), t.stride(0), t.stride(2)});
+}
+
+}  // namespace attn::detail

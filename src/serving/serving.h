@@ -1,0 +1,30 @@
+// src/serving/serving.h — what the varlen and paged fronts share: reading int64 index
+// tensors, the options a per-sequence call cannot take, token-major rows seen as a [1, H, n, X]
+// view of the core op, and the backend pick.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attn/attention.h"
+#include "core/problem.h"
+
+namespace attn::detail {
+
+// An int64 tensor of the given rank as a C-order vector; `want` describes the expected shape
+// for the message ("[B + 1]").
+std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank,
+                                     const char* want);
+
+// Refuses the options that make no sense per sequence (attn_mask, nonpad_kv_seqlen, past_*,
+// return_qk) and checks q_num_heads / kv_num_heads against Hq / Hkv. ALiBi slopes must be
+// [Hq] or [B, Hq]; returns the options of one sequence with ALiBi [B, Hq] sliced to row b
+// (see for_sequence).
+void check_serving_options(const char* op, const attention_options& o, std::int64_t B, std::int64_t Hq,
+                           std::int64_t Hkv);
+attention_options for_sequence(const attention_options& o, std::int64_t b);
+
+// Rows [r0, r0 + n) of a token-major [T, H, X] view as the core op's [1, H, n, X] (no copy).
+TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n);
+
+}  // namespace attn::detail

@@ -1,0 +1,206 @@
+// tests/serving/paged_test.cc — attention_paged equals attn::attention on the same keys laid
+// out densely, for shuffled, shared and consecutive pages, partially filled last pages, empty
+// sequences, decode and chunked prefill, every alignment, windows, ALiBi and sinks;
+// paged_kv_append writes exactly its rows; bad block tables by message.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "attn/attn.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+using testing::all_close;
+using testing::random_tensor;
+
+Tensor index_tensor(Shape shape, const std::vector<std::int64_t>& v) {
+  std::vector<double> d(v.begin(), v.end());
+  return Tensor::from_values(std::move(shape), dtype::i64, d);
+}
+
+// Keys [0, L) of sequence b gathered from the pages into a dense [1, H, L, X].
+Tensor gather(const Tensor& pages, const std::vector<std::int64_t>& table, std::int64_t max_pages, std::int64_t b,
+              std::int64_t L) {
+  const std::int64_t ps = pages.size(1), H = pages.size(2), X = pages.size(3);
+  Tensor r = Tensor::empty({1, H, L, X}, pages.type());
+  for (std::int64_t j = 0; j < L; ++j)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t x = 0; x < X; ++x)
+        r.set({0, h, j, x}, pages.get({table[std::size_t(b * max_pages + j / ps)], j % ps, h, x}));
+  return r;
+}
+
+struct paged_case {
+  const char* name;
+  std::vector<std::int64_t> lens;
+  std::int64_t page_size, Nq;
+  bool shuffle;  // else each sequence's pages are consecutive (one view per run)
+  bool share;    // sequence 1 reuses sequence 0's first page (a shared prefix)
+  causal_alignment align;
+  std::int64_t wl;
+  bool alibi, sinks;
+};
+
+const paged_case kCases[] = {
+    {"decode_shuffled", {13, 1, 0, 32, 7}, 4, 1, true, false, causal_alignment::bottom_right, -1, false, false},
+    {"speculative_shared", {13, 9, 16, 21}, 4, 4, true, true, causal_alignment::bottom_right, -1, false, false},
+    {"prefill_chunk_consecutive", {40, 17, 33}, 8, 16, false, false, causal_alignment::bottom_right, -1, false, false},
+    {"window_alibi_sinks", {30, 5, 12}, 4, 3, true, true, causal_alignment::after_past, 6, true, true},
+    {"top_left", {11, 6}, 4, 5, true, false, causal_alignment::top_left, -1, false, false},
+    {"fewer_keys_than_queries", {2, 0, 3, 5}, 4, 4, true, false, causal_alignment::bottom_right, -1, false, true},
+    {"prefill_many_rows", {100, 37, 0}, 8, 80, true, false, causal_alignment::bottom_right, 20, false, true},
+    {"long_chunks", {2600, 700}, 4, 2, false, false, causal_alignment::bottom_right, -1, false, false},
+};
+
+// Names the case in gtest's output instead of dumping its bytes.
+void PrintTo(const paged_case& c, std::ostream* os) { *os << c.name; }
+
+class Paged : public ::testing::TestWithParam<std::tuple<paged_case, dtype>> {};
+
+TEST_P(Paged, EqualsDenseAttention) {
+  const auto& [c, type] = GetParam();
+  std::mt19937 rng(17);
+  const std::int64_t B = std::int64_t(c.lens.size()), Hq = 4, Hkv = 2, D = 8, Dv = 8, ps = c.page_size;
+  std::int64_t max_pages = 0, used = 0;
+  for (std::int64_t L : c.lens) max_pages = std::max(max_pages, (L + ps - 1) / ps + 1), used += (L + ps - 1) / ps;
+  const std::int64_t num_pages = used + 3;
+  std::vector<std::int64_t> order(static_cast<std::size_t>(num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  if (c.shuffle) std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::int64_t> table(std::size_t(B * max_pages), -7);  // unused entries are never read
+  std::size_t next = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t p = 0; p * ps < c.lens[std::size_t(b)]; ++p)
+      table[std::size_t(b * max_pages + p)] = (c.share && b == 1 && p == 0) ? table[0] : order[next++];
+  const Tensor kp = random_tensor({num_pages, ps, Hkv, D}, type, rng);
+  const Tensor vp = random_tensor({num_pages, ps, Hkv, Dv}, type, rng);
+  const Tensor q = random_tensor({B, Hq, c.Nq, D}, type, rng);
+  const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, c.lens)};
+  attention_options o;
+  o.is_causal = true, o.alignment = c.align, o.window_left = c.wl;
+  if (c.alibi) o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);  // one row per sequence
+  if (c.sinks) o.sinks = random_tensor({Hq}, dtype::f64, rng);
+
+  const attention_result r = attention_paged(q, cache, o);
+  ASSERT_EQ(r.out.shape(), (Shape{B, Hq, c.Nq, Dv}));
+  const double tol = testing::tolerance_for(type) * 4;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t L = c.lens[std::size_t(b)];
+    SCOPED_TRACE(fmt::format("{} sequence {} (L {})", c.name, b, L));
+    attention_options ob = o;
+    if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({Hq}));
+    // The queries are the last Nq tokens: after_past puts them at L - Nq + i.
+    ob.alignment = c.align == causal_alignment::top_left ? causal_alignment::top_left : causal_alignment::bottom_right;
+    const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1));
+    const attention_result want = attention(qb, gather(kp, table, max_pages, b, L), gather(vp, table, max_pages, b, L), ob);
+    EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1)), want.out, tol));
+    EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1)), want.lse, tol));
+  }
+  // One thread gives the same bits (the partition depends on the shapes only).
+  const attention_result one = attention_paged(q, cache, o, {.num_threads = 1});
+  EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Paged,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(dtype::f32, dtype::f64, dtype::bf16)),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", std::get<0>(info.param).name,
+                                              dtype_name(std::get<1>(info.param)));
+                         });
+
+// Appending writes rows [L_b, L_b + Nnew) through the table and nothing else; decoding token by
+// token through the pages equals one causal call on the dense keys.
+TEST(PagedAppend, WritesOnlyItsRowsAndDecodesLikeDense) {
+  std::mt19937 rng(23);
+  const std::int64_t B = 2, Hq = 2, Hkv = 1, D = 4, ps = 3, max_pages = 4, T = 7;
+  const Tensor kp = Tensor::zeros({9, ps, Hkv, D}, dtype::f64), vp = Tensor::zeros({9, ps, Hkv, D}, dtype::f64);
+  const std::vector<std::int64_t> table{5, 2, 8, 0, 1, 7, 3, 6};
+  const Tensor lens = index_tensor({B}, {0, 0});
+  const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, table), lens};
+  const Tensor k = random_tensor({B, Hkv, T, D}, dtype::f64, rng), v = random_tensor({B, Hkv, T, D}, dtype::f64, rng);
+  const Tensor q = random_tensor({B, Hq, T, D}, dtype::f64, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const attention_result dense = attention(q, k, v, o);
+  for (std::int64_t t = 0; t < T; ++t) {
+    const Tensor before = Tensor::copy_of(kp);
+    paged_kv_append(cache, k.view().slice(2, t, t + 1), v.view().slice(2, t, t + 1));
+    std::int64_t changed = 0;
+    for (std::int64_t i = 0; i < kp.numel(); ++i) changed += kp.data_as<double>()[i] != before.data_as<double>()[i];
+    EXPECT_EQ(changed, B * Hkv * D) << "step " << t;
+    for (std::int64_t b = 0; b < B; ++b) lens.data_as<std::int64_t>()[b] += 1;
+    const attention_result r = attention_paged(q.view().slice(2, t, t + 1), cache, o);
+    EXPECT_TRUE(all_close(r.out, Tensor::copy_of(dense.out.view().slice(2, t, t + 1)), 1e-12)) << "step " << t;
+  }
+}
+
+// Pages of any strides: a head-major buffer [num_pages, Hkv, page_size, D] passed as the view
+// [num_pages, page_size, Hkv, D] gives the same result as token-major pages with the same values.
+TEST(PagedViews, HeadMajorPages) {
+  std::mt19937 rng(29);
+  const std::int64_t P = 6, ps = 4, Hkv = 2, D = 8;
+  const Tensor head_major = random_tensor({P, Hkv, ps, D}, dtype::f32, rng);
+  const TensorView kv = head_major.view().permute({0, 2, 1, 3});
+  const Tensor token_major = Tensor::copy_of(kv);
+  const Tensor table = index_tensor({2, 3}, {4, 0, 2, 5, 1, 3}), lens = index_tensor({2}, {10, 7});
+  const Tensor q = random_tensor({2, 4, 3, D}, dtype::f32, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const attention_result a = attention_paged(q, {kv, kv, table, lens}, o);
+  const attention_result b = attention_paged(q, {token_major, token_major, table, lens}, o);
+  EXPECT_TRUE(all_close(a.out, b.out, 1e-6));
+  EXPECT_TRUE(all_close(a.lse, b.lse, 1e-6));
+}
+
+// A NaN in one page reaches the output as the dense op gives it (whatever the core op's NaN
+// contract): a partial result's NaN is never merged away.
+TEST(PagedViews, NanInAPageAsDense) {
+  for (const bool in_keys : {false, true}) {
+    std::mt19937 rng(31);
+    const Tensor kp = random_tensor({4, 2, 1, 4}, dtype::f32, rng), vp = random_tensor({4, 2, 1, 4}, dtype::f32, rng);
+    (in_keys ? kp : vp).set({2, 1, 0, 3}, NAN);  // page 2, row 1: key position 1 of the sequence below
+    const std::vector<std::int64_t> table{2, 0, 3};
+    const Tensor q = random_tensor({1, 1, 1, 4}, dtype::f32, rng);
+    const attention_result r = attention_paged(q, {kp, vp, index_tensor({1, 3}, table), index_tensor({1}, {6})});
+    const attention_result want = attention(q, gather(kp, table, 3, 0, 6), gather(vp, table, 3, 0, 6));
+    if (!in_keys) EXPECT_TRUE(testing::any_nan(want.out));
+    EXPECT_TRUE(all_close(r.out, want.out, 1e-5)) << (in_keys ? "NaN key" : "NaN value");
+    EXPECT_TRUE(all_close(r.lse, want.lse, 1e-5)) << (in_keys ? "NaN key" : "NaN value");
+  }
+}
+
+TEST(PagedErrors, BadTablesByMessage) {
+  const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
+  const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
+  const Tensor table = index_tensor({2, 2}, {0, 3, 1, 9});
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, index_tensor({2}, {4, 3})}),
+                   "attention_paged: block_table[1, 1] = 9 is outside [0, num_pages = 4)");
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, index_tensor({2}, {5, 1})}),
+                   "attention_paged: seq_lens[0] = 5 is beyond the block table's capacity 4 (max_pages 2 · page_size 2)");
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, index_tensor({2}, {-1, 1})}), "seq_lens[0] = -1");
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, Tensor::zeros({2, 2}, dtype::f32), index_tensor({2}, {1, 1})}),
+                   "attention_paged: block_table has dtype float32, expected int64");
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, index_tensor({3}, {1, 1, 1})}),
+                   "block_table has shape [2, 2] but seq_lens has B = 3 entries");
+  EXPECT_THROW_MSG(attention_paged(Tensor::zeros({2, 2, 1, 5}, dtype::f32), {kp, vp, table, index_tensor({2}, {1, 1})}),
+                   "attention_paged: q has head size 5, k_pages 4");
+  const Tensor one = Tensor::zeros({2, 1, 1, 4}, dtype::f32);
+  EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {4, 1})}, one, one),
+                   "paged_kv_append: seq_lens[0] = 4 with 1 new tokens is beyond the block table's capacity 4");
+  EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 1})}, one, Tensor::zeros({2, 1, 1, 4}, dtype::f64)),
+                   "paged_kv_append: k_new/v_new have dtypes float32/float64, expected float32 like the pages");
+  EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 1})}, one, Tensor::zeros({2, 1, 2, 4}, dtype::f32)),
+                   "paged_kv_append: v_new has shape [2, 1, 2, 4], expected [2, 1, 1, 4]");
+  EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 2})}, one, one),
+                   "paged_kv_append: block_table[1, 1] = 9 is outside [0, num_pages = 4)");
+}
+
+}  // namespace
+}  // namespace attn

@@ -1,0 +1,200 @@
+// tests/serving/varlen_test.cc — attention_varlen equals attn::attention run on each packed
+// sequence alone (out, lse, dq, dk, dv, dalibi, dsinks), with lengths 0 and 1, causal with
+// bottom-right and top-left alignment, windows, softcap, GQA, ALiBi, sinks, on the cpu backend
+// (f32, bf16) and the reference (f64); bad cu_seqlens by message.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <random>
+
+#include "attn/attn.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+using testing::all_close;
+using testing::random_tensor;
+
+Tensor index_tensor(const std::vector<std::int64_t>& v) {
+  std::vector<double> d(v.begin(), v.end());
+  return Tensor::from_values({std::int64_t(v.size())}, dtype::i64, d);
+}
+
+std::vector<std::int64_t> cumulative(const std::vector<std::int64_t>& lens) {
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t n : lens) cu.push_back(cu.back() + n);
+  return cu;
+}
+
+// Rows [r0, r0 + n) of token-major [T, H, X] as a contiguous [1, H, n, X].
+Tensor seq(const TensorView& t, std::int64_t r0, std::int64_t n) {
+  const Tensor c = Tensor::copy_of(t.slice(0, r0, r0 + n).permute({1, 0, 2}));
+  return Tensor::copy_of(c.view().reshape({1, t.size(1), n, t.size(2)}));
+}
+
+struct varlen_case {
+  const char* name;
+  std::vector<std::int64_t> lq, lk;
+  std::int64_t Hq, Hkv;
+  bool causal;
+  causal_alignment align;
+  std::int64_t wl, wr;
+  double softcap;
+  bool alibi, sinks;
+};
+
+const varlen_case kCases[] = {
+    {"plain", {5, 0, 1, 7, 3}, {9, 4, 1, 0, 3}, 2, 2, false, causal_alignment::top_left, -1, -1, 0, false, false},
+    {"causal_bottom_right_gqa", {5, 0, 1, 7, 3, 12}, {9, 4, 1, 0, 3, 12}, 4, 2, true, causal_alignment::bottom_right,
+     -1, -1, 0, false, false},
+    {"causal_top_left", {6, 1, 4}, {6, 3, 9}, 2, 1, true, causal_alignment::top_left, -1, -1, 0, false, false},
+    {"window_softcap_mqa", {8, 2, 0, 11}, {10, 2, 5, 11}, 3, 1, true, causal_alignment::bottom_right, 3, 0, 5.0, false,
+     false},
+    {"alibi_sinks", {4, 1, 6, 0}, {7, 1, 6, 2}, 4, 2, true, causal_alignment::bottom_right, -1, -1, 0, true, true},
+};
+
+// Names the case in gtest's output instead of dumping its bytes.
+void PrintTo(const varlen_case& c, std::ostream* os) { *os << c.name; }
+
+class Varlen : public ::testing::TestWithParam<std::tuple<varlen_case, dtype>> {};
+
+TEST_P(Varlen, EqualsEachSequenceAlone) {
+  const auto& [c, type] = GetParam();
+  std::mt19937 rng(11);
+  const std::int64_t B = std::int64_t(c.lq.size()), D = 8, Dv = 6;
+  const auto cq = cumulative(c.lq), ck = cumulative(c.lk);
+  const Tensor q = random_tensor({cq.back(), c.Hq, D}, type, rng);
+  const Tensor k = random_tensor({ck.back(), c.Hkv, D}, type, rng);
+  const Tensor v = random_tensor({ck.back(), c.Hkv, Dv}, type, rng);
+  const Tensor dout = random_tensor({cq.back(), c.Hq, Dv}, type, rng);
+  attention_options o;
+  o.is_causal = c.causal, o.alignment = c.align, o.window_left = c.wl, o.window_right = c.wr, o.softcap = c.softcap;
+  if (c.alibi) o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.1, 0.9);
+  if (c.sinks) o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
+  const Tensor cu_q = index_tensor(cq), cu_k = index_tensor(ck);
+  const std::int64_t mq = *std::max_element(c.lq.begin(), c.lq.end());
+  const std::int64_t mk = *std::max_element(c.lk.begin(), c.lk.end());
+
+  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, mq, mk, o);
+  ASSERT_EQ(r.out.shape(), (Shape{cq.back(), c.Hq, Dv}));
+  ASSERT_EQ(r.lse.shape(), (Shape{c.Hq, cq.back()}));
+  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, mq, mk, o);
+
+  const double tol = testing::tolerance_for(type) * 4;
+  Tensor dsinks_sum = Tensor::zeros({c.Hq}, dtype::f64);
+  for (std::int64_t b = 0; b < B; ++b) {
+    SCOPED_TRACE(fmt::format("{} sequence {} (Nq {}, Nk {})", c.name, b, c.lq[b], c.lk[b]));
+    attention_options ob = o;
+    if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
+    const Tensor qb = seq(q, cq[b], c.lq[b]), kb = seq(k, ck[b], c.lk[b]), vb = seq(v, ck[b], c.lk[b]);
+    const attention_result want = attention(qb, kb, vb, ob);
+    EXPECT_TRUE(all_close(seq(r.out, cq[b], c.lq[b]), want.out, tol));
+    const Tensor lse_b = Tensor::copy_of(Tensor::copy_of(r.lse.view().slice(1, cq[b], cq[b + 1])).view().reshape({1, c.Hq, c.lq[b]}));
+    EXPECT_TRUE(all_close(lse_b, want.lse, tol));
+    if (c.lq[b] == 0) {  // nothing depends on this sequence's keys
+      for (double x : to_vector(seq(g.dk, ck[b], c.lk[b]))) EXPECT_EQ(x, 0.0);
+      continue;
+    }
+    const attention_grads wg = attention_backward(qb, kb, vb, want.out, seq(dout, cq[b], c.lq[b]), want.lse, ob);
+    EXPECT_TRUE(all_close(seq(g.dq, cq[b], c.lq[b]), wg.dq, tol));
+    EXPECT_TRUE(all_close(seq(g.dk, ck[b], c.lk[b]), wg.dk, tol));
+    EXPECT_TRUE(all_close(seq(g.dv, ck[b], c.lk[b]), wg.dv, tol));
+    if (c.alibi) {
+      EXPECT_TRUE(all_close(Tensor::copy_of(g.dalibi_slopes.view().slice(0, b, b + 1).reshape({c.Hq})),
+                            wg.dalibi_slopes.to(dtype::f64), tol));
+    }
+    if (c.sinks) {
+      for (std::int64_t h = 0; h < c.Hq; ++h) dsinks_sum.data_as<double>()[h] += wg.dsinks.get({h});
+    }
+  }
+  if (c.sinks) {
+    EXPECT_TRUE(all_close(g.dsinks.to(dtype::f64), dsinks_sum, tol));
+  }
+  // Sequences with no keys: zero rows and lse -inf (no sinks) — never NaN.
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (c.lk[b] != 0 || c.sinks) continue;
+    for (std::int64_t i = cq[b]; i < cq[b + 1]; ++i) EXPECT_EQ(r.lse.get({0, i}), -INFINITY);
+  }
+  EXPECT_FALSE(testing::any_nan(r.out));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Varlen,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(dtype::f32, dtype::f64, dtype::bf16)),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", std::get<0>(info.param).name,
+                                              dtype_name(std::get<1>(info.param)));
+                         });
+
+// Strided inputs (q a transposed view) and a thread count of 1 give the same result as contiguous.
+TEST(VarlenViews, StridedPackedInputs) {
+  std::mt19937 rng(3);
+  const std::vector<std::int64_t> cq{0, 3, 3, 10};
+  const Tensor hq = random_tensor({2, 10, 8}, dtype::f32, rng);  // [Hq, total, D]
+  const TensorView q = hq.view().permute({1, 0, 2});
+  const Tensor k = random_tensor({10, 1, 8}, dtype::f32, rng), v = random_tensor({10, 1, 8}, dtype::f32, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const auto a = attention_varlen(q, k, v, index_tensor(cq), index_tensor(cq), 7, 7, o, {.num_threads = 1});
+  const auto b = attention_varlen(Tensor::copy_of(q), k, v, index_tensor(cq), index_tensor(cq), 7, 7, o);
+  EXPECT_TRUE(all_close(a.out, b.out, 0, 0));
+  EXPECT_TRUE(all_close(a.lse, b.lse, 0, 0));
+}
+
+// A large sequence (all threads inside one call) next to small ones (side by side, one thread
+// each): the same bits for any thread count, forward and backward, and the large one as alone.
+TEST(VarlenViews, LargeAndSmallSequencesAnyThreadCount) {
+  std::mt19937 rng(9);
+  const std::vector<std::int64_t> cq{0, 1100, 1103, 1103, 1153};
+  const std::int64_t T = cq.back();
+  const Tensor q = random_tensor({T, 2, 8}, dtype::f32, rng), k = random_tensor({T, 2, 8}, dtype::f32, rng);
+  const Tensor v = random_tensor({T, 2, 8}, dtype::f32, rng), dout = random_tensor({T, 2, 8}, dtype::f32, rng);
+  const Tensor cu = index_tensor(cq);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const auto a = attention_varlen(q, k, v, cu, cu, 1100, 1100, o);
+  const auto b = attention_varlen(q, k, v, cu, cu, 1100, 1100, o, {.num_threads = 1});
+  EXPECT_TRUE(all_close(a.out, b.out, 0, 0));
+  EXPECT_TRUE(all_close(a.lse, b.lse, 0, 0));
+  const auto ga = attention_varlen_backward(q, k, v, a.out, dout, a.lse, cu, cu, 1100, 1100, o);
+  const auto gb = attention_varlen_backward(q, k, v, a.out, dout, a.lse, cu, cu, 1100, 1100, o, {.num_threads = 1});
+  EXPECT_TRUE(all_close(ga.dq, gb.dq, 0, 0));
+  EXPECT_TRUE(all_close(ga.dk, gb.dk, 0, 0));
+  EXPECT_TRUE(all_close(ga.dv, gb.dv, 0, 0));
+  const attention_result alone = attention(seq(q, 0, 1100), seq(k, 0, 1100), seq(v, 0, 1100), o);
+  EXPECT_TRUE(all_close(seq(a.out, 0, 1100), alone.out, 0, 0));
+}
+
+TEST(VarlenErrors, BadCuSeqlensByMessage) {
+  std::mt19937 rng(5);
+  const Tensor q = random_tensor({6, 2, 4}, dtype::f32, rng), k = random_tensor({6, 2, 4}, dtype::f32, rng);
+  const Tensor cu = index_tensor({0, 2, 6});
+  auto run = [&](const Tensor& cq, const Tensor& ck, std::int64_t mq = 8, std::int64_t mk = 8) {
+    return attention_varlen(q, k, k, cq, ck, mq, mk);
+  };
+  EXPECT_THROW_MSG(run(index_tensor({0, 4, 2, 6}), cu),
+                   "attention_varlen: cu_seqlens_q[2] = 2 is less than cu_seqlens_q[1] = 4");
+  EXPECT_THROW_MSG(run(cu, index_tensor({0, 2, 5})),
+                   "attention_varlen: cu_seqlens_k[2] = 5 but the packed tensor has 6 tokens");
+  EXPECT_THROW_MSG(run(index_tensor({1, 2, 6}), cu), "attention_varlen: cu_seqlens_q[0] = 1, expected 0");
+  EXPECT_THROW_MSG(run(cu, index_tensor({0, 1, 3, 6})),
+                   "cu_seqlens_q has 3 entries and cu_seqlens_k 4; both must be B + 1");
+  EXPECT_THROW_MSG(run(cu, Tensor::from_values({3}, dtype::f32, {0, 2, 6})),
+                   "attention_varlen: cu_seqlens_k has dtype float32, expected int64");
+  EXPECT_THROW_MSG(run(Tensor::zeros({1, 3}, dtype::i64), cu), "cu_seqlens_q has shape [1, 3], expected [B + 1]");
+  EXPECT_THROW_MSG(run(cu, cu, 3), "sequence 1 has length 4 (cu_seqlens_q[2] - cu_seqlens_q[1]), more than max_seqlen = 3");
+  EXPECT_THROW_MSG(attention_varlen(Tensor::zeros({1, 6, 2, 4}, dtype::f32), Tensor::zeros({1, 6, 2, 4}, dtype::f32),
+                                    Tensor::zeros({1, 6, 2, 4}, dtype::f32), cu, cu, 8, 8),
+                   "attention_varlen: q has shape [1, 6, 2, 4], expected 3 dims [total_q, Hq, D]");
+  attention_options o;
+  o.nonpad_kv_seqlen = index_tensor({2, 4});
+  EXPECT_THROW_MSG(attention_varlen(q, k, k, cu, cu, 8, 8, o), "attention_varlen: nonpad_kv_seqlen is not accepted");
+  const auto r = attention_varlen(q, k, k, cu, cu, 8, 8);
+  EXPECT_THROW_MSG(attention_varlen_backward(q, k, k, r.out, r.out, Tensor::zeros({6, 2}, dtype::f32), cu, cu, 8, 8),
+                   "attention_varlen_backward: lse has shape [6, 2], expected [Hq, total_q] = [2, 6]");
+}
+
+}  // namespace
+}  // namespace attn

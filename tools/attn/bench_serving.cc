@@ -1,0 +1,180 @@
+// tools/attn/bench_serving.cc — `attn bench --varlen` / `--paged` (bench_serving.h). Each
+// contender gets --warmup untimed calls, then --reps rounds of one timed call each, contenders
+// alternating within a round; medians of wall and of process CPU time are printed. The load
+// average is printed with the results: on a shared machine it says how far the times can be
+// trusted, and the CPU time (run with OMP_WAIT_POLICY=passive) is the steadier measure there.
+#include "bench_serving.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include <time.h>
+
+#include "attn/attn.h"
+#include "bench_probe.h"
+
+namespace attn::cli::bench {
+namespace {
+
+Tensor uniform(const Shape& s, dtype t, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<double> v(std::size_t(TensorView(nullptr, t, s).numel()));
+  for (double& x : v) x = u(rng);
+  return Tensor::from_values(s, t, v);
+}
+
+Tensor int64s(Shape s, const std::vector<std::int64_t>& v) {
+  return Tensor::from_values(std::move(s), dtype::i64, std::vector<double>(v.begin(), v.end()));
+}
+
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return f ? fmt::format("{} {} {}", a, b, c) : std::string("unknown");
+}
+
+double cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+}
+
+// Median wall and CPU (all threads of the process) milliseconds of one contender. Under load
+// the CPU time is the steadier of the two (with OMP_WAIT_POLICY=passive: no spinning counted).
+struct medians {
+  double wall = 0, cpu = 0;
+};
+
+// Medians of each contender, alternating within every round.
+std::vector<medians> time_medians(const std::vector<std::function<void()>>& fs, int warmup, int reps) {
+  for (const auto& f : fs)
+    for (int i = 0; i < warmup; ++i) f();
+  std::vector<std::vector<double>> wall(fs.size()), cpu(fs.size());
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      const double c0 = cpu_ms();
+      const auto t0 = std::chrono::steady_clock::now();
+      fs[i]();
+      wall[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      cpu[i].push_back(cpu_ms() - c0);
+    }
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<medians> m;
+  for (std::size_t i = 0; i < fs.size(); ++i) m.push_back({median(wall[i]), median(cpu[i])});
+  return m;
+}
+
+int thread_count(int t) { return t ? t : int(std::thread::hardware_concurrency()); }
+
+void check_common(const serving_args& a) {
+  if (a.reps < 1) throw error(fmt::format("attn bench: --reps {} must be >= 1", a.reps));
+  if (a.warmup < 0) throw error(fmt::format("attn bench: --warmup {} must be >= 0", a.warmup));
+  if (a.batch < 1 || a.hq < 1 || a.hkv < 1 || a.d < 1)
+    throw error(fmt::format("attn bench: --batch {}, --hq {}, --hkv {}, --d {} must be positive", a.batch, a.hq, a.hkv, a.d));
+  if (a.hq % a.hkv) throw error(fmt::format("attn bench: --hq {} is not a multiple of --hkv {}", a.hq, a.hkv));
+}
+
+}  // namespace
+
+int run_varlen(const serving_args& a) {
+  check_common(a);
+  if (a.len_min < 1 || a.len_max < a.len_min)
+    throw error(fmt::format("attn bench: --varlen {}:{} needs 1 <= MIN <= MAX", a.len_min, a.len_max));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<std::int64_t> pick(a.len_min, a.len_max);
+  std::vector<std::int64_t> lens(std::size_t(a.batch)), cu{0};
+  for (std::int64_t& n : lens) n = pick(rng), cu.push_back(cu.back() + n);
+  const std::int64_t T = cu.back(), M = *std::max_element(lens.begin(), lens.end());
+  const std::int64_t mean = T / a.batch;
+  // Useful work: 2·Hq·Nq·Nk·2D per sequence, halved (about) for causal.
+  auto work = [&](std::int64_t n) { return 4.0 * double(a.hq) * double(a.d) * double(n) * double(n) / (a.causal ? 2 : 1); };
+  double flops = 0;
+  for (std::int64_t n : lens) flops += work(n);
+
+  const Tensor q = uniform({T, a.hq, a.d}, a.type, rng), k = uniform({T, a.hkv, a.d}, a.type, rng);
+  const Tensor v = uniform({T, a.hkv, a.d}, a.type, rng), cut = int64s({a.batch + 1}, cu);
+  const Tensor qp = uniform({a.batch, a.hq, M, a.d}, a.type, rng), kp = uniform({a.batch, a.hkv, M, a.d}, a.type, rng);
+  const Tensor vp = uniform({a.batch, a.hkv, M, a.d}, a.type, rng);
+  const Tensor q1 = uniform({1, a.hq, mean, a.d}, a.type, rng), k1 = uniform({1, a.hkv, mean, a.d}, a.type, rng);
+  const Tensor v1 = uniform({1, a.hkv, mean, a.d}, a.type, rng);
+  attention_options o;
+  o.is_causal = a.causal, o.alignment = causal_alignment::bottom_right;
+  attention_options padded = o;
+  padded.alignment = causal_alignment::top_left;  // Nq = Nk per sequence: the same frontier
+  padded.nonpad_kv_seqlen = int64s({a.batch}, lens);
+
+  fmt::print("attn bench --varlen: B {} lengths {}..{} (total {}, longest {}), Hq {} Hkv {} D {} {}{}; load average {}\n",
+             a.batch, a.len_min, a.len_max, T, M, a.hq, a.hkv, a.d, dtype_name(a.type), a.causal ? " causal" : "",
+             load_average());
+  for (int t : a.threads) {
+    const execution ex{.num_threads = t};
+    const auto ms = time_medians({[&] { attention_varlen(q, k, v, cut, cut, M, M, o, ex); },
+                                  [&] { attention(qp, kp, vp, padded, ex); },
+                                  [&] { attention(q1, k1, v1, o, ex); }},
+                                 a.warmup, a.reps);
+    const double single = work(mean) / ms[2].wall / 1e6;
+    fmt::print("  threads {}: varlen {:.2f} ms {:.1f} GFLOP/s | padded {:.2f} ms (varlen {:.2f}x faster) | one sequence "
+               "of {} {:.1f} GFLOP/s (varlen at {:.0f}%)\n",
+               thread_count(t), ms[0].wall, flops / ms[0].wall / 1e6, ms[1].wall, ms[1].wall / ms[0].wall, mean, single,
+               100.0 * flops / ms[0].wall / 1e6 / single);
+    fmt::print("    cpu time: varlen {:.2f} ms | padded {:.2f} ms ({:.2f}x) | one sequence {:.1f} GFLOP/cpu-s (varlen at {:.0f}%)\n",
+               ms[0].cpu, ms[1].cpu, ms[1].cpu / ms[0].cpu, work(mean) / ms[2].cpu / 1e6,
+               100.0 * (flops / ms[0].cpu) / (work(mean) / ms[2].cpu));
+  }
+  return 0;
+}
+
+int run_paged(const serving_args& a) {
+  check_common(a);
+  const std::int64_t ps = a.page_size;
+  if (ps < 1 || a.nk < 1 || a.nk % ps)
+    throw error(fmt::format("attn bench: --paged {} needs a positive page size that divides --nk {}", ps, a.nk));
+  if (a.nq < 1 || a.nq > a.nk) throw error(fmt::format("attn bench: --nq {} must be in [1, --nk {}]", a.nq, a.nk));
+  std::mt19937 rng(1);
+  const std::int64_t per = a.nk / ps, pages = a.batch * per;
+  const Tensor q = uniform({a.batch, a.hq, a.nq, a.d}, a.type, rng);
+  const Tensor kd = uniform({a.batch, a.hkv, a.nk, a.d}, a.type, rng), vd = uniform({a.batch, a.hkv, a.nk, a.d}, a.type, rng);
+  const Tensor kpg = uniform({pages, ps, a.hkv, a.d}, a.type, rng), vpg = uniform({pages, ps, a.hkv, a.d}, a.type, rng);
+  std::vector<std::int64_t> order(static_cast<std::size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  const Tensor consecutive = int64s({a.batch, per}, order);
+  std::shuffle(order.begin(), order.end(), rng);
+  const Tensor shuffled = int64s({a.batch, per}, order);
+  const Tensor lens = int64s({a.batch}, std::vector<std::int64_t>(std::size_t(a.batch), a.nk));
+  attention_options o;
+  o.is_causal = a.causal, o.alignment = causal_alignment::bottom_right;
+  const double bytes = 2.0 * double(a.batch * a.hkv * a.nk * a.d) * double(dtype_size(a.type));
+
+  fmt::print("attn bench --paged {}: B {} Nq {} Nk {} Hq {} Hkv {} D {} {}; load average {}\n", ps, a.batch, a.nq, a.nk,
+             a.hq, a.hkv, a.d, dtype_name(a.type), load_average());
+  for (int t : a.threads) {
+    const execution ex{.num_threads = t};
+    const paged_kv_view c1{kpg, vpg, consecutive, lens}, c2{kpg, vpg, shuffled, lens};
+    const auto ms = time_medians({[&] { attention(q, kd, vd, o, ex); }, [&] { attention_paged(q, c1, o, ex); },
+                                  [&] { attention_paged(q, c2, o, ex); }},
+                                 a.warmup, a.reps);
+    const std::string dram = a.probe_mib > 0
+                                 ? fmt::format("{:.1f} GB/s", probe_dram_read(thread_count(t), std::size_t(a.probe_mib) << 20).value)
+                                 : std::string("not probed");
+    fmt::print("  threads {}: DRAM read {} | dense {:.3f} ms {:.1f} GB/s | paged consecutive {:.3f} ms ({:.0f}% of dense) | "
+               "paged shuffled {:.3f} ms ({:.0f}% of dense)\n",
+               thread_count(t), dram, ms[0].wall, bytes / ms[0].wall / 1e6, ms[1].wall, 100 * ms[0].wall / ms[1].wall,
+               ms[2].wall, 100 * ms[0].wall / ms[2].wall);
+    fmt::print("    cpu time: dense {:.3f} ms | paged consecutive {:.3f} ms ({:.0f}%) | paged shuffled {:.3f} ms ({:.0f}%)\n",
+               ms[0].cpu, ms[1].cpu, 100 * ms[0].cpu / ms[1].cpu, ms[2].cpu, 100 * ms[0].cpu / ms[2].cpu);
+  }
+  return 0;
+}
+
+}  // namespace attn::cli::bench
