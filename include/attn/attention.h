@@ -45,7 +45,8 @@
 //     are refused (float32 would read 1e-46 as 0). Fully masked rows: out 0, lse -inf.
 //   - masking_options::check_finite turns any NaN/inf input into an attn::error naming the
 //     tensor and index. Precision of the cpu float32 backward against float64:
-//     |error| <= 4e-6 · (1 + max|lse|) · max|gradient| (tests/core/special_values_test.cc).
+//     |error| <= 4e-6 · (1 + max|lse|) · G, G = max(max|gradient|, scale·max|dout|·max|v|·
+//     max(|q|, |k|)·Dv) (the difference dp - Δ in ds cancels; tests/core/special_values_test.cc).
 #pragma once
 
 #include <cstdint>
