@@ -38,6 +38,9 @@
 //     float64 by the reference, so logits beyond float range (q, k ~ 1e19) get the float64
 //     answer everywhere; likewise a backward with a non-finite gradient, and a backward with
 //     some |lse| > 1024 (float32 s - lse would cost p its precision), run on the reference.
+//   - Finite but huge scores: float32 resolves s to |s|·2^-24, so past |s| ~ 1e3 the cpu's
+//     weights of nearly tied keys may differ from float64's (the backward then runs on the
+//     reference, see above; the forward does not).
 //   - Float masks are shift-invariant per row: rows beyond ±1024 whose finite values lie
 //     within 2^20 of each other are shifted to a maximum of 0 before use, so -1e30 everywhere
 //     equals no mask (lse = no-mask lse - 1e30).
