@@ -4,7 +4,8 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ git python3 python3-venv python3-dev
       libfmt-dev libcli11-dev nlohmann-json3-dev libomp-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev libicu-dev libpng-dev
-      libopenmpi-dev openmpi-bin)
+      libopenmpi-dev openmpi-bin
+      clang)  # clang-14: scripts/fuzz.sh (libFuzzer, ThreadSanitizer)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

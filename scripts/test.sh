@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Command 2 of the README: build the release and asan (ASan + UBSan) presets and run the whole
-# test suite under both, then the Python package's tests (pytest, in the venv of
+# test suite under both, the fuzzers and the ThreadSanitizer test (scripts/fuzz.sh), then the
+# Python package's tests (pytest, in the venv of
 # scripts/python-env.sh). Extra arguments go to ctest (e.g. -R attention).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,8 @@ for preset in release asan; do
   echo "=== $preset: test"
   ctest --preset "$preset" -j"$jobs" "$@"
 done
+echo "=== fuzzing (libFuzzer) and ThreadSanitizer: scripts/fuzz.sh"
+bash scripts/fuzz.sh
 echo "=== python: pip install ./ and pytest"
 py=$(bash scripts/python-env.sh)
 "$py" -m pytest -q python/tests

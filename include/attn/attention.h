@@ -23,7 +23,33 @@
 //
 // Causal frontier and window: query row i sits at key position pos_i (see causal_alignment);
 // key j is kept when  pos_i - window_left <= j <= pos_i + window_right  (a negative window
-// side is unbounded) and, if is_causal, j <= pos_i.
+// side, or one of 2^62 or more such as INT64_MAX, is unbounded) and, if is_causal, j <= pos_i.
+//
+// Special values — one answer on every backend (cpu and reference give the same NaN/inf
+// pattern and the same values within the dtype's tolerance; the family's core path and the
+// positional ops that call attention inherit it):
+//   - A key whose score s_ij is -inf (bool mask false, -inf float mask, or excluded by the
+//     frontier, window or nonpad_kv_seqlen) is excluded: weight 0, its value never read.
+//   - NaN or +inf among a row's kept scores (NaN or inf in q or k, +inf in a float mask):
+//     softmax is undefined, so that row's out and lse are NaN, and so are its gradients.
+//   - NaN or inf in v, or in dout, propagate as IEEE arithmetic does through the kept keys.
+//   - Overflow: the fast backends compute in float32 (f16/bf16 inputs widened exactly); a row
+//     they leave non-finite, or with every kept score overflowed to -inf, is computed again in
+//     float64 by the reference, so logits beyond float range (q, k ~ 1e19) get the float64
+//     answer everywhere; likewise a backward with a non-finite gradient, and a backward with
+//     some |lse| > 1024 (float32 s - lse would cost p its precision), run on the reference.
+//   - Finite but huge scores: float32 resolves s to |s|·2^-24, so past |s| ~ 1e3 the cpu's
+//     weights of nearly tied keys may differ from float64's (the backward then runs on the
+//     reference, see above; the forward does not).
+//   - Float masks are shift-invariant per row: rows beyond ±1024 whose finite values lie
+//     within 2^20 of each other are shifted to a maximum of 0 before use, so -1e30 everywhere
+//     equals no mask (lse = no-mask lse - 1e30).
+//   - scale and softcap must be 0 or normal float32 magnitudes ([1.2e-38, 3.4e38]); others
+//     are refused (float32 would read 1e-46 as 0). Fully masked rows: out 0, lse -inf.
+//   - masking_options::check_finite turns any NaN/inf input into an attn::error naming the
+//     tensor and index. Precision of the cpu float32 backward against float64:
+//     |error| <= 4e-6 · (1 + max|lse|) · G, G = max(max|gradient|, scale·max|dout|·max|v|·
+//     max(|q|, |k|)·Dv) (the difference dp - Δ in ds cancels; tests/core/special_values_test.cc).
 #pragma once
 
 #include <cstdint>

@@ -161,11 +161,12 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
 }
 
 // Float masks are shift-invariant per query row: softmax(s + m - c) = softmax(s + m). Adding
-// -1e30 to float32 (or float64) scores would erase them, so a mask whose rows reach beyond
-// ±kMaskShift is replaced by a copy with each row's largest finite value subtracted (its rows
-// only, without the broadcast dims); the shift goes back into the lse (front) and the
-// backward recomputes its own lse. A constant mask then equals no mask exactly.
-constexpr double kMaskShift = 1024.0;
+// -1e30 to float32 (or float64) scores would erase them, so a mask with rows beyond
+// ±kMaskShift whose finite values lie within kMaskBand is replaced by a copy with each such
+// row's largest finite value subtracted (its rows only, without the broadcast dims); the shift
+// goes back into the lse (front) and the backward recomputes its own lse. A constant mask then
+// equals no mask exactly.
+constexpr double kMaskShift = 1024.0, kMaskBand = 1 << 20;
 
 void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store) {
   Shape cs = m.shape();
@@ -176,12 +177,15 @@ void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store) {
   std::vector<double> shift(std::size_t(rows), 0.0);
   bool wide = false;
   for (std::int64_t r = 0; r < rows; ++r) {
-    double mx = kNegInf;
+    double mx = kNegInf, mn = -kNegInf;
     for (std::int64_t j = 0; j < used; ++j) {
       const double x = c.data_as<double>()[r * cols + j];
-      if (std::isfinite(x)) mx = std::max(mx, x);
+      if (std::isfinite(x)) mx = std::max(mx, x), mn = std::min(mn, x);
     }
-    if (std::isfinite(mx)) shift[std::size_t(r)] = mx, wide |= std::abs(mx) > kMaskShift;
+    // Only rows whose finite values all lie within kMaskBand of each other: the keys a query
+    // keeps may be any subset, and a shift set by a far larger value it does not keep would
+    // erase the ones it does (such rows are left as they are).
+    if (std::isfinite(mx) && std::abs(mx) > kMaskShift && mx - mn <= kMaskBand) shift[std::size_t(r)] = mx, wide = true;
   }
   if (!wide) return;
   store.shifted_mask = Tensor::empty(cs, p.q.type == dtype::f64 ? dtype::f64 : dtype::f32);

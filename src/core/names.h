@@ -25,6 +25,9 @@ struct enum_name {
   E value;
   std::string_view name;
 };
+// Spelled out for clang 14 (the fuzz build), which lacks C++20's deduction for aggregates.
+template <class E>
+enum_name(E, const char*) -> enum_name<E>;
 
 template <class E, std::size_t N>
 constexpr bool names_cover(const std::array<enum_name<E>, N>& table, E last) {

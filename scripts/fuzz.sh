@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fuzzing and ThreadSanitizer (issue 14), run by scripts/test.sh. Builds fuzz/ with clang-14
+# twice — libFuzzer + ASan + UBSan (npy_fuzz, api_fuzz), and ThreadSanitizer (tsan_concurrency,
+# OpenMP pragmas off) — only the library part they need, then runs each fuzzer for
+# ATTN_FUZZ_SECONDS (default 60) on a copy of its corpus in fuzz/corpus/<name> and the TSan test.
+# Any finding (crash, sanitizer report, trap) fails the script. Prints executions per harness.
+#   scripts/fuzz.sh                  build, fuzz 60 s each, TSan
+#   ATTN_FUZZ_SECONDS=600 scripts/fuzz.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${ATTN_FUZZ_SECONDS:-60}
+jobs=$(nproc)
+for mode in fuzz tsan; do
+  echo "=== fuzz/$mode: build (clang-14)"
+  cmake -S fuzz -B "build/fuzz-$mode" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DATTN_FUZZ_MODE=$mode >/dev/null
+  cmake --build "build/fuzz-$mode" -j"$jobs"
+done
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1
+for h in npy_fuzz api_fuzz; do
+  name=${h%_fuzz}
+  work=$(mktemp -d)
+  cp fuzz/corpus/"$name"/* "$work"/
+  echo "=== $h: ${secs} s"
+  log=build/fuzz-fuzz/$h.log
+  if ! build/fuzz-fuzz/$h -max_total_time="$secs" -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
+         -artifact_prefix=build/fuzz-fuzz/$h- "$work" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "$h: FINDING (artifact in build/fuzz-fuzz/)"
+    exit 1
+  fi
+  echo "$h: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') executions, no finding"
+  rm -rf "$work"
+done
+echo "=== tsan_concurrency"
+TSAN_OPTIONS=halt_on_error=1 build/fuzz-tsan/tsan_concurrency
