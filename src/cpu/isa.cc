@@ -4,12 +4,18 @@
 //   avx2     AVX2 + FMA + F16C (8 floats)
 //   avx512   AVX-512 F/BW/VL/DQ (16 floats)
 //   avx512bf16  the same plus AVX512_BF16 dot products for the bf16 forward
-// ATTN_CPU_ISA=<level> caps the level (read on every call so tests can walk every path).
+// ATTN_CPU_ISA=<level> caps the level (read on every call so tests can walk every path); a
+// build with ATTN_CPU_MAX_LEVEL below 3 (src/cpu/sources.cmake) has no kernels above it.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "cpu/kernels.h"
 #include "cpu/rowwise.h"
+
+#ifndef ATTN_CPU_MAX_LEVEL
+#define ATTN_CPU_MAX_LEVEL 3
+#endif
 
 namespace attn::detail::cpu {
 namespace {
@@ -25,7 +31,7 @@ int detected_level() {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
     return 0;
   }();
-  return level;
+  return std::min(level, ATTN_CPU_MAX_LEVEL);
 }
 
 // The detected level, capped by ATTN_CPU_ISA.
@@ -47,9 +53,15 @@ const char* const* available_isas(int* count) {
 
 const kernel_table& select_kernels() {
   switch (capped_level()) {
+#if ATTN_CPU_MAX_LEVEL >= 3
     case 3: return kernels_avx512bf16();
+#endif
+#if ATTN_CPU_MAX_LEVEL >= 2
     case 2: return kernels_avx512();
+#endif
+#if ATTN_CPU_MAX_LEVEL >= 1
     case 1: return kernels_avx2();
+#endif
     default: return kernels_generic();
   }
 }
@@ -57,9 +69,13 @@ const kernel_table& select_kernels() {
 // The row-wise kernels have no bf16 dot product to use: avx512bf16 runs the avx512 ones.
 const rowwise_table& select_rowwise() {
   switch (capped_level()) {
+#if ATTN_CPU_MAX_LEVEL >= 2
     case 3:
     case 2: return rowwise_avx512();
+#endif
+#if ATTN_CPU_MAX_LEVEL >= 1
     case 1: return rowwise_avx2();
+#endif
     default: return rowwise_generic();
   }
 }
