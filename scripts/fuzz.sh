@@ -6,6 +6,8 @@
 # Any finding (crash, sanitizer report, trap) fails the script. Prints executions per harness.
 #   scripts/fuzz.sh                  build, fuzz 60 s each, TSan
 #   ATTN_FUZZ_SECONDS=600 scripts/fuzz.sh
+#   ATTN_FUZZ_SEED=N scripts/fuzz.sh   libFuzzer's seed (default 1: CI walks the same sequence of
+#                                      inputs on every run, so a finding is a change, not luck)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${ATTN_FUZZ_SECONDS:-60}
@@ -23,7 +25,7 @@ for h in npy_fuzz api_fuzz; do
   cp fuzz/corpus/"$name"/* "$work"/
   echo "=== $h: ${secs} s"
   log=build/fuzz-fuzz/$h.log
-  if ! build/fuzz-fuzz/$h -max_total_time="$secs" -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
+  if ! build/fuzz-fuzz/$h -max_total_time="$secs" -seed="${ATTN_FUZZ_SEED:-1}" -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 \
          -artifact_prefix=build/fuzz-fuzz/$h- "$work" >"$log" 2>&1; then
     tail -n 40 "$log"
     echo "$h: FINDING (artifact in build/fuzz-fuzz/)"
