@@ -19,9 +19,10 @@ namespace attn {
 enum class backend { automatic, reference, cpu };
 
 // Which path the family (family.h) takes. `automatic`: the core op for the pairs it can run,
-// else the tiled kernels. `reference` is the family's oracle. ATTN_FAMILY_PATH overrides
-// `automatic`.
-enum class family_path { automatic, core, tiled, reference };
+// else the fused f32 kernels for the pairs they run (dot-product scores, float32/16 and
+// bfloat16 inputs), else the float64 tiled kernels. `reference` is the family's oracle.
+// ATTN_FAMILY_PATH overrides `automatic`.
+enum class family_path { automatic, core, tiled, reference, fused };
 
 struct execution {
   backend use_backend = backend::automatic;

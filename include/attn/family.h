@@ -97,7 +97,7 @@ struct family_options : masking_options {
 
 struct family_result {
   Tensor out;        // layout and dtype of q, Dv features
-  std::string path;  // "core (cpu)", "tiled", "reference"
+  std::string path;  // "core (cpu)", "fused (avx2)", "tiled", "reference"
 };
 
 struct family_grads {

@@ -18,8 +18,9 @@ static_assert(names_cover(kBackendNames, backend::cpu), "a backend enumerator ha
 
 constexpr std::array kFamilyPathNames = {enum_name{family_path::automatic, "automatic"},
                                          enum_name{family_path::core, "core"}, enum_name{family_path::tiled, "tiled"},
-                                         enum_name{family_path::reference, "reference"}};
-static_assert(names_cover(kFamilyPathNames, family_path::reference), "a family_path enumerator has no name");
+                                         enum_name{family_path::reference, "reference"},
+                                         enum_name{family_path::fused, "fused"}};
+static_assert(names_cover(kFamilyPathNames, family_path::fused), "a family_path enumerator has no name");
 }  // namespace
 
 const std::vector<const backend_impl*>& backend_registry() {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/family_kernels.h"
 #include "cpu/kernels.h"
 #include "cpu/rowwise.h"
 
@@ -77,6 +78,20 @@ const rowwise_table& select_rowwise() {
     case 1: return rowwise_avx2();
 #endif
     default: return rowwise_generic();
+  }
+}
+
+// The fused family kernels have no bf16 dot product either: avx512bf16 runs the avx512 ones.
+const family_table& select_family_kernels() {
+  switch (capped_level()) {
+#if ATTN_CPU_MAX_LEVEL >= 2
+    case 3:
+    case 2: return family_avx512();
+#endif
+#if ATTN_CPU_MAX_LEVEL >= 1
+    case 1: return family_avx2();
+#endif
+    default: return family_generic();
   }
 }
 

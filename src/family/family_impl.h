@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "attn/family.h"
@@ -107,6 +108,14 @@ void tiled_backward(const fproblem& fp, const std::vector<double>& dout, std::ve
 void reference_forward(const fproblem& fp, std::vector<double>& out, std::vector<double>* weights);
 void reference_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp,
                         grad_acc& acc);
+
+// ---- fused f32 path (fused.cc; kernels in src/cpu/family_kernels.h) ----
+// Why the fused kernels cannot run this prepared problem with inputs of `type` (empty: they can).
+std::string fused_why_not(const fproblem& fp, dtype type);
+// As tiled_forward / tiled_backward, in f32 on the fused kernels; return the ISA level's name.
+const char* fused_forward(const fproblem& fp, std::vector<double>& out);
+const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp,
+                           grad_acc& acc);
 
 // Activation and its derivative written in terms of z.
 inline double activate(act_kind a, double z) {

@@ -5,6 +5,8 @@
 //   core       attn::attention on what the score prepares (for dot and scaled_dot: the user's
 //              own q, k, v), then attention_backward and the score's core_backward
 //   tiled      q, k, v copied to float64, prepared, the tiled kernels, the score's backward
+//   fused      as tiled, the prepared vectors in f32 on the fused SIMD kernels (fused.cc), for
+//              dot-product scores; `automatic` takes it where it runs (fused_why_not)
 //   reference  as tiled, with the reference kernels (the oracle)
 #include <fmt/format.h>
 
@@ -33,14 +35,17 @@ struct call {
   score_state st;
   fproblem fp;
   family_path path = family_path::tiled;
+  bool automatic = false;  // the path was not asked for: fused replaces tiled where it runs
 };
 
-family_path resolve_path(const char* op, const family_options& o, const execution& exec, bool core_ok) {
+family_path resolve_path(const char* op, const family_options& o, const execution& exec, bool core_ok,
+                         bool& automatic) {
   family_path want = exec.path;
   if (want == family_path::automatic) {
     const char* env = std::getenv("ATTN_FAMILY_PATH");
     if (env && *env && std::string_view(env) != "automatic") want = parse_family_path(env);
   }
+  automatic = want == family_path::automatic;
   if (want == family_path::core && !core_ok)
     fail(op, fmt::format("path core runs only {} scores with softmax (got {} with {})", core_score_names(),
                          to_string(o.score.kind), to_string(o.distribution.kind)));
@@ -143,7 +148,16 @@ void validate(const char* op, const TensorView& q, const TensorView& k, const Te
 
   // Score: its own options and parameters.
   def.check(c, C.st);
-  C.path = resolve_path(op, o, exec, fp.dist == distribution_kind::softmax && def.core_prepare);
+  C.path = resolve_path(op, o, exec, fp.dist == distribution_kind::softmax && def.core_prepare, C.automatic);
+}
+
+// Once prepared: `automatic` takes fused over tiled where the fused kernels run; fused asked
+// for where they do not is an error saying why.
+void settle_fused(call& C) {
+  if (C.path != family_path::fused && !(C.path == family_path::tiled && C.automatic)) return;
+  const std::string why = fused_why_not(C.fp, C.c.type);
+  if (C.path == family_path::fused && !why.empty()) fail(C.c.op, fmt::format("path fused: {}", why));
+  if (why.empty()) C.path = family_path::fused;
 }
 
 // Tiled and reference routes: q, k, v to float64, prepared by the score into C.fp. Returns the
@@ -153,6 +167,7 @@ f64_qkv prepare_f64(call& C, const TensorView& q, const TensorView& k, const Ten
   f64_qkv in{load_bhnx(q, c.B, c.Hq, c.Nq, c.D), load_bhnx(k, c.B, c.Hkv, c.Nk, c.Dk), {}};
   C.def->prepare(c, C.st, in, C.fp);
   C.fp.V = load_bhnx(v, c.B, c.Hkv, c.Nk, c.Dv);
+  settle_fused(C);
   return in;
 }
 
@@ -186,9 +201,10 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   prepare_f64(C, q, k, v);
   std::vector<double> out;
   if (C.path == family_path::reference) reference_forward(C.fp, out, nullptr);
+  else if (C.path == family_path::fused) r.path = fmt::format("fused ({})", fused_forward(C.fp, out));
   else tiled_forward(C.fp, out);
   r.out = store_bhnx(out, c.B, c.Hq, c.Nq, c.Dv, c.rank, c.type);
-  r.path = std::string(to_string(C.path));
+  if (r.path.empty()) r.path = std::string(to_string(C.path));
   return r;
 }
 
@@ -220,6 +236,7 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
   std::vector<double> dQp;
   grad_acc acc;
   if (C.path == family_path::reference) reference_backward(C.fp, dO, dQp, acc), g.path = "reference";
+  else if (C.path == family_path::fused) g.path = fmt::format("fused ({})", fused_backward(C.fp, dO, dQp, acc));
   else tiled_backward(C.fp, dO, dQp, acc), g.path = "tiled";
   std::vector<double> dq(std::size_t(c.rows_q() * c.D), 0.0), dk(std::size_t(c.rows_k() * c.Dk), 0.0);
   C.def->backward(c, C.st, in, C.fp, dQp, acc, dq, dk, g);

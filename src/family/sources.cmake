@@ -6,6 +6,7 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/names.cc
   ${CMAKE_CURRENT_LIST_DIR}/kernels.cc
   ${CMAKE_CURRENT_LIST_DIR}/tiled.cc
+  ${CMAKE_CURRENT_LIST_DIR}/fused.cc
   ${CMAKE_CURRENT_LIST_DIR}/reference.cc
   ${CMAKE_CURRENT_LIST_DIR}/scores/table.cc
   ${CMAKE_CURRENT_LIST_DIR}/scores/common.cc

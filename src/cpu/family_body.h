@@ -1,0 +1,470 @@
+// src/cpu/family_body.h — the fused family kernels of family_kernels.h for one ISA.
+// family_<isa>.cc defines W (floats per vector), C (vectors per lane group) and R (tile rows)
+// in attn::detail::cpu::(anonymous), then includes this file; everything here is in an
+// anonymous namespace (see kernels.h on why; for the same reason the top-k selection below is
+// written here rather than taken from <algorithm>).
+//
+// Row statistics, found on the stored scores of a lane block (query rows in lanes, so every
+// step is a vector operation over W rows at once):
+//   softmax    m = max s, lse = m + log Σ e^{s - m}
+//   sparsemax  τ solves Σ max(s - τ, 0) = 1. Michelot's iteration from τ₀ = max - 1 (a lower
+//              bound): with S = {s > τ}, τ ← (Σ_S s - 1)/|S|. Each step either keeps S (then τ
+//              is exact: the closed form on the true support, as the reference computes it) or
+//              drops at least one key, so it ends after at most |S₀| steps (a few in practice).
+//   entmax15   on x = s/2, τ solves Σ max(x - τ, 0)² = 1. Newton from τ₀ = max x - 1 (f is
+//              convex and decreasing, so the iterates rise monotonically to the root); at each
+//              step the closed form on S = {x > τ} (τ_c = mean - √((1 - Σ(x - mean)²)/|S|)) is
+//              taken as exact as soon as it keeps S (τ ≤ τ_c < min_S x). 60 steps at most; a
+//              tie exactly at the threshold keeps the last Newton iterate.
+//   hardmax    the first arg max (a running max and index per lane)
+//   topk       the k-th best score t by selection (scalar, per row), the first keys tied at t
+//              up to k, the lse over the kept keys
+// Sums run in key order within a row, so no result depends on the thread that ran it.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/family_kernels.h"
+#include "cpu/simd.h"
+#include "cpu/tile.h"
+
+namespace attn::detail::cpu {
+namespace {
+
+using fam_ops = f32_operands;
+
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline vf vselect(vi m, vf a, vf b) { return m ? a : b; }
+inline bool any_lane(vi m) {
+  for (int x = 0; x < W; ++x)
+    if (m[x]) return true;
+  return false;
+}
+inline bool all_lanes(vi m) {
+  for (int x = 0; x < W; ++x)
+    if (!m[x]) return false;
+  return true;
+}
+inline vf vsqrt(vf x) {
+  vf r = x;
+  for (int l = 0; l < W; ++l) r[l] = __builtin_sqrtf(x[l]);
+  return r;
+}
+
+// act(z) and *g = act'(z).
+inline vf fam_act(family_act a, vf z, vf* g) {
+  switch (a) {
+    case family_act::identity: *g = splat(1.0f); return z;
+    case family_act::tanh: {
+      const vf t = vtanh(z);
+      *g = splat(1.0f) - t * t;
+      return t;
+    }
+    case family_act::relu: {
+      const vi pos = z > vf{};
+      *g = vselect(pos, splat(1.0f), vf{});
+      return vselect(pos, z, vf{});
+    }
+    case family_act::sigmoid: {
+      const vf s = splat(1.0f) / (splat(1.0f) + vexp(-z));
+      *g = s * (splat(1.0f) - s);
+      return s;
+    }
+  }
+  *g = splat(1.0f);
+  return z;
+}
+
+// The statistics of W rows (lanes, or one row splat over W key lanes).
+struct fam_stat {
+  vf t, lse, r;
+  vi cut;
+};
+
+inline vi fam_kept(vf s, vi j, const fam_stat& st) { return (s > st.t) | ((s == st.t) & (j <= st.cut)); }
+
+// α of the scores s (keys j).
+inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
+  switch (fp.dist) {
+    case family_dist::softmax: return vexp(s - st.t);  // s = -inf or t = +inf: exactly 0
+    case family_dist::sigmoid:
+      return vselect(s == splat(-kInf), vf{}, splat(1.0f) / (splat(1.0f) + vexp(-(s + splat(fp.sigmoid_bias)))));
+    case family_dist::sparsemax: return vmax(s - st.t, vf{});
+    case family_dist::entmax15: {
+      const vf u = vmax(s * splat(0.5f) - st.t, vf{});
+      return u * u;
+    }
+    case family_dist::hardmax: return vselect(fam_kept(s, j, st), splat(1.0f), vf{});
+    case family_dist::topk: return vselect(fam_kept(s, j, st), vexp(s - st.lse), vf{});
+  }
+  return vf{};
+}
+
+// u of r = Σ u dα / Σ u (0 where the distribution has no r).
+inline vf fam_u(const family_params& fp, vf s, vf a, const fam_stat& st) {
+  switch (fp.dist) {
+    case family_dist::softmax:
+    case family_dist::topk: return a;
+    case family_dist::sparsemax: return vselect(a > vf{}, splat(1.0f), vf{});
+    case family_dist::entmax15: return vmax(s * splat(0.5f) - st.t, vf{});
+    default: return vf{};
+  }
+}
+
+// de = w (dα - r).
+inline vf fam_de(const family_params& fp, vf s, vf a, vf dp, const fam_stat& st) {
+  switch (fp.dist) {
+    case family_dist::softmax:
+    case family_dist::topk: return a * (dp - st.r);
+    case family_dist::sigmoid: return a * (splat(1.0f) - a) * dp;
+    case family_dist::sparsemax: return vselect(a > vf{}, dp - st.r, vf{});
+    case family_dist::entmax15: return vmax(s * splat(0.5f) - st.t, vf{}) * (dp - st.r);
+    case family_dist::hardmax: return vf{};
+  }
+  return vf{};
+}
+
+// ---- lane layout ----
+
+// Scratch of a lane block (keys: the keys it may hold, family_lane_scratch_floats).
+struct lane_scratch {
+  float *S, *dP, *G, *mask, *buf;
+  lane_scratch(const family_lanes& lb, std::int64_t keys) {
+    S = lb.scratch;
+    dP = S + keys * lb.L;
+    G = dP + keys * lb.L;
+    mask = G + keys * lb.L;
+    buf = mask + kLaneKeyBlock * lb.L;
+  }
+};
+
+// Keys [kmin, kmax) that some lane of the block may see.
+inline void fam_range(const family_lanes& lb, std::int64_t& kmin, std::int64_t& kmax) {
+  kmin = INT64_MAX, kmax = 0;
+  for (std::int64_t x = 0; x < lb.nl; ++x)
+    if (lb.lo[x] < lb.hi[x]) kmin = imin(kmin, lb.lo[x]), kmax = imax(kmax, lb.hi[x]);
+}
+
+// S[jj][x] (row stride L) = s of key j0 + jj for lane x; G likewise act'(z) (when not null).
+template <int CC>
+void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
+  const std::int64_t L = CC * W;
+  const family_params& fp = lb.fp;
+  gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, mask, 1, L);
+  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  const vf bias = splat(fp.bias);
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sj = S + jj * L + c * W;
+      vf g = splat(1.0f), s = load(sj);
+      if (!plain) s = fam_act(fp.act, s + bias, &g);
+      if (fp.mask) s += load(mask + jj * L + c * W);
+      const vi j = splati(std::int32_t(j0 + jj));
+      store(sj, vselect((j >= lo) & (j < hi), s, splat(-kInf)));
+      if (G) store(G + jj * L + c * W, g);
+    }
+  }
+}
+
+// The k-th largest (1-based) of a[0, n), 1 <= k <= n; reorders a (Hoare selection).
+inline float kth_largest(float* a, std::int64_t n, std::int64_t k) {
+  std::int64_t lo = 0, hi = n - 1;
+  const std::int64_t want = k - 1;
+  while (lo < hi) {
+    const float pivot = a[lo + (hi - lo) / 2];
+    std::int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (a[i] > pivot) ++i;
+      while (a[j] < pivot) --j;
+      if (i <= j) {
+        const float tmp = a[i];
+        a[i] = a[j], a[j] = tmp;
+        ++i, --j;
+      }
+    }
+    if (want <= j) hi = j;
+    else if (want >= i) lo = i;
+    else return a[want];
+  }
+  return a[want];
+}
+
+// Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
+// lb.st (r not touched).
+template <int CC>
+void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf) {
+  const std::int64_t L = CC * W;
+  const family_params& fp = lb.fp;
+#pragma GCC unroll 1
+  for (int c = 0; c < CC; ++c) {
+    vf m = splat(-kInf);
+    vi arg = splati(-1);
+    for (std::int64_t jj = 0; jj < n; ++jj) {
+      const vf s = load(S + jj * L + c * W);
+      const vi gt = s > m;
+      m = vselect(gt, s, m);
+      arg = gt ? splati(std::int32_t(kbase + jj)) : arg;
+    }
+    const vi empty = m == splat(-kInf);
+    const vf m0 = vselect(empty, vf{}, m);
+    vf t = splat(kInf), lse = splat(kInf);
+    vi cut = splati(-1);
+    switch (fp.dist) {
+      case family_dist::softmax: {
+        vf sum{};
+        for (std::int64_t jj = 0; jj < n; ++jj) sum += vexp(load(S + jj * L + c * W) - m0);
+        for (int x = 0; x < W; ++x)
+          if (!empty[x]) t[x] = m[x] + __builtin_logf(sum[x]);
+        break;
+      }
+      case family_dist::sparsemax: {
+        vf tau = splat(-1.0f);  // relative to m
+        vi done = empty;
+        for (std::int64_t it = 0; it <= n && !all_lanes(done); ++it) {
+          vf cnt{}, s1{}, mn = splat(kInf);
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            const vf x = load(S + jj * L + c * W) - m0;
+            const vi in = x > tau;
+            cnt += vselect(in, splat(1.0f), vf{});
+            s1 += vselect(in, x, vf{});
+            mn = vselect(in, vmin(mn, x), mn);
+          }
+          const vf tc = (s1 - splat(1.0f)) / vmax(cnt, splat(1.0f));
+          tau = vselect(done, tau, tc);
+          done |= tc < mn;
+        }
+        t = vselect(empty, splat(kInf), m0 + tau);
+        break;
+      }
+      case family_dist::entmax15: {
+        const vf h = splat(0.5f), mh = m0 * h;
+        vf tau = splat(-1.0f);  // on x = s/2 - max/2
+        vi done = empty;
+        for (int it = 0; it < 60 && !all_lanes(done); ++it) {
+          vf cnt{}, s1{}, s2{}, mn = splat(kInf);
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            const vf x = load(S + jj * L + c * W) * h - mh;
+            const vi in = x > tau;
+            cnt += vselect(in, splat(1.0f), vf{});
+            s1 += vselect(in, x, vf{});
+            s2 += vselect(in, x * x, vf{});
+            mn = vselect(in, vmin(mn, x), mn);
+          }
+          const vf nc = vmax(cnt, splat(1.0f)), mean = s1 / nc;
+          const vf ss = s2 - s1 * mean;
+          const vf tc = mean - vsqrt(vmax((splat(1.0f) - ss) / nc, vf{}));
+          const vi exact = (tc >= tau) & (tc < mn);
+          const vf f = s2 - splat(2.0f) * tau * s1 + cnt * tau * tau - splat(1.0f);
+          const vf df = splat(2.0f) * (s1 - cnt * tau);
+          const vf tn = tau + f / vmax(df, splat(1e-30f));
+          const vf next = vselect(exact, tc, tn);
+          const vi stuck = next <= tau;
+          tau = vselect(done | (stuck & ~exact), tau, next);
+          done |= exact | stuck;
+        }
+        t = vselect(empty, splat(kInf), mh + tau);
+        break;
+      }
+      case family_dist::hardmax:
+        t = vselect(empty, splat(kInf), m);
+        cut = arg;
+        break;
+      case family_dist::topk:
+        for (int x = 0; x < W; ++x) {
+          if (empty[x]) continue;
+          const std::int64_t lane = c * W + x;
+          std::int64_t cnt = 0;
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            const float s = S[jj * L + lane];
+            if (s != -kInf) buf[cnt++] = s;
+          }
+          const std::int64_t kk = imin(fp.topk, cnt);
+          const float th = kth_largest(buf, cnt, kk);
+          std::int64_t need = kk;
+          for (std::int64_t jj = 0; jj < n; ++jj) need -= S[jj * L + lane] > th;
+          float sum = 0.0f;
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            const float s = S[jj * L + lane];
+            if (s > th) sum += __builtin_expf(s - m[x]);
+            else if (s == th && need > 0) sum += __builtin_expf(s - m[x]), --need, cut[x] = std::int32_t(kbase + jj);
+          }
+          t[x] = th, lse[x] = m[x] + __builtin_logf(sum);
+        }
+        break;
+      case family_dist::sigmoid: break;
+    }
+    store(lb.st.t + c * W, t);
+    store(lb.st.lse + c * W, lse);
+    __builtin_memcpy(lb.st.cut + c * W, &cut, sizeof cut);
+  }
+}
+
+template <int CC>
+fam_stat load_stat(const family_lanes& lb, int c) {
+  fam_stat st;
+  st.t = load(lb.st.t + c * W), st.lse = load(lb.st.lse + c * W), st.r = load(lb.st.r + c * W);
+  st.cut = loadi(lb.st.cut + c * W);
+  return st;
+}
+
+// S [nb][L] of keys j0.. → α in place.
+template <int CC>
+void lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t nb) {
+  const std::int64_t L = CC * W;
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const fam_stat st = load_stat<CC>(lb, c);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      float* sj = S + jj * L + c * W;
+      store(sj, fam_alpha(lb.fp, load(sj), splati(std::int32_t(j0 + jj)), st));
+    }
+  }
+}
+
+template <int CC>
+void set_empty_stats(const family_lanes& lb) {
+  for (std::int64_t x = 0; x < CC * W; ++x) lb.st.t[x] = kInf, lb.st.lse[x] = kInf, lb.st.cut[x] = -1, lb.st.r[x] = 0.0f;
+}
+
+// ---- forward, lane layout ----
+template <int CC>
+void fam_forward(const family_lanes& lb, float* ot) {
+  const std::int64_t L = CC * W;
+  for (std::int64_t i = 0; i < lb.Dv * L; ++i) ot[i] = 0.0f;
+  set_empty_stats<CC>(lb);
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  const bool keep = family_keeps_scores(lb.fp.dist);
+  const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
+  if (keep) {
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
+      lane_scores<CC>(lb, j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L, nullptr, sc.mask);
+    lane_stats<CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+  }
+  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+    float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
+    if (!keep) lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
+    lane_alpha<CC>(lb, S, j0, nb);
+    gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
+  }
+}
+
+// ---- backward dq, lane layout ----
+//   dP = V doutᵀ; r = Σ u dP / Σ u; dS = w (dP - r) act'; dqᵀ += Kᵀ dS
+template <int CC>
+void fam_dq(const family_lanes& lb, const family_dq_io& io) {
+  const std::int64_t L = CC * W;
+  for (std::int64_t i = 0; i < lb.P * L; ++i) io.dqt[i] = 0.0f;
+  set_empty_stats<CC>(lb);
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  const family_params& fp = lb.fp;
+  const bool keep = family_keeps_scores(fp.dist);
+  const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
+  const bool need_g = fp.act != family_act::identity;
+  auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
+    lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
+    gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+  };
+  if (keep) {
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+      const std::int64_t o = (j0 - kmin) * L;
+      scores_dp(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, sc.dP + o, sc.G + o);
+    }
+    lane_stats<CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+    // r = Σ u dP / Σ u
+#pragma GCC unroll 1
+    for (int c = 0; c < CC; ++c) {
+      const fam_stat st = load_stat<CC>(lb, c);
+      vf num{}, den{};
+      for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
+        const vf s = load(sc.S + jj * L + c * W);
+        const vf u = fam_u(fp, s, fam_alpha(fp, s, splati(std::int32_t(kmin + jj)), st), st);
+        num += u * load(sc.dP + jj * L + c * W), den += u;
+      }
+      store(lb.st.r + c * W, vselect(den > vf{}, num / vmax(den, splat(1e-30f)), vf{}));
+    }
+  }
+  if (fp.dist == family_dist::hardmax) return;  // zero gradient through the one-hot
+  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0), o = keep ? (j0 - kmin) * L : 0;
+    float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
+    if (!keep) scores_dp(j0, nb, S, dP, G);
+    vf sum_dz{}, sum_de{};
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const fam_stat st = load_stat<CC>(lb, c);
+      for (std::int64_t jj = 0; jj < nb; ++jj) {
+        const std::int64_t e = jj * L + c * W;
+        const vf s = load(S + e), a = fam_alpha(fp, s, splati(std::int32_t(j0 + jj)), st);
+        const vf de = fam_de(fp, s, a, load(dP + e), st);
+        const vf dz = need_g ? de * load(G + e) : de;
+        sum_de += de, sum_dz += dz;
+        store(S + e, dz);
+      }
+    }
+    double a = 0.0, b = 0.0;
+    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
+    io.sums[0] += a, io.sums[1] += b;
+    gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
+  }
+}
+
+// ---- backward dk, dv, row layout ----
+//   S = Q Kᵀ, dP = dO Vᵀ; α, dz from the saved row statistics; dVᵀ += dOᵀ α, dKᵀ += Qᵀ dz
+void fam_dkdv(const family_rows& pr) {
+  const std::int64_t ld = pr.ldk, nq = pr.nq;
+  const family_params& fp = pr.fp;
+  float* S = pr.scratch;
+  float* dP = S + nq * ld;
+  float* mask = dP + nq * ld;
+  gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
+  gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
+  if (fp.mask) {
+    fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
+  }
+  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  const vf bias = splat(fp.bias);
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
+    fam_stat st;
+    st.t = splat(pr.st.t[r]), st.lse = splat(pr.st.lse[r]), st.r = splat(pr.st.r[r]), st.cut = splati(pr.st.cut[r]);
+    for (std::int64_t x = 0; x < ld; x += W) {
+      const vi j = iota() + std::int32_t(pr.j0 + x);
+      vf g = splat(1.0f), s = load(S + r * ld + x);
+      if (!plain) s = fam_act(fp.act, s + bias, &g);
+      if (fp.mask) s += load(mask + r * ld + x);
+      s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
+      const vf a = fam_alpha(fp, s, j, st);
+      store(S + r * ld + x, a);
+      store(dP + r * ld + x, fam_de(fp, s, a, load(dP + r * ld + x), st) * g);
+    }
+  }
+  gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  if (fp.dist != family_dist::hardmax)
+    gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+}
+
+void fam_forward_entry(const family_lanes& lb, float* ot) {
+  if (lb.L == C * W) return fam_forward<C>(lb, ot);
+  fam_forward<1>(lb, ot);
+}
+void fam_dq_entry(const family_lanes& lb, const family_dq_io& io) {
+  if (lb.L == C * W) return fam_dq<C>(lb, io);
+  fam_dq<1>(lb, io);
+}
+
+constexpr family_table make_family_table(const char* name) {
+  return {name, W, C * W, fam_forward_entry, fam_dq_entry, fam_dkdv};
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu

@@ -1,0 +1,128 @@
+// src/cpu/family_kernels.h — the plain interface of the fused f32 kernels of the attention
+// family (include/attn/family.h) for scores that are a dot product of prepared vectors
+// (family_impl.h, kernel_kind::dot: dot, scaled_dot, general and its variants, cosine,
+// gaussian), with every streaming distribution but `kernel`. No SIMD types here:
+// family_body.h holds the code, compiled once per ISA (family_<isa>.cc), and isa.cc picks the
+// table (select_family_kernels). The driver is src/family/fused.cc.
+//
+// Per pair (q row i, key j), with z = qp_i·kp_j:
+//   s_ij = act(z + bias) + mask_ij, or -inf outside the row's key range [lo, hi) or where a
+//          bool mask excludes
+//   α_ij = distribution(s_i·)            (exactly 0 for s = -inf)
+//   out_i = Σ_j α_ij v_j
+// Backward (closed form, as src/family/tiled.cc): dα_ij = dout_i·v_j, r_i = Σ u dα / Σ u,
+//   de_ij = w (dα_ij - r_i), dz_ij = de_ij act'(z); dqp_i = Σ_j dz k_j, dkp_j = Σ_i dz q_i,
+//   dv_j = Σ_i α_ij dout_i, dbias = Σ dz, dsigmoid_bias = Σ de (sigmoid).
+//
+// Layouts are those of the core kernels (kernels.h): the forward and the dq pass keep query
+// rows in SIMD lanes (a lane block of L rows of one (b, hkv)), the dk/dv pass keeps keys in
+// lanes (a block of at most kRowKeyBlock keys against blocks of query rows). Sigmoid needs no
+// row statistics and streams over key blocks; the other distributions keep the scores of the
+// lane block's keys (O(Nk · L) floats per thread, never Nq × Nk), find their row statistics
+// on them (see family_body.h), then stream. The dk/dv pass reads the statistics the dq pass
+// saved per row.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/kernels.h"
+
+namespace attn::detail::cpu {
+
+enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk };
+enum class family_act : int { identity, tanh, relu, sigmoid };
+
+struct family_params {
+  family_dist dist = family_dist::softmax;
+  family_act act = family_act::identity;
+  float bias = 0.0f;          // inside act
+  float sigmoid_bias = 0.0f;  // sigmoid: α = σ(s + sigmoid_bias)
+  std::int64_t topk = 1;
+  bias_fn mask = nullptr;     // fills the mask tile (0 / -inf for bool, the value for float); null: none
+  const void* mask_ctx = nullptr;
+};
+
+// Per-row statistics, one entry per row (lane or tile row):
+//   softmax          t = lse (+inf for a row with no key)
+//   sparsemax        t = τ, α = max(s - τ, 0)
+//   entmax15         t = τ, α = max(s/2 - τ, 0)²
+//   hardmax, topk    t = the k-th best score (k = 1 for hardmax); a key is kept when s > t, or
+//                    s = t and j <= cut (first index wins ties); lse over the kept keys (topk)
+//   every one        r = Σ u dα / Σ u of the backward (0 for sigmoid and hardmax)
+struct family_stats {
+  float* t = nullptr;
+  float* lse = nullptr;
+  std::int32_t* cut = nullptr;
+  float* r = nullptr;
+};
+
+// One lane block: rows (lanes) [0, nl) of one (b, hkv); lanes >= nl are padding (zero q, lo = hi).
+struct family_lanes {
+  std::int64_t L = 0, nl = 0, P = 0, Dv = 0;
+  const float* qt = nullptr;          // [P][L] prepared queries of the lanes
+  const float* k = nullptr;           // prepared key j of this (b, hkv) at k + j·ksn
+  const float* v = nullptr;           // value j at v + j·vsn
+  std::int64_t ksn = 0, vsn = 0;
+  const std::int32_t* lo = nullptr;   // [L] key range of each lane
+  const std::int32_t* hi = nullptr;
+  family_params fp;
+  family_stats st;                    // [L] written by forward and dq
+  float* scratch = nullptr;           // family_lane_scratch_floats(...) floats, 64-byte aligned
+};
+
+// Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
+// k_j), the statistics of every lane (r included) and sums[0] += Σ dz, sums[1] += Σ de over
+// the block (added in a fixed order).
+struct family_dq_io {
+  const float* doutt = nullptr;
+  float* dqt = nullptr;
+  double* sums = nullptr;
+};
+
+// Row layout: rows [0, nq) are prepared queries q + r·qsn of one head, with their dout rows
+// and the statistics the dq pass saved, against keys [j0, j0 + nb). kt [P][ldk], vt [Dv][ldk]
+// hold the key block transposed and zero-padded; dkt, dvt accumulate Σ dz q and Σ α dout.
+struct family_rows {
+  std::int64_t nq = 0, nb = 0, ldk = 0, P = 0, Dv = 0, j0 = 0;
+  const float* q = nullptr;
+  const float* dout = nullptr;
+  std::int64_t qsn = 0, dsn = 0;
+  const std::int32_t* lo = nullptr;   // [nq]
+  const std::int32_t* hi = nullptr;
+  family_params fp;
+  family_stats st;                    // [nq], read only
+  const float* kt = nullptr;
+  const float* vt = nullptr;
+  float* dkt = nullptr;
+  float* dvt = nullptr;
+  float* scratch = nullptr;           // family_row_scratch_floats(nq, ldk) floats
+};
+
+// Scratch, in floats. `static` for the reason given in kernels.h.
+static inline bool family_keeps_scores(family_dist d) { return d != family_dist::sigmoid; }
+// nk: the keys a lane block may see (at most Nk).
+static inline std::int64_t family_lane_scratch_floats(std::int64_t L, std::int64_t nk, family_dist d) {
+  const std::int64_t keys = family_keeps_scores(d) ? nk + kLaneKeyBlock : kLaneKeyBlock;
+  return 3 * keys * L + kLaneKeyBlock * L + keys + 64;  // S, dP, act' [keys][L], mask tile, top-k buffer
+}
+static inline std::int64_t family_row_scratch_floats(std::int64_t rows, std::int64_t ldk) {
+  return 4 * rows * ldk + 64;
+}
+
+struct family_table {
+  const char* name;  // "generic", "avx2", "avx512"
+  int W;             // floats per vector
+  int lanes;         // L of a lane block
+  void (*forward)(const family_lanes&, float* ot);
+  void (*dq)(const family_lanes&, const family_dq_io&);
+  void (*dkdv)(const family_rows&);
+};
+
+const family_table& family_generic();
+const family_table& family_avx2();
+const family_table& family_avx512();
+
+// The table for this CPU (isa.cc; ATTN_CPU_ISA caps it; avx512bf16 runs the avx512 one).
+const family_table& select_family_kernels();
+
+}  // namespace attn::detail::cpu

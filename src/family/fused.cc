@@ -1,0 +1,321 @@
+// src/family/fused.cc — the fused f32 path of attention_family: the driver of the SIMD kernels
+// of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot) with softmax, sigmoid,
+// sparsemax, entmax15, hardmax (zero gradient) and top-k.
+//
+// Inputs: the score's float64 preparation (Qp, Kp, V of family_impl.h) converted to f32 once,
+// so f32, bf16 and f16 inputs all run in f32 with f32 accumulation (float64 inputs keep the
+// tiled path). Outputs go back to float64 buffers, as from the tiled path, for the score's
+// chain rule.
+//
+// Forward: tasks (b, hkv, lane block) as the core op's prefill; each runs the kernel of its
+// block of L query rows over the keys they may see.
+// Backward: two passes, so that every gradient element has one writer: dq over lane blocks
+// (which also finds and saves each row's statistics and r), then dk/dv over (b, hkv, key
+// block), every query row of every head of the GQA group against it. The scalar gradients
+// (dbias, dsigmoid_bias) are summed per lane block and added in block order.
+// The partition depends only on the shape, so results are bitwise identical for any thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "core/common.h"
+#include "cpu/family_kernels.h"
+#include "family/family_impl.h"
+
+namespace attn::detail::family {
+namespace {
+
+using cpu::family_act;
+using cpu::family_dist;
+
+constexpr std::int64_t kQueryBlock = 64;     // query rows per row-layout call (dk/dv)
+constexpr std::int64_t kMaxLen = std::int64_t(1) << 30;  // positions are int32 in the kernels
+constexpr float kInfF = std::numeric_limits<float>::infinity();
+
+struct free_deleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using fbuf = std::unique_ptr<float[], free_deleter>;
+
+fbuf alloc_floats(std::int64_t n) {
+  const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
+  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  if (!r) fail("attention_family (fused)", fmt::format("cannot allocate {} bytes of working memory", bytes));
+  return r;
+}
+
+std::vector<float> to_f32(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The mask of rows (h[r], i[r]) of batch b as the kernels' bias_fn: 0 / -inf (bool) or the
+// value (float); columns past the mask are padding (-inf); rows >= valid get 0.
+struct mask_ctx {
+  const problem* p = nullptr;
+  std::int64_t b = 0, valid = 0, total = 0;
+  const std::int64_t* h = nullptr;
+  const std::int64_t* i = nullptr;
+};
+
+void fill_mask(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
+  const mask_ctx& c = *static_cast<const mask_ctx*>(vctx);
+  const strided4& m = c.p->mask_view;
+  for (std::int64_t r = 0; r < c.total; ++r) {
+    float* t = tile + r * rs;
+    if (r >= c.valid) {
+      for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = 0.0f;
+      continue;
+    }
+    const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], 0);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      const std::int64_t j = j0 + jj;
+      float v;
+      if (j >= c.p->mask_cols) v = -kInfF;
+      else if (c.p->mask == mask_kind::boolean) v = static_cast<const bool*>(m.data)[base + j * m.sx] ? 0.0f : -kInfF;
+      else if (m.type == dtype::f32) v = static_cast<const float*>(m.data)[base + j * m.sx];
+      else v = float(load_as_double(m.data, m.type, base + j * m.sx));
+      t[jj * ks] = v;
+    }
+  }
+}
+
+cpu::family_params make_params(const fproblem& fp) {
+  cpu::family_params prm;
+  switch (fp.dist) {
+    case distribution_kind::softmax: prm.dist = family_dist::softmax; break;
+    case distribution_kind::sigmoid: prm.dist = family_dist::sigmoid; break;
+    case distribution_kind::sparsemax: prm.dist = family_dist::sparsemax; break;
+    case distribution_kind::entmax15: prm.dist = family_dist::entmax15; break;
+    case distribution_kind::hardmax: prm.dist = family_dist::hardmax; break;
+    case distribution_kind::topk: prm.dist = family_dist::topk; break;
+    default: break;  // refused by fused_why_not
+  }
+  switch (fp.act) {
+    case act_kind::identity: prm.act = family_act::identity; break;
+    case act_kind::tanh: prm.act = family_act::tanh; break;
+    case act_kind::relu: prm.act = family_act::relu; break;
+    case act_kind::sigmoid: prm.act = family_act::sigmoid; break;
+  }
+  prm.bias = float(fp.bias);
+  prm.sigmoid_bias = float(fp.sigmoid_bias);
+  prm.topk = fp.topk;
+  return prm;
+}
+
+// The prepared inputs in f32, and the problem's partition into lane blocks.
+struct fused_inputs {
+  const cpu::family_table& kt;
+  std::int64_t L, G, nlb, units;
+  std::vector<float> Q, K, V;
+  explicit fused_inputs(const fproblem& fp)
+      : kt(cpu::select_family_kernels()),
+        L(kt.lanes),
+        G(fp.group()),
+        nlb(ceil_div(fp.Nq * G, L)),
+        units(fp.B * fp.Hkv * nlb),
+        Q(to_f32(fp.Qp)),
+        K(to_f32(fp.Kp)),
+        V(to_f32(fp.V)) {}
+};
+
+// One thread's lane block: rows r = lbi·L + x of (b, hkv) are query i = r / G of head hkv·G + r % G.
+struct lane_state {
+  std::int64_t L, P, nl = 0;
+  std::vector<std::int32_t> lo, hi, cut;
+  std::vector<std::int64_t> h, i;
+  fbuf qt, t, lse, r, scratch;
+  mask_ctx mc;
+  cpu::family_params prm;
+
+  lane_state(const fproblem& fp, std::int64_t L_)
+      : L(L_), P(fp.Pq), lo(L_), hi(L_), cut(L_), h(L_), i(L_), qt(alloc_floats(fp.Pq * L_)), t(alloc_floats(L_)),
+        lse(alloc_floats(L_)), r(alloc_floats(L_)),
+        scratch(alloc_floats(cpu::family_lane_scratch_floats(L_, fp.Nk, make_params(fp).dist))), prm(make_params(fp)) {
+    mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
+  }
+
+  cpu::family_lanes set(const fproblem& fp, const fused_inputs& in, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
+    const std::int64_t rows = fp.Nq * in.G;
+    nl = std::min(L, rows - lbi * L);
+    for (std::int64_t x = 0; x < L; ++x) {
+      if (x >= nl) {
+        lo[x] = hi[x] = 0, h[x] = i[x] = 0;
+        for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = 0.0f;
+        continue;
+      }
+      const std::int64_t rr = lbi * L + x;
+      i[x] = rr / in.G, h[x] = hkv * in.G + rr % in.G;
+      const auto [a, e] = fp.p.key_range(b, i[x]);
+      lo[x] = std::int32_t(a), hi[x] = std::int32_t(e);
+      const float* q = in.Q.data() + ((b * fp.Hq + h[x]) * fp.Nq + i[x]) * P;
+      for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = q[d];
+    }
+    mc.b = b, mc.valid = nl;
+    cpu::family_lanes lb;
+    lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
+    lb.qt = qt.get();
+    lb.k = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P, lb.ksn = P;
+    lb.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv, lb.vsn = fp.Dv;
+    lb.lo = lo.data(), lb.hi = hi.data();
+    lb.fp = prm;
+    lb.st = {t.get(), lse.get(), cut.data(), r.get()};
+    lb.scratch = scratch.get();
+    return lb;
+  }
+  std::int64_t row(const fproblem& fp, std::int64_t b, std::int64_t x) const { return (b * fp.Hq + h[x]) * fp.Nq + i[x]; }
+};
+
+}  // namespace
+
+std::string fused_why_not(const fproblem& fp, dtype type) {
+  if (type == dtype::f64) return "float64 inputs run the float64 tiled path";
+  if (fp.kernel != kernel_kind::dot)
+    return "only dot-product scores (dot, scaled_dot, general and its variants, cosine, gaussian) are fused";
+  if (fp.F != 1) return "multi-dimensional scores are not fused";
+  switch (fp.dist) {
+    case distribution_kind::softmax:
+    case distribution_kind::sigmoid:
+    case distribution_kind::sparsemax:
+    case distribution_kind::entmax15:
+    case distribution_kind::topk: break;
+    case distribution_kind::hardmax:
+      if (fp.hardmax_grad != hardmax_gradient::zero) return "hardmax with the straight-through gradient is not fused";
+      break;
+    default: return fmt::format("distribution {} is not fused", to_string(fp.dist));
+  }
+  if (fp.Nq >= kMaxLen || fp.Nk >= kMaxLen) return "sequences of 2^30 or more are not fused";
+  return {};
+}
+
+const char* fused_forward(const fproblem& fp, std::vector<double>& out) {
+  const fused_inputs in(fp);
+  out.assign(std::size_t(fp.B * fp.Hq * fp.Nq * fp.Dv), 0.0);
+  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) return in.kt.name;
+  const std::int64_t L = in.L, nlb = in.nlb, Dv = fp.Dv;
+#pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
+  {
+    lane_state ls(fp, L);
+    fbuf ot = alloc_floats(Dv * L);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < in.units; ++u) {
+      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
+      in.kt.forward(ls.set(fp, in, b, hkv, lbi), ot.get());
+      for (std::int64_t x = 0; x < ls.nl; ++x) {
+        double* o = out.data() + ls.row(fp, b, x) * Dv;
+        for (std::int64_t d = 0; d < Dv; ++d) o[d] = double(ot[d * L + x]);
+      }
+    }
+  }
+  return in.kt.name;
+}
+
+const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp,
+                           grad_acc& acc) {
+  const fused_inputs in(fp);
+  const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
+  dQp.assign(std::size_t(fp.B * fp.Hq * fp.Nq * P), 0.0);
+  acc.init(fp);
+  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) return in.kt.name;
+  const int nt = std::max(1, fp.p.num_threads);
+  const std::vector<float> dO = to_f32(dout);
+  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq;
+  std::vector<float> T(std::size_t(nrows), kInfF), LSE(std::size_t(nrows), kInfF), Rr(std::size_t(nrows), 0.0f);
+  std::vector<std::int32_t> CUT(std::size_t(nrows), -1);
+  std::vector<double> sums(std::size_t(2 * in.units), 0.0);
+
+  // Pass 1: dq and the row statistics, lane layout over (b, hkv, lane block).
+#pragma omp parallel num_threads(nt)
+  {
+    lane_state ls(fp, L);
+    fbuf doutt = alloc_floats(Dv * L), dqt = alloc_floats(P * L);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < in.units; ++u) {
+      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
+      const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
+      for (std::int64_t x = 0; x < L; ++x) {
+        const float* d = x < ls.nl ? dO.data() + ls.row(fp, b, x) * Dv : nullptr;
+        for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = d ? d[y] : 0.0f;
+      }
+      in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 2 * u});
+      for (std::int64_t x = 0; x < ls.nl; ++x) {
+        const std::int64_t r = ls.row(fp, b, x);
+        double* dq = dQp.data() + r * P;
+        for (std::int64_t d = 0; d < P; ++d) dq[d] = double(dqt[d * L + x]);
+        T[std::size_t(r)] = ls.t[x], LSE[std::size_t(r)] = ls.lse[x], Rr[std::size_t(r)] = ls.r[x];
+        CUT[std::size_t(r)] = ls.cut[x];
+      }
+    }
+  }
+  for (std::int64_t u = 0; u < in.units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+  if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
+
+  // Pass 2: dk, dv, row layout over (b, hkv, key block).
+  const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
+  const std::int64_t W = in.kt.W, ldmax = ceil_div(cpu::kRowKeyBlock, W) * W;
+#pragma omp parallel num_threads(nt)
+  {
+    fbuf kvt = alloc_floats(2 * (P + Dv) * ldmax);
+    float *kt = kvt.get(), *vt = kt + P * ldmax, *dkt = vt + Dv * ldmax, *dvt = dkt + P * ldmax;
+    fbuf scratch = alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax));
+    std::vector<std::int32_t> lo(kQueryBlock), hi(kQueryBlock);
+    std::vector<std::int64_t> hs(kQueryBlock), is(kQueryBlock);
+    mask_ctx mc;
+    mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
+    cpu::family_params prm = make_params(fp);
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
+      const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
+      const std::int64_t j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
+      const std::int64_t ld = ceil_div(nb, W) * W;
+      const float* K = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P;
+      const float* V = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
+      for (std::int64_t d = 0; d < P; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
+      for (std::int64_t d = 0; d < Dv; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
+      std::fill(dkt, dkt + P * ld, 0.0f);
+      std::fill(dvt, dvt + Dv * ld, 0.0f);
+      for (std::int64_t g = 0; g < G; ++g) {
+        const std::int64_t h = hkv * G + g;
+        for (std::int64_t i0 = 0; i0 < fp.Nq; i0 += kQueryBlock) {
+          const std::int64_t nq = std::min(kQueryBlock, fp.Nq - i0);
+          bool any = false;
+          for (std::int64_t r = 0; r < nq; ++r) {
+            const auto [a, e] = fp.p.key_range(b, i0 + r);
+            lo[std::size_t(r)] = std::int32_t(a), hi[std::size_t(r)] = std::int32_t(e);
+            hs[std::size_t(r)] = h, is[std::size_t(r)] = i0 + r;
+            any |= a < e && a < j0 + nb && e > j0;
+          }
+          if (!any) continue;
+          mc.b = b, mc.valid = mc.total = nq;
+          const std::int64_t r0 = (b * fp.Hq + h) * fp.Nq + i0;
+          cpu::family_rows pr;
+          pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
+          pr.q = in.Q.data() + r0 * P, pr.qsn = P;
+          pr.dout = dO.data() + r0 * Dv, pr.dsn = Dv;
+          pr.lo = lo.data(), pr.hi = hi.data();
+          pr.fp = prm;
+          pr.st = {T.data() + r0, LSE.data() + r0, CUT.data() + r0, Rr.data() + r0};
+          pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
+          pr.scratch = scratch.get();
+          in.kt.dkdv(pr);
+        }
+      }
+      double* dk = acc.dKp.data() + ((b * fp.Hkv + hkv) * fp.Nk + j0) * P;
+      double* dv = acc.dV.data() + ((b * fp.Hkv + hkv) * fp.Nk + j0) * Dv;
+      for (std::int64_t x = 0; x < nb; ++x) {
+        for (std::int64_t d = 0; d < P; ++d) dk[x * P + d] = double(dkt[d * ld + x]);
+        for (std::int64_t d = 0; d < Dv; ++d) dv[x * Dv + d] = double(dvt[d * ld + x]);
+      }
+    }
+  }
+  return in.kt.name;
+}
+
+}  // namespace attn::detail::family

@@ -1,0 +1,243 @@
+// tests/family/family_fused_test.cc — the fused f32 path of attention_family (src/family/fused.cc,
+// src/cpu/family_kernels.h) against the float64 reference: every dot-product score × every fused
+// distribution, forward and every gradient, over random small problems (odd sizes, Nq/Nk 0 and
+// 1, masks, causal alignments, windows, padding, GQA) at every ISA level this CPU runs; the
+// same support (exact zeros) as the reference; bitwise identical results for any thread count;
+// the choice of path and its refusals.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "cpu/kernels.h"
+#include "family_util.h"
+
+namespace attn::testing {
+namespace {
+
+// Sets ATTN_CPU_ISA for the lifetime of the object.
+struct isa_scope {
+  explicit isa_scope(const char* isa) { setenv("ATTN_CPU_ISA", isa, 1); }
+  ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
+};
+
+std::vector<std::string> isas() {
+  int n = 0;
+  const char* const* names = detail::cpu::available_isas(&n);
+  return std::vector<std::string>(names, names + n);
+}
+
+const std::vector<distribution_kind> kFused = {distribution_kind::softmax,  distribution_kind::sigmoid,
+                                               distribution_kind::sparsemax, distribution_kind::entmax15,
+                                               distribution_kind::hardmax,  distribution_kind::topk};
+
+// Dot-product scores (kernel_kind::dot), with the activations of activated_general.
+struct score_case {
+  score_kind s;
+  score_activation act = score_activation::tanh;
+};
+const std::vector<score_case> kScores = {{score_kind::dot},
+                                         {score_kind::scaled_dot},
+                                         {score_kind::general},
+                                         {score_kind::biased_general},
+                                         {score_kind::activated_general, score_activation::tanh},
+                                         {score_kind::activated_general, score_activation::relu},
+                                         {score_kind::activated_general, score_activation::sigmoid},
+                                         {score_kind::cosine},
+                                         {score_kind::gaussian}};
+
+struct result {
+  family_result fwd;
+  family_grads g;
+};
+
+result run(const family_case& c, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+           family_path path, int threads = 1) {
+  const execution e{.path = path, .num_threads = threads};
+  return {attention_family(q, k, v, c.opt, e), attention_family_backward(q, k, v, dout, c.opt, e)};
+}
+
+// Masks: none; causal top-left; causal bottom-right with a window on both sides; a bool mask
+// with a fully masked row; a float mask with padding (nonpad_kv_seqlen).
+void apply_mask(family_case& c, int kind, std::mt19937& rng) {
+  switch (kind) {
+    case 0: break;
+    case 1: c.opt.is_causal = true; break;
+    case 2:
+      c.opt.is_causal = true, c.opt.alignment = causal_alignment::bottom_right;
+      c.opt.window_left = 3, c.opt.window_right = 1;
+      break;
+    case 3:
+      c.mask = random_bool({c.B, 1, c.Nq, c.Nk}, rng, 0.7);
+      if (c.Nq > 1)
+        for (std::int64_t j = 0; j < c.Nk; ++j) c.mask.set({0, 0, 1, j}, 0.0);  // row 1 of batch 0: no key
+      c.opt.attn_mask = c.mask.view();
+      break;
+    case 4: {
+      std::vector<double> lens(std::size_t(c.B), double(c.Nk));
+      lens[0] = double(c.Nk / 2);
+      c.lens = Tensor::from_values({c.B}, dtype::i64, lens);
+      c.mask = random_tensor({c.Nq, c.Nk}, dtype::f64, rng, -1.0, 1.0);
+      c.opt.attn_mask = c.mask.view(), c.opt.nonpad_kv_seqlen = c.lens.view();
+      break;
+    }
+  }
+}
+
+// Every output and gradient of `got` (input dtype `t`) within tol of `want` (float64).
+void expect_close(const result& got, const result& want, double tol, const std::string& what) {
+  SCOPED_TRACE(what + " (" + got.fwd.path + ")");
+  EXPECT_EQ(got.fwd.path.rfind("fused", 0), 0u);
+  EXPECT_EQ(got.g.path.rfind("fused", 0), 0u);
+  EXPECT_TRUE(all_close(got.fwd.out, want.fwd.out, tol)) << "out";
+  EXPECT_TRUE(all_close(got.g.dq, want.g.dq, tol)) << "dq";
+  EXPECT_TRUE(all_close(got.g.dk, want.g.dk, tol)) << "dk";
+  EXPECT_TRUE(all_close(got.g.dv, want.g.dv, tol)) << "dv";
+  for (auto [name, a, b] : {std::tuple{"dW", &got.g.dW, &want.g.dW}, {"db", &got.g.db, &want.g.db}}) {
+    ASSERT_EQ(a->defined(), b->defined()) << name;
+    if (a->defined()) {
+      EXPECT_TRUE(all_close(*a, *b, tol)) << name;
+    }
+  }
+  EXPECT_NEAR(got.g.dtemperature, want.g.dtemperature, tol * (1 + std::abs(want.g.dtemperature)));
+  EXPECT_NEAR(got.g.dbandwidth, want.g.dbandwidth, tol * (1 + std::abs(want.g.dbandwidth)));
+  EXPECT_NEAR(got.g.dsigmoid_bias, want.g.dsigmoid_bias, tol * (1 + std::abs(want.g.dsigmoid_bias)));
+}
+
+Tensor f64(const Tensor& t) { return t.to(dtype::f64); }
+
+TEST(FamilyFused, MatchesReferenceEveryIsaScoreDistributionAndMask) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(101);
+    for (const score_case& sc : kScores)
+      for (distribution_kind d : kFused)
+        for (int mask = 0; mask < 5; ++mask) {
+          // Odd sizes, 1, and GQA 4:2 or 3:1; Nq·G spans more than one lane block on some.
+          const std::int64_t Nq = std::vector<std::int64_t>{1, 5, 9, 13, 23}[std::size_t(mask)];
+          const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 17, 6, 133}[std::size_t((mask + int(d)) % 5)];
+          const bool three = (mask + int(sc.s)) % 2;
+          family_case c(sc.s, d, rng, 2, three ? 3 : 4, three ? 1 : 2, Nq, Nk, 5, 3);
+          c.opt.score.activation = sc.act;
+          if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
+          apply_mask(c, mask, rng);
+          const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+          const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+          const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+          const result got = run(c, q, k, v, dout, family_path::fused);
+          const std::string what = isa + " " + case_name(sc.s, d) + " " + to_string(sc.act) + " mask " +
+                                   std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk);
+          expect_close(got, ref, 2e-4, what);
+          EXPECT_FALSE(any_nan(got.fwd.out)) << what;
+        }
+  }
+}
+
+TEST(FamilyFused, EmptyShapes) {
+  std::mt19937 rng(5);
+  for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {3, 0}, {0, 0}})
+    for (distribution_kind d : kFused) {
+      family_case c(score_kind::scaled_dot, d, rng, 1, 2, 1, Nq, Nk, 4, 3);
+      const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+      const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+      expect_close(run(c, q, k, v, dout, family_path::fused),
+                   run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 1e-6,
+                   to_string(d) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk));
+    }
+}
+
+// bf16 and f16 inputs are converted to f32 on entry: the result is the reference's on the
+// rounded inputs, returned in the input dtype.
+TEST(FamilyFused, LowerPrecisionInputs) {
+  std::mt19937 rng(8);
+  for (dtype t : {dtype::bf16, dtype::f16})
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::entmax15}) {
+      family_case c(score_kind::general, d, rng, 1, 2, 2, 9, 11, 4, 3);
+      const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = random_tensor({1, 2, 9, 3}, t, rng);
+      const result got = run(c, q, k, v, dout, family_path::automatic);
+      EXPECT_EQ(got.fwd.out.type(), t);
+      expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), tolerance_for(t),
+                   dtype_name(t) + " " + to_string(d));
+    }
+}
+
+// With v the identity (Dv = Nk), out_i is α_i itself: the fused path's zeros must be exactly
+// the reference's on well-separated scores.
+TEST(FamilyFused, SameSupportAsReference) {
+  std::mt19937 rng(21);
+  for (distribution_kind d :
+       {distribution_kind::sparsemax, distribution_kind::entmax15, distribution_kind::hardmax, distribution_kind::topk})
+    for (std::int64_t Nk : {1, 6, 29, 140}) {
+      family_case c(score_kind::scaled_dot, d, rng, 1, 2, 1, 19, Nk, 6, Nk);
+      c.opt.score.scale = 2.5;
+      c.opt.distribution.k = 4;
+      std::vector<double> eye(std::size_t(Nk * Nk), 0.0);
+      for (std::int64_t j = 0; j < Nk; ++j) eye[std::size_t(j * Nk + j)] = 1.0;
+      const Tensor v = Tensor::from_values({1, 1, Nk, Nk}, dtype::f32, eye);
+      const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32);
+      const Tensor got = attention_family(q, k, v, c.opt, {.path = family_path::fused}).out;
+      const Tensor want = attention_family_weights(f64(q), f64(k), f64(v), c.opt);
+      const auto g = got.to_vector(), w = want.to_vector();
+      ASSERT_EQ(g.size(), w.size());
+      std::size_t zeros = 0;
+      for (std::size_t x = 0; x < g.size(); ++x) {
+        EXPECT_EQ(g[x] == 0.0, w[x] == 0.0) << to_string(d) << " Nk " << Nk << " at " << x << ": " << g[x] << " vs " << w[x];
+        EXPECT_NEAR(g[x], w[x], 2e-5);
+        zeros += w[x] == 0.0;
+      }
+      if (Nk > 6) EXPECT_GT(zeros, 0u) << to_string(d) << ": the case has no zero to check";
+    }
+}
+
+TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
+  std::mt19937 rng(3);
+  for (distribution_kind d : kFused) {
+    family_case c(score_kind::activated_general, d, rng, 2, 4, 2, 37, 150, 8, 5);
+    apply_mask(c, 4, rng);
+    const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+    const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+    const result one = run(c, q, k, v, dout, family_path::fused, 1);
+    for (int t : {2, 3}) {
+      const result many = run(c, q, k, v, dout, family_path::fused, t);
+      const std::string what = to_string(d) + " threads " + std::to_string(t);
+      EXPECT_EQ(one.fwd.out.to_vector(), many.fwd.out.to_vector()) << what;
+      EXPECT_EQ(one.g.dq.to_vector(), many.g.dq.to_vector()) << what;
+      EXPECT_EQ(one.g.dk.to_vector(), many.g.dk.to_vector()) << what;
+      EXPECT_EQ(one.g.dv.to_vector(), many.g.dv.to_vector()) << what;
+      EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
+      EXPECT_EQ(one.g.db.to_vector(), many.g.db.to_vector()) << what;
+    }
+  }
+}
+
+TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
+  std::mt19937 rng(4);
+  family_case c(score_kind::scaled_dot, distribution_kind::sigmoid, rng);
+  const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+  EXPECT_EQ(attention_family(q, k, v, c.opt).path.rfind("fused (", 0), 0u);
+  EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt).path, "tiled");  // float64 inputs stay exact
+  c.opt.distribution.kind = distribution_kind::softmax;
+  EXPECT_EQ(attention_family(q, k, v, c.opt).path.rfind("core", 0), 0u);  // the core op first
+  EXPECT_EQ(attention_family(q, k, v, c.opt, {.path = family_path::fused}).path.rfind("fused", 0), 0u);
+  {
+    setenv("ATTN_FAMILY_PATH", "tiled", 1);
+    c.opt.distribution.kind = distribution_kind::sigmoid;
+    EXPECT_EQ(attention_family(q, k, v, c.opt).path, "tiled");
+    unsetenv("ATTN_FAMILY_PATH");
+  }
+  family_case a(score_kind::additive, distribution_kind::sigmoid, rng);
+  const Tensor aq = a.q.to(dtype::f32), ak = a.k.to(dtype::f32), av = a.v.to(dtype::f32);
+  EXPECT_EQ(attention_family(aq, ak, av, a.opt).path, "tiled");
+  EXPECT_THROW_MSG(attention_family(aq, ak, av, a.opt, {.path = family_path::fused}),
+                   "attention_family: path fused: only dot-product scores");
+  c.opt.distribution.kind = distribution_kind::hardmax;
+  c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
+  EXPECT_THROW_MSG(attention_family(q, k, v, c.opt, {.path = family_path::fused}),
+                   "attention_family: path fused: hardmax with the straight-through gradient is not fused");
+  EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, {.path = family_path::fused}),
+                   "attention_family: path fused: float64 inputs");
+}
+
+}  // namespace
+}  // namespace attn::testing
