@@ -158,7 +158,7 @@ TEST(FamilyFused, LowerPrecisionInputs) {
       const result got = run(c, q, k, v, dout, family_path::automatic);
       EXPECT_EQ(got.fwd.out.type(), t);
       expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), tolerance_for(t),
-                   dtype_name(t) + " " + to_string(d));
+                   std::string(dtype_name(t)) + " " + to_string(d));
     }
 }
 
@@ -186,7 +186,9 @@ TEST(FamilyFused, SameSupportAsReference) {
         EXPECT_NEAR(g[x], w[x], 2e-5);
         zeros += w[x] == 0.0;
       }
-      if (Nk > 6) EXPECT_GT(zeros, 0u) << to_string(d) << ": the case has no zero to check";
+      if (Nk > 6) {
+        EXPECT_GT(zeros, 0u) << to_string(d) << ": the case has no zero to check";
+      }
     }
 }
 
