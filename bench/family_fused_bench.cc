@@ -26,7 +26,7 @@ Tensor random(const Shape& s, std::mt19937& rng) {
   std::normal_distribution<double> n(0.0, 1.0);
   std::int64_t count = 1;
   for (auto x : s) count *= x;
-  std::vector<double> v(std::size_t(count));
+  std::vector<double> v(static_cast<std::size_t>(count));
   for (auto& x : v) x = n(rng);
   return Tensor::from_values(s, dtype::f32, v);
 }
