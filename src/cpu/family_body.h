@@ -17,12 +17,15 @@
 //              taken as exact as soon as it keeps S (τ ≤ τ_c < min_S x). 60 steps at most; a
 //              tie exactly at the threshold keeps the last Newton iterate.
 //   hardmax    the first arg max (a running max and index per lane)
-//   topk       the k-th best score t by selection (scalar, per row), the first keys tied at t
-//              up to k, the lse over the kept keys
+//   topk       the k-th best score t: for k <= 16 the k best of every lane kept as k sorted
+//              vectors (a compare-exchange chain, skipped for a score below the k-th); above, a
+//              scalar selection per row. Then the first keys tied at t up to k, and the lse over
+//              the kept keys
 // Sums run in key order within a row, so no result depends on the thread that ran it.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/family_kernels.h"
 #include "cpu/simd.h"
@@ -32,6 +35,7 @@ namespace attn::detail::cpu {
 namespace {
 
 using fam_ops = f32_operands;
+constexpr std::int64_t kVectorTopk = 16;  // top-k with k up to this: vector selection; above: scalar
 
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vselect(vi m, vf a, vf b) { return m ? a : b; }
@@ -83,9 +87,11 @@ struct fam_stat {
 
 inline vi fam_kept(vf s, vi j, const fam_stat& st) { return (s > st.t) | ((s == st.t) & (j <= st.cut)); }
 
-// α of the scores s (keys j).
+// α of the scores s (keys j). The distribution is a template parameter of every kernel, so
+// these switches fold away.
+template <family_dist Dist>
 inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
-  switch (fp.dist) {
+  switch (Dist) {
     case family_dist::softmax: return vexp(s - st.t);  // s = -inf or t = +inf: exactly 0
     case family_dist::sigmoid:
       return vselect(s == splat(-kInf), vf{}, splat(1.0f) / (splat(1.0f) + vexp(-(s + splat(fp.sigmoid_bias)))));
@@ -101,8 +107,9 @@ inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
 }
 
 // u of r = Σ u dα / Σ u (0 where the distribution has no r).
-inline vf fam_u(const family_params& fp, vf s, vf a, const fam_stat& st) {
-  switch (fp.dist) {
+template <family_dist Dist>
+inline vf fam_u(vf s, vf a, const fam_stat& st) {
+  switch (Dist) {
     case family_dist::softmax:
     case family_dist::topk: return a;
     case family_dist::sparsemax: return vselect(a > vf{}, splat(1.0f), vf{});
@@ -112,8 +119,9 @@ inline vf fam_u(const family_params& fp, vf s, vf a, const fam_stat& st) {
 }
 
 // de = w (dα - r).
-inline vf fam_de(const family_params& fp, vf s, vf a, vf dp, const fam_stat& st) {
-  switch (fp.dist) {
+template <family_dist Dist>
+inline vf fam_de(vf s, vf a, vf dp, const fam_stat& st) {
+  switch (Dist) {
     case family_dist::softmax:
     case family_dist::topk: return a * (dp - st.r);
     case family_dist::sigmoid: return a * (splat(1.0f) - a) * dp;
@@ -153,6 +161,10 @@ void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float
   gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, mask, 1, L);
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  bool ranged = false;
+  for (std::int64_t x = 0; x < lb.nl; ++x) ranged |= lb.lo[x] > j0 || lb.hi[x] < j0 + nb;
+  ranged |= lb.nl < L;
+  if (plain && !fp.mask && !ranged && !G) return;
   const vf bias = splat(fp.bias);
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
@@ -194,7 +206,7 @@ inline float kth_largest(float* a, std::int64_t n, std::int64_t k) {
 
 // Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
 // lb.st (r not touched).
-template <int CC>
+template <family_dist Dist, int CC>
 void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
@@ -212,7 +224,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
     const vf m0 = vselect(empty, vf{}, m);
     vf t = splat(kInf), lse = splat(kInf);
     vi cut = splati(-1);
-    switch (fp.dist) {
+    switch (Dist) {
       case family_dist::softmax: {
         vf sum{};
         for (std::int64_t jj = 0; jj < n; ++jj) sum += vexp(load(S + jj * L + c * W) - m0);
@@ -273,6 +285,39 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         cut = arg;
         break;
       case family_dist::topk:
+        if (fp.topk <= kVectorTopk) {
+          // The k best of each lane as k sorted vectors (a compare-exchange chain per score that
+          // beats the k-th), then one pass for the ties kept at the k-th score and the lse.
+          const int kk = int(fp.topk);
+          vf best[kVectorTopk];
+          for (int i = 0; i < kk; ++i) best[i] = splat(-kInf);
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            vf s = load(S + jj * L + c * W);
+            if (!any_lane(s > best[kk - 1])) continue;
+            for (int i = 0; i < kk; ++i) {
+              const vf hi = vmax(best[i], s);
+              s = vmin(best[i], s);
+              best[i] = hi;
+            }
+          }
+          const vf th = best[kk - 1];
+          vf gt{};
+          for (std::int64_t jj = 0; jj < n; ++jj) gt += vselect(load(S + jj * L + c * W) > th, splat(1.0f), vf{});
+          const vf need = splat(float(kk)) - gt;
+          vf ties{}, sum{};
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            const vf s = load(S + jj * L + c * W);
+            const vi eq = (s == th) & (s > splat(-kInf));
+            ties += vselect(eq, splat(1.0f), vf{});
+            const vi take = eq & (ties <= need);
+            cut = take ? splati(std::int32_t(kbase + jj)) : cut;
+            sum += vselect((s > th) | take, vexp(s - m0), vf{});
+          }
+          t = vselect(empty, splat(kInf), th);
+          for (int x = 0; x < W; ++x)
+            if (!empty[x]) lse[x] = m[x] + __builtin_logf(sum[x]);
+          break;
+        }
         for (int x = 0; x < W; ++x) {
           if (empty[x]) continue;
           const std::int64_t lane = c * W + x;
@@ -311,7 +356,7 @@ fam_stat load_stat(const family_lanes& lb, int c) {
 }
 
 // S [nb][L] of keys j0.. → α in place.
-template <int CC>
+template <family_dist Dist, int CC>
 void lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t nb) {
   const std::int64_t L = CC * W;
 #pragma GCC unroll 4
@@ -319,7 +364,7 @@ void lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t 
     const fam_stat st = load_stat<CC>(lb, c);
     for (std::int64_t jj = 0; jj < nb; ++jj) {
       float* sj = S + jj * L + c * W;
-      store(sj, fam_alpha(lb.fp, load(sj), splati(std::int32_t(j0 + jj)), st));
+      store(sj, fam_alpha<Dist>(lb.fp, load(sj), splati(std::int32_t(j0 + jj)), st));
     }
   }
 }
@@ -330,7 +375,7 @@ void set_empty_stats(const family_lanes& lb) {
 }
 
 // ---- forward, lane layout ----
-template <int CC>
+template <family_dist Dist, int CC>
 void fam_forward(const family_lanes& lb, float* ot) {
   const std::int64_t L = CC * W;
   for (std::int64_t i = 0; i < lb.Dv * L; ++i) ot[i] = 0.0f;
@@ -338,25 +383,25 @@ void fam_forward(const family_lanes& lb, float* ot) {
   std::int64_t kmin, kmax;
   fam_range(lb, kmin, kmax);
   if (kmin >= kmax) return;
-  const bool keep = family_keeps_scores(lb.fp.dist);
+  constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
   if (keep) {
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
       lane_scores<CC>(lb, j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L, nullptr, sc.mask);
-    lane_stats<CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+    lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
   }
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
     if (!keep) lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
-    lane_alpha<CC>(lb, S, j0, nb);
+    lane_alpha<Dist, CC>(lb, S, j0, nb);
     gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
   }
 }
 
 // ---- backward dq, lane layout ----
 //   dP = V doutᵀ; r = Σ u dP / Σ u; dS = w (dP - r) act'; dqᵀ += Kᵀ dS
-template <int CC>
+template <family_dist Dist, int CC>
 void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   const std::int64_t L = CC * W;
   for (std::int64_t i = 0; i < lb.P * L; ++i) io.dqt[i] = 0.0f;
@@ -365,7 +410,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   fam_range(lb, kmin, kmax);
   if (kmin >= kmax) return;
   const family_params& fp = lb.fp;
-  const bool keep = family_keeps_scores(fp.dist);
+  constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
   const bool need_g = fp.act != family_act::identity;
   auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
@@ -377,7 +422,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       const std::int64_t o = (j0 - kmin) * L;
       scores_dp(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, sc.dP + o, sc.G + o);
     }
-    lane_stats<CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+    lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
     // r = Σ u dP / Σ u
 #pragma GCC unroll 1
     for (int c = 0; c < CC; ++c) {
@@ -385,13 +430,13 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       vf num{}, den{};
       for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
         const vf s = load(sc.S + jj * L + c * W);
-        const vf u = fam_u(fp, s, fam_alpha(fp, s, splati(std::int32_t(kmin + jj)), st), st);
+        const vf u = fam_u<Dist>(s, fam_alpha<Dist>(fp, s, splati(std::int32_t(kmin + jj)), st), st);
         num += u * load(sc.dP + jj * L + c * W), den += u;
       }
       store(lb.st.r + c * W, vselect(den > vf{}, num / vmax(den, splat(1e-30f)), vf{}));
     }
   }
-  if (fp.dist == family_dist::hardmax) return;  // zero gradient through the one-hot
+  if constexpr (Dist == family_dist::hardmax) return;  // zero gradient through the one-hot
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0), o = keep ? (j0 - kmin) * L : 0;
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
@@ -402,8 +447,8 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       const fam_stat st = load_stat<CC>(lb, c);
       for (std::int64_t jj = 0; jj < nb; ++jj) {
         const std::int64_t e = jj * L + c * W;
-        const vf s = load(S + e), a = fam_alpha(fp, s, splati(std::int32_t(j0 + jj)), st);
-        const vf de = fam_de(fp, s, a, load(dP + e), st);
+        const vf s = load(S + e), a = fam_alpha<Dist>(fp, s, splati(std::int32_t(j0 + jj)), st);
+        const vf de = fam_de<Dist>(s, a, load(dP + e), st);
         const vf dz = need_g ? de * load(G + e) : de;
         sum_de += de, sum_dz += dz;
         store(S + e, dz);
@@ -418,6 +463,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
 
 // ---- backward dk, dv, row layout ----
 //   S = Q Kᵀ, dP = dO Vᵀ; α, dz from the saved row statistics; dVᵀ += dOᵀ α, dKᵀ += Qᵀ dz
+template <family_dist Dist>
 void fam_dkdv(const family_rows& pr) {
   const std::int64_t ld = pr.ldk, nq = pr.nq;
   const family_params& fp = pr.fp;
@@ -443,27 +489,41 @@ void fam_dkdv(const family_rows& pr) {
       if (!plain) s = fam_act(fp.act, s + bias, &g);
       if (fp.mask) s += load(mask + r * ld + x);
       s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
-      const vf a = fam_alpha(fp, s, j, st);
+      const vf a = fam_alpha<Dist>(fp, s, j, st);
       store(S + r * ld + x, a);
-      store(dP + r * ld + x, fam_de(fp, s, a, load(dP + r * ld + x), st) * g);
+      store(dP + r * ld + x, fam_de<Dist>(s, a, load(dP + r * ld + x), st) * g);
     }
   }
   gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
-  if (fp.dist != family_dist::hardmax)
+  if constexpr (Dist != family_dist::hardmax)
     gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
 }
 
+// Calls f(std::integral_constant<family_dist, d>{}): each kernel is compiled once per distribution.
+template <class F>
+void with_dist(family_dist d, F&& f) {
+  switch (d) {
+    case family_dist::softmax: return f(std::integral_constant<family_dist, family_dist::softmax>{});
+    case family_dist::sigmoid: return f(std::integral_constant<family_dist, family_dist::sigmoid>{});
+    case family_dist::sparsemax: return f(std::integral_constant<family_dist, family_dist::sparsemax>{});
+    case family_dist::entmax15: return f(std::integral_constant<family_dist, family_dist::entmax15>{});
+    case family_dist::hardmax: return f(std::integral_constant<family_dist, family_dist::hardmax>{});
+    case family_dist::topk: return f(std::integral_constant<family_dist, family_dist::topk>{});
+  }
+}
+
 void fam_forward_entry(const family_lanes& lb, float* ot) {
-  if (lb.L == C * W) return fam_forward<C>(lb, ot);
-  fam_forward<1>(lb, ot);
+  with_dist(lb.fp.dist, [&](auto d) { fam_forward<decltype(d)::value, C>(lb, ot); });
 }
 void fam_dq_entry(const family_lanes& lb, const family_dq_io& io) {
-  if (lb.L == C * W) return fam_dq<C>(lb, io);
-  fam_dq<1>(lb, io);
+  with_dist(lb.fp.dist, [&](auto d) { fam_dq<decltype(d)::value, C>(lb, io); });
+}
+void fam_dkdv_entry(const family_rows& pr) {
+  with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<decltype(d)::value>(pr); });
 }
 
 constexpr family_table make_family_table(const char* name) {
-  return {name, W, C * W, fam_forward_entry, fam_dq_entry, fam_dkdv};
+  return {name, W, C * W, fam_forward_entry, fam_dq_entry, fam_dkdv_entry};
 }
 
 }  // namespace

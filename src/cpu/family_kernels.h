@@ -99,7 +99,7 @@ struct family_rows {
 };
 
 // Scratch, in floats. `static` for the reason given in kernels.h.
-static inline bool family_keeps_scores(family_dist d) { return d != family_dist::sigmoid; }
+static constexpr inline bool family_keeps_scores(family_dist d) { return d != family_dist::sigmoid; }
 // nk: the keys a lane block may see (at most Nk).
 static inline std::int64_t family_lane_scratch_floats(std::int64_t L, std::int64_t nk, family_dist d) {
   const std::int64_t keys = family_keeps_scores(d) ? nk + kLaneKeyBlock : kLaneKeyBlock;

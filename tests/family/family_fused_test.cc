@@ -192,6 +192,33 @@ TEST(FamilyFused, SameSupportAsReference) {
     }
 }
 
+// Top-k at and above the vector selection's limit (k = 16), and exact ties: rows whose query is
+// zero score every key 0, and the first k keys must win (hardmax: the first).
+TEST(FamilyFused, TopkLargeKAndTies) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(9);
+    for (std::int64_t kk : {1, 16, 17, 40, 200})
+      for (int mask : {0, 3}) {
+        family_case c(score_kind::scaled_dot, distribution_kind::topk, rng, 1, 2, 1, 7, 133, 4, 133);
+        c.opt.distribution.k = kk;
+        apply_mask(c, mask, rng);
+        for (std::int64_t x = 0; x < c.D; ++x) c.q.set({0, 0, 2, x}, 0.0), c.q.set({0, 1, 4, x}, 0.0);
+        std::vector<double> eye(133 * 133, 0.0);
+        for (std::int64_t j = 0; j < 133; ++j) eye[std::size_t(j * 133 + j)] = 1.0;
+        const Tensor v = Tensor::from_values({1, 1, 133, 133}, dtype::f32, eye);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32);
+        const Tensor dout = random_tensor({1, 2, 7, 133}, dtype::f32, rng);
+        const std::string what = isa + " k " + std::to_string(kk) + " mask " + std::to_string(mask);
+        const result got = run(c, q, k, v, dout, family_path::fused);
+        const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+        expect_close(got, ref, 2e-4, what);
+        const auto g = got.fwd.out.to_vector(), w = ref.fwd.out.to_vector();
+        for (std::size_t x = 0; x < g.size(); ++x) EXPECT_EQ(g[x] == 0.0, w[x] == 0.0) << what << " at " << x;
+      }
+  }
+}
+
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
   for (distribution_kind d : kFused) {
