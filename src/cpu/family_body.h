@@ -21,7 +21,9 @@
 //              vectors (a compare-exchange chain, skipped for a score below the k-th); above, a
 //              scalar selection per row. Then the first keys tied at t up to k, and the lse over
 //              the kept keys
-// Sums run in key order within a row, so no result depends on the thread that ran it.
+// Both threshold searches visit, after the first pass, only the keys some lane still holds above
+// τ (τ only rises). Sums run in key order within a row, so no result depends on the thread that
+// ran it.
 #pragma once
 
 #include <cstdint>
@@ -210,6 +212,9 @@ template <family_dist Dist, int CC>
 void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
+  // sparsemax, entmax15: the keys some lane still holds above τ (τ only rises, so each pass
+  // visits only the keys the previous one kept).
+  std::int32_t* idx = reinterpret_cast<std::int32_t*>(buf);
 #pragma GCC unroll 1
   for (int c = 0; c < CC; ++c) {
     vf m = splat(-kInf);
@@ -235,15 +240,21 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
       case family_dist::sparsemax: {
         vf tau = splat(-1.0f);  // relative to m
         vi done = empty;
+        std::int64_t nidx = n;
+        for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (std::int64_t it = 0; it <= n && !all_lanes(done); ++it) {
           vf cnt{}, s1{}, mn = splat(kInf);
-          for (std::int64_t jj = 0; jj < n; ++jj) {
+          std::int64_t kept = 0;
+          for (std::int64_t e = 0; e < nidx; ++e) {
+            const std::int32_t jj = idx[e];
             const vf x = load(S + jj * L + c * W) - m0;
             const vi in = x > tau;
             cnt += vselect(in, splat(1.0f), vf{});
             s1 += vselect(in, x, vf{});
             mn = vselect(in, vmin(mn, x), mn);
+            if (any_lane(in)) idx[kept++] = jj;
           }
+          nidx = kept;
           const vf tc = (s1 - splat(1.0f)) / vmax(cnt, splat(1.0f));
           tau = vselect(done, tau, tc);
           done |= tc < mn;
@@ -255,16 +266,22 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         const vf h = splat(0.5f), mh = m0 * h;
         vf tau = splat(-1.0f);  // on x = s/2 - max/2
         vi done = empty;
+        std::int64_t nidx = n;
+        for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (int it = 0; it < 60 && !all_lanes(done); ++it) {
           vf cnt{}, s1{}, s2{}, mn = splat(kInf);
-          for (std::int64_t jj = 0; jj < n; ++jj) {
+          std::int64_t kept = 0;
+          for (std::int64_t e = 0; e < nidx; ++e) {
+            const std::int32_t jj = idx[e];
             const vf x = load(S + jj * L + c * W) * h - mh;
             const vi in = x > tau;
             cnt += vselect(in, splat(1.0f), vf{});
             s1 += vselect(in, x, vf{});
             s2 += vselect(in, x * x, vf{});
             mn = vselect(in, vmin(mn, x), mn);
+            if (any_lane(in)) idx[kept++] = jj;
           }
+          nidx = kept;
           const vf nc = vmax(cnt, splat(1.0f)), mean = s1 / nc;
           const vf ss = s2 - s1 * mean;
           const vf tc = mean - vsqrt(vmax((splat(1.0f) - ss) / nc, vf{}));
