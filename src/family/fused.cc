@@ -48,7 +48,13 @@ fbuf alloc_floats(std::int64_t n) {
   return r;
 }
 
-std::vector<float> to_f32(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+std::vector<float> to_f32(const std::vector<double>& x, int nt) {
+  std::vector<float> r(x.size());
+  const std::int64_t n = std::int64_t(x.size());
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) r[std::size_t(i)] = float(x[std::size_t(i)]);
+  return r;
+}
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -117,9 +123,9 @@ struct fused_inputs {
         G(fp.group()),
         nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb),
-        Q(to_f32(fp.Qp)),
-        K(to_f32(fp.Kp)),
-        V(to_f32(fp.V)) {}
+        Q(to_f32(fp.Qp, std::max(1, fp.p.num_threads))),
+        K(to_f32(fp.Kp, std::max(1, fp.p.num_threads))),
+        V(to_f32(fp.V, std::max(1, fp.p.num_threads))) {}
 };
 
 // One thread's lane block: rows r = lbi·L + x of (b, hkv) are query i = r / G of head hkv·G + r % G.
@@ -222,7 +228,7 @@ const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, 
   acc.init(fp);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) return in.kt.name;
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO = to_f32(dout);
+  const std::vector<float> dO = to_f32(dout, nt);
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq;
   std::vector<float> T(std::size_t(nrows), kInfF), LSE(std::size_t(nrows), kInfF), Rr(std::size_t(nrows), 0.0f);
   std::vector<std::int32_t> CUT(std::size_t(nrows), -1);
