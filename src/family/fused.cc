@@ -134,13 +134,13 @@ struct lane_state {
   std::vector<std::int32_t> lo, hi, cut;
   std::vector<std::int64_t> h, i;
   fbuf qt, t, lse, r, scratch;
+  std::int64_t scratch_keys = -1;  // the key span `scratch` holds
   mask_ctx mc;
   cpu::family_params prm;
 
   lane_state(const fproblem& fp, std::int64_t L_)
       : L(L_), P(fp.Pq), lo(L_), hi(L_), cut(L_), h(L_), i(L_), qt(alloc_floats(fp.Pq * L_)), t(alloc_floats(L_)),
-        lse(alloc_floats(L_)), r(alloc_floats(L_)),
-        scratch(alloc_floats(cpu::family_lane_scratch_floats(L_, fp.Nk, make_params(fp).dist))), prm(make_params(fp)) {
+        lse(alloc_floats(L_)), r(alloc_floats(L_)), prm(make_params(fp)) {
     mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
   }
@@ -162,6 +162,15 @@ struct lane_state {
       for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = q[d];
     }
     mc.b = b, mc.valid = nl;
+    // Scratch for the keys these rows see (a window keeps it small), grown when a block needs more.
+    std::int64_t kmin = fp.Nk, kmax = 0;
+    for (std::int64_t x = 0; x < nl; ++x)
+      if (lo[x] < hi[x]) kmin = std::min<std::int64_t>(kmin, lo[x]), kmax = std::max<std::int64_t>(kmax, hi[x]);
+    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0);
+    if (span > scratch_keys) {
+      scratch = alloc_floats(cpu::family_lane_scratch_floats(L, span, prm.dist));
+      scratch_keys = span;
+    }
     cpu::family_lanes lb;
     lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
     lb.qt = qt.get();
