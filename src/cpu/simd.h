@@ -125,6 +125,20 @@ struct storage<std::uint16_t> {
   }
   static float scalar(const std::uint16_t* p) { return bf16_scalar(p); }
 };
+// int8 (quantised K/V): W values sign-extended to 32 bits and converted (vpmovsxbd + vcvtdq2ps
+// on AVX2), in memory order; the row's scale is applied by the caller, outside the dot.
+template <>
+struct storage<std::int8_t> {
+  static constexpr int U = 1;
+  typedef std::int8_t vb __attribute__((vector_size(W)));
+  static void get(const std::int8_t* p, vf* out) {
+    vb b;
+    __builtin_memcpy(&b, p, sizeof b);
+    out[0] = __builtin_convertvector(__builtin_convertvector(b, vi), vf);
+  }
+  static std::int64_t native(std::int64_t d) { return d; }
+  static float scalar(const std::int8_t* p) { return float(*p); }
+};
 
 // ---- lane shuffles ----
 
