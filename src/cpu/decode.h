@@ -230,10 +230,15 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
     return b16 ? bf16_scalar(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
   };
   // Element offset of row j (row stride sn, page stride ps): dense, or through the block table.
+  // A power-of-two page size (the usual case) shifts and masks instead of dividing.
   const std::int64_t* pages = lb.pages;
   const std::int64_t psz = pages ? lb.page_size : 1;
+  const int pshift = (psz & (psz - 1)) == 0 ? __builtin_ctzll(std::uint64_t(psz)) : -1;
+  const bool whole_blocks = psz % W == 0;  // a block that starts at a multiple of W lies in one page
   const auto row_off = [&](std::int64_t j, std::int64_t sn, std::int64_t ps) {
-    return pages ? pages[j / psz] * ps + j % psz * sn : j * sn;
+    if (!pages) return j * sn;
+    if (pshift >= 0) return pages[j >> pshift] * ps + (j & (psz - 1)) * sn;
+    return pages[j / psz] * ps + j % psz * sn;
   };
   const std::int64_t nu = Dp / (U * W), nv = Dvp / W;
   const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
@@ -244,14 +249,14 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   vf ksm[RG]{}, vsm[RG]{};
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const bool in_page = !pages || j0 % psz + W <= psz;  // the block's rows are one strided run
+    const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
     const T* kb = reinterpret_cast<const T*>(kbase + row_off(j0, lb.ksn, lb.kps) * esize);
     const T* vb = reinterpret_cast<const T*>(vbase + row_off(j0, lb.vsn, lb.vps) * esize);
     std::int64_t ks = lb.ksn, vs = lb.vsn;
     // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
     // block: issued in a burst, they stall); the current block itself when there are none.
     const std::int64_t jp = j0 + pf_keys;
-    const bool pf = jp + W <= kr.kmax && (!pages || jp % psz + W <= psz);
+    const bool pf = jp + W <= kr.kmax && (!pages || (whole_blocks && jp % W == 0) || jp % psz + W <= psz);
     const T* kpf = pf ? reinterpret_cast<const T*>(kbase + row_off(jp, lb.ksn, lb.kps) * esize) : kb;
     const T* vpf = pf ? reinterpret_cast<const T*>(vbase + row_off(jp, lb.vsn, lb.vps) * esize) : vb;
     if (copy_all || nb < W || !in_page) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
