@@ -246,7 +246,7 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   vf s[RG];
   // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
   float ksb[W], vsb[W];
-  vf ksm[RG]{}, vsm[RG]{};
+  alignas(64) float ksm[RG * W], vsm[RG * W];
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
     const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
@@ -281,10 +281,8 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
         ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
         vsb[x] = x < nb ? lb.vscale[row_off(j0 + x, lb.vss, lb.vsps)] : 0.0f;
       }
-#pragma GCC unroll 4
       for (int kg = 0; kg < RG; ++kg)
-#pragma GCC unroll 16
-        for (int x = 0; x < W; ++x) ksm[kg][x] = ksb[kg * KG + x % KG], vsm[kg][x] = vsb[kg * KG + x % KG];
+        for (int x = 0; x < W; ++x) ksm[kg * W + x] = ksb[kg * KG + x % KG], vsm[kg * W + x] = vsb[kg * KG + x % KG];
     }
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
@@ -297,11 +295,11 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
       decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
       if constexpr (q8)
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg];
+        for (int kg = 0; kg < RG; ++kg) s[kg] *= load(ksm + kg * W);
       decode_softmax<RG>(st, sc, g, s, j0, nb);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
+        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * load(vsm + kg * W));
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
       for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
@@ -321,7 +319,7 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
 void decode_group(const lane_block& lb, const forward_io& io) {
-  if (lb.k8) return decode_rows<RG, f32_operands, std::int8_t>(lb, io, lb.D % W != 0 || lb.Dv % W != 0);
+  if (lb.k8) return decode_rows<RG, f32_operands, std::int8_t>(lb, io, lb.D % (4 * W) != 0 || lb.Dv % (4 * W) != 0);
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
     if constexpr (Dot::available)
