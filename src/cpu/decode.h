@@ -101,6 +101,20 @@ inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int
   }
 }
 
+// Lane r·KG + x of the result = s[kg·KG + x] (the mixed layout of per-key values of a block).
+template <int KG, int kg, int... X>
+inline vf spread_impl(vf s, std::integer_sequence<int, X...>) {
+  return shuffle2<(kg * KG + X % KG)...>(s, s);
+}
+template <int KG, int kg>
+inline vf spread(vf s) {
+  return spread_impl<KG, kg>(s, std::make_integer_sequence<int, W>{});
+}
+template <int RG, int... G>
+inline void spread_all(vf s, vf* out, std::integer_sequence<int, G...>) {
+  ((out[G] = spread<W / RG, G>(s)), ...);
+}
+
 // Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
 template <int RG>
 inline void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s, std::int64_t j0,
@@ -245,8 +259,8 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   const std::int64_t pf_keys = imax(W, kDecodePrefetchBytes / row_bytes) / W * W;
   vf s[RG];
   // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
-  float ksb[W], vsb[W];
-  alignas(64) float ksm[RG * W], vsm[RG * W];
+  alignas(64) float ksb[W], vsb[W];
+  vf ksm[RG], vsm[RG];
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
     const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
@@ -277,12 +291,19 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
       kb = kp, vb = vp, ks = Dp, vs = Dvp, kpf = kp, vpf = vp;
     }
     if constexpr (q8) {
-      for (std::int64_t x = 0; x < W; ++x) {
-        ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
-        vsb[x] = x < nb ? lb.vscale[row_off(j0 + x, lb.vss, lb.vsps)] : 0.0f;
+      if (nb == W && in_page) {  // the block's scales are one strided run too
+        const float* kq = lb.kscale + row_off(j0, lb.kss, lb.ksps);
+        const float* vq = lb.vscale + row_off(j0, lb.vss, lb.vsps);
+#pragma GCC unroll 16
+        for (int x = 0; x < W; ++x) ksb[x] = kq[x * lb.kss], vsb[x] = vq[x * lb.vss];
+      } else {
+        for (std::int64_t x = 0; x < W; ++x) {
+          ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
+          vsb[x] = x < nb ? lb.vscale[row_off(j0 + x, lb.vss, lb.vsps)] : 0.0f;
+        }
       }
-      for (int kg = 0; kg < RG; ++kg)
-        for (int x = 0; x < W; ++x) ksm[kg * W + x] = ksb[kg * KG + x % KG], vsm[kg * W + x] = vsb[kg * KG + x % KG];
+      spread_all<RG>(load(ksb), ksm, std::make_integer_sequence<int, RG>{});
+      spread_all<RG>(load(vsb), vsm, std::make_integer_sequence<int, RG>{});
     }
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
@@ -295,11 +316,11 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
       decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
       if constexpr (q8)
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) s[kg] *= load(ksm + kg * W);
+        for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg];
       decode_softmax<RG>(st, sc, g, s, j0, nb);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * load(vsm + kg * W));
+        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
       for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
