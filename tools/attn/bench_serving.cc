@@ -179,7 +179,8 @@ int run_paged(const serving_args& a) {
   const bool int8 = kvt == dtype::i8;
   std::mt19937 rng(1);
   const std::int64_t per = a.nk / ps, pages = a.batch * per;
-  const Tensor q = uniform({a.batch, a.hq, a.nq, a.d}, a.type, rng);
+  // q has the dtype of a float cache (the core op takes one dtype); an int8 cache takes --dtype.
+  const Tensor q = uniform({a.batch, a.hq, a.nq, a.d}, int8 ? a.type : kvt, rng);
   std::vector<std::int64_t> order(static_cast<std::size_t>(pages));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
@@ -202,7 +203,7 @@ int run_paged(const serving_args& a) {
   const paged_kv_view cd = dense.view(one_page, lens), ch = head_major.view(shuffled, lens), ct = token_major.view(shuffled, lens);
 
   fmt::print("attn bench --paged {}: B {} Nq {} Nk {} Hq {} Hkv {} D {}, q {}, K/V {} (shuffled pages); load average {}\n", ps,
-             a.batch, a.nq, a.nk, a.hq, a.hkv, a.d, dtype_name(a.type), dtype_name(kvt), load_average());
+             a.batch, a.nq, a.nk, a.hq, a.hkv, a.d, dtype_name(q.type()), dtype_name(kvt), load_average());
   for (int t : a.threads) {
     const execution ex{.num_threads = t};
     std::vector<std::function<void()>> fs{

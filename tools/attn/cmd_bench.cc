@@ -516,7 +516,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   auto* pg = s->add_option("--paged", a->paged,
                            "PAGE_SIZE — attention_paged (consecutive and shuffled pages) against dense attention, "
                            "--batch sequences of --nk keys, --nq queries each");
-  s->add_option("--kv-dtype", a->kv_dtype, "with --paged: K/V cache dtype int8 | bf16 | f32 (default --dtype)")
+  s->add_option("--kv-dtype", a->kv_dtype, "with --paged: K/V cache dtype int8 | bf16 | f32 (default --dtype; a float cache sets q's dtype too)")
       ->check(CLI::IsMember({"int8", "bf16", "bfloat16", "f32", "float32"}));
   auto* batch = s->get_option("--batch");
   auto* hq = s->get_option("--hq");
