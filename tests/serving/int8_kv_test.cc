@@ -164,6 +164,17 @@ TEST(Int8Dense, OnePagePerSequenceEqualsPaged) {
     const attention_result want = attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64), kd, vd, o);
     EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64), want.out, 2e-5)) << b;
   }
+  // Appending through the dense view quantises into row lens[b] of each sequence's buffer.
+  const Tensor kn = random_tensor({B, Hkv, 1, D}, dtype::f32, rng), vn = random_tensor({B, Hkv, 1, D}, dtype::f32, rng);
+  const paged_kv_view grow{dense.k_pages, dense.v_pages, dense.block_table, index_tensor({B}, {39, 17, 1}), dense.k_scales,
+                           dense.v_scales};
+  paged_kv_append(grow, kn, vn);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t t = b == 0 ? 39 : b == 1 ? 17 : 1;
+    for (std::int64_t h = 0; h < Hkv; ++h)
+      for (std::int64_t x = 0; x < D; ++x)
+        EXPECT_NEAR(ks.get({b, h, t}) * k.get({b, h, t, x}), kn.get({b, h, 0, x}), ks.get({b, h, t}) / 2 + 1e-7);
+  }
 }
 
 Tensor random_normal(const Shape& s, std::mt19937& rng) {
