@@ -69,9 +69,14 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
                                        std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
                                        const attention_options& options = {}, const execution& exec = {});
 
-// A paged KV cache as the caller holds it (non-owning).
+// A paged KV cache as the caller holds it (non-owning). int8 pages (a quantised cache, symmetric,
+// one scale per (token, head) row: element = scale · int8) come with their float32 scales
+// k_scales / v_scales [num_pages, page_size, Hkv]; float pages leave them empty.
+// A dense cache [B, Hkv, capacity, X] is the one-page-per-sequence case: pages =
+// buffer.permute({0, 2, 1, 3}), page_size = capacity, block_table [B, 1] = b.
 struct paged_kv_view {
   TensorArg k_pages, v_pages, block_table, seq_lens;
+  TensorArg k_scales, v_scales;
 };
 
 // Attention of q against the first seq_lens[b] keys of each sequence, read from the pages in
@@ -80,7 +85,9 @@ struct paged_kv_view {
 // seq_lens[b] - Nq + i (the queries are the last Nq tokens, already appended); top_left keeps
 // pos_i = i. Options as for varlen, ALiBi [Hq] or [B, Hq]. Runs of pages that are consecutive
 // in memory are read as one view; each run gives a partial softmax that is merged by
-// log-sum-exp (sinks join once, at the merge). Forward only.
+// log-sum-exp (sinks join once, at the merge) — except where the cpu backend runs it on float32,
+// bfloat16 or int8 pages with unit x-stride: its decode kernel then walks the block table itself.
+// int8 pages need that path (q float32, bfloat16 or float16). Forward only.
 //
 //   attn::paged_kv_view cache{k_pages, v_pages, table, lens};
 //   attn::paged_kv_append(cache, k_step, v_step);          // writes the new tokens
@@ -89,7 +96,9 @@ struct paged_kv_view {
 attention_result attention_paged(const TensorView& q, const paged_kv_view& cache,
                                  const attention_options& options = {}, const execution& exec = {});
 
-// Writes k_new [B, Hkv, Nnew, D] / v_new [B, Hkv, Nnew, Dv] (dtype of the pages) at positions
+// Writes k_new [B, Hkv, Nnew, D] / v_new [B, Hkv, Nnew, Dv] (dtype of the pages; any float dtype
+// for int8 pages, which it quantises: scale = max|row| / 127, value = round(x / scale), a zero
+// row gets scale 0; a non-finite value is an attn::error and nothing is written) at positions
 // [seq_lens[b], seq_lens[b] + Nnew) of each sequence's pages. Only those rows are written;
 // seq_lens is not changed (the caller advances it by Nnew). The positions must fit the block
 // table: seq_lens[b] + Nnew <= max_pages · page_size.

@@ -55,6 +55,7 @@ std::optional<dtype> attn_dtype(nb::dlpack::dtype t) {
       break;
     case nb::dlpack::dtype_code::Int:
       if (t.bits == 64) return dtype::i64;
+      if (t.bits == 8) return dtype::i8;
       break;
     default: break;
   }
@@ -71,6 +72,7 @@ nb::dlpack::dtype dlpack_of(dtype t, kind k) {
       return {std::uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
     case dtype::boolean: return nb::dtype<bool>();
     case dtype::i64: return nb::dtype<std::int64_t>();
+    case dtype::i8: return nb::dtype<std::int8_t>();
   }
   return nb::dtype<float>();
 }

@@ -65,6 +65,21 @@ struct problem {
   std::vector<double> sinks;         // empty, or [Hq]
   int num_threads = 1;
 
+  // K/V storage that only the cpu backend's decode kernel reads, set only by the serving ops
+  // (src/serving/), which call that backend directly; the core front never sets them.
+  //   int8 K/V (k.type == v.type == dtype::i8): element (b, h, n, x) is scale(b, h, n) · k(b, h, n, x),
+  //   the f32 scales in k_scale / v_scale as [B, Hkv, Nk] views (sx unused).
+  strided4 k_scale, v_scale;
+  //   Paged K/V (page_table set): row n of (b, h) of k lies in page t = page_table[b·max_pages +
+  //   n / page_size] at k.data + t·page_stride.k + (n % page_size)·k.sn + h·k.sh (k.sb unused);
+  //   the same for v and for the scales. Every page a row reaches is a valid page.
+  struct page_strides {
+    std::int64_t k = 0, v = 0, k_scale = 0, v_scale = 0;  // elements
+  };
+  const std::int64_t* page_table = nullptr;
+  std::int64_t max_pages = 0, page_size = 0;
+  page_strides page_stride;
+
   std::int64_t group() const { return Hq / Hkv; }
   std::int64_t keys_valid(std::int64_t b) const { return kv_len.empty() ? Nk : kv_len[b]; }
 

@@ -275,18 +275,26 @@ struct forward_plan {
   bool k16 = false;        // decode reads bf16 key/value rows as they are (memory-bound: no f32 copy)
   bool raw_q = false;      // bf16 q with bf16 K/V rows: q stays exact (unscaled) for the bf16
                            // decode dots; the scores are scaled instead
+  bool k8 = false;         // int8 K/V rows with per-row scales (serving), read in place by decode
+  bool paged = false;      // K/V rows in pages through a block table (serving), read in place by decode
   std::int64_t nchunk = 1, chunk = 1;  // split-KV: key chunks per unit, keys per chunk
 };
 
+// Paged or int8 K/V (set only by the serving ops) are read in place, by the decode kernel alone:
+// every lane block has at most lanes_small rows, however many rows a (b, hkv) has.
+bool decode_only(const problem& p) { return p.page_table != nullptr || p.k.type == dtype::i8; }
+
 forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   forward_plan f;
-  f.lanes = lanes_for(p, kt);
+  f.lanes = decode_only(p) ? kt.lanes_small : lanes_for(p, kt);
   f.lane_blocks = ceil_div(p.Nq * p.group(), f.lanes);
   f.units = p.B * p.Hkv * f.lane_blocks;
   f.bf16_dots = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && f.lanes == kt.lanes;
   f.k16 = f.lanes == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
           (p.v.sx == 1 || p.Dv <= 1);
   f.raw_q = f.k16 && p.q.type == dtype::bf16;
+  f.k8 = p.k.type == dtype::i8;
+  f.paged = p.page_table != nullptr;
   f.chunk = std::max<std::int64_t>(p.Nk, 1);
   if (f.units < kSplitUnits && p.Nk >= 2 * kSplitKeys) f.nchunk = ceil_div(p.Nk, kSplitKeys), f.chunk = kSplitKeys;
   return f;
@@ -298,11 +306,12 @@ void forward(const problem& p, const forward_outputs& o) {
   const int nt = std::max(1, p.num_threads);
   const forward_plan plan = plan_forward(p, kt);
   const std::int64_t L = plan.lanes, nlb = plan.lane_blocks, units = plan.units;
-  const bool dp = plan.bf16_dots, k16 = plan.k16, raw_q = plan.raw_q;
+  const bool dp = plan.bf16_dots, k16 = plan.k16, raw_q = plan.raw_q, k8 = plan.k8, paged = plan.paged;
+  const bool kv_in_place = k16 || k8 || paged;  // paged f32 rows too (why_not checks the strides)
   std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, true) : nullptr;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
-  const rows_f32 K = dp || k16 ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
-  const rows_f32 V = dp || k16 ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
+  const rows_f32 K = dp || kv_in_place ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V = dp || kv_in_place ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   const std::int64_t nchunk = plan.nchunk, chunk = plan.chunk;
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
   fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
@@ -344,10 +353,26 @@ void forward(const problem& p, const forward_outputs& o) {
       std::fill(ot, ot + p.Dv * L, 0.0f);
       lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
       lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
-      if (k16) {
-        lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + p.k.offset(b, hkv, 0, 0), lb.ksn = p.k.sn;
-        lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + p.v.offset(b, hkv, 0, 0), lb.vsn = p.v.sn;
-        lb.q_bf16 = raw_q;
+      if (kv_in_place) {  // rows of (b, hkv) from element 0 of their first page (paged), or of the view
+        const std::int64_t kb = paged ? hkv * p.k.sh : p.k.offset(b, hkv, 0, 0);
+        const std::int64_t vb = paged ? hkv * p.v.sh : p.v.offset(b, hkv, 0, 0);
+        lb.ksn = p.k.sn, lb.vsn = p.v.sn;
+        if (k8) {
+          lb.k8 = static_cast<const std::int8_t*>(p.k.data) + kb, lb.v8 = static_cast<const std::int8_t*>(p.v.data) + vb;
+          lb.kscale = static_cast<const float*>(p.k_scale.data) + (paged ? hkv * p.k_scale.sh : p.k_scale.offset(b, hkv, 0, 0));
+          lb.vscale = static_cast<const float*>(p.v_scale.data) + (paged ? hkv * p.v_scale.sh : p.v_scale.offset(b, hkv, 0, 0));
+          lb.kss = p.k_scale.sn, lb.vss = p.v_scale.sn;
+        } else if (k16) {
+          lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + kb, lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + vb;
+          lb.q_bf16 = raw_q;
+        } else {
+          lb.k = static_cast<const float*>(p.k.data) + kb, lb.v = static_cast<const float*>(p.v.data) + vb;
+        }
+        if (paged) {
+          lb.pages = p.page_table + b * p.max_pages, lb.page_size = p.page_size;
+          lb.kps = p.page_stride.k, lb.vps = p.page_stride.v;
+          lb.ksps = p.page_stride.k_scale, lb.vsps = p.page_stride.v_scale;
+        }
       }
       if (dp) {
         pack_lane_words(p.q, b, ls, p.D, qp.data());
@@ -588,6 +613,17 @@ std::string why_not_common(const problem& p) {
 }
 
 std::string why_not(const problem& p, const backend_request& req) {
+  if (decode_only(p)) {
+    if (req.backward || req.qk != qk_output::none) return "cpu: paged or int8 K/V are read by the forward alone";
+    if (p.mask != mask_kind::none) return "cpu: paged or int8 K/V take no attn_mask";
+    const auto in_place = [](const strided4& t, std::int64_t X) {
+      return (t.type == dtype::f32 || t.type == dtype::bf16 || t.type == dtype::i8) && (t.sx == 1 || X <= 1);
+    };
+    if (!in_place(p.k, p.D) || !in_place(p.v, p.Dv) || p.k.type != p.v.type)
+      return "cpu: paged or int8 K/V are read in place: float32, bfloat16 or int8 rows with unit x-stride";
+    if (p.k.type == dtype::i8 && (p.k_scale.data == nullptr || p.v_scale.data == nullptr))
+      return "cpu: int8 K/V need their scales";
+  }
   if (!req.backward && req.qk != qk_output::none) return "cpu: qk output needs the reference";
   if (req.backward && req.dmask) return "cpu: the gradient of a float attn_mask needs the reference";
   return why_not_common(p);
@@ -605,8 +641,9 @@ std::string describe(const problem& p, const backend_request& req) {
                          ? " with bf16 dot products when dout is bf16"
                          : "");
   else if (fp.lanes == kt.lanes_small)
-    s += fmt::format("decode ({} rows per pass{}), {}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
-                     type, fp.k16 ? ", K/V read in place" : "");
+    s += fmt::format("decode ({} rows per pass{}), {}{}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
+                     type, fp.k8 ? ", int8 K/V dequantised in place" : fp.k16 || fp.paged ? ", K/V read in place" : "",
+                     fp.paged ? ", paged" : "");
   else
     s += fmt::format("prefill{}, {}{}", fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "", type,
                      fp.bf16_dots ? " with bf16 dot products" : "");

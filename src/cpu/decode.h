@@ -14,7 +14,12 @@
 //     V vector loaded once per row group.
 // K/V rows are read through storage<T> (simd.h): bf16 as 32-bit words, even and odd elements
 // apart, so q and o are kept in that "native" order — a permutation of d applied to q once and
-// undone on o once. The q·k dots take an operand type of tile.h: f32_operands multiply the
+// undone on o once. int8 rows (a quantised cache) are widened to f32 in the dots; their
+// per-row scales multiply the block's scores (after the dots) and p (before P·V), so the
+// inner loops are those of f32 rows.
+// Paged rows (lane_block::pages): a block of W keys that lies in one page is read in place
+// like a dense block; one that straddles pages (a page size that is not a multiple of W, or a
+// key range that starts inside a page) goes through the padded copy, row by row. The q·k dots take an operand type of tile.h: f32_operands multiply the
 // widened vectors; bf16_pair_operands (an ISA with a bf16 dot product, q exactly bf16:
 // lane_block::q_bf16) take the K words as they are, with q packed into words in memory order.
 // A short last block, or a head size that does not fill whole units, goes through a
@@ -94,6 +99,20 @@ inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int
     transpose_add(acc);
     s[kg] = acc[0];
   }
+}
+
+// Lane r·KG + x of the result = s[kg·KG + x] (the mixed layout of per-key values of a block).
+template <int KG, int kg, int... X>
+inline vf spread_impl(vf s, std::integer_sequence<int, X...>) {
+  return shuffle2<(kg * KG + X % KG)...>(s, s);
+}
+template <int KG, int kg>
+inline vf spread(vf s) {
+  return spread_impl<KG, kg>(s, std::make_integer_sequence<int, W>{});
+}
+template <int RG, int... G>
+inline void spread_all(vf s, vf* out, std::integer_sequence<int, G...>) {
+  ((out[G] = spread<W / RG, G>(s)), ...);
 }
 
 // Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
@@ -182,6 +201,7 @@ template <int RG, class Ops, class T>
 void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
   constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
+  constexpr bool q8 = __is_same(T, std::int8_t);
   const decode_layout st(lb, RG, U * W);
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
@@ -213,43 +233,77 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   }
   const auto* qwords = reinterpret_cast<const typename Ops::word*>(st.qr);
   const std::int64_t qs = Dp / P;  // words per q row
+  // The stored rows: f32, bf16 (also read as f32 through the padded copy when T is float) or int8.
   const bool b16 = lb.k16 != nullptr;
-  const std::int64_t esize = b16 ? 2 : 4;
-  const char* kbase = b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
-  const char* vbase = b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
+  const std::int64_t esize = q8 ? 1 : b16 ? 2 : 4;
+  const char* kbase = q8 ? reinterpret_cast<const char*>(lb.k8)
+                         : b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
+  const char* vbase = q8 ? reinterpret_cast<const char*>(lb.v8)
+                         : b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
   const auto elem_f32 = [&](const char* base, std::int64_t i) {
     return b16 ? bf16_scalar(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
   };
+  // Element offset of row j (row stride sn, page stride ps): dense, or through the block table.
+  // A power-of-two page size (the usual case) shifts and masks instead of dividing.
+  const std::int64_t* pages = lb.pages;
+  const std::int64_t psz = pages ? lb.page_size : 1;
+  const int pshift = (psz & (psz - 1)) == 0 ? __builtin_ctzll(std::uint64_t(psz)) : -1;
+  const bool whole_blocks = psz % W == 0;  // a block that starts at a multiple of W lies in one page
+  const auto row_off = [&](std::int64_t j, std::int64_t sn, std::int64_t ps) {
+    if (!pages) return j * sn;
+    if (pshift >= 0) return pages[j >> pshift] * ps + (j & (psz - 1)) * sn;
+    return pages[j / psz] * ps + j % psz * sn;
+  };
   const std::int64_t nu = Dp / (U * W), nv = Dvp / W;
   const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
-  const std::int64_t pf_keys = imax(W, kDecodePrefetchBytes / row_bytes);
+  const std::int64_t pf_keys = imax(W, kDecodePrefetchBytes / row_bytes) / W * W;
   vf s[RG];
+  // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
+  alignas(64) float ksb[W], vsb[W];
+  vf ksm[RG], vsm[RG];
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const T* kb = reinterpret_cast<const T*>(kbase + j0 * lb.ksn * esize);
-    const T* vb = reinterpret_cast<const T*>(vbase + j0 * lb.vsn * esize);
+    const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
+    const T* kb = reinterpret_cast<const T*>(kbase + row_off(j0, lb.ksn, lb.kps) * esize);
+    const T* vb = reinterpret_cast<const T*>(vbase + row_off(j0, lb.vsn, lb.vps) * esize);
     std::int64_t ks = lb.ksn, vs = lb.vsn;
     // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
     // block: issued in a burst, they stall); the current block itself when there are none.
-    const bool pf = j0 + pf_keys + W <= kr.kmax;
-    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + (j0 + pf_keys) * lb.ksn * esize) : kb;
-    const T* vpf = pf ? reinterpret_cast<const T*>(vbase + (j0 + pf_keys) * lb.vsn * esize) : vb;
-    if (copy_all || nb < W) {  // a short last block or an odd shape: a zero-padded copy
+    const std::int64_t jp = j0 + pf_keys;
+    const bool pf = jp + W <= kr.kmax && (!pages || (whole_blocks && jp % W == 0) || jp % psz + W <= psz);
+    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + row_off(jp, lb.ksn, lb.kps) * esize) : kb;
+    const T* vpf = pf ? reinterpret_cast<const T*>(vbase + row_off(jp, lb.vsn, lb.vps) * esize) : vb;
+    if (copy_all || nb < W || !in_page) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
       T* kp = reinterpret_cast<T*>(st.kpad);
       T* vp = reinterpret_cast<T*>(st.vpad);
-      const char* kb0 = kbase + j0 * lb.ksn * esize;
-      const char* vb0 = vbase + j0 * lb.vsn * esize;
       for (std::int64_t x = 0; x < W; ++x) {
+        const char* kr0 = kbase + row_off(j0 + imin(x, nb - 1), lb.ksn, lb.kps) * esize;
+        const char* vr0 = vbase + row_off(j0 + imin(x, nb - 1), lb.vsn, lb.vps) * esize;
         for (std::int64_t d = 0; d < Dp; ++d) {
-          if constexpr (U == 1) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kb0, x * lb.ksn + d) : 0.0f;
-          else kp[x * Dp + d] = x < nb ? reinterpret_cast<const std::uint16_t*>(kb0)[x * lb.ksn + d] : 0;
+          if constexpr (__is_same(T, float)) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kr0, d) : 0.0f;
+          else kp[x * Dp + d] = x < nb && d < lb.D ? reinterpret_cast<const T*>(kr0)[d] : T(0);
         }
         for (std::int64_t d = 0; d < Dvp; ++d) {
-          if constexpr (U == 1) vp[x * Dvp + d] = x < nb && d < lb.Dv ? elem_f32(vb0, x * lb.vsn + d) : 0.0f;
-          else vp[x * Dvp + d] = x < nb ? reinterpret_cast<const std::uint16_t*>(vb0)[x * lb.vsn + d] : 0;
+          if constexpr (__is_same(T, float)) vp[x * Dvp + d] = x < nb && d < lb.Dv ? elem_f32(vr0, d) : 0.0f;
+          else vp[x * Dvp + d] = x < nb && d < lb.Dv ? reinterpret_cast<const T*>(vr0)[d] : T(0);
         }
       }
       kb = kp, vb = vp, ks = Dp, vs = Dvp, kpf = kp, vpf = vp;
+    }
+    if constexpr (q8) {
+      if (nb == W && in_page) {  // the block's scales are one strided run too
+        const float* kq = lb.kscale + row_off(j0, lb.kss, lb.ksps);
+        const float* vq = lb.vscale + row_off(j0, lb.vss, lb.vsps);
+#pragma GCC unroll 16
+        for (int x = 0; x < W; ++x) ksb[x] = kq[x * lb.kss], vsb[x] = vq[x * lb.vss];
+      } else {
+        for (std::int64_t x = 0; x < W; ++x) {
+          ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
+          vsb[x] = x < nb ? lb.vscale[row_off(j0 + x, lb.vss, lb.vsps)] : 0.0f;
+        }
+      }
+      spread_all<RG>(load(ksb), ksm, std::make_integer_sequence<int, RG>{});
+      spread_all<RG>(load(vsb), vsm, std::make_integer_sequence<int, RG>{});
     }
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
@@ -260,7 +314,13 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
     for (std::int64_t g = 0; g < st.ng; ++g) {
       const bool first = g == 0;  // later row groups read the block from L1
       decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
+      if constexpr (q8)
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg];
       decode_softmax<RG>(st, sc, g, s, j0, nb);
+      if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
       for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
@@ -280,6 +340,7 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
 void decode_group(const lane_block& lb, const forward_io& io) {
+  if (lb.k8) return decode_rows<RG, f32_operands, std::int8_t>(lb, io, lb.D % (4 * W) != 0 || lb.Dv % (4 * W) != 0);
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
     if constexpr (Dot::available)

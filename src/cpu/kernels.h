@@ -56,6 +56,18 @@ struct lane_block {
   const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
   const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
   bool q_bf16 = false;                 // decode: qt holds exact bf16 values, unscaled (sp.scale applies)
+  // Decode only: int8 rows (instead of k / v, same row strides) with one f32 scale per row:
+  // key j is kscale[j·kss] · k8[j·ksn + x] (values likewise).
+  const std::int8_t* k8 = nullptr;
+  const std::int8_t* v8 = nullptr;
+  const float* kscale = nullptr;
+  const float* vscale = nullptr;
+  std::int64_t kss = 0, vss = 0;
+  // Decode only: paged rows. Key j is row j % page_size of page pages[j / page_size]: the row
+  // offsets above become pages[j / page_size]·(page stride) + (j % page_size)·(row stride),
+  // page strides kps, vps (rows) and ksps, vsps (scales), in elements. Null: dense rows.
+  const std::int64_t* pages = nullptr;
+  std::int64_t page_size = 0, kps = 0, vps = 0, ksps = 0, vsps = 0;
   const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
   const std::int32_t* hi = nullptr;
   const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)

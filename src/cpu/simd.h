@@ -125,6 +125,27 @@ struct storage<std::uint16_t> {
   }
   static float scalar(const std::uint16_t* p) { return bf16_scalar(p); }
 };
+// int8 (quantised K/V): 4W values read as W 32-bit words → four vectors, byte k of every word
+// sign-extended by a shift pair ((w << 24 - 8k) >> 24) and converted: no byte shuffles (GCC
+// does not widen a vector of 8-bit lanes without them). Like bf16, a vector of d read this way
+// is kept in that native order. The row's scale is applied by the caller, outside the dot.
+template <>
+struct storage<std::int8_t> {
+  static constexpr int U = 4;
+  static void get(const std::int8_t* p, vf* out) {
+    vi w;
+    __builtin_memcpy(&w, p, sizeof w);
+    out[0] = __builtin_convertvector((w << 24) >> 24, vf);
+    out[1] = __builtin_convertvector((w << 16) >> 24, vf);
+    out[2] = __builtin_convertvector((w << 8) >> 24, vf);
+    out[3] = __builtin_convertvector(w >> 24, vf);
+  }
+  static std::int64_t native(std::int64_t d) {
+    const std::int64_t u = d / (4 * W), e = d % (4 * W);
+    return u * 4 * W + (e & 3) * W + e / 4;
+  }
+  static float scalar(const std::int8_t* p) { return float(*p); }
+};
 
 // ---- lane shuffles ----
 

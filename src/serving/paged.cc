@@ -1,7 +1,12 @@
 // src/serving/paged.cc — attention over a paged KV cache and appending to it
 // (include/attn/serving.h).
 //
-// attention_paged reads the pages in place. A run of table entries that are consecutive pages
+// attention_paged reads the pages in place. Where the cpu backend runs the call and the pages
+// hold float32, bfloat16 or int8 rows with unit x-stride, one problem covers the whole batch:
+// the problem carries the block table (problem::page_table) and the cpu decode kernel walks it
+// (src/cpu/decode.h), with the backend's own split-KV partition, sinks and merge — no run or
+// page costs more than its bytes. Otherwise (float64 or float16 pages, strided rows, another
+// backend asked for) a run of table entries that are consecutive pages
 // in memory is one strided view [1, Hkv, n, X] (when a page's stride is page_size token rows);
 // each run is one core-op problem whose causal frontier, window and ALiBi are shifted to the
 // run's first key j0 (after_past alignment with P = pos_0 - j0, which may be negative). The run
@@ -23,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <tuple>
 
 #include "attn/serving.h"
 #include "core/common.h"
@@ -40,6 +46,7 @@ struct paged_dims {
   std::int64_t B = 0, Hkv = 0, D = 0, Dv = 0, num_pages = 0, page_size = 0, max_pages = 0;
   std::vector<std::int64_t> table, lens;  // table [B, max_pages]
   bool runs = false;  // consecutive pages are one view (page stride == page_size · token stride)
+  bool int8 = false;  // int8 pages with f32 scales [num_pages, page_size, Hkv]
 
   std::int64_t page(std::int64_t b, std::int64_t p) const { return table[std::size_t(b * max_pages + p)]; }
 };
@@ -52,8 +59,8 @@ paged_dims check_pages(const char* op, const paged_kv_view& c, std::int64_t extr
   if (kp.rank() != 4 || vp.rank() != 4)
     fail(op, fmt::format("k_pages {} and v_pages {} must be 4-D [num_pages, page_size, Hkv, D]", shape_str(kp.shape()),
                          shape_str(vp.shape())));
-  if (!is_floating(kp.type()) || vp.type() != kp.type())
-    fail(op, fmt::format("k_pages/v_pages have dtypes {}/{}; expected one float dtype", dtype_name(kp.type()),
+  if (!(is_floating(kp.type()) || kp.type() == dtype::i8) || vp.type() != kp.type())
+    fail(op, fmt::format("k_pages/v_pages have dtypes {}/{}; expected one float dtype, or int8", dtype_name(kp.type()),
                          dtype_name(vp.type())));
   if (vp.size(0) != kp.size(0) || vp.size(1) != kp.size(1) || vp.size(2) != kp.size(2))
     fail(op, fmt::format("v_pages has shape {}, expected [{}, {}, {}, Dv] to match k_pages {}", shape_str(vp.shape()),
@@ -83,6 +90,18 @@ paged_dims check_pages(const char* op, const paged_kv_view& c, std::int64_t extr
         fail(op, fmt::format("block_table[{}, {}] = {} is outside [0, num_pages = {})", b, p, d.page(b, p), d.num_pages));
   }
   d.runs = kp.stride(0) == d.page_size * kp.stride(1) && vp.stride(0) == d.page_size * vp.stride(1);
+  d.int8 = kp.type() == dtype::i8;
+  const bool scales = c.k_scales.data() != nullptr || c.v_scales.data() != nullptr || c.k_scales.rank() != 0 ||
+                      c.v_scales.rank() != 0;
+  if (!d.int8 && scales) fail(op, fmt::format("k_scales/v_scales are given but the pages are {}, not int8", dtype_name(kp.type())));
+  if (d.int8) {
+    for (auto [name, s] : {std::pair{"k_scales", &c.k_scales}, {"v_scales", &c.v_scales}}) {
+      if (s->type() != dtype::f32 || s->shape() != Shape{d.num_pages, d.page_size, d.Hkv})
+        fail(op, fmt::format("{} is {} {}; int8 pages need float32 [num_pages, page_size, Hkv] = [{}, {}, {}]", name,
+                             dtype_name(s->type()), shape_str(s->shape()), d.num_pages, d.page_size, d.Hkv));
+      if (s->data() == nullptr && s->numel() != 0) fail(op, fmt::format("{} has no data", name));
+    }
+  }
   return d;
 }
 
@@ -127,6 +146,49 @@ struct chunk_task {
   std::int64_t b, p0, p1;  // pages [p0, p1) of sequence b
 };
 
+// [num_pages, page_size, H, X] pages as the problem's K/V: sb unused, rows through the table.
+strided4 page_view(const TensorView& pages) {
+  return strided4{pages.data(), pages.type(), 0, pages.stride(2), pages.stride(1), pages.stride(3)};
+}
+
+// The whole batch as one problem that the cpu decode kernel runs on the pages in place
+// (problem::page_table); `templ` holds each sequence's validated problem. An empty reason means
+// it was run; else the reason the cpu backend gave.
+std::string paged_in_kernel(const TensorView& q, const paged_kv_view& c, const paged_dims& d,
+                            const std::vector<problem>& templ, const std::vector<double>& sinks,
+                            const attention_options& options, int nt, const attention_result& r) {
+  problem p = templ.front();
+  p.B = d.B;
+  p.q = as_bhnx(q, p.Hq);
+  p.Nk = d.max_pages * d.page_size;
+  p.k = page_view(c.k_pages), p.v = page_view(c.v_pages);
+  p.kv_len = d.lens;
+  p.alignment = options.alignment == causal_alignment::top_left ? causal_alignment::top_left
+                                                                 : causal_alignment::bottom_right;
+  p.past_len = 0;
+  p.alibi.clear();
+  if (!templ.front().alibi.empty())
+    for (const problem& t : templ) p.alibi.insert(p.alibi.end(), t.alibi.begin(), t.alibi.end());
+  p.sinks = sinks;
+  p.num_threads = nt;
+  p.page_table = d.table.data(), p.max_pages = d.max_pages, p.page_size = d.page_size;
+  p.page_stride.k = c.k_pages.stride(0), p.page_stride.v = c.v_pages.stride(0);
+  if (d.int8) {
+    p.k_scale = strided4{c.k_scales.data(), dtype::f32, 0, c.k_scales.stride(2), c.k_scales.stride(1), 0};
+    p.v_scale = strided4{c.v_scales.data(), dtype::f32, 0, c.v_scales.stride(2), c.v_scales.stride(1), 0};
+    p.page_stride.k_scale = c.k_scales.stride(0), p.page_stride.v_scale = c.v_scales.stride(0);
+  }
+  const backend_impl& cpu = cpu_backend();
+  std::string why = cpu.why_not(p, {});
+  if (!why.empty()) return why;
+  forward_outputs fo;
+  fo.out = as_bhnx(r.out, p.Hq);
+  fo.lse = r.lse.data();
+  fo.lse_type = r.lse.type();
+  cpu.forward(p, fo);
+  return {};
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -135,7 +197,15 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   using namespace detail;
   const char* op = "attention_paged";
   const paged_dims d = check_pages(op, cache, 0);
-  check_qkv_types(op, q, cache.k_pages, cache.v_pages);
+  // int8 pages: the problems below are validated on empty K/V of q's dtype
+  const TensorView k0 = d.int8 ? TensorView(nullptr, q.type(), {1, d.Hkv, 0, d.D}) : page_rows(cache.k_pages, 0, 0);
+  const TensorView v0 = d.int8 ? TensorView(nullptr, q.type(), {1, d.Hkv, 0, d.Dv}) : page_rows(cache.v_pages, 0, 0);
+  if (d.int8) {
+    if (q.type() != dtype::f32 && q.type() != dtype::bf16 && q.type() != dtype::f16)
+      fail(op, fmt::format("q has dtype {}; int8 pages take float32, bfloat16 or float16 q", dtype_name(q.type())));
+  } else {
+    check_qkv_types(op, q, cache.k_pages, cache.v_pages);
+  }
   if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
   const std::int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), Dv = d.Dv;
   if (B != d.B) fail(op, fmt::format("q has B = {} sequences but seq_lens has {}", B, d.B));
@@ -155,8 +225,7 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     ob.sinks.reset();
     ob.alignment = causal_alignment::top_left;  // the shift is set per run below
     problem_storage store;
-    templ.push_back(build_problem(op, q.slice(0, b, b + 1), page_rows(cache.k_pages, 0, 0),
-                                  page_rows(cache.v_pages, 0, 0), ob, exec, store));
+    templ.push_back(build_problem(op, q.slice(0, b, b + 1), k0, v0, ob, exec, store));
     templ.back().alignment = causal_alignment::after_past;
     be.push_back(&pick(op, templ.back(), {}, exec.use_backend));
   }
@@ -165,10 +234,18 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     problem_storage store;  // the sinks checked as the core op checks them
     attention_options os;
     os.sinks = options.sinks;
-    sinks = build_problem(op, q.slice(0, 0, std::min<std::int64_t>(B, 1)), page_rows(cache.k_pages, 0, 0),
-                          page_rows(cache.v_pages, 0, 0), os, exec, store)
-                .sinks;
+    sinks = build_problem(op, q.slice(0, 0, std::min<std::int64_t>(B, 1)), k0, v0, os, exec, store).sinks;
   }
+
+  attention_result r;
+  r.out = Tensor::empty({B, Hq, Nq, Dv}, q.type());
+  r.lse = Tensor::empty({B, Hq, Nq}, part_type);
+  r.backend = be.empty() ? std::string("none") : std::string(be.front()->name());
+  if (B == 0) return r;
+  const bool on_cpu = std::all_of(be.begin(), be.end(), [](const backend_impl* b) { return b == &cpu_backend(); });
+  const std::string why = on_cpu ? paged_in_kernel(q, cache, d, templ, sinks, options, nt, r) : "the cpu backend does not run it";
+  if (why.empty()) return r;
+  if (d.int8) fail(op, fmt::format("int8 pages are read by the cpu decode kernel alone; here {}", why));
 
   const bool prefill = rows >= kPrefillRows;
   const std::int64_t chunk_pages =
@@ -211,10 +288,6 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     }
   }
 
-  attention_result r;
-  r.out = Tensor::empty({B, Hq, Nq, Dv}, q.type());
-  r.lse = Tensor::empty({B, Hq, Nq}, part_type);
-  r.backend = be.empty() ? std::string("none") : std::string(be.front()->name());
   for (std::int64_t b = 0; b < B; ++b) {
     partial acc(rows, Dv);
     for (std::size_t t = first_task[std::size_t(b)]; t < first_task[std::size_t(b) + 1]; ++t)
@@ -241,13 +314,53 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
                          shape_str(v_new.shape())));
   const paged_dims d = check_pages(op, cache, k_new.size(2));
   const std::int64_t N = k_new.size(2);
-  if (k_new.type() != cache.k_pages.type() || v_new.type() != cache.k_pages.type())
+  if (d.int8) {
+    if (!is_floating(k_new.type()) || v_new.type() != k_new.type())
+      fail(op, fmt::format("k_new/v_new have dtypes {}/{}; int8 pages quantise one float dtype", dtype_name(k_new.type()),
+                           dtype_name(v_new.type())));
+  } else if (k_new.type() != cache.k_pages.type() || v_new.type() != cache.k_pages.type()) {
     fail(op, fmt::format("k_new/v_new have dtypes {}/{}, expected {} like the pages", dtype_name(k_new.type()),
                          dtype_name(v_new.type()), dtype_name(cache.k_pages.type())));
+  }
   if (k_new.shape() != Shape{d.B, d.Hkv, N, d.D})
     fail(op, fmt::format("k_new has shape {}, expected [{}, {}, Nnew, {}]", shape_str(k_new.shape()), d.B, d.Hkv, d.D));
   if (v_new.shape() != Shape{d.B, d.Hkv, N, d.Dv})
     fail(op, fmt::format("v_new has shape {}, expected [{}, {}, {}, {}]", shape_str(v_new.shape()), d.B, d.Hkv, N, d.Dv));
+  const auto slot = [&](const TensorView& pg, std::int64_t b, std::int64_t pos) {  // element offset of token pos of b
+    return d.page(b, pos / d.page_size) * pg.stride(0) + (pos % d.page_size) * pg.stride(1);
+  };
+  if (d.int8) {
+    // Symmetric per (token, head) row: scale = max|x| / 127, x ≈ scale · round(x / scale). Every
+    // row is checked before any is written, so a non-finite value leaves the cache as it was.
+    std::vector<float> rowbuf;
+    for (int pass = 0; pass < 2; ++pass)
+      for (auto [name, src, pages, scales] : {std::tuple{"k_new", &k_new, &cache.k_pages, &cache.k_scales},
+                                              {"v_new", &v_new, &cache.v_pages, &cache.v_scales}}) {
+        const strided4 s = as_bhnx(*src, d.Hkv);
+        const TensorView& pg = *pages;
+        const std::int64_t X = pg.size(3);
+        rowbuf.resize(std::size_t(X));
+        for (std::int64_t b = 0; b < d.B; ++b)
+          for (std::int64_t t = 0; t < N; ++t)
+            for (std::int64_t h = 0; h < d.Hkv; ++h) {
+              float amax = 0.0f;
+              for (std::int64_t x = 0; x < X; ++x) {
+                const float v = float(s.load(b, h, t, x));
+                if (!std::isfinite(v))
+                  fail(op, fmt::format("{}[{}, {}, {}, {}] = {} cannot be quantised to int8", name, b, h, t, x, v));
+                rowbuf[std::size_t(x)] = v, amax = std::max(amax, std::fabs(v));
+              }
+              if (pass == 0) continue;
+              const std::int64_t pos = d.lens[std::size_t(b)] + t;
+              const float scale = amax / 127.0f;
+              static_cast<float*>(scales->data())[slot(*scales, b, pos) + h * scales->stride(2)] = scale;
+              auto* dst = static_cast<std::int8_t*>(pg.data()) + slot(pg, b, pos) + h * pg.stride(2);
+              for (std::int64_t x = 0; x < X; ++x)
+                dst[x * pg.stride(3)] = scale > 0.0f ? std::int8_t(std::clamp(std::nearbyint(rowbuf[std::size_t(x)] / scale), -127.0f, 127.0f)) : 0;
+            }
+      }
+    return;
+  }
   const std::size_t es = dtype_size(k_new.type());
   for (auto [src, pages] : {std::pair{&k_new, &cache.k_pages}, {&v_new, &cache.v_pages}}) {
     const strided4 s = as_bhnx(*src, d.Hkv);
@@ -255,8 +368,7 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
     const std::int64_t X = pg.size(3);
     for (std::int64_t b = 0; b < d.B; ++b)
       for (std::int64_t t = 0; t < N; ++t) {
-        const std::int64_t pos = d.lens[std::size_t(b)] + t;
-        const std::int64_t base = d.page(b, pos / d.page_size) * pg.stride(0) + (pos % d.page_size) * pg.stride(1);
+        const std::int64_t base = slot(pg, b, d.lens[std::size_t(b)] + t);
         for (std::int64_t h = 0; h < d.Hkv; ++h)
           for (std::int64_t x = 0; x < X; ++x)
             std::memcpy(static_cast<std::byte*>(pg.data()) + (base + h * pg.stride(2) + x * pg.stride(3)) * es,

@@ -39,7 +39,7 @@ std::string npy_image(int major, const std::string& dict, const std::string& dat
 
 TEST(Npy, RoundTripsEveryDtypeAndRank) {
   std::mt19937 rng(1);
-  for (dtype t : {dtype::f32, dtype::f16, dtype::f64, dtype::boolean, dtype::i64}) {
+  for (dtype t : {dtype::f32, dtype::f16, dtype::f64, dtype::boolean, dtype::i64, dtype::i8}) {
     for (const Shape& shape : {Shape{}, Shape{5}, Shape{2, 3}, Shape{2, 0, 4}, Shape{1, 2, 3, 4}}) {
       Tensor a = t == dtype::boolean ? testing::random_bool(shape, rng) : testing::random_tensor(shape, t, rng, -50, 50);
       if (t == dtype::i64) a = Tensor::copy_of(a);

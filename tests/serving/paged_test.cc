@@ -56,6 +56,9 @@ const paged_case kCases[] = {
     {"fewer_keys_than_queries", {2, 0, 3, 5}, 4, 4, true, false, causal_alignment::bottom_right, -1, false, true},
     {"prefill_many_rows", {100, 37, 0}, 8, 80, true, false, causal_alignment::bottom_right, 20, false, true},
     {"long_chunks", {2600, 700}, 4, 2, false, false, causal_alignment::bottom_right, -1, false, false},
+    // pages of 16 (a multiple of every SIMD width): blocks read in place through the table
+    {"page16_window_alibi", {70, 33, 16, 0}, 16, 2, true, true, causal_alignment::bottom_right, 21, true, true},
+    {"page16_split_kv", {4200, 300}, 16, 1, true, false, causal_alignment::bottom_right, -1, false, false},
 };
 
 // Names the case in gtest's output instead of dumping its bytes.

@@ -135,44 +135,100 @@ int run_varlen(const serving_args& a) {
   return 0;
 }
 
+// Fills a tensor with values in [-1, 1) (int8: [-127, 127], the scales of such rows: 1/127)
+// from a cheap generator: the decode caches hold up to a GiB.
+void fill(Tensor& t, std::uint64_t seed) {
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  const auto next = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return float(std::int64_t(x >> 40) - (std::int64_t(1) << 23)) / float(1 << 23);
+  };
+  const std::int64_t n = t.numel();
+  switch (t.type()) {
+    case dtype::f32: for (std::int64_t i = 0; i < n; ++i) t.data_as<float>()[i] = next(); break;
+    case dtype::bf16: for (std::int64_t i = 0; i < n; ++i) t.data_as<std::uint16_t>()[i] = f32_to_bf16(next()); break;
+    case dtype::i8: for (std::int64_t i = 0; i < n; ++i) t.data_as<std::int8_t>()[i] = std::int8_t(next() * 127.0f); break;
+    default: throw error(fmt::format("attn bench: no filler for {}", dtype_name(t.type())));
+  }
+}
+
+// A cache of `pages` pages of `ps` tokens in one of two layouts, as the [pages, ps, Hkv, D] view
+// attention_paged takes: head-major storage [pages, Hkv, ps, D] (each head's page rows
+// contiguous, vLLM's order) or token-major storage [pages, ps, Hkv, D].
+struct page_cache {
+  Tensor k, v, ks, vs;  // storage; scales [pages, ps, Hkv] for int8 (1/127)
+  TensorView kview, vview;
+  page_cache(std::int64_t pages, std::int64_t ps, std::int64_t hkv, std::int64_t d, dtype t, bool head_major, std::uint64_t seed) {
+    const Shape s = head_major ? Shape{pages, hkv, ps, d} : Shape{pages, ps, hkv, d};
+    k = Tensor::empty(s, t), v = Tensor::empty(s, t);
+    fill(k, seed), fill(v, seed + 1);
+    kview = head_major ? k.view().permute({0, 2, 1, 3}) : k.view();
+    vview = head_major ? v.view().permute({0, 2, 1, 3}) : v.view();
+    if (t == dtype::i8) ks = Tensor::full({pages, ps, hkv}, dtype::f32, 1.0 / 127), vs = ks;
+  }
+  paged_kv_view view(const Tensor& table, const Tensor& lens) const { return {kview, vview, table, lens, ks, vs}; }
+};
+
 int run_paged(const serving_args& a) {
   check_common(a);
   const std::int64_t ps = a.page_size;
   if (ps < 1 || a.nk < 1 || a.nk % ps)
     throw error(fmt::format("attn bench: --paged {} needs a positive page size that divides --nk {}", ps, a.nk));
   if (a.nq < 1 || a.nq > a.nk) throw error(fmt::format("attn bench: --nq {} must be in [1, --nk {}]", a.nq, a.nk));
+  const dtype kvt = a.kv_type;
+  const bool int8 = kvt == dtype::i8;
   std::mt19937 rng(1);
   const std::int64_t per = a.nk / ps, pages = a.batch * per;
-  const Tensor q = uniform({a.batch, a.hq, a.nq, a.d}, a.type, rng);
-  const Tensor kd = uniform({a.batch, a.hkv, a.nk, a.d}, a.type, rng), vd = uniform({a.batch, a.hkv, a.nk, a.d}, a.type, rng);
-  const Tensor kpg = uniform({pages, ps, a.hkv, a.d}, a.type, rng), vpg = uniform({pages, ps, a.hkv, a.d}, a.type, rng);
+  // q has the dtype of a float cache (the core op takes one dtype); an int8 cache takes --dtype.
+  const Tensor q = uniform({a.batch, a.hq, a.nq, a.d}, int8 ? a.type : kvt, rng);
   std::vector<std::int64_t> order(static_cast<std::size_t>(pages));
   std::iota(order.begin(), order.end(), 0);
-  const Tensor consecutive = int64s({a.batch, per}, order);
   std::shuffle(order.begin(), order.end(), rng);
   const Tensor shuffled = int64s({a.batch, per}, order);
+  std::vector<std::int64_t> own(static_cast<std::size_t>(a.batch));
+  std::iota(own.begin(), own.end(), 0);
+  const Tensor one_page = int64s({a.batch, 1}, own);
   const Tensor lens = int64s({a.batch}, std::vector<std::int64_t>(std::size_t(a.batch), a.nk));
   attention_options o;
   o.is_causal = a.causal, o.alignment = causal_alignment::bottom_right;
-  const double bytes = 2.0 * double(a.batch * a.hkv * a.nk * a.d) * double(dtype_size(a.type));
+  // Dense: [B, Hkv, Nk, D] (for int8: the same buffer as one head-major page per sequence).
+  const page_cache dense(a.batch, a.nk, a.hkv, a.d, kvt, true, 11);
+  const page_cache head_major(pages, ps, a.hkv, a.d, kvt, true, 13), token_major(pages, ps, a.hkv, a.d, kvt, false, 15);
+  // int8 runs also time a bf16 dense cache: int8 vs bf16 tokens/s in one run.
+  const page_cache dense16 = int8 ? page_cache(a.batch, a.nk, a.hkv, a.d, dtype::bf16, true, 17) : page_cache(0, 1, 1, 1, dtype::f32, true, 0);
+  const Tensor q16 = int8 ? Tensor::copy_of(q, dtype::bf16) : Tensor();
+  const auto kv_bytes = [&](dtype t) {
+    return 2.0 * double(a.batch * a.hkv * a.nk) * (double(a.d * std::int64_t(dtype_size(t))) + (t == dtype::i8 ? 4.0 : 0.0));
+  };
+  const paged_kv_view cd = dense.view(one_page, lens), ch = head_major.view(shuffled, lens), ct = token_major.view(shuffled, lens);
 
-  fmt::print("attn bench --paged {}: B {} Nq {} Nk {} Hq {} Hkv {} D {} {}; load average {}\n", ps, a.batch, a.nq, a.nk,
-             a.hq, a.hkv, a.d, dtype_name(a.type), load_average());
+  fmt::print("attn bench --paged {}: B {} Nq {} Nk {} Hq {} Hkv {} D {}, q {}, K/V {} (shuffled pages); load average {}\n", ps,
+             a.batch, a.nq, a.nk, a.hq, a.hkv, a.d, dtype_name(q.type()), dtype_name(kvt), load_average());
   for (int t : a.threads) {
     const execution ex{.num_threads = t};
-    const paged_kv_view c1{kpg, vpg, consecutive, lens}, c2{kpg, vpg, shuffled, lens};
-    const auto ms = time_medians({[&] { attention(q, kd, vd, o, ex); }, [&] { attention_paged(q, c1, o, ex); },
-                                  [&] { attention_paged(q, c2, o, ex); }},
-                                 a.warmup, a.reps);
-    const std::string dram = a.probe_mib > 0
-                                 ? fmt::format("{:.1f} GB/s", probe_dram_read(thread_count(t), std::size_t(a.probe_mib) << 20).value)
-                                 : std::string("not probed");
-    fmt::print("  threads {}: DRAM read {} | dense {:.3f} ms {:.1f} GB/s | paged consecutive {:.3f} ms ({:.0f}% of dense) | "
-               "paged shuffled {:.3f} ms ({:.0f}% of dense)\n",
-               thread_count(t), dram, ms[0].wall, bytes / ms[0].wall / 1e6, ms[1].wall, 100 * ms[0].wall / ms[1].wall,
-               ms[2].wall, 100 * ms[0].wall / ms[2].wall);
-    fmt::print("    cpu time: dense {:.3f} ms | paged consecutive {:.3f} ms ({:.0f}%) | paged shuffled {:.3f} ms ({:.0f}%)\n",
+    std::vector<std::function<void()>> fs{
+        [&] {
+          if (int8) attention_paged(q, cd, o, ex);
+          else attention(q, TensorView(dense.k.view()), TensorView(dense.v.view()), o, ex);
+        },
+        [&] { attention_paged(q, ch, o, ex); }, [&] { attention_paged(q, ct, o, ex); }};
+    if (int8) fs.push_back([&] { attention(q16, TensorView(dense16.k.view()), TensorView(dense16.v.view()), o, ex); });
+    const auto ms = time_medians(fs, a.warmup, a.reps);
+    const double probe = a.probe_mib > 0 ? probe_dram_read(thread_count(t), std::size_t(a.probe_mib) << 20).value : 0.0;
+    const std::string dram = a.probe_mib > 0 ? fmt::format("{:.1f} GB/s", probe) : std::string("not probed");
+    const double bytes = kv_bytes(kvt), tok = double(a.batch * a.nq);
+    const auto gbs = [&](double b, double msv) { return b / msv / 1e6; };
+    fmt::print("  threads {}: DRAM read {} | dense {} {:.3f} ms {:.1f} GB/s{} {:.0f} tok/s | paged head-major {:.3f} ms ({:.0f}% of dense) | "
+               "paged token-major {:.3f} ms ({:.0f}% of dense)\n",
+               thread_count(t), dram, dtype_name(kvt), ms[0].wall, gbs(bytes, ms[0].wall),
+               probe > 0 ? fmt::format(" ({:.0f}% of the probe)", 100 * gbs(bytes, ms[0].wall) / probe) : std::string(),
+               tok / ms[0].wall * 1e3, ms[1].wall, 100 * ms[0].wall / ms[1].wall, ms[2].wall, 100 * ms[0].wall / ms[2].wall);
+    fmt::print("    cpu time: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}%) | paged token-major {:.3f} ms ({:.0f}%)\n",
                ms[0].cpu, ms[1].cpu, 100 * ms[0].cpu / ms[1].cpu, ms[2].cpu, 100 * ms[0].cpu / ms[2].cpu);
+    if (int8)
+      fmt::print("    bf16 dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s: int8 dense {:.2f}x the bf16 tokens/s (cpu time {:.3f} vs {:.3f} ms: {:.2f}x)\n",
+                 ms[3].wall, gbs(kv_bytes(dtype::bf16), ms[3].wall), tok / ms[3].wall * 1e3, ms[3].wall / ms[0].wall,
+                 ms[0].cpu, ms[3].cpu, ms[3].cpu / ms[0].cpu);
   }
   return 0;
 }

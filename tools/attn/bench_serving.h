@@ -16,6 +16,7 @@ struct serving_args {
   std::int64_t page_size = 0;                 // --paged
   bool causal = true;
   dtype type = dtype::f32;
+  dtype kv_type = dtype::f32;                 // --paged: K/V of the caches (--kv-dtype; default the q dtype)
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
   std::int64_t probe_mib = 512;
@@ -26,9 +27,10 @@ struct serving_args {
 // sequence of the mean length; prints median ms, GFLOP/s of the useful work, and the ratios.
 int run_varlen(const serving_args& a);
 
-// Decode (Nq = nq) of `batch` sequences of Nk keys: dense attention_with_kv_cache-shaped
-// attention, and attention_paged with consecutive and with shuffled pages of page_size; prints
-// median ms, GB/s of K+V, the share of dense, and the DRAM read probe of the same run.
+// Decode (Nq = nq) of `batch` sequences of Nk keys with K/V of kv_type: dense attention (an
+// int8 cache: attention_paged on one page per sequence), and attention_paged on shuffled
+// pages of page_size, head-major and token-major; prints median ms, GB/s of K+V, tokens/s, the
+// share of dense, and the DRAM read probe of the same run; int8 adds a bf16 dense cache.
 int run_paged(const serving_args& a);
 
 }  // namespace attn::cli::bench

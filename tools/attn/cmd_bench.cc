@@ -60,6 +60,7 @@ struct bench_args {
   std::string layer = "none";
   std::string varlen;        // --varlen MIN:MAX
   std::int64_t paged = 0;    // --paged PAGE_SIZE
+  std::string kv_dtype;      // --kv-dtype int8 | bf16 | f32 (--paged; default --dtype)
 };
 
 // Which options were given on the command line (their defaults depend on it).
@@ -458,6 +459,7 @@ int run_serving(const bench_args& a, bool varlen) {
   s.batch = a.batch, s.hq = a.hq, s.hkv = a.hkv ? a.hkv : a.hq, s.nq = a.nq, s.nk = a.nk ? a.nk : a.nq, s.d = a.d;
   s.causal = a.causal, s.type = bench::parse_bench_dtype(a.dtype_name), s.threads = a.threads;
   s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged;
+  s.kv_type = a.kv_dtype.empty() ? s.type : a.kv_dtype == "int8" ? dtype::i8 : bench::parse_bench_dtype(a.kv_dtype);
   if (!varlen) return bench::run_paged(s);
   const auto colon = a.varlen.find(':');
   try {
@@ -514,6 +516,8 @@ void add_bench(CLI::App& app, int& exit_code) {
   auto* pg = s->add_option("--paged", a->paged,
                            "PAGE_SIZE — attention_paged (consecutive and shuffled pages) against dense attention, "
                            "--batch sequences of --nk keys, --nq queries each");
+  s->add_option("--kv-dtype", a->kv_dtype, "with --paged: K/V cache dtype int8 | bf16 | f32 (default --dtype; a float cache sets q's dtype too)")
+      ->check(CLI::IsMember({"int8", "bf16", "bfloat16", "f32", "float32"}));
   auto* batch = s->get_option("--batch");
   auto* hq = s->get_option("--hq");
   auto* nq = s->get_option("--nq");
