@@ -1,6 +1,6 @@
 // python/src/bind_family.cc — family.h: attention_family forward, backward and weights.
 // Option keys: the masking keys of attention (options.h), score, scale, activation,
-// temperature, bandwidth, W, b, W_q, W_k, w_v, W_a, distribution, sigmoid_bias, top_k,
+// temperature, bandwidth, gaussian_form, W, b, W_q, W_k, w_v, W_a, distribution, sigmoid_bias, top_k,
 // hardmax_grad, and backend / path / num_threads.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -22,6 +22,7 @@ family_options read_family(option_reader& r) {
   o.score.activation = parse_score_activation(r.text("activation", "tanh"));
   o.score.temperature = r.real("temperature", 1.0);
   o.score.bandwidth = r.real("bandwidth", 1.0);
+  o.score.gaussian = parse_gaussian_form(r.text("gaussian_form", "sigma"));
   o.score.W = r.tensor("W");
   o.score.b = r.tensor("b");
   o.score.W_q = r.tensor("W_q");
