@@ -158,7 +158,7 @@ template <class T>
 void load_rows(const strided4& x, std::int64_t b, std::int64_t h, std::int64_t N, std::int64_t X,
                const feature_map* f, std::vector<T>& out) {
   out.resize(std::size_t(N * X));
-  std::vector<double> r(std::size_t(X));
+  std::vector<double> r(static_cast<std::size_t>(X), 0.0);
   for (std::int64_t n = 0; n < N; ++n) {
     load_row(x, b, h, n, X, r.data());
     for (std::int64_t d = 0; d < X; ++d) out[std::size_t(n * X + d)] = T(f ? phi(*f, r[std::size_t(d)]) : r[std::size_t(d)]);
@@ -197,8 +197,8 @@ void fast_forward(const lin_call& L, const strided4& out) {
 #pragma omp parallel num_threads(p.num_threads)
   {
     head_buffers<T> hb;
-    std::vector<T> num(std::size_t(Dv));
-    std::vector<double> o(std::size_t(Dv));
+    std::vector<T> num(static_cast<std::size_t>(Dv), T(0));
+    std::vector<double> o(static_cast<std::size_t>(Dv), 0.0);
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
@@ -231,8 +231,8 @@ void fast_backward(const lin_call& L, const strided4& dout, const strided4& dq, 
 #pragma omp parallel num_threads(p.num_threads)
   {
     head_buffers<T> hb;
-    std::vector<T> dO, dnum, dden, dK, dV, num(std::size_t(Dv)), dA(std::size_t(D));
-    std::vector<double> row(std::size_t(std::max(D, Dv))), raw(std::size_t(D));
+    std::vector<T> dO, dnum, dden, dK, dV, num(static_cast<std::size_t>(Dv), T(0)), dA(static_cast<std::size_t>(D), T(0));
+    std::vector<double> row(static_cast<std::size_t>(std::max(D, Dv)), 0.0), raw(static_cast<std::size_t>(D), 0.0);
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
@@ -320,6 +320,9 @@ void fast_backward(const lin_call& L, const strided4& dout, const strided4& dq, 
 
 using namespace detail::family;
 using detail::fail;
+using detail::problem;
+using detail::strided4;
+using detail::as_bhnx;
 
 linear_attention_result linear_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                                          const linear_attention_options& options, const execution& exec) {

@@ -27,7 +27,7 @@ struct lin_case {
   }
   // Padding: batch 0 keeps `keep` keys.
   void pad(std::int64_t keep) {
-    std::vector<double> l(std::size_t(B), double(Nk));
+    std::vector<double> l(static_cast<std::size_t>(B), static_cast<double>(Nk));
     l[0] = double(keep);
     lens = Tensor::from_values({B}, dtype::i64, l);
     o.nonpad_kv_seqlen = lens.view();
