@@ -8,11 +8,18 @@
   torch_mha            torch.nn.MultiheadAttention (batch_first, biases) forward + backward
                        into x, for `attn bench --layer mha`: the configuration's B, Hq, Nq, D
                        are the layer's B, heads, N and head size (E = Hq·D)
+  torch_eager          `attn bench --score S --distribution D`: the same score × distribution
+                       written in PyTorch eager, as a user would (SDPA for dot/scaled_dot with
+                       softmax; the entmax package's sparsemax / entmax15; additive in chunks
+                       of queries so that Nq × Nk × A never lives at once); pass "backward"
+                       times forward + backward (autograd into q, k, v and the parameters)
 
 Protocol (`attn bench` is the other end; replies are tab-separated lines closed by "done"):
   start:    "peer\t<impl>\t<version>" or "skip\t<impl>\t<why>" per peer, then "ready"
-  prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup
+  prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup [family key=value ...]
             -> "ready\t<impl>\t<detail>" or "skip\t<impl>\t<why>" per peer (warm-up calls done)
+            (the family fields — score, dist, A, scale, temperature, bandwidth, form, activation,
+            sigmoid_bias, topk — configure torch_eager; the other peers skip such a call)
   rep       -> "time\t<impl>\t<ms>" per ready peer: one timed call each
   release   -> frees the configuration's tensors
 attn bench alternates single calls of attn, its OpenBLAS baseline and these peers, and takes
@@ -39,6 +46,9 @@ class Config:
         self.dtype = f[8]
         self.backward = f[9] == "backward"
         self.threads, self.warmup = map(int, f[10:12])
+        self.family = None
+        if len(f) > 12 and f[12] == "family":
+            self.family = dict(x.split("=", 1) for x in f[13:])
 
 
 # ---- PyTorch ----------------------------------------------------------------------------------
@@ -73,6 +83,8 @@ class TorchPeer:
 
     def prepare(self, c):
         """(call, detail, cleanup) for one configuration, or (None, why, None)."""
+        if c.family is not None:
+            return None, "a family configuration (torch_eager times it)", None
         torch, F = self.torch, self.F
         dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[c.dtype]
         torch.set_num_threads(c.threads)
@@ -129,6 +141,162 @@ class TorchMhaPeer:
         return call, f"{self.version}, nn.MultiheadAttention E {E} H {c.Hq}", None
 
 
+class TorchEagerFamilyPeer:
+    """One score × distribution of attn's family in PyTorch eager (include/attn/family.h has
+    the formulas). Parameters are drawn here (values do not matter for timing)."""
+    impl = "torch_eager"
+
+    def __init__(self):
+        import torch  # noqa: PLC0415 - optional
+
+        self.torch = torch
+        self.version = TorchPeer().version
+        try:
+            import entmax  # noqa: PLC0415 - optional
+
+            self.entmax = entmax
+            from importlib.metadata import version  # noqa: PLC0415
+
+            self.entmax_version = f"entmax {version('entmax')}"
+        except Exception:  # noqa: BLE001
+            self.entmax, self.entmax_version = None, "entmax missing"
+
+    def prepare(self, c):
+        if c.family is None:
+            return None, "not a family configuration", None
+        torch = self.torch
+        fam = c.family
+        score, dist = fam["score"], fam["dist"]
+        if dist in ("sparsemax", "entmax15") and self.entmax is None:
+            return None, self.entmax_version, None
+        dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[c.dtype]
+        torch.set_num_threads(c.threads)
+        g = torch.Generator().manual_seed(1)
+
+        def rnd(*shape):
+            return torch.rand(*shape, generator=g).mul_(2).sub_(1).to(dt)
+
+        q, k, v = rnd(c.B, c.Hq, c.Nq, c.D), rnd(c.B, c.Hkv, c.Nk, c.D), rnd(c.B, c.Hkv, c.Nk, c.Dv)
+        A = int(fam.get("A", 64))
+        params = {}
+        if score in ("general", "biased_general", "activated_general"):
+            params["W"] = rnd(c.D, c.D)
+            if score == "biased_general":
+                params["b"] = rnd(c.D)
+            if score == "activated_general":
+                params["b"] = rnd(1)
+        if score == "additive":
+            params.update(W_q=rnd(A, c.D), W_k=rnd(A, c.D), b=rnd(A), w_v=rnd(A))
+        if score == "location":
+            params["W_a"] = rnd(c.Nk, c.D)
+        leaves = [q, k, v, *params.values()]
+        if c.backward:
+            for t in leaves:
+                t.requires_grad_(True)
+        dout = rnd(c.B, c.Hq, c.Nq, c.Dv)
+        group = c.Hq // c.Hkv
+        scale = float(fam["scale"]) if "scale" in fam else 1.0 / math.sqrt(c.D)
+        tau = float(fam.get("temperature", 1.0))
+        h = float(fam.get("bandwidth", 1.0))
+        gcoef = 1.0 / h if fam.get("form") == "width" else 1.0 / (2 * h * h)
+        act = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid}[fam.get("activation", "tanh")]
+        sig_b = float(fam["sigmoid_bias"]) if "sigmoid_bias" in fam else -math.log(max(c.Nk, 1))
+        topk = min(int(fam.get("topk", 1)), c.Nk)
+        sdpa = score in ("dot", "scaled_dot") and dist == "softmax"
+        chunk = 64 if score == "additive" else c.Nq  # queries per step: Nq × Nk × A stays small
+
+        def heads(x):  # GQA: the key/value heads repeated to Hq (what eager code does)
+            return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+        def scores(qc, K, rows):
+            if score in ("dot", "scaled_dot"):
+                s = qc @ K.transpose(-1, -2)
+                return s * scale if score == "scaled_dot" else s
+            if score == "general":
+                return (qc @ params["W"]) @ K.transpose(-1, -2)
+            if score == "biased_general":
+                return (qc @ params["W"] + params["b"]) @ K.transpose(-1, -2)
+            if score == "activated_general":
+                return act((qc @ params["W"]) @ K.transpose(-1, -2) + params["b"])
+            if score == "additive":
+                wq = qc @ params["W_q"].T                       # [B, H, n, A]
+                wk = K @ params["W_k"].T + params["b"]          # [B, H, Nk, A]
+                return torch.tanh(wq.unsqueeze(-2) + wk.unsqueeze(-3)) @ params["w_v"]
+            if score == "cosine":
+                qn = torch.nn.functional.normalize(qc, dim=-1)
+                kn = torch.nn.functional.normalize(K, dim=-1)
+                return qn @ kn.transpose(-1, -2) / tau
+            if score == "location":
+                return qc @ params["W_a"].T
+            d2 = ((qc * qc).sum(-1, keepdim=True) - 2 * qc @ K.transpose(-1, -2)
+                  + (K * K).sum(-1).unsqueeze(-2)).clamp_min(0)
+            if score == "gaussian":
+                return -gcoef * d2
+            if score == "box":
+                return (d2 <= h * h).to(qc.dtype)
+            if score == "triangle":
+                return (1 - d2.sqrt() / h).clamp_min(0)
+            raise ValueError(f"score {score}")
+
+        def weights(s, rows):
+            if c.causal:
+                keep = torch.arange(c.Nk)[None, :] <= rows[:, None]
+                if dist == "identity" or (dist == "kernel" and score != "gaussian"):
+                    s = s * keep
+                else:
+                    s = s.masked_fill(~keep, float("-inf"))
+            if dist == "softmax" or (dist == "kernel" and score == "gaussian"):
+                return torch.softmax(s, dim=-1)
+            if dist == "sigmoid":
+                return torch.sigmoid(s + sig_b)
+            if dist == "sparsemax":
+                return self.entmax.sparsemax(s, dim=-1)
+            if dist == "entmax15":
+                return self.entmax.entmax15(s, dim=-1)
+            if dist == "hardmax":
+                return torch.nn.functional.one_hot(s.argmax(-1), c.Nk).to(s.dtype)
+            if dist == "topk":
+                val, idx = s.topk(topk, dim=-1)
+                return torch.zeros_like(s).scatter(-1, idx, torch.softmax(val, dim=-1))
+            if dist == "kernel":
+                tot = s.sum(-1, keepdim=True)
+                return torch.where(tot > 0, s / tot.clamp_min(1e-30), torch.zeros_like(s))
+            if dist == "identity":
+                return s
+            raise ValueError(f"distribution {dist}")
+
+        def run(backward):
+            K, V = heads(k), heads(v)
+            outs = []
+            for i0 in range(0, c.Nq, chunk):
+                qc = q[:, :, i0:i0 + chunk]
+                if sdpa:
+                    o = torch.nn.functional.scaled_dot_product_attention(
+                        qc, K, V, is_causal=c.causal, scale=scale if score == "scaled_dot" else 1.0)
+                else:
+                    rows = torch.arange(i0, min(i0 + chunk, c.Nq))
+                    o = weights(scores(qc, K, rows), rows) @ V
+                if backward:  # per chunk: the graph of one chunk at a time (sums of gradients)
+                    o.backward(dout[:, :, i0:i0 + chunk], retain_graph=i0 + chunk < c.Nq)
+                else:
+                    outs.append(o)
+            return outs
+
+        def forward():
+            with torch.inference_mode():
+                run(False)
+
+        def forward_backward():
+            for t in leaves:
+                t.grad = None
+            run(True)
+
+        what = ("sdpa" if sdpa else f"eager {score} x {dist}"
+                + (f", {self.entmax_version}" if dist in ("sparsemax", "entmax15") else "")
+                + (f", chunks of {chunk} queries" if chunk < c.Nq else ""))
+        return (forward_backward if c.backward else forward), f"{self.version}, {what}", None
+
+
 # ---- ggml -------------------------------------------------------------------------------------
 
 class GgmlPeer:
@@ -148,6 +316,8 @@ class GgmlPeer:
         self.version = f"ggml-python {v}"
 
     def prepare(self, c):
+        if c.family is not None:
+            return None, "a family configuration (torch_eager times it)", None
         if c.backward:
             return None, "ggml has no backward for flash_attn_ext", None
         ggml, np = self.ggml, self.np
@@ -207,10 +377,11 @@ class GgmlPeer:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peers", default="torch,ggml", help="comma-separated: torch, ggml, torch_mha")
+    ap.add_argument("--peers", default="torch,ggml", help="comma-separated: torch, ggml, torch_mha, torch_eager")
     args = ap.parse_args()
     peers = []
-    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer), ("torch_mha", TorchMhaPeer)):
+    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer), ("torch_mha", TorchMhaPeer),
+                      ("torch_eager", TorchEagerFamilyPeer)):
         if name not in args.peers.split(","):
             continue
         try:

@@ -14,14 +14,16 @@
 //   dot               q·k
 //   scaled_dot        scale · q·k                           scale defaults to 1/sqrt(D)
 //   general           qᵀ W k                                W [D, Dk]
-//   biased_general    qᵀ W k + b                            b [] or [1]
-//   activated_general act(qᵀ W k + b)                       act: tanh | relu | sigmoid
+//   biased_general    kᵀ (Wᵀ q + b)                         b [Dk] (Galassi et al. 2020: one bias
+//                                                            per key dimension, so bᵀk matters)
+//   activated_general act(qᵀ W k + b)                       b [] or [1]; act: tanh | relu | sigmoid
 //   additive          w_vᵀ tanh(W_q q + W_k k + b)          W_q [A, D], W_k [A, Dk], b [A], w_v [A]
 //                     multi-dimensional when w_v is [Dv, A]: e_ij ∈ R^Dv, one weight per value feature
 //   cosine            q·k / (‖q‖ ‖k‖ τ)                     0 when q or k is the zero vector
 //   location          e_ij = (W_a q_i)_j (ignores the keys)  W_a [Nk, D]
 //   gaussian          -‖q-k‖² / (2h²)   (the log of the Gaussian kernel; softmax of it is the
-//                                        Nadaraya–Watson weight exp(-‖q-k‖²/2h²) / Σ ...)
+//                                        Nadaraya–Watson weight exp(-‖q-k‖²/2h²) / Σ ...);
+//                     -‖q-k‖² / h with gaussian = gaussian_form::width (seed 002's form)
 //   box               1{‖q-k‖ <= h}
 //   triangle          max(0, 1 - ‖q-k‖/h)
 // Distributions:
@@ -33,6 +35,10 @@
 //   topk              softmax over the k largest s_j (first index wins ties), exactly 0 elsewhere
 //   kernel            K_ij / Σ_j K_ij for box and triangle (no key in reach: zeros);
 //                     softmax of the gaussian score (same thing, computed stably)
+//   identity          α_j = s_j: no distribution, y_i = Σ_j s_ij v_j (unnormalised weighting)
+//
+// Linear attention (Katharopoulos et al. 2020), φ(q)ᵀφ(k) with a feature map φ, is its own
+// function, linear_attention below: it never forms the scores at all (O(N·D·Dv)).
 //
 // Memory: no call allocates Nq × Nk. Every pair streams over blocks of keys with O(block · F)
 // scratch per thread, except sparsemax and entmax15, which keep one row of scores per query in
@@ -56,7 +62,13 @@ enum class score_kind {
 };
 enum class score_activation { tanh, relu, sigmoid };
 
-enum class distribution_kind { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, kernel };
+enum class distribution_kind { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, kernel, identity };
+
+// The two parameterisations of the gaussian score (both e = -c ‖q-k‖², the log of the kernel).
+enum class gaussian_form {
+  sigma,  // c = 1/(2h²): exp(-‖q-k‖²/(2h²)), h the standard deviation (the default)
+  width,  // c = 1/h:     exp(-‖q-k‖²/h), the form of seed 002's tutorial
+};
 
 // Gradient of hardmax with respect to the scores.
 enum class hardmax_gradient {
@@ -71,8 +83,9 @@ struct score_spec {
   score_activation activation = score_activation::tanh;  // activated_general
   double temperature = 1.0;                              // cosine τ > 0
   double bandwidth = 1.0;                                // gaussian, box, triangle: h > 0
+  gaussian_form gaussian = gaussian_form::sigma;         // gaussian: which h
   std::optional<TensorArg> W;    // general family: [D, Dk]
-  std::optional<TensorArg> b;    // biased_general, activated_general: [] or [1]; additive: [A]
+  std::optional<TensorArg> b;    // biased_general: [Dk]; activated_general: [] or [1]; additive: [A]
   std::optional<TensorArg> W_q;  // additive: [A, D]
   std::optional<TensorArg> W_k;  // additive: [A, Dk]
   std::optional<TensorArg> w_v;  // additive: [A], or [Dv, A] for multi-dimensional attention
@@ -171,15 +184,69 @@ family_result topk_attention(const TensorView& q, const TensorView& k, const Ten
                              family_options o = {},
                              const execution& exec = {});
 
+// ---- linear attention (Katharopoulos et al. 2020) ----
+//
+// out_i = Σ_j φ(q_i)ᵀφ(k_j) v_j / Σ_j φ(q_i)ᵀφ(k_j)   (normalize; without it, the numerator alone)
+// over the keys j that query i may see, computed as φ(q_i)ᵀ S / φ(q_i)ᵀ z with S = Σ_j φ(k_j) v_jᵀ
+// [D, Dv] and z = Σ_j φ(k_j) [D]: O(Nq·D·Dv + Nk·D·Dv) per head, no Nq × Nk weights. Causal runs
+// S and z as prefix sums over the keys. Feature maps (elementwise):
+//   elu_plus_one  φ(x) = elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise  (> 0: the denominator is
+//                 positive whenever a key is left)
+//   relu          φ(x) = max(x, 0)                                       (φ'(0) = 0)
+// A row whose denominator is 0 (no key left, or relu features with no overlap) gives out = 0 and
+// zero gradients. Masks: is_causal with alignment top_left or bottom_right (after_past = top_left)
+// and nonpad_kv_seqlen (padding) — the ones that keep every row's keys a prefix [0, hi_i) with
+// hi_i growing with i. attn_mask and sliding windows are refused (they would need the weights
+// this algorithm never forms). GQA, 3-D and 4-D layouts as for attn::attention; q and k share D.
+// It is a function of its own, not a score × distribution: the family's kernels visit every
+// (query, key) pair, which is what linear attention exists to avoid (docs/FAMILY.md).
+enum class feature_map { elu_plus_one, relu };
+
+struct linear_attention_options : masking_options {
+  feature_map phi = feature_map::elu_plus_one;
+  bool normalize = true;
+};
+
+struct linear_attention_result {
+  Tensor out;        // layout and dtype of q, Dv features
+  std::string path;  // "linear (f32)", "linear (f64)", "reference"
+};
+
+struct linear_attention_grads {
+  Tensor dq, dk, dv;  // shapes, layouts of q, k, v; dtype of q
+  std::string path;
+};
+
+// Forward. q, k, v: f32, f16, bf16 or f64 (all the same dtype). The fast path computes in float32
+// (float64 for float64 input); execution::path = reference runs the float64 reference, which
+// materialises every row's weights (the test oracle); path core is refused.
+//
+//   attn::linear_attention_options o;
+//   o.phi = attn::feature_map::elu_plus_one;
+//   o.is_causal = true;
+//   auto r = attn::linear_attention(q, k, v, o);   // r.out: [B, Hq, Nq, Dv]
+linear_attention_result linear_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                         const linear_attention_options& options = {}, const execution& exec = {});
+
+// Backward: gradients of Σ dout · out with respect to q, k, v (recomputes the forward sums; for
+// causal, a forward sweep gives dq and a backward sweep over suffix sums gives dk and dv).
+linear_attention_grads linear_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                 const TensorView& dout, const linear_attention_options& options = {},
+                                                 const execution& exec = {});
+
 // "scaled_dot", "softmax", "tanh", "straight_through", and back (throws attn::error
 // naming the list of valid names). Used by `attn run`.
 std::string to_string(score_kind s);
 std::string to_string(distribution_kind d);
 std::string to_string(score_activation a);
 std::string to_string(hardmax_gradient g);
+std::string to_string(gaussian_form f);
+std::string to_string(feature_map f);
 score_kind parse_score_kind(const std::string& s);
 distribution_kind parse_distribution_kind(const std::string& s);
 score_activation parse_score_activation(const std::string& s);
 hardmax_gradient parse_hardmax_gradient(const std::string& s);
+gaussian_form parse_gaussian_form(const std::string& s);
+feature_map parse_feature_map(const std::string& s);
 
 }  // namespace attn

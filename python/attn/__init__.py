@@ -28,7 +28,7 @@ __version__: str = _attn.__version__
 __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "attention", "attention_backward",
     "attention_with_kv_cache", "explain_backend", "backends", "attention_family",
-    "attention_family_backward", "attention_weights", "rotary", "rotary_backward", "sinusoidal",
+    "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
     "t5_relative_bias", "t5_relative_bias_backward", "t5_relative_buckets", "plot_attention",
     "__version__",
 ]
@@ -240,6 +240,31 @@ def attention_weights(q, k, v, *, score: str = "scaled_dot", distribution: str =
     kind = _kind_of(q)
     return _result(_attn.attention_weights(_arg(q), _arg(k), _arg(v),
                                            _opts(score=score, distribution=distribution, **params), _EXT), kind)
+
+
+def linear_attention(q, k, v, *, feature_map: str = "elu_plus_one", normalize: bool = True, **params):
+    """Linear attention (Katharopoulos et al. 2020): ``out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)``
+    in O(N·D·Dv), never forming the weights; ``feature_map`` "elu_plus_one" or "relu";
+    ``normalize=False`` keeps the numerator alone. Masks: is_causal, alignment,
+    nonpad_kv_seqlen (attn_mask and window are refused); path ("reference": the float64
+    oracle), num_threads, q_num_heads, kv_num_heads.
+
+    >>> out = attn.linear_attention(q, k, v, feature_map="elu_plus_one", is_causal=True)
+    """
+    kind = _kind_of(q)
+    out, _ = _attn.linear_attention(_arg(q), _arg(k), _arg(v),
+                                    _opts(feature_map=feature_map, normalize=normalize, **params), _EXT)
+    return _result(out, kind)
+
+
+def linear_attention_backward(q, k, v, dout, *, feature_map: str = "elu_plus_one", normalize: bool = True,
+                              **params):
+    """Gradients ``(dq, dk, dv)`` of ``Σ dout·out`` for :func:`linear_attention` with the same arguments."""
+    kind = _kind_of(q)
+    dq, dk, dv, _ = _attn.linear_attention_backward(_arg(q), _arg(k), _arg(v), _arg(dout),
+                                                    _opts(feature_map=feature_map, normalize=normalize, **params),
+                                                    _EXT)
+    return _result(dq, kind), _result(dk, kind), _result(dv, kind)
 
 
 # ---- positional -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-// python/src/bind_family.cc — family.h: attention_family forward, backward and weights.
+// python/src/bind_family.cc — family.h: attention_family forward, backward and weights;
+// linear_attention forward and backward.
 // Option keys: the masking keys of attention (options.h), score, scale, activation,
-// temperature, bandwidth, W, b, W_q, W_k, w_v, W_a, distribution, sigmoid_bias, top_k,
+// temperature, bandwidth, gaussian_form, W, b, W_q, W_k, w_v, W_a, distribution, sigmoid_bias, top_k,
 // hardmax_grad, and backend / path / num_threads.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -22,6 +23,7 @@ family_options read_family(option_reader& r) {
   o.score.activation = parse_score_activation(r.text("activation", "tanh"));
   o.score.temperature = r.real("temperature", 1.0);
   o.score.bandwidth = r.real("bandwidth", 1.0);
+  o.score.gaussian = parse_gaussian_form(r.text("gaussian_form", "sigma"));
   o.score.W = r.tensor("W");
   o.score.b = r.tensor("b");
   o.score.W_q = r.tensor("W_q");
@@ -72,9 +74,46 @@ nb::object family_weights_py(nb::handle q, nb::handle k, nb::handle v, nb::dict 
   return to_python(w, kind(kind_));
 }
 
+// linear_attention: the masking keys, feature_map (elu_plus_one | relu), normalize, path, num_threads.
+linear_attention_options read_linear(option_reader& r) {
+  linear_attention_options o;
+  read_masking(r, o);
+  o.phi = parse_feature_map(r.text("feature_map", "elu_plus_one"));
+  o.normalize = r.flag("normalize", true);
+  return o;
+}
+
+nb::tuple linear_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
+  const char* op = "linear_attention";
+  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v");
+  option_reader r(op, opts);
+  const linear_attention_options o = read_linear(r);
+  const execution e = read_execution(r);
+  r.finish();
+  const linear_attention_result res = without_gil([&] { return linear_attention(tq, tk, tv, o, e); });
+  return nb::make_tuple(to_python(res.out, kind(kind_)), res.path);
+}
+
+nb::tuple linear_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle dout, nb::dict opts, int kind_) {
+  const char* op = "linear_attention_backward";
+  const TensorView tq = array_arg(q, op, "q"), tk = array_arg(k, op, "k"), tv = array_arg(v, op, "v"),
+                   tdo = array_arg(dout, op, "dout");
+  option_reader r(op, opts);
+  const linear_attention_options o = read_linear(r);
+  const execution e = read_execution(r);
+  r.finish();
+  const linear_attention_grads g = without_gil([&] { return linear_attention_backward(tq, tk, tv, tdo, o, e); });
+  const kind kk = kind(kind_);
+  return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk, kk), to_python(g.dv, kk), g.path);
+}
+
 }  // namespace
 
 void bind_family(nb::module_& m) {
+  m.def("linear_attention", &linear_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("kind"),
+        "-> (out, path)");
+  m.def("linear_attention_backward", &linear_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("dout"),
+        nb::arg("opts"), nb::arg("kind"), "-> (dq, dk, dv, path)");
   m.def("attention_family", &family_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("kind"),
         "-> (out, path)");
   m.def("attention_family_backward", &family_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"),

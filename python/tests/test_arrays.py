@@ -187,6 +187,20 @@ def test_family_positional_numpy(rng):
     assert attn.t5_relative_buckets(2, 2, bidirectional=False).tolist() == [[0, 0], [1, 0]]
 
 
+def test_linear_attention_numpy(rng):
+    q, k, v = rng.standard_normal((1, 2, 5, 3)), rng.standard_normal((1, 1, 6, 3)), rng.standard_normal((1, 1, 6, 2))
+    phi = lambda x: np.where(x > 0, x + 1, np.exp(x))  # noqa: E731 - elu + 1
+    s = phi(q) @ np.swapaxes(phi(k), -1, -2)                       # [1, 2, 5, 6]
+    s = s * (np.arange(6)[None, :] <= np.arange(5)[:, None])       # causal, top-left
+    want = (s @ v) / s.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attn.linear_attention(q, k, v, is_causal=True), want, rtol=1e-10)
+    np.testing.assert_allclose(attn.linear_attention(q, k, v, is_causal=True, normalize=False), s @ v, rtol=1e-10)
+    dq, dk, dv = attn.linear_attention_backward(q, k, v, np.ones((1, 2, 5, 2)), feature_map="relu")
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    with pytest.raises(ValueError, match="linear_attention: takes no attn_mask"):
+        attn.linear_attention(q, k, v, attn_mask=np.ones((5, 6), dtype=bool))
+
+
 def test_explain_backend_and_backends():
     q = np.zeros((1, 1, 2, 4), np.float32)
     assert attn.backends()[-1] == "reference"

@@ -126,7 +126,7 @@ void validate(const char* op, const TensorView& q, const TensorView& k, const Te
   // Distribution, and how it meets the score.
   const distribution_spec& ds = o.distribution;
   const int di = int(ds.kind);
-  if (di < 0 || di > int(distribution_kind::kernel))
+  if (di < 0 || di > int(distribution_kind::identity))
     fail(op, fmt::format("distribution kind {} is not a distribution", di));
   fp.dist = ds.kind;
   if (ds.kind == distribution_kind::kernel) {
@@ -144,7 +144,8 @@ void validate(const char* op, const TensorView& q, const TensorView& k, const Te
   fp.sigmoid_bias = ds.sigmoid_bias ? *ds.sigmoid_bias : (Nk > 0 ? -std::log(double(Nk)) : 0.0);
   if (!std::isfinite(fp.sigmoid_bias)) fail(op, fmt::format("sigmoid_bias = {} is not finite", fp.sigmoid_bias));
   c.dist = fp.dist;
-  c.shift_invariant = fp.dist != distribution_kind::sigmoid && fp.dist != distribution_kind::kernel;
+  c.shift_invariant = fp.dist != distribution_kind::sigmoid && fp.dist != distribution_kind::kernel &&
+                      fp.dist != distribution_kind::identity;
 
   // Score: its own options and parameters.
   def.check(c, C.st);

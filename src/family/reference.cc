@@ -51,6 +51,11 @@ void distribution_row(const fproblem& fp, const std::vector<double>& s, std::vec
       if (s[j] != kNegInf) a[j] = 1.0 / (1.0 + std::exp(-(s[j] + fp.sigmoid_bias)));
     return;
   }
+  if (fp.dist == distribution_kind::identity) {  // α = s, no normalisation
+    for (std::size_t j = 0; j < n; ++j)
+      if (s[j] != kNegInf) a[j] = s[j];
+    return;
+  }
   if (fin.empty()) return;  // fully masked row
   const double mx = *std::max_element(fin.begin(), fin.end());
   switch (fp.dist) {
@@ -118,6 +123,9 @@ void distribution_row_backward(const fproblem& fp, const std::vector<double>& s,
     }
     case distribution_kind::sigmoid:
       for (std::size_t j = 0; j < n; ++j) de[j] = da[j] * a[j] * (1.0 - a[j]);
+      return;
+    case distribution_kind::identity:  // J = I on the keys left
+      for (std::size_t j = 0; j < n; ++j) de[j] = s[j] != kNegInf ? da[j] : 0.0;
       return;
     case distribution_kind::sparsemax: {  // J = diag(1_S) - 1_S 1_Sᵀ / |S|
       double cnt = 0.0, sum = 0.0;

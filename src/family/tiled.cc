@@ -13,6 +13,7 @@
 //   entmax15          u = w = √α                (Peters et al. 2019, eq. 10)
 //   kernel            u = α, w = 1/Σ K          (α = K/Σ K)
 //   sigmoid           u = 0, w = α (1 - α)
+//   identity          u = 0, w = 1 on the keys that are not masked (α = s)
 //   hardmax           w = 0; straight-through: u = w = softmax(e)
 // Forward: pass A, then α and out_i = Σ_j α_j v_j. Backward: pass A, pass B (dv and r_f),
 // pass C (de, then the score kernel's backward). Hardmax and topk visit only the keys they
@@ -105,7 +106,7 @@ class row_engine {
     const distribution_kind d = fp_.dist;
     const bool want_lse = d == distribution_kind::softmax ||
                           (d == distribution_kind::hardmax && fp_.hardmax_grad == hardmax_gradient::straight_through);
-    if (d == distribution_kind::sigmoid) return;
+    if (d == distribution_kind::sigmoid || d == distribution_kind::identity) return;
     for (std::int64_t j0 = r.lo; j0 < r.hi; j0 += kBlock) {
       const std::int64_t j1 = std::min(r.hi, j0 + kBlock);
       eval_scores(fp_, r, j0, j1, st_.e.data());
@@ -180,6 +181,7 @@ class row_engine {
         return std::binary_search(st_.top_keys[fi].begin(), st_.top_keys[fi].end(), j) ? std::exp(e - st_.lse[fi])
                                                                                          : 0.0;
       case distribution_kind::kernel: return st_.S[fi] > 0.0 ? e / st_.S[fi] : 0.0;
+      case distribution_kind::identity: return e;
     }
     return 0.0;
   }
@@ -193,6 +195,7 @@ class row_engine {
       case distribution_kind::entmax15: u = w = std::sqrt(a); return;
       case distribution_kind::kernel: u = a, w = (e != kNegInf && st_.S[std::size_t(f)] > 0.0) ? 1.0 / st_.S[std::size_t(f)] : 0.0; return;
       case distribution_kind::sigmoid: u = 0.0, w = a * (1.0 - a); return;
+      case distribution_kind::identity: u = 0.0, w = e == kNegInf ? 0.0 : 1.0; return;
       case distribution_kind::hardmax:
         if (fp_.hardmax_grad == hardmax_gradient::zero || e == kNegInf) u = w = 0.0;
         else u = w = std::exp(e - st_.lse[std::size_t(f)]);

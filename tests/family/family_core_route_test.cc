@@ -142,12 +142,15 @@ TEST(FamilyNames, EveryEnumeratorRoundTrips) {
   // The tables are tied to the enums by static_asserts (src/family/scores/table.cc,
   // src/family/names.cc); this checks the names at run time.
   round_trips(score_kind::triangle, to_string, parse_score_kind);
-  round_trips(distribution_kind::kernel, to_string, parse_distribution_kind);
+  round_trips(distribution_kind::identity, to_string, parse_distribution_kind);
+  round_trips(gaussian_form::width, to_string, parse_gaussian_form);
+  round_trips(feature_map::relu, to_string, parse_feature_map);
   round_trips(score_activation::sigmoid, to_string, parse_score_activation);
   round_trips(hardmax_gradient::straight_through, to_string, parse_hardmax_gradient);
   EXPECT_EQ(to_string(score_kind(99)), "score_kind(99)");
   EXPECT_EQ(all_scores().size(), std::size_t(score_kind::triangle) + 1);
-  EXPECT_EQ(all_distributions().size(), std::size_t(distribution_kind::kernel) + 1);
+  EXPECT_EQ(all_distributions().size(), std::size_t(distribution_kind::identity) + 1);
+  EXPECT_THROW_MSG(parse_feature_map("elu"), "feature map: 'elu' is not one of elu_plus_one, relu");
   EXPECT_THROW_MSG(parse_score_activation("gelu"), "activation: 'gelu' is not one of tanh, relu, sigmoid");
   EXPECT_THROW_MSG(parse_hardmax_gradient("ste"), "hardmax gradient: 'ste' is not one of zero, straight_through");
 }

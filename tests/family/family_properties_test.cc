@@ -27,6 +27,17 @@ TEST(FamilyProperties, RowsSumToOneAndSparsity) {
     const Tensor w = tiled_weights(c);
     const Tensor wr = attention_family_weights(c.q, c.k, c.v, c.opt);
     EXPECT_TRUE(all_close(w, wr, 1e-12)) << to_string(d);
+    if (d == distribution_kind::identity) {  // α = s itself: scale · q·k, of any sign
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i)
+            for (std::int64_t j = 0; j < c.Nk; ++j) {
+              double e = 0.0;
+              for (std::int64_t x = 0; x < c.D; ++x) e += c.q.get({b, h, i, x}) * c.k.get({b, 0, j, x});
+              EXPECT_NEAR(w.get({b, h, i, j}), 4.0 * e, 1e-12);
+            }
+      continue;
+    }
     std::int64_t zeros = 0;
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t h = 0; h < c.Hq; ++h)
@@ -188,6 +199,105 @@ TEST(FamilyProperties, NamedHelpersMatchTheEntryPoint) {
   EXPECT_TRUE(all_close(sigmoid_attention(s.q, s.k, s.v).out, attention_family(s.q, s.k, s.v, s.opt).out, 0.0));
   family_case l(score_kind::location, distribution_kind::softmax, rng);
   EXPECT_TRUE(all_close(location_attention(l.q, l.k, l.v, l.W_a).out, attention_family(l.q, l.k, l.v, l.opt).out, 0.0));
+}
+
+// biased_general is kᵀ(Wᵀq + b), b [Dk] (Galassi et al. 2020): the dot score on q' = Wᵀq + b
+// formed here by hand, on every path; and b changes the softmax weights (a scalar could not).
+TEST(FamilyProperties, BiasedGeneralIsKeyTimesBiasedProjection) {
+  std::mt19937 rng(39);
+  family_case c(score_kind::biased_general, distribution_kind::softmax, rng, 2, 2, 1, 4, 5, 3, 2);
+  ASSERT_EQ(c.b.shape(), (Shape{c.Dk}));
+  Tensor qp = Tensor::zeros({c.B, c.Hq, c.Nq, c.Dk}, dtype::f64);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t h = 0; h < c.Hq; ++h)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        for (std::int64_t e = 0; e < c.Dk; ++e) {
+          double x = c.b.get({e});
+          for (std::int64_t d = 0; d < c.D; ++d) x += c.W.get({d, e}) * c.q.get({b, h, i, d});
+          qp.set({b, h, i, e}, x);
+        }
+  for (distribution_kind d : {distribution_kind::softmax, distribution_kind::sparsemax, distribution_kind::identity}) {
+    family_options dot;
+    dot.score.kind = score_kind::dot;
+    dot.distribution.kind = c.opt.distribution.kind = d;
+    const Tensor want = attention_family(qp, c.k, c.v, dot, {.path = family_path::reference}).out;
+    for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference})
+      EXPECT_TRUE(all_close(attention_family(c.q, c.k, c.v, c.opt, {.path = p}).out, want, 1e-12))
+          << to_string(d) << " " << to_string(p);
+  }
+  c.opt.distribution.kind = distribution_kind::softmax;
+  const Tensor with_b = attention_family(c.q, c.k, c.v, c.opt).out;
+  Tensor b2 = Tensor::copy_of(c.b);
+  b2.set({0}, b2.get({0}) + 1.0);
+  c.opt.score.b = b2.view();
+  EXPECT_FALSE(all_close(attention_family(c.q, c.k, c.v, c.opt).out, with_b, 1e-6)) << "b has no effect under softmax";
+  const Tensor scalar = random_tensor({1}, dtype::f64, rng);
+  c.opt.score.b = scalar.view();
+  EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt), "b has shape [1], expected [4] for score biased_general");
+}
+
+// Seed 004's unnormalised weighting: y_i = Σ_j (q_i·k_j) v_j, worked by hand.
+TEST(FamilyProperties, IdentityIsTheUnnormalisedWeightedSum) {
+  const Tensor q = Tensor::from_values({1, 1, 1, 2}, dtype::f64, {1.0, 2.0});
+  const Tensor k = Tensor::from_values({1, 1, 3, 2}, dtype::f64, {1, 0, 0, 1, -1, -1});
+  const Tensor v = Tensor::from_values({1, 1, 3, 1}, dtype::f64, {1.0, 10.0, 100.0});
+  family_options o;
+  o.score.kind = score_kind::dot;
+  o.distribution.kind = distribution_kind::identity;
+  for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference}) {
+    // s = [1, 2, -3]: 1 + 20 - 300
+    EXPECT_EQ(attention_family(q, k, v, o, {.path = p}).out.get({0, 0, 0, 0}), -279.0) << to_string(p);
+    const Tensor mask = Tensor::from_values({1, 3}, dtype::boolean, {1, 1, 0});
+    family_options m = o;
+    m.attn_mask = mask.view();
+    EXPECT_EQ(attention_family(q, k, v, m, {.path = p}).out.get({0, 0, 0, 0}), 21.0) << to_string(p);
+  }
+}
+
+// gaussian_form::width is exp(-‖q-k‖²/h) (seed 002); sigma is exp(-‖q-k‖²/(2h²)): width h equals
+// sigma √(h/2). Checked on a worked example and through the sigmoid (not shift-invariant) and
+// softmax (core route) distributions, with dbandwidth by central differences.
+TEST(FamilyProperties, GaussianWidthForm) {
+  const Tensor q = Tensor::from_values({1, 1, 1, 1}, dtype::f64, {0.0});
+  const Tensor k = Tensor::from_values({1, 1, 2, 1}, dtype::f64, {1.0, 2.0});
+  const Tensor v = Tensor::from_values({1, 1, 2, 1}, dtype::f64, {1.0, 0.0});
+  family_options o;
+  o.score.kind = score_kind::gaussian;
+  o.score.gaussian = gaussian_form::width;
+  o.score.bandwidth = 2.0;
+  o.distribution.kind = distribution_kind::kernel;
+  // K = [e^{-1/2}, e^{-2}]: out = K_0 / (K_0 + K_1)
+  const double k0 = std::exp(-0.5), k1 = std::exp(-2.0);
+  for (family_path p : {family_path::automatic, family_path::tiled, family_path::reference})
+    EXPECT_NEAR(attention_family(q, k, v, o, {.path = p}).out.get({0, 0, 0, 0}), k0 / (k0 + k1), 1e-15);
+  std::mt19937 rng(40);
+  for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::softmax, distribution_kind::identity}) {
+    family_case c(score_kind::gaussian, d, rng, 1, 2, 1, 3, 4, 3, 2);
+    c.opt.score.gaussian = gaussian_form::width;
+    c.opt.score.bandwidth = 1.7;
+    family_options sig = c.opt;
+    sig.score.gaussian = gaussian_form::sigma;
+    sig.score.bandwidth = std::sqrt(1.7 / 2.0);
+    EXPECT_TRUE(all_close(attention_family(c.q, c.k, c.v, c.opt).out, attention_family(c.q, c.k, c.v, sig).out, 1e-12));
+    const Tensor dout = random_tensor({1, 2, 3, 2}, dtype::f64, rng);
+    for (family_path p : {family_path::automatic, family_path::tiled}) {
+      const execution e{.path = p};
+      const family_grads g = attention_family_backward(c.q, c.k, c.v, dout, c.opt, e);
+      double& h = c.opt.score.bandwidth;
+      const double h0 = h, eps = 1e-6;
+      h = h0 + eps;
+      const double lp = weighted_sum(attention_family(c.q, c.k, c.v, c.opt, e).out, dout);
+      h = h0 - eps;
+      const double lm = weighted_sum(attention_family(c.q, c.k, c.v, c.opt, e).out, dout);
+      h = h0;
+      EXPECT_NEAR(g.dbandwidth, (lp - lm) / (2 * eps), 1e-6) << to_string(d) << " " << g.path;
+      auto loss = [&] { return weighted_sum(attention_family(c.q, c.k, c.v, c.opt, e).out, dout); };
+      expect_gradient("width dq " + g.path, c.q, g.dq, loss, 1e-6, 1e-5);
+      expect_gradient("width dk " + g.path, c.k, g.dk, loss, 1e-6, 1e-5);
+    }
+  }
+  o.score.gaussian = gaussian_form(5);
+  EXPECT_THROW_MSG(attention_family(q, k, v, o), "attention_family: gaussian form 5 is not a gaussian_form");
 }
 
 TEST(FamilyProperties, NamesRoundTrip) {

@@ -94,8 +94,8 @@ TEST(FamilySweep, TiledAndCoreMatchReference) {
 
 TEST(FamilySweep, CoreRouteIsTakenForSoftmaxPairs) {
   std::mt19937 rng(1);
-  for (score_kind s : {score_kind::dot, score_kind::scaled_dot, score_kind::general, score_kind::cosine,
-                       score_kind::gaussian}) {
+  for (score_kind s : {score_kind::dot, score_kind::scaled_dot, score_kind::general, score_kind::biased_general,
+                       score_kind::cosine, score_kind::gaussian}) {
     family_case c(s, distribution_kind::softmax, rng);
     EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt, c.exec).path.rfind("core", 0), 0u) << to_string(s);
   }

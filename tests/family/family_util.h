@@ -20,7 +20,7 @@ inline const std::vector<score_kind>& all_scores() {
 inline const std::vector<distribution_kind>& all_distributions() {
   static const std::vector<distribution_kind> d = {
       distribution_kind::softmax, distribution_kind::sigmoid, distribution_kind::sparsemax, distribution_kind::entmax15,
-      distribution_kind::hardmax, distribution_kind::topk,    distribution_kind::kernel};
+      distribution_kind::hardmax, distribution_kind::topk,    distribution_kind::kernel,  distribution_kind::identity};
   return d;
 }
 inline bool is_kernel(score_kind s) {
@@ -56,7 +56,8 @@ struct family_case {
       case score_kind::biased_general:
       case score_kind::activated_general:
         W = random_tensor({D, Dk}, t, rng), opt.score.W = W.view();
-        if (score != score_kind::general) b = random_tensor({1}, t, rng), opt.score.b = b.view();
+        if (score == score_kind::biased_general) b = random_tensor({Dk}, t, rng), opt.score.b = b.view();
+        if (score == score_kind::activated_general) b = random_tensor({1}, t, rng), opt.score.b = b.view();
         break;
       case score_kind::additive:
         W_q = random_tensor({A, D}, t, rng), W_k = random_tensor({A, Dk}, t, rng), b = random_tensor({A}, t, rng);

@@ -131,6 +131,107 @@ TEST(Cli, RunDrawsOneHeadsProbabilitiesAsAPng) {
   EXPECT_NE(r.out.find("write_heatmap: path \"/nonexistent-attn-dir/p.png\" cannot be written"), std::string::npos) << r.out;
 }
 
+// The family's newer members through `attn run`: biased_general with b [Dk] and its gradient,
+// distribution identity, the gaussian's width form, linear attention forward and backward;
+// each against the C++ API on the same files, and refusals by message.
+TEST(Cli, RunFamilyMembersAndLinearAttention) {
+  const fs::path d = scratch("fam");
+  std::mt19937 rng(8);
+  const Tensor q = testing::random_tensor({1, 2, 5, 3}, dtype::f64, rng), k = testing::random_tensor({1, 1, 6, 4}, dtype::f64, rng),
+               k3 = testing::random_tensor({1, 1, 6, 3}, dtype::f64, rng), v = testing::random_tensor({1, 1, 6, 2}, dtype::f64, rng),
+               dout = testing::random_tensor({1, 2, 5, 2}, dtype::f64, rng), W = testing::random_tensor({3, 4}, dtype::f64, rng),
+               b = testing::random_tensor({4}, dtype::f64, rng);
+  const Tensor lens = Tensor::from_values({1}, dtype::i64, {4.0});
+  auto f = [&](const std::string& n) { return (d / (n + ".npy")).string(); };
+  for (auto [n, t] : {std::pair{"q", &q}, {"k", &k}, {"k3", &k3}, {"v", &v}, {"dout", &dout}, {"W", &W}, {"b", &b}, {"lens", &lens}})
+    write_npy(f(n), *t);
+  const std::string base = "run --q " + f("q") + " --v " + f("v") + " --out " + f("out");
+  // biased_general: e = kᵀ(Wᵀq + b), with db.
+  auto r = sh(base + " --k " + f("k") + " --score biased_general --W " + f("W") + " --b " + f("b") + " --dout " +
+              f("dout") + " --db " + f("db") + " --dq " + f("dq"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  family_options o;
+  o.score.kind = score_kind::biased_general, o.score.W = W.view(), o.score.b = b.view();
+  EXPECT_TRUE(testing::all_close(read_npy(f("out")), attention_family(q, k, v, o).out, 0));
+  const family_grads g = attention_family_backward(q, k, v, dout, o);
+  EXPECT_TRUE(testing::all_close(read_npy(f("db")), g.db, 0));
+  EXPECT_EQ(read_npy(f("db")).shape(), (Shape{4}));
+  EXPECT_TRUE(testing::all_close(read_npy(f("dq")), g.dq, 0));
+  // identity, and the gaussian's width form.
+  r = sh(base + " --k " + f("k3") + " --distribution identity");
+  ASSERT_EQ(r.code, 0) << r.out;
+  family_options id;
+  id.distribution.kind = distribution_kind::identity;
+  EXPECT_TRUE(testing::all_close(read_npy(f("out")), attention_family(q, k3, v, id).out, 0));
+  r = sh(base + " --k " + f("k3") + " --score gaussian --gaussian-form width --bandwidth 3 --distribution kernel");
+  ASSERT_EQ(r.code, 0) << r.out;
+  family_options gw;
+  gw.score.kind = score_kind::gaussian, gw.score.gaussian = gaussian_form::width, gw.score.bandwidth = 3;
+  gw.distribution.kind = distribution_kind::kernel;
+  EXPECT_TRUE(testing::all_close(read_npy(f("out")), attention_family(q, k3, v, gw).out, 0));
+  // Linear attention: causal, bottom-right, padded; forward and gradients.
+  r = sh(base + " --k " + f("k3") + " --linear relu --causal --alignment bottom_right --nonpad-kv-seqlen " + f("lens") +
+         " --dout " + f("dout") + " --dq " + f("dq") + " --dk " + f("dk") + " --dv " + f("dv"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("linear attention, relu, path linear (f64)"), std::string::npos) << r.out;
+  linear_attention_options lo;
+  lo.phi = feature_map::relu, lo.is_causal = true, lo.alignment = causal_alignment::bottom_right;
+  lo.nonpad_kv_seqlen = lens.view();
+  EXPECT_TRUE(testing::all_close(read_npy(f("out")), linear_attention(q, k3, v, lo).out, 0));
+  const linear_attention_grads lg = linear_attention_backward(q, k3, v, dout, lo);
+  EXPECT_TRUE(testing::all_close(read_npy(f("dq")), lg.dq, 0));
+  EXPECT_TRUE(testing::all_close(read_npy(f("dk")), lg.dk, 0));
+  EXPECT_TRUE(testing::all_close(read_npy(f("dv")), lg.dv, 0));
+  r = sh(base + " --k " + f("k3") + " --linear elu_plus_one --linear-unnormalised --family-path reference");
+  ASSERT_EQ(r.code, 0) << r.out;
+  lo = {}, lo.normalize = false;
+  EXPECT_TRUE(testing::all_close(read_npy(f("out")), linear_attention(q, k3, v, lo).out, 1e-12));
+  // Refusals: exit status 2 and a message naming the option.
+  for (auto [args, msg] : {std::pair<std::string, std::string>{" --linear relu --score dot", "attn run: --score does not apply to --linear"},
+                           {" --linear relu --mask " + f("lens"), "linear_attention: takes no attn_mask"},
+                           {" --linear relu --softcap 2", "attn run: --softcap is an option of the core op, not of --linear"},
+                           {" --linear-unnormalised", "attn run: --linear-unnormalised needs --linear"},
+                           {" --gaussian-form width", "attn run: --gaussian-form needs --score gaussian"},
+                           {" --score cosine --gaussian-form width", "attn run: --gaussian-form width needs --score gaussian (got cosine)"},
+                           {" --linear gelu", "--linear: gelu not in {elu_plus_one,relu}"}}) {
+    r = sh(base + " --k " + f("k3") + args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_NE(r.out.find(msg), std::string::npos) << args << ": " << r.out;
+  }
+}
+
+// `attn bench --score/--distribution`: the family benchmark on a tiny shape, one rep, the
+// in-process peers (the tiled path, attn::attention itself); bad combinations refused.
+TEST(Cli, BenchFamilyPairs) {
+  const std::string tiny = "bench --hq 2 --nq 9 --d 4 --reps 1 --warmup 0 --threads 1";
+  auto r = sh(tiny + " --score scaled_dot --distribution softmax --pass both --peers tiled,core");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"scaled_dot x softmax", "B1 Hq2 Nq9 Nk9 D4", "forward", "fwd+bwd", "attn_tiled",
+                           "attn_core", "attn::attention, backend", "path core ("})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  r = sh(tiny + " --score additive --distribution entmax15 --additive-hidden 3 --causal --peers tiled");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("additive x entmax15"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("path tiled"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("attn_tiled"), std::string::npos) << "attn's path is tiled already\n" << r.out;
+  for (const char* d : {"sigmoid", "sparsemax", "hardmax", "topk", "identity"}) {
+    r = sh(tiny + " --distribution " + std::string(d) + " --topk 2 --peers none --pass backward");
+    EXPECT_EQ(r.code, 0) << d << r.out;
+    EXPECT_NE(r.out.find("scaled_dot x " + std::string(d)), std::string::npos) << r.out;
+  }
+  r = sh(tiny + " --score gaussian --distribution kernel --gaussian-form width --python /nonexistent/python --peers torch");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = sh(tiny + " --score dot --peers blas");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("'blas' is not one of torch, tiled, core, none"), std::string::npos) << r.out;
+  r = sh(tiny + " --grid family --score dot");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--grid family runs every pair"), std::string::npos) << r.out;
+  r = sh(tiny + " --score box --distribution softmax --additive-hidden 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--additive-hidden 0 must be >= 1"), std::string::npos) << r.out;
+}
+
 TEST(Cli, BadInputExitsWithStatus2AndAMessage) {
   const fs::path d = scratch("bad");
   Tensor q = Tensor::zeros({1, 2, 3, 4}, dtype::f32), k = Tensor::zeros({1, 3, 3, 4}, dtype::f32);

@@ -78,12 +78,14 @@ python_peers::~python_peers() {
   if (pid_ > 0) waitpid(pid_, nullptr, 0);
 }
 
-std::vector<python_peers::peer_state> python_peers::prepare(const config& c, int threads, int warmup) {
+std::vector<python_peers::peer_state> python_peers::prepare(const config& c, int threads, int warmup,
+                                                            const std::string& extra) {
   const workload& w = c.w;
   std::vector<peer_state> out;
-  for (const auto& f : transact(fmt::format("prepare {} {} {} {} {} {} {} {} {} {} {} {}", w.B, w.Hq, w.Hkv, w.Nq, w.Nk,
-                                            w.D, w.Dv, int(w.causal), short_dtype(w.type),
-                                            c.backward ? "backward" : "forward", threads, warmup)))
+  for (const auto& f : transact(fmt::format("prepare {} {} {} {} {} {} {} {} {} {} {} {}{}{}", w.B, w.Hq, w.Hkv, w.Nq,
+                                            w.Nk, w.D, w.Dv, int(w.causal), short_dtype(w.type),
+                                            c.backward ? "backward" : "forward", threads, warmup,
+                                            extra.empty() ? "" : " ", extra)))
     if (f.size() >= 3 && (f[0] == "ready" || f[0] == "skip")) out.push_back({f[1], f[0] == "ready", f[2]});
   return out;
 }

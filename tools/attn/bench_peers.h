@@ -5,7 +5,7 @@
 // Protocol (bench/peers.py has the other end): commands one line each, replies tab-separated
 // lines closed by "done". At start the peers send "peer\t<impl>\t<version>" (or "skip") lines,
 // then "ready".
-//   prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup
+//   prepare B Hq Hkv Nq Nk D Dv causal dtype pass threads warmup [family key=value ...]
 //                 -> "ready\t<impl>\t<detail>" or "skip\t<impl>\t<why>" per peer
 //   rep           -> "time\t<impl>\t<ms>" per ready peer (one timed call each)
 //   release       -> (frees the configuration's tensors)
@@ -42,8 +42,9 @@ class python_peers {
     bool ready = false;
     std::string detail;  // version and kernel used, or why it is skipped
   };
-  // Builds the inputs of every peer for one configuration and runs its warm-up calls.
-  std::vector<peer_state> prepare(const config& c, int threads, int warmup);
+  // Builds the inputs of every peer for one configuration and runs its warm-up calls. `extra`
+  // is appended to the prepare line (the family fields of bench/peers.py: "family score=...").
+  std::vector<peer_state> prepare(const config& c, int threads, int warmup, const std::string& extra = "");
   // One timed call of every prepared peer: (impl, milliseconds); a peer that failed is absent.
   std::vector<std::pair<std::string, double>> rep();
   // Frees the inputs of the configuration.

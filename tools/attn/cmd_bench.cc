@@ -8,6 +8,8 @@
 //   attn bench --layer mha                                     nn::MultiHeadAttention vs torch (bench_layer.h)
 //   attn bench --varlen 64:4096 --batch 16 --causal           packed sequences vs padded (bench_serving.h)
 //   attn bench --paged 16 --hq 32 --hkv 8 --nq 1 --nk 16384 --d 128   paged decode vs dense
+//   attn bench --score additive --distribution softmax --nq 2048 --threads 2   the family vs torch eager
+//   attn bench --grid family --pass both                      every family pair (bench_family.h)
 //
 // Every configuration is timed as: --warmup untimed calls of each contender, then --reps rounds
 // of one timed call each (attn, then every peer), the medians reported.
@@ -32,6 +34,7 @@
 
 #include "attn/attn.h"
 #include "bench_blas.h"
+#include "bench_family.h"
 #include "bench_grid.h"
 #include "bench_layer.h"
 #include "bench_memory.h"
@@ -61,7 +64,40 @@ struct bench_args {
   std::string varlen;        // --varlen MIN:MAX
   std::int64_t paged = 0;    // --paged PAGE_SIZE
   std::string kv_dtype;      // --kv-dtype int8 | bf16 | f32 (--paged; default --dtype)
+  bench::family_bench_args fam;  // --score/--distribution, --grid family: the family options
 };
+
+// --score/--distribution or --grid family: the family benchmark (bench_family.h) with the shape,
+// passes, threads and peers of the command line. Without --pass/--backward it times the forward
+// (the grid: both passes); --peers takes torch, tiled, core or none.
+int run_family(const bench_args& a, bool pass_given, bool peers_given) {
+  bench::family_bench_args f = a.fam;
+  f.grid = a.grid == "family";
+  f.B = a.batch, f.Hq = a.hq, f.Hkv = a.hkv ? a.hkv : a.hq, f.Nq = a.nq, f.Nk = a.nk ? a.nk : a.nq, f.D = a.d;
+  f.Dv = a.dv ? a.dv : a.d, f.causal = a.causal;
+  f.type = bench::parse_bench_dtype(a.dtype_name);
+  const std::string pass = a.backward && !pass_given ? "both" : pass_given ? a.pass : f.grid ? "both" : "forward";
+  f.passes.clear();
+  if (pass == "forward" || pass == "both") f.passes.push_back(false);
+  if (pass == "backward" || pass == "both") f.passes.push_back(true);
+  f.threads.clear();
+  for (int t : a.threads) {
+    if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0 (0: all)", t));
+    f.threads.push_back(t);
+  }
+  f.reps = a.reps, f.warmup = a.warmup, f.python = a.python, f.peer_script = a.peer_script;
+  f.torch = f.tiled = f.core = false;
+  std::stringstream ss(peers_given ? a.peers : std::string("torch,tiled,core"));
+  for (std::string name; std::getline(ss, name, ',');) {
+    if (name == "torch") f.torch = true;
+    else if (name == "tiled") f.tiled = true;
+    else if (name == "core") f.core = true;
+    else if (name != "none" && !name.empty())
+      throw error(fmt::format("attn bench: --peers {}: '{}' is not one of torch, tiled, core, none (the family's peers)",
+                              a.peers, name));
+  }
+  return bench::run_family_bench(f);
+}
 
 // Which options were given on the command line (their defaults depend on it).
 struct given {
@@ -494,13 +530,15 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->add_option("--warmup", a->warmup, "untimed calls before the timed ones");
   s->add_option("--backend", a->backend_name, "attn backend: automatic | reference | cpu")
       ->check(backend_name_check());
-  s->add_option("--grid", a->grid, "none | standard (the grid of docs/PERFORMANCE.md)")
-      ->check(CLI::IsMember({"none", "standard"}));
+  s->add_option("--grid", a->grid,
+                "none | standard (the grid of docs/PERFORMANCE.md) | family (every family pair at B1 H8 N2048 D64 and "
+                "B1 H8 N4096 D128)")
+      ->check(CLI::IsMember({"none", "standard", "family"}));
   s->add_flag("--json", a->json, "one JSON object per line and configuration (the header goes to stderr)");
   s->add_option("--csv", a->csv, "also write every row to this CSV file");
   s->add_flag("--check", a->check,
               "compare the OpenBLAS baseline's results with attn's (exit status 1 when they differ)");
-  s->add_option("--peers", a->peers, "peers to measure, comma-separated: blas, torch, ggml, or none");
+  s->add_option("--peers", a->peers, "peers to measure, comma-separated: blas, torch, ggml, or none; with --score/--distribution/--grid family: torch (eager), tiled, core, or none");
   s->add_option("--python", a->python, "python of the benchmark venv (default $ATTN_BENCH_PYTHON, ~/.cache/attn-bench-venv)");
   s->add_option("--peer-script", a->peer_script, "bench/peers.py (found next to the build tree by default)");
   s->add_option("--openblas-coretype", a->openblas_coretype,
@@ -527,7 +565,39 @@ void add_bench(CLI::App& app, int& exit_code) {
                 "none | mha: time nn::MultiHeadAttention forward+backward beside torch.nn.MultiheadAttention "
                 "(default shape B8 N512 H8 D64, 2 threads; --batch, --nq, --hq, --d, --threads, --reps change it)")
       ->check(CLI::IsMember({"none", "mha"}));
-  s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, &exit_code] {
+  // The attention family (bench_family.h): the options of `attn run` that shape the call.
+  bench::family_bench_args& f = a->fam;
+  s->add_option("--score", f.score,
+                "time attn::attention_family with this score (dot | scaled_dot | general | biased_general | "
+                "activated_general | additive | cosine | location | gaussian | box | triangle) beside torch eager")
+      ->check(CLI::IsMember({"dot", "scaled_dot", "general", "biased_general", "activated_general", "additive",
+                             "cosine", "location", "gaussian", "box", "triangle"}));
+  s->add_option("--distribution", f.distribution,
+                "family distribution: softmax | sigmoid | sparsemax | entmax15 | hardmax | topk | kernel | identity")
+      ->check(CLI::IsMember({"softmax", "sigmoid", "sparsemax", "entmax15", "hardmax", "topk", "kernel", "identity"}));
+  s->add_option("--activation", f.activation, "family: activated_general's tanh | relu | sigmoid")
+      ->check(CLI::IsMember({"tanh", "relu", "sigmoid"}));
+  s->add_option("--scale", f.scale, "family: scaled_dot's scale (default 1/sqrt(D))");
+  s->add_option("--temperature", f.temperature, "family: cosine temperature (default 1)");
+  s->add_option("--bandwidth", f.bandwidth, "family: gaussian, box, triangle bandwidth (default 1)");
+  s->add_option("--gaussian-form", f.gaussian_form, "family: gaussian sigma | width")
+      ->check(CLI::IsMember({"sigma", "width"}));
+  s->add_option("--sigmoid-bias", f.sigmoid_bias, "family: sigmoid bias (default -log Nk)");
+  s->add_option("--topk", f.topk, "family: topk's k (default 8)");
+  s->add_option("--hardmax-gradient", f.hardmax_gradient, "family: zero | straight_through")
+      ->check(CLI::IsMember({"zero", "straight_through"}));
+  s->add_option("--family-path", f.family_path, "family: the path attn is timed on: automatic | core | fused | tiled | reference")
+      ->check(CLI::IsMember({"automatic", "core", "fused", "tiled", "reference"}));
+  s->add_option("--additive-hidden", f.A, "family: the additive score's hidden size A (default 64)");
+  auto* peers = s->get_option("--peers");
+  s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, &exit_code] {
+    if (a->grid == "family" || !a->fam.score.empty() || !a->fam.distribution.empty()) {
+      if (vl->count() || pg->count() || kv->count() || a->layer != "none")
+        throw error("attn bench: --score/--distribution/--grid family do not combine with --varlen, --paged, "
+                    "--kv-cache or --layer");
+      exit_code = run_family(*a, ps->count() > 0, peers->count() > 0);
+      return;
+    }
     if (vl->count() || pg->count()) {
       exit_code = run_serving(*a, vl->count() > 0);
       return;

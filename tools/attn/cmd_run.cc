@@ -6,6 +6,7 @@
 //   attn run ... --score additive --W-q wq.npy --W-k wk.npy --w-v wv.npy --distribution entmax15
 //                                                   (the attention family, include/attn/family.h)
 //   attn run ... --probs-png p.png --probs-head 0,2   (batch 0, head 2's probabilities as a heatmap)
+//   attn run ... --linear elu_plus_one --causal        (linear attention, Katharopoulos et al. 2020)
 #include <fmt/format.h>
 
 #include <cinttypes>
@@ -36,7 +37,10 @@ struct run_args {
   int threads = 0;
   // The attention family (--score / --distribution): see run_family.
   std::string score, distribution, activation = "tanh", hardmax_gradient = "zero", family_path = "automatic", W, b,
-      W_q, W_k, w_v, W_a, dW, db, dW_q, dW_k, dw_v, dW_a;
+      W_q, W_k, w_v, W_a, dW, db, dW_q, dW_k, dw_v, dW_a, gaussian_form = "sigma";
+  // Linear attention (--linear FEATURE_MAP): see run_linear.
+  std::string linear;
+  bool linear_unnormalised = false;
   double temperature = 1.0, bandwidth = 1.0;
   std::optional<double> sigmoid_bias;
   std::int64_t topk = 1;
@@ -125,9 +129,8 @@ void write_probs_png(const run_args& a, const Tensor& probs) {
                      {.title = fmt::format("probabilities, batch {} head {}", bh.b, bh.h), .range = viz::value_range::unit});
 }
 
-// attn run with --score or --distribution: attn::attention_family on the same .npy inputs and
-// masks. Options of the core op that the family does not take are refused by name.
-int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+// Options of the core op that neither the family nor linear attention takes: refused by name.
+void refuse_core_only(const run_args& a, const char* what) {
   const std::pair<const char*, bool> core_only[] = {
       {"--lse", !a.lse.empty()},          {"--qk", !a.qk.empty()},           {"--qk-mode", a.qk_mode != "none"},
       {"--softcap", a.softcap != 0},      {"--alibi-slopes", !a.alibi.empty()}, {"--sinks", !a.sinks.empty()},
@@ -136,7 +139,58 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
       {"--backend", a.backend != "automatic"}, {"--explain", a.explain}, {"--dmask", !a.dmask.empty()},
       {"--dalibi", !a.dalibi.empty()},    {"--dsinks", !a.dsinks.empty()}};
   for (auto [name, given] : core_only)
-    if (given) throw error(fmt::format("attn run: {} is an option of the core op, not of --score/--distribution", name));
+    if (given) throw error(fmt::format("attn run: {} is an option of the core op, not of {}", name, what));
+}
+
+causal_alignment parse_alignment(const std::string& s) {
+  return s == "bottom_right" ? causal_alignment::bottom_right
+         : s == "after_past" ? causal_alignment::after_past
+                             : causal_alignment::top_left;
+}
+
+// attn run with --linear: attn::linear_attention (padding through --nonpad-kv-seqlen; causal).
+// Family options and the core op's own are refused by name; --mask and windows by the library.
+int run_linear(const run_args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+  refuse_core_only(a, "--linear");
+  const std::pair<const char*, bool> family_only[] = {
+      {"--score", !a.score.empty()}, {"--distribution", !a.distribution.empty()}, {"--probs", !a.probs.empty()},
+      {"--probs-png", !a.probs_png.empty()}, {"--W", !a.W.empty()}, {"--b", !a.b.empty()},
+      {"--W-q", !a.W_q.empty()}, {"--W-k", !a.W_k.empty()}, {"--w-v", !a.w_v.empty()}, {"--W-a", !a.W_a.empty()},
+      {"--scale", a.scale.has_value()}, {"--dW", !a.dW.empty()}, {"--db", !a.db.empty()},
+      {"--dW-q", !a.dW_q.empty()}, {"--dW-k", !a.dW_k.empty()}, {"--dw-v", !a.dw_v.empty()},
+      {"--dW-a", !a.dW_a.empty()}};
+  for (auto [name, given] : family_only)
+    if (given)
+      throw error(fmt::format("attn run: {} does not apply to --linear (linear attention forms no scores)", name));
+  linear_attention_options o;
+  o.phi = parse_feature_map(a.linear);
+  o.normalize = !a.linear_unnormalised;
+  o.is_causal = a.causal;
+  o.alignment = parse_alignment(a.alignment);
+  o.window_left = a.window_left, o.window_right = a.window_right;
+  o.q_num_heads = a.q_heads, o.kv_num_heads = a.kv_heads;
+  if (!a.mask.empty()) o.attn_mask = read_npy(a.mask);
+  if (!a.nonpad.empty()) o.nonpad_kv_seqlen = read_npy(a.nonpad);
+  const execution exec{.path = parse_family_path(a.family_path), .num_threads = a.threads};
+  const linear_attention_result r = linear_attention(q, k, v, o, exec);
+  write_npy(a.out, r.out);
+  const bool want_grad = !a.dq.empty() || !a.dk.empty() || !a.dv.empty();
+  if (want_grad && a.dout.empty()) throw error("attn run: gradients need --dout");
+  if (!a.dout.empty()) {
+    const linear_attention_grads g = linear_attention_backward(q, k, v, read_npy(a.dout).to(q.type()), o, exec);
+    write_if(a.dq, g.dq, "dq");
+    write_if(a.dk, g.dk, "dk");
+    write_if(a.dv, g.dv, "dv");
+  }
+  fmt::print("out {} {} (linear attention, {}{}, path {})\n", shape_str(r.out.shape()), dtype_name(r.out.type()),
+             to_string(o.phi), o.normalize ? "" : ", unnormalised", r.path);
+  return 0;
+}
+
+// attn run with --score or --distribution: attn::attention_family on the same .npy inputs and
+// masks. Options of the core op that the family does not take are refused by name.
+int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor& v) {
+  refuse_core_only(a, "--score/--distribution");
   family_options o;
   o.score.kind = parse_score_kind(a.score.empty() ? "scaled_dot" : a.score);
   o.distribution.kind = parse_distribution_kind(a.distribution.empty() ? "softmax" : a.distribution);
@@ -144,13 +198,15 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
   o.score.activation = parse_score_activation(a.activation);
   o.score.temperature = a.temperature;
   o.score.bandwidth = a.bandwidth;
+  o.score.gaussian = parse_gaussian_form(a.gaussian_form);
+  if (o.score.gaussian != gaussian_form::sigma && o.score.kind != score_kind::gaussian)
+    throw error(fmt::format("attn run: --gaussian-form {} needs --score gaussian (got {})", a.gaussian_form,
+                            to_string(o.score.kind)));
   o.distribution.sigmoid_bias = a.sigmoid_bias;
   o.distribution.k = a.topk;
   o.distribution.hardmax_grad = parse_hardmax_gradient(a.hardmax_gradient);
   o.is_causal = a.causal;
-  o.alignment = a.alignment == "bottom_right" ? causal_alignment::bottom_right
-                : a.alignment == "after_past" ? causal_alignment::after_past
-                                              : causal_alignment::top_left;
+  o.alignment = parse_alignment(a.alignment);
   o.window_left = a.window_left, o.window_right = a.window_right;
   o.q_num_heads = a.q_heads, o.kv_num_heads = a.kv_heads;
   const execution exec{.path = parse_family_path(a.family_path), .num_threads = a.threads};
@@ -202,7 +258,10 @@ int run(const run_args& a) {
     const dtype t = parse_dtype(a.dtype_name);
     q = q.to(t), k = k.to(t), v = v.to(t);
   }
+  if (a.linear_unnormalised && a.linear.empty()) throw error("attn run: --linear-unnormalised needs --linear");
+  if (!a.linear.empty()) return run_linear(a, q, k, v);
   if (!a.score.empty() || !a.distribution.empty()) return run_family(a, q, k, v);
+  if (a.gaussian_form != "sigma") throw error("attn run: --gaussian-form needs --score gaussian");
   attention_options o;
   o.scale = a.scale;
   o.is_causal = a.causal;
@@ -343,12 +402,15 @@ void add_run(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"dot", "scaled_dot", "general", "biased_general", "activated_general", "additive",
                              "cosine", "location", "gaussian", "box", "triangle"}));
   s->add_option("--distribution", a->distribution,
-                "family distribution: softmax | sigmoid | sparsemax | entmax15 | hardmax | topk | kernel")
-      ->check(CLI::IsMember({"softmax", "sigmoid", "sparsemax", "entmax15", "hardmax", "topk", "kernel"}));
+                "family distribution: softmax | sigmoid | sparsemax | entmax15 | hardmax | topk | kernel | identity")
+      ->check(CLI::IsMember({"softmax", "sigmoid", "sparsemax", "entmax15", "hardmax", "topk", "kernel", "identity"}));
   s->add_option("--activation", a->activation, "activated_general: tanh | relu | sigmoid")
       ->check(CLI::IsMember({"tanh", "relu", "sigmoid"}));
   s->add_option("--temperature", a->temperature, "cosine: temperature tau > 0 (default 1)");
   s->add_option("--bandwidth", a->bandwidth, "gaussian, box, triangle: bandwidth h > 0 (default 1)");
+  s->add_option("--gaussian-form", a->gaussian_form,
+                "gaussian: sigma (exp(-|q-k|^2/(2h^2)), default) | width (exp(-|q-k|^2/h), seed 002's form)")
+      ->check(CLI::IsMember({"sigma", "width"}));
   s->add_option("--W", a->W, "general family: W [D, Dk]");
   s->add_option("--b", a->b, "biased/activated_general: b [] or [1]; additive: b [A]");
   s->add_option("--W-q", a->W_q, "additive: W_q [A, D]");
@@ -359,8 +421,14 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--topk", a->topk, "topk: k >= 1 (default 1)");
   s->add_option("--hardmax-gradient", a->hardmax_gradient, "hardmax backward: zero | straight_through")
       ->check(CLI::IsMember({"zero", "straight_through"}));
-  s->add_option("--family-path", a->family_path, "automatic | core | tiled | reference")
-      ->check(CLI::IsMember({"automatic", "core", "tiled", "reference"}));
+  s->add_option("--family-path", a->family_path, "automatic | core | fused | tiled | reference")
+      ->check(CLI::IsMember({"automatic", "core", "fused", "tiled", "reference"}));
+  s->add_option("--linear", a->linear,
+                "linear attention with feature map elu_plus_one | relu (runs attn::linear_attention; masks: --causal, "
+                "--alignment, --nonpad-kv-seqlen)")
+      ->check(CLI::IsMember({"elu_plus_one", "relu"}));
+  s->add_flag("--linear-unnormalised", a->linear_unnormalised,
+              "--linear: the numerator alone, sum_j phi(q).phi(k_j) v_j (no division)");
   s->add_option("--dW", a->dW, "write the gradient of W");
   s->add_option("--db", a->db, "write the gradient of b");
   s->add_option("--dW-q", a->dW_q, "write the gradient of W_q");

@@ -1,12 +1,15 @@
-// src/family/scores/gaussian.cc — e = -‖q-k‖² / (2h²), the log of the Gaussian kernel (softmax
-// of it is the Nadaraya–Watson weight; distribution kernel means exactly that).
+// src/family/scores/gaussian.cc — e = -c ‖q-k‖², the log of a Gaussian kernel (softmax of it is
+// the Nadaraya–Watson weight; distribution kernel means exactly that), in one of two forms
+// (score_spec::gaussian):
+//   sigma  c = 1/(2h²)   exp(-‖q-k‖²/(2h²)), h the standard deviation (the default)
+//   width  c = 1/h       exp(-‖q-k‖²/h), the form of seed 002's tutorial
 //
 // Written as one dot product of augmented vectors [.., D + 2]:
-//   -‖q-k‖²/(2h²) = [q/h², 1, -‖q‖²/(2h²)] · [k, -‖k‖²/(2h²), 1]
-// The -‖q‖²/(2h²) term is constant along a row; it is kept only where the distribution is not
-// shift-invariant (sigmoid), 0 otherwise. With softmax, attn::attention runs on the augmented
-// vectors (float32, float64 for float64 input) and the user's v (no copy when it already has
-// that dtype).
+//   -c‖q-k‖² = [2c q, 1, -c‖q‖²] · [k, -c‖k‖², 1]
+// The -c‖q‖² term is constant along a row; it is kept only where the distribution is not
+// shift-invariant (sigmoid, identity), 0 otherwise. With softmax, attn::attention runs on the
+// augmented vectors (float32, float64 for float64 input) and the user's v (no copy when it
+// already has that dtype).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -22,42 +25,52 @@ void check(const score_call& c, score_state& s) {
   s.h = c.spec->bandwidth;
   if (!(s.h > 0.0) || !std::isfinite(s.h)) fail(c.op, fmt::format("bandwidth h = {} must be finite and > 0", s.h));
   s.q_term = !c.shift_invariant;
+  const int f = int(c.spec->gaussian);
+  if (f < 0 || f > int(gaussian_form::width)) fail(c.op, fmt::format("gaussian form {} is not a gaussian_form", f));
 }
 
-// qp = [q/h², 1, q_term ? -‖q‖²/(2h²) : 0] for every row of q; kp = [k, -‖k‖²/(2h²), 1].
+// c of the form, and dc/dh.
+double coef(const score_call& c, const score_state& s) {
+  return c.spec->gaussian == gaussian_form::width ? 1.0 / s.h : 1.0 / (2.0 * s.h * s.h);
+}
+double dcoef_dh(const score_call& c, const score_state& s) {
+  return c.spec->gaussian == gaussian_form::width ? -1.0 / (s.h * s.h) : -1.0 / (s.h * s.h * s.h);
+}
+
+// qp = [2c q, 1, q_term ? -c‖q‖² : 0] for every row of q; kp = [k, -c‖k‖², 1].
 void augment(const score_call& c, const score_state& s, const strided4& q, const strided4& k, const strided4& qp,
              const strided4& kp) {
   const std::int64_t D = c.D;
-  const double h2 = s.h * s.h;
+  const double cf = coef(c, s);
   std::vector<double> r(std::size_t(D + 2), 0.0);
   for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
     load_row(q, b, h, n, D, r.data());
     double n2 = 0.0;
-    for (std::int64_t d = 0; d < D; ++d) n2 += r[std::size_t(d)] * r[std::size_t(d)], r[std::size_t(d)] /= h2;
+    for (std::int64_t d = 0; d < D; ++d) n2 += r[std::size_t(d)] * r[std::size_t(d)], r[std::size_t(d)] *= 2.0 * cf;
     r[std::size_t(D)] = 1.0;
-    r[std::size_t(D + 1)] = s.q_term ? -n2 / (2.0 * h2) : 0.0;
+    r[std::size_t(D + 1)] = s.q_term ? -cf * n2 : 0.0;
     store_row(qp, b, h, n, D + 2, r.data());
   });
   for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
     load_row(k, b, h, n, D, r.data());
     double n2 = 0.0;
     for (std::int64_t d = 0; d < D; ++d) n2 += r[std::size_t(d)] * r[std::size_t(d)];
-    r[std::size_t(D)] = -n2 / (2.0 * h2);
+    r[std::size_t(D)] = -cf * n2;
     r[std::size_t(D + 1)] = 1.0;
     store_row(kp, b, h, n, D + 2, r.data());
   });
 }
 
-// Through the augmentation:  dq = dqp[:D]/h² - q_term · dqp[D+1] q/h²,
-//                            dk = dkp[:D] - dkp[D] k/h²,
-//   dh = Σ dqp[:D]·(-2q/h³) + q_term · dqp[D+1] ‖q‖²/h³ + Σ dkp[D] ‖k‖²/h³.
+// Through the augmentation:  dq = 2c dqp[:D] - q_term · 2c dqp[D+1] q,
+//                            dk = dkp[:D] - 2c dkp[D] k,
+//   dc = Σ dqp[:D]·2q - q_term · Σ dqp[D+1] ‖q‖² - Σ dkp[D] ‖k‖²,  dh = dc · dc/dh.
 // Writes dq, dk; returns dh.
 double unaugment(const score_call& c, const score_state& s, const strided4& q, const strided4& k,
                  const strided4& dqp, const strided4& dkp, const strided4& dq, const strided4& dk) {
   const std::int64_t D = c.D;
-  const double h2 = s.h * s.h, h3 = h2 * s.h;
+  const double cf = coef(c, s);
   std::vector<double> x(std::size_t(D), 0.0), gx(std::size_t(D + 2), 0.0), dx(std::size_t(D), 0.0);
-  double dh = 0.0;
+  double dc = 0.0;
   for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
     load_row(q, b, h, n, D, x.data());
     load_row(dqp, b, h, n, D + 2, gx.data());
@@ -65,10 +78,10 @@ double unaugment(const score_call& c, const score_state& s, const strided4& q, c
     for (std::int64_t d = 0; d < D; ++d) {
       const std::size_t i = std::size_t(d);
       n2 += x[i] * x[i];
-      dx[i] = gx[i] / h2 + (s.q_term ? -gx[std::size_t(D + 1)] * x[i] / h2 : 0.0);
-      dh += gx[i] * (-2.0 * x[i] / h3);
+      dx[i] = 2.0 * cf * gx[i] + (s.q_term ? -2.0 * cf * gx[std::size_t(D + 1)] * x[i] : 0.0);
+      dc += gx[i] * 2.0 * x[i];
     }
-    if (s.q_term) dh += gx[std::size_t(D + 1)] * n2 / h3;
+    if (s.q_term) dc -= gx[std::size_t(D + 1)] * n2;
     store_row(dq, b, h, n, D, dx.data());
   });
   for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
@@ -78,12 +91,12 @@ double unaugment(const score_call& c, const score_state& s, const strided4& q, c
     for (std::int64_t d = 0; d < D; ++d) {
       const std::size_t i = std::size_t(d);
       n2 += x[i] * x[i];
-      dx[i] = gx[i] - gx[std::size_t(D)] * x[i] / h2;
+      dx[i] = gx[i] - 2.0 * cf * gx[std::size_t(D)] * x[i];
     }
-    dh += gx[std::size_t(D)] * n2 / h3;
+    dc -= gx[std::size_t(D)] * n2;
     store_row(dk, b, h, n, D, dx.data());
   });
-  return dh;
+  return dc * dcoef_dh(c, s);
 }
 
 void prepare(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp) {

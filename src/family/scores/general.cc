@@ -1,11 +1,13 @@
-// src/family/scores/general.cc — the general family (Luong): W [D, Dk], b [] or [1].
-//   general            e = qᵀ W k
-//   biased_general     e = qᵀ W k + b
-//   activated_general  e = act(qᵀ W k + b),  act ∈ tanh, relu, sigmoid
-// W is folded into the query, qp = Wᵀ q [.., Dk], so the keys pass unprepared (kp = k) and the
-// score is the dot kernel with a bias and an activation. general with softmax runs on
-// attn::attention with q' = Wᵀ q (one product per query row, float32 — float64 for float64
-// input) and the user's k and v (no copy when they already have that dtype).
+// src/family/scores/general.cc — the general family (Luong; Galassi et al. 2020's taxonomy): W [D, Dk].
+//   general            e = qᵀ W k                    = kᵀ (Wᵀ q)
+//   biased_general     e = kᵀ (Wᵀ q + b),  b [Dk]    (one bias per key dimension: the term bᵀk
+//                                                     differs per key, so it matters under softmax)
+//   activated_general  e = act(qᵀ W k + b),  b [] or [1],  act ∈ tanh, relu, sigmoid
+// W (and the bias of biased_general) is folded into the query, qp = Wᵀ q (+ b) [.., Dk], so the
+// keys pass unprepared (kp = k) and the score is the dot kernel with a scalar bias and an
+// activation. general and biased_general with softmax run on attn::attention with q' = Wᵀ q (+ b)
+// (one product per query row, float32 — float64 for float64 input) and the user's k and v (no
+// copy when they already have that dtype).
 #include <algorithm>
 #include <vector>
 
@@ -19,32 +21,43 @@ void check_general(const score_call& c, score_state& s) { s.W = get_param(c, "W"
 
 void check_biased(const score_call& c, score_state& s) {
   check_general(c, s);
+  s.b = get_param(c, "b", c.spec->b, {{c.Dk}});
+}
+
+void check_activated(const score_call& c, score_state& s) {
+  check_general(c, s);
   s.b = get_param(c, "b", c.spec->b, {{}, {1}});
 }
 
-// qp = Wᵀ q for every row of q [.., D] into qp [.., Dk].
+bool folds_bias(const score_call& c) { return c.spec->kind == score_kind::biased_general; }
+
+// qp = Wᵀ q (+ b for biased_general) for every row of q [.., D] into qp [.., Dk].
 void fold(const score_call& c, const score_state& s, const strided4& q, const strided4& qp) {
   const std::int64_t D = c.D, Dk = c.Dk;
   const std::vector<double>& W = s.W.values;
-  std::vector<double> x(std::size_t(D), 0.0), y(std::size_t(Dk), 0.0);
+  std::vector<double> x(std::size_t(D), 0.0), y(std::size_t(Dk), 0.0), y0(std::size_t(Dk), 0.0);
+  if (folds_bias(c)) y0 = s.b.values;
   for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
     load_row(q, b, h, n, D, x.data());
-    std::fill(y.begin(), y.end(), 0.0);
+    std::copy(y0.begin(), y0.end(), y.begin());
     for (std::int64_t d = 0; d < D; ++d)
       for (std::int64_t e = 0; e < Dk; ++e) y[std::size_t(e)] += W[std::size_t(d * Dk + e)] * x[std::size_t(d)];
     store_row(qp, b, h, n, Dk, y.data());
   });
 }
 
-// qp = Wᵀ q:  dq = W dqp,  dW = Σ_rows q dqpᵀ.  Reads q and dqp, writes dq; returns dW [D, Dk].
+// qp = Wᵀ q + b:  dq = W dqp,  dW = Σ_rows q dqpᵀ,  db = Σ_rows dqp (into *db when given).
+// Reads q and dqp, writes dq; returns dW [D, Dk].
 std::vector<double> unfold(const score_call& c, const score_state& s, const strided4& q, const strided4& dqp,
-                           const strided4& dq) {
+                           const strided4& dq, std::vector<double>* db = nullptr) {
   const std::int64_t D = c.D, Dk = c.Dk;
   const std::vector<double>& W = s.W.values;
   std::vector<double> dW(std::size_t(D * Dk), 0.0), x(std::size_t(D), 0.0), gx(std::size_t(Dk), 0.0), y(std::size_t(D), 0.0);
   for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
     load_row(q, b, h, n, D, x.data());
     load_row(dqp, b, h, n, Dk, gx.data());
+    if (db)
+      for (std::int64_t e = 0; e < Dk; ++e) (*db)[std::size_t(e)] += gx[std::size_t(e)];
     for (std::int64_t d = 0; d < D; ++d) {
       double sum = 0.0;
       for (std::int64_t e = 0; e < Dk; ++e) {
@@ -60,7 +73,7 @@ std::vector<double> unfold(const score_call& c, const score_state& s, const stri
 
 void prepare(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp) {
   const score_spec& sc = *c.spec;
-  if (s.b.view) fp.bias = s.b.values[0];
+  if (s.b.view && !folds_bias(c)) fp.bias = s.b.values[0];
   if (sc.kind == score_kind::activated_general)
     fp.act = sc.activation == score_activation::tanh   ? act_kind::tanh
              : sc.activation == score_activation::relu ? act_kind::relu
@@ -74,13 +87,16 @@ void prepare(const score_call& c, const score_state& s, const f64_qkv& in, fprob
 void backward(const score_call& c, const score_state& s, const f64_qkv& in, const fproblem&,
               const std::vector<double>& dQp, const grad_acc& acc, std::vector<double>& dq, std::vector<double>& dk,
               family_grads& g) {
+  std::vector<double> db(std::size_t(c.Dk), 0.0);
+  const bool fb = folds_bias(c);
   g.dW = param_grad(s.W, unfold(c, s, rows_of(in.q, c.Hq, c.Nq, c.D), rows_of(dQp, c.Hq, c.Nq, c.Dk),
-                                rows_of(dq, c.Hq, c.Nq, c.D)));
+                                rows_of(dq, c.Hq, c.Nq, c.D), fb ? &db : nullptr));
   dk = acc.dKp;
-  if (s.b.view) g.db = param_grad(s.b, {acc.dbias});  // e = z + b: db = Σ de
+  if (fb) g.db = param_grad(s.b, db);                         // qp = Wᵀq + b: db = Σ dqp
+  else if (s.b.view) g.db = param_grad(s.b, {acc.dbias});  // e = act(z + b): db = Σ dz
 }
 
-// general only (biased and activated have no core route): q' = Wᵀ q.
+// general and biased_general (activated has no core route): q' = Wᵀ q (+ b).
 core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
   const dtype t = core_dtype(c.type);
@@ -92,7 +108,10 @@ core_qkv core_prepare(const score_call& c, const score_state& s, const TensorVie
 void core_backward(const score_call& c, const score_state& s, const TensorView& q, const TensorView&,
                    const core_qkv&, const attention_grads& cg, family_grads& g) {
   g.dq = empty_bhnx(c.B, c.Hq, c.Nq, c.D, c.rank, c.type);
-  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq)));
+  std::vector<double> db(std::size_t(c.Dk), 0.0);
+  const bool fb = folds_bias(c);
+  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq), fb ? &db : nullptr));
+  if (fb) g.db = param_grad(s.b, db);
   g.dk = to_dtype(cg.dk, c.type);
 }
 
@@ -100,9 +119,10 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
 
 const score_def kGeneralScore = {.params = "W", .same_head_size = false, .check = check_general, .prepare = prepare,
                                  .backward = backward, .core_prepare = core_prepare, .core_backward = core_backward};
-const score_def kBiasedGeneralScore = {
-    .params = "W b", .same_head_size = false, .check = check_biased, .prepare = prepare, .backward = backward};
+const score_def kBiasedGeneralScore = {.params = "W b", .same_head_size = false, .check = check_biased,
+                                       .prepare = prepare, .backward = backward, .core_prepare = core_prepare,
+                                       .core_backward = core_backward};
 const score_def kActivatedGeneralScore = {
-    .params = "W b", .same_head_size = false, .check = check_biased, .prepare = prepare, .backward = backward};
+    .params = "W b", .same_head_size = false, .check = check_activated, .prepare = prepare, .backward = backward};
 
 }  // namespace attn::detail::family
