@@ -2,16 +2,17 @@
 # Fuzzing and ThreadSanitizer (issue 14), run by scripts/test.sh. Builds fuzz/ with clang-14
 # twice — libFuzzer + ASan + UBSan (npy_fuzz, api_fuzz, family_fuzz), and ThreadSanitizer
 # (tsan_concurrency, OpenMP pragmas off) — only the library part they need, then runs each
-# fuzzer for ATTN_FUZZ_SECONDS (default 30: three harnesses and the larger builds fit the time
-# two harnesses at 60 s took) on a copy of its corpus in fuzz/corpus/<name> and the TSan test.
+# fuzzer for ATTN_FUZZ_SECONDS (default 20; it was 60 for two harnesses: 60 s of fuzzing less
+# pays for the larger builds — the family, positional and serving ops in both, linear and one nn
+# layer under TSan) on a copy of its corpus in fuzz/corpus/<name>, then the TSan test.
 # Any finding (crash, sanitizer report, trap) fails the script. Prints executions per harness.
-#   scripts/fuzz.sh                  build, fuzz 30 s each, TSan
+#   scripts/fuzz.sh                  build, fuzz 20 s each, TSan
 #   ATTN_FUZZ_SECONDS=600 scripts/fuzz.sh
 #   ATTN_FUZZ_SEED=N scripts/fuzz.sh   libFuzzer's seed (default 1: CI walks the same sequence of
 #                                      inputs on every run, so a finding is a change, not luck)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs=${ATTN_FUZZ_SECONDS:-30}
+secs=${ATTN_FUZZ_SECONDS:-20}
 jobs=$(nproc)
 for mode in fuzz tsan; do
   echo "=== fuzz/$mode: build (clang-14)"
