@@ -67,7 +67,8 @@ const char* const kTokens[] = {
 }  // namespace
 
 // libFuzzer parses its flags after this: its own paths (corpus folders, inputs, artifact
-// prefix) are made absolute here, so they still hold once the working directory is `dir`.
+// prefix) are made absolute here, so they still hold once the first call has made `dir` the
+// working directory (not here: -jobs runs argv[0] again, which may be relative).
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   static std::vector<std::string> absolute;
   absolute.reserve(std::size_t(*argc));
@@ -80,6 +81,13 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
     absolute.push_back(flag + fs::absolute(a.substr(flag.size())).string());
     (*argv)[i] = absolute.back().data();  // reserved: no reallocation moves it
   }
+  return 0;
+}
+
+namespace {
+
+// The temporary folder and its inputs, made by the first call.
+void enter_folder() {
   char name[] = "/tmp/attn_cli_fuzz_XXXXXX";
   if (!mkdtemp(name) || chdir(name) != 0) {
     std::perror("cli_fuzz: temporary folder");
@@ -104,10 +112,12 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   std::fclose(f);
   inputs.insert(dir / "bad.npy");
   fs::create_directory("sub");
-  return 0;
 }
 
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (dir.empty()) enter_folder();
   std::vector<std::string> args = {"attn", "run"};
   for (std::size_t i = 0; i < size && args.size() < 40; ++i) {
     const std::uint8_t c = data[i];
