@@ -1,8 +1,19 @@
-// fuzz/tsan_concurrency.cc — every public op of the core (attention, attention_backward,
-// attention_with_kv_cache on its own cache, kv_cache, explain_backend, Tensor, .npy) called
-// concurrently from many threads on shared read-only inputs, under ThreadSanitizer; each
-// result must equal the one computed first on one thread, bit for bit. Built by scripts/fuzz.sh
-// with -fsanitize=thread and OpenMP pragmas off (fuzz/CMakeLists.txt says why). Exit 0: clean.
+// fuzz/tsan_concurrency.cc — every public op family called concurrently from many threads on
+// shared read-only inputs, under ThreadSanitizer; each result must equal the one computed first
+// on one thread, bit for bit:
+//   core        attention, attention_backward, attention_with_kv_cache on its own cache,
+//               kv_cache, explain_backend, Tensor, .npy, a refused call
+//   family      attention_family forward and backward on the core and tiled paths
+//   positional  rotary and rotary_backward, the T5 bias and its backward, sinusoidal and learned
+//               encodings (ALiBi runs through the core op above)
+//   serving     attention_varlen forward and backward, attention_paged, paged_kv_append on
+//               each thread's own pages
+//   linear      linear and linear_backward (the reference path: OpenBLAS is not built for TSan)
+//   attn::nn    MultiHeadAttention forward and backward, each thread its own layer made from
+//               the same seed (so the same weights and the same parameter gradients)
+// Built by scripts/fuzz.sh with -fsanitize=thread and OpenMP pragmas off (fuzz/CMakeLists.txt
+// says why). Exit 0: clean.
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,7 +26,12 @@
 
 #include "attn/attention.h"
 #include "attn/error.h"
+#include "attn/family.h"
+#include "attn/linear.h"
+#include "attn/nn/multihead.h"
 #include "attn/npy.h"
+#include "attn/positional.h"
+#include "attn/serving.h"
 #include "attn/tensor.h"
 
 namespace {
@@ -68,14 +84,102 @@ outputs round(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
   return r;
 }
 
+// One round of the ops beyond the core, in a fixed order: their results, flattened.
+std::vector<Tensor> round_ops(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, backend be) {
+  std::vector<Tensor> r;
+  const execution ex{.use_backend = be};
+  // family: cosine × softmax on the core path, additive × sparsemax on the tiled path
+  family_options fo;
+  fo.is_causal = true;
+  fo.score.kind = score_kind::cosine;
+  fo.score.temperature = 0.5;
+  r.push_back(attention_family(q, k, v, fo, {.use_backend = be, .path = family_path::core}).out);
+  r.push_back(attention_family_backward(q, k, v, dout, fo, {.use_backend = be, .path = family_path::core}).dq);
+  fo.score = {};
+  fo.score.kind = score_kind::additive;
+  fo.score.W_q = ramp({3, 8}, dtype::f32, 0.4), fo.score.W_k = ramp({3, 8}, dtype::f32, 0.6);
+  fo.score.b = ramp({3}, dtype::f32, 0.9), fo.score.w_v = ramp({3}, dtype::f32, 1.1);
+  fo.distribution.kind = distribution_kind::sparsemax;
+  r.push_back(attention_family(q, k, v, fo, {.path = family_path::tiled}).out);
+  const family_grads fg = attention_family_backward(q, k, v, dout, fo, {.path = family_path::tiled});
+  for (const Tensor* g : {&fg.dq, &fg.dk, &fg.dv, &fg.dW_q, &fg.dW_k, &fg.db, &fg.dw_v}) r.push_back(*g);
+  // positional
+  rotary_options ro;
+  ro.rotary_dim = 6;
+  r.push_back(rotary(q, 5, ro));
+  r.push_back(rotary_backward(q, 5, ro));
+  relative_position_options rp;
+  rp.num_buckets = 8, rp.max_distance = 16;
+  const Tensor bias = relative_position_bias(ramp({8, 4}, dtype::f32, 0.3), 9, 13, rp);
+  r.push_back(bias);
+  r.push_back(relative_position_bias_backward(bias, rp));
+  r.push_back(add_sinusoidal_encoding(q.view().reshape({4, 9, 8}), 3));
+  r.push_back(learned_position_encoding(ramp({20, 8}, dtype::f32, 0.2), 9, 4));
+  r.push_back(learned_position_encoding_backward(ramp({9, 8}, dtype::f32, 0.2), 20, 4));
+  // serving: the 13 keys as two packed sequences (5 and 8 keys; 4 and 5 queries)
+  const auto packed = [](const Tensor& t) {  // [1, H, N, X] -> token-major [N, H, X]
+    const int order[] = {0, 2, 1, 3};
+    const Tensor c = Tensor::copy_of(t.view().permute(order));
+    return Tensor::copy_of(c.view().reshape({c.size(1), c.size(2), c.size(3)}));
+  };
+  const Tensor qp = packed(q), kp = packed(k), vp = packed(v), dp = packed(dout);
+  const Tensor cq = Tensor::from_values({3}, dtype::i64, {0, 4, 9}), ck = Tensor::from_values({3}, dtype::i64, {0, 5, 13});
+  attention_options so;
+  so.is_causal = true, so.alignment = causal_alignment::bottom_right;
+  const varlen_result vr = attention_varlen(qp, kp, vp, cq, ck, 5, 8, so, ex);
+  const varlen_grads vg = attention_varlen_backward(qp, kp, vp, vr.out, dp, vr.lse, cq, ck, 5, 8, so, ex);
+  for (const Tensor* t : {&vr.out, &vr.lse, &vg.dq, &vg.dk, &vg.dv}) r.push_back(*t);
+  // paged: this thread's own pages of 4 tokens, filled by paged_kv_append, read in reverse order
+  Tensor kpg = Tensor::zeros({4, 4, 2, 8}, dtype::f32), vpg = Tensor::zeros({4, 4, 2, 8}, dtype::f32);
+  const Tensor table = Tensor::from_values({1, 4}, dtype::i64, {3, 2, 1, 0});
+  Tensor lens = Tensor::from_values({1}, dtype::i64, {0});
+  const paged_kv_view cache{kpg, vpg, table, lens};
+  paged_kv_append(cache, k, v);
+  lens.data_as<std::int64_t>()[0] = 13;
+  const attention_result pr = attention_paged(q, cache, so, ex);
+  r.push_back(pr.out), r.push_back(pr.lse);
+  // linear
+  const TensorView x = q.view().reshape({36, 8});
+  const Tensor W = ramp({5, 8}, dtype::f32, 0.8), b = ramp({5}, dtype::f32, 0.5);
+  const Tensor y = linear(x, W, b.view(), {.use_backend = backend::reference});
+  const linear_grads lg = linear_backward(x, W, ramp({36, 5}, dtype::f32, 0.15), {.dx = true, .dW = true, .db = true},
+                                          {.use_backend = backend::reference});
+  r.push_back(y), r.push_back(lg.dx), r.push_back(lg.dW), r.push_back(lg.db);
+  // attn::nn: a layer of this thread's own, the same weights on every thread (one seed)
+  nn::rng gen(42);
+  nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2}, gen);
+  const Tensor xs = ramp({2, 7, 8}, dtype::f32, 0.33);
+  masking_options m;
+  m.is_causal = true;
+  nn::MultiHeadAttention::saved sv;
+  r.push_back(mha.forward(xs, xs, xs, m, &sv).out);
+  const nn::MultiHeadAttention::grads mg = mha.backward(sv, ramp({2, 7, 8}, dtype::f32, 0.21));
+  r.push_back(mg.dquery), r.push_back(mg.dkey), r.push_back(mg.dvalue);
+  nn::parameter_list ps;
+  mha.parameters(ps);
+  for (const auto& p : ps) r.push_back(*p.grad);
+  return r;
+}
+
+bool same_all(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same(a[i], b[i])) return false;
+  return true;
+}
+
 }  // namespace
 
 int main() {
+  // OpenBLAS is not built for TSan (its threads' accesses would be invisible): nn's layers take
+  // linear's float64 reference path, as they do wherever OpenBLAS cannot be opened.
+  setenv("ATTN_OPENBLAS", "/nonexistent/libopenblas.so.0", 1);
   const Tensor q = ramp({1, 4, 9, 8}, dtype::f32, 0.1), k = ramp({1, 2, 13, 8}, dtype::f32, 0.2),
                v = ramp({1, 2, 13, 8}, dtype::f32, 0.05), dout = ramp({1, 4, 9, 8}, dtype::f32, 0.07);
   int bad = 0;
   for (backend be : {backend::cpu, backend::reference}) {
     const outputs want = round(q, k, v, dout, be, 0);
+    const std::vector<Tensor> want_ops = round_ops(q, k, v, dout, be);
     constexpr int kThreads = 8, kRounds = 4;
     std::atomic<int> mismatches{0};
     std::vector<std::thread> ts;
@@ -85,13 +189,14 @@ int main() {
           const outputs got = round(q, k, v, dout, be, 1 + t * kRounds + i);
           const bool ok = same(got.out, want.out) && same(got.lse, want.lse) && same(got.dq, want.dq) &&
                           same(got.dk, want.dk) && same(got.dv, want.dv) && same(got.cache_out, want.cache_out) &&
-                          got.explain == want.explain;
+                          got.explain == want.explain && same_all(round_ops(q, k, v, dout, be), want_ops);
           if (!ok) ++mismatches;
         }
       });
     for (auto& t : ts) t.join();
-    std::printf("tsan_concurrency: %s: %d threads x %d rounds, %d results differ from the sequential ones\n",
-                std::string(to_string(be)).c_str(), kThreads, kRounds, mismatches.load());
+    std::printf("tsan_concurrency: %s: %d threads x %d rounds of the core ops and %zu results of the others, %d rounds "
+                "differ from the sequential one\n",
+                std::string(to_string(be)).c_str(), kThreads, kRounds, want_ops.size(), mismatches.load());
     bad += mismatches.load();
   }
   return bad ? 1 : 0;

@@ -48,12 +48,17 @@ void score_row(const problem& p, std::int64_t b, std::int64_t h, std::int64_t i,
 
 double sink_of(const problem& p, std::int64_t h) { return p.sinks.empty() ? kNegInf : p.sinks[std::size_t(h)]; }
 
-// The softmax of one row of scores s (-inf: key excluded): fills prob and returns
-// lse = log(Σ_j exp(s_j) + exp(sink)), computed around the row maximum. Special values
-// (attention.h): a NaN or +inf among the kept scores has no softmax, so lse and every kept
-// probability are NaN; with no key kept, lse = -inf and every probability 0.
-double row_softmax(const problem& p, std::int64_t h, const std::vector<double>& s, std::vector<double>& prob) {
+// The softmax of one row of scores s (-inf: key excluded): fills prob (and *sink_prob, the
+// sink's share) and returns lse = log(Σ_j exp(s_j) + exp(sink)), computed around the row
+// maximum m. Each probability is exp(s_j - m) / Σ, not exp(s_j - lse): past |m| ≈ 1e15 the
+// float64 lse = m + log Σ rounds to m, and exp(s_j - lse) would then give two tied keys
+// weight 1 each (ALiBi slopes near 1e19, fuzz/corpus/api/cpu_alibi_huge_slope_*). Special
+// values (attention.h): a NaN or +inf among the kept scores has no softmax, so lse and every
+// kept probability are NaN; with no key kept, lse = -inf and every probability 0.
+double row_softmax(const problem& p, std::int64_t h, const std::vector<double>& s, std::vector<double>& prob,
+                   double* sink_prob = nullptr) {
   std::fill(prob.begin(), prob.end(), 0.0);
+  if (sink_prob) *sink_prob = 0.0;
   double m = sink_of(p, h);
   bool nan_row = false;
   for (double x : s) {
@@ -63,15 +68,17 @@ double row_softmax(const problem& p, std::int64_t h, const std::vector<double>& 
   if (nan_row) {
     for (std::size_t j = 0; j < s.size(); ++j)
       if (s[j] != kNegInf) prob[j] = std::numeric_limits<double>::quiet_NaN();
+    if (sink_prob) *sink_prob = std::numeric_limits<double>::quiet_NaN();
     return std::numeric_limits<double>::quiet_NaN();
   }
   if (m == kNegInf) return kNegInf;  // fully masked row
-  double sum = p.sinks.empty() ? 0.0 : std::exp(sink_of(p, h) - m);
+  const double sink = p.sinks.empty() ? 0.0 : std::exp(sink_of(p, h) - m);
+  double sum = sink;
   for (double x : s) sum += std::exp(x - m);
-  const double lse = m + std::log(sum);
   for (std::size_t j = 0; j < s.size(); ++j)
-    if (s[j] != kNegInf) prob[j] = std::exp(s[j] - lse);
-  return lse;
+    if (s[j] != kNegInf) prob[j] = std::exp(s[j] - m) / sum;
+  if (sink_prob) *sink_prob = sink / sum;
+  return m + std::log(sum);
 }
 
 // Row i of head h in batch b (q: its float64 query; K, V: its key/value head as float64 rows):
@@ -126,7 +133,7 @@ bool same_lse(double own_lse, double saved_lse, dtype saved_type) {
 }
 
 // Backward of one row (dO_i = dout row, Δ_i = Σ_j p_j dp_j = dO_i·O_i):
-//   p_j  = exp(s_j - lse)                      dp_j = dO_i·v_j
+//   p_j  = exp(s_j - lse) (= exp(s_j - m) / Σ)  dp_j = dO_i·v_j
 //   ds_j = p_j (dp_j - Δ_i)                    -> dmask_j, dalibi (-|pos_i - j|)
 //   dx_j = ds_j (1 - (c_j/softcap)²)           (softcap' ; 1 without softcap)
 //   dq_i += scale dx_j k_j    dk_j += scale dx_j q_i    dv_j += p_j dO_i
@@ -150,12 +157,15 @@ void backward(const problem& p, const backward_io& io) {
           // lse is this row's to the saved type's precision (or overflowed); otherwise these keys
           // are one block of a longer row (ring attention), and the saved lse and out — the whole
           // row's — define p_j and Δ_i.
-          const double own_lse = row_softmax(p, h, r.s, prob);
+          double sink_prob = 0.0;
+          const double own_lse = row_softmax(p, h, r.s, prob, &sink_prob);
           const double saved_lse = load_as_double(io.lse, io.lse_type, (b * p.Hq + h) * p.Nq + i);
           const bool whole_row = !std::isfinite(saved_lse) || same_lse(own_lse, saved_lse, io.lse_type);
           const double lse = whole_row ? own_lse : saved_lse;
-          if (!whole_row)
+          if (!whole_row) {
             for (std::int64_t j = 0; j < p.Nk; ++j) prob[std::size_t(j)] = std::exp(r.s[std::size_t(j)] - lse);
+            sink_prob = std::exp(sink_of(p, h) - lse);
+          }
           if (lse != kNegInf) {
             for (std::int64_t d = 0; d < p.Dv; ++d) dO[std::size_t(d)] = io.dout.load(b, h, i, d);
             double delta = 0.0;
@@ -186,7 +196,7 @@ void backward(const problem& p, const backward_io& io) {
               }
               for (std::int64_t d = 0; d < p.Dv; ++d) dV[std::size_t(j * p.Dv + d)] += pj * dO[std::size_t(d)];
             }
-            if (io.dsinks) io.dsinks[h] -= std::exp(sink_of(p, h) - lse) * delta;
+            if (io.dsinks) io.dsinks[h] -= sink_prob * delta;
           }
           for (std::int64_t d = 0; d < p.D; ++d) io.dq.store(b, h, i, d, dq[std::size_t(d)]);
         }

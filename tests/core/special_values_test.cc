@@ -1,7 +1,7 @@
 // tests/core/special_values_test.cc — issue 14, one answer on every backend: NaN, ±inf and
 // overflow give the same out, lse and gradients on cpu and reference (the contract of
 // "special values" in attention.h); check_finite; the reference backward in float64
-// throughout, and the stated bound of the cpu float32 backward against it.
+// throughout, and the stated bound of the cpu float32 backward against it; huge ALiBi slopes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -224,6 +224,50 @@ TEST(SpecialValues, ConstantHugeFloatMaskEqualsNoMask) {
       const attention_grads g0 = attention_backward(q, k, v, plain.out, dout, plain.lse);
       EXPECT_TRUE(testing::all_close(g.dq, g0.dq, 1e-5)) << c;
       EXPECT_TRUE(testing::all_close(g.dv, g0.dv, 1e-5)) << c;
+    }
+  }
+}
+
+// ALiBi slopes near ±1e19 (fuzz/corpus/api/cpu_alibi_huge_slope_*): the scores are -slope·|i - j|
+// to within q·k, which float64 cannot resolve next to 1e19, so the farthest keys (slope < 0) tie
+// or the diagonal key (slope > 0) wins outright. Tied keys share the weight equally: a reference
+// computing p = e^{s - lse} lost log 2 in lse = 2e19 + log 2 and gave each weight 1. Every
+// backend and dtype, the decode path (Nq = 1) too, forward and backward (dv = Σ_i p_ij dout_i).
+TEST(SpecialValues, HugeAlibiSlopesTieKeysEquallyOnEveryBackend) {
+  std::mt19937 rng(7);
+  const std::int64_t Nk = 9, D = 4, Dv = 3;
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::f64}) {
+    for (std::int64_t Nq : {1, 6}) {
+      const Tensor q = testing::random_tensor({1, 2, Nq, D}, t, rng), k = testing::random_tensor({1, 1, Nk, D}, t, rng);
+      const Tensor v = testing::random_tensor({1, 1, Nk, Dv}, t, rng), dout = testing::random_tensor({1, 2, Nq, Dv}, t, rng);
+      attention_options o;
+      o.window_right = 2;  // query i sees keys [0, i + 2]
+      o.alibi_slopes = Tensor::from_values({2}, dtype::f32, {-1e19, 1e19});
+      // The expected weights: head 0 the farthest visible keys (0 and i + 2, tied at i = 2),
+      // head 1 the key at distance 0.
+      Tensor want = Tensor::zeros({1, 2, Nq, Dv}, dtype::f64), dv_want = Tensor::zeros({1, 1, Nk, Dv}, dtype::f64);
+      for (std::int64_t i = 0; i < Nq; ++i) {
+        const std::int64_t right = std::min(i + 2, Nk - 1), dl = i, dr = right - i;
+        const std::vector<std::pair<std::int64_t, std::vector<std::pair<std::int64_t, double>>>> heads = {
+            {0, dl > dr ? std::vector<std::pair<std::int64_t, double>>{{0, 1.0}}
+                : dl < dr ? std::vector<std::pair<std::int64_t, double>>{{right, 1.0}}
+                          : std::vector<std::pair<std::int64_t, double>>{{0, 0.5}, {right, 0.5}}},
+            {1, {{i, 1.0}}}};
+        for (const auto& [h, keys] : heads)
+          for (const auto& [j, w] : keys)
+            for (std::int64_t d = 0; d < Dv; ++d) {
+              want.set({0, h, i, d}, want.get({0, h, i, d}) + w * v.get({0, 0, j, d}));
+              dv_want.set({0, 0, j, d}, dv_want.get({0, 0, j, d}) + w * dout.get({0, h, i, d}));
+            }
+      }
+      for (backend be : {t == dtype::f64 ? backend::automatic : backend::cpu, backend::reference}) {
+        const attention_result r = attention(q, k, v, o, {.use_backend = be});
+        EXPECT_TRUE(testing::all_close(r.out, want, testing::tolerance_for(t))) << dtype_name(t) << " Nq " << Nq;
+        EXPECT_NEAR(r.lse.get({0, 0, 0}), 2e19, 1e13);  // key 2 at distance 2
+        const attention_grads g = attention_backward(q, k, v, r.out, dout, r.lse, o, {.use_backend = be});
+        EXPECT_TRUE(testing::all_close(g.dv, dv_want, testing::tolerance_for(t))) << dtype_name(t) << " Nq " << Nq;
+        EXPECT_FALSE(testing::any_nan(g.dq) || testing::any_nan(g.dk) || testing::any_nan(g.dalibi_slopes));
+      }
     }
   }
 }

@@ -42,4 +42,10 @@ void add_bench(CLI::App& app, int& exit_code);
 void add_tokenize(CLI::App& app, int& exit_code);
 void add_embed(CLI::App& app, int& exit_code);
 
+// Integer options refuse values beyond int64 (CLI11 would saturate them), in every subcommand.
+void refuse_integers_beyond_int64(CLI::App& app);
+// Parses argv and runs the chosen subcommand: its exit_code, 0 for --help, 2 for bad arguments
+// or files (the message printed). main.cc and fuzz/cli_fuzz.cc call it.
+int run_app(CLI::App& app, const int& exit_code, int argc, const char* const* argv);
+
 }  // namespace attn::cli

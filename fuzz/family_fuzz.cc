@@ -1,0 +1,322 @@
+// fuzz/family_fuzz.cc — the differential fuzzer of the ops that share the core op's front
+// (issue 14): the bytes pick one of
+//   family      attention_family (score × distribution × masks) on the tiled path and, where
+//               eligible, the core path, against the reference path on float64 copies of the
+//               same values (the truth), forward and backward, dtype-aware tolerances;
+//   positional  rotary (both layouts, partial R, offset or ids) fast vs the float64 reference
+//               (ATTN_BACKEND=reference), rotary_backward ∘ rotary = identity, and the T5 bias
+//               against relative_position_bucket looked up by hand;
+//   serving     attention_varlen (forward and backward) and attention_paged (pages shuffled)
+//               against the core op run on each sequence alone.
+// Values are finite and moderate: the special-value contract is the core op's (api_fuzz).
+// attn::error is a valid answer only where both sides of a comparison give it.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attn/attention.h"
+#include "attn/error.h"
+#include "attn/family.h"
+#include "attn/positional.h"
+#include "attn/serving.h"
+#include "attn/tensor.h"
+
+namespace {
+
+using namespace attn;
+
+struct bytes {
+  const std::uint8_t* p;
+  std::size_t n;
+  std::uint8_t next() {
+    if (!n) return 0;
+    --n;
+    return *p++;
+  }
+  int upto(int k) { return next() % (k + 1); }                           // 0..k
+  double value() { return (next() - 128) / 32.0 + next() / 8192.0; }   // [-4, 4)
+};
+
+Tensor filled(bytes& in, const Shape& s, dtype t) {
+  Tensor r = Tensor::empty(s, t);
+  for (std::int64_t i = 0; i < r.numel(); ++i) store_from_double(r.data(), t, i, in.value());
+  return r;
+}
+
+[[noreturn]] void finding(const std::string& what, const std::string& detail) {
+  std::fprintf(stderr, "family_fuzz finding: %s: %s\n", what.c_str(), detail.c_str());
+  __builtin_trap();
+}
+
+double tol_for(dtype t) { return t == dtype::f32 ? 2e-4 : t == dtype::f16 ? 4e-3 : t == dtype::bf16 ? 3e-2 : 1e-9; }
+
+// |got - want| <= tol (scale + |want|), NaN where the other is NaN.
+void compare(const std::string& what, const TensorView& got, const TensorView& want, double tol, double scale = 1) {
+  const std::vector<double> g = to_vector(got), w = to_vector(want);
+  if (g.size() != w.size()) finding(what, "sizes differ");
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i]) || std::isnan(w[i])) {
+      if (std::isnan(g[i]) != std::isnan(w[i])) finding(what, "NaN pattern at " + std::to_string(i));
+      continue;
+    }
+    if (g[i] == w[i]) continue;  // ±inf too (an lse of a row with no key)
+    if (!(std::abs(g[i] - w[i]) <= tol * (scale + std::abs(w[i]))))
+      finding(what, "at " + std::to_string(i) + ": " + std::to_string(g[i]) + " vs " + std::to_string(w[i]));
+  }
+}
+
+double amax(const TensorView& t) {
+  double m = 0;
+  for (double x : to_vector(t))
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Runs f; an attn::error becomes its message (the other side must fail too).
+template <class F>
+auto attempt(F&& f, std::string& err) -> std::optional<decltype(f())> {
+  try {
+    return f();
+  } catch (const error& e) {
+    err = e.what();
+    return std::nullopt;
+  }
+}
+
+// ---- the attention family ----
+
+void fuzz_family(bytes& in) {
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::f64};
+  const dtype t = types[in.upto(3)];
+  const std::int64_t B = 1 + in.upto(1), Hkv = 1 + in.upto(1), Hq = Hkv * (1 + in.upto(1)), Nq = 1 + in.upto(6),
+                     Nk = in.upto(8), D = 1 + in.upto(5), Dv = 1 + in.upto(5), A = 1 + in.upto(3);
+  family_options o;
+  const score_kind scores[] = {score_kind::dot,      score_kind::scaled_dot, score_kind::general, score_kind::biased_general,
+                               score_kind::activated_general, score_kind::additive, score_kind::cosine,
+                               score_kind::location, score_kind::gaussian,   score_kind::box,     score_kind::triangle};
+  o.score.kind = scores[in.upto(10)];
+  const distribution_kind dists[] = {distribution_kind::softmax, distribution_kind::sigmoid,  distribution_kind::sparsemax,
+                                     distribution_kind::entmax15, distribution_kind::hardmax, distribution_kind::topk,
+                                     distribution_kind::kernel};
+  o.distribution.kind = dists[in.upto(6)];
+  o.distribution.k = 1 + in.upto(3);
+  o.distribution.hardmax_grad = in.upto(1) ? hardmax_gradient::straight_through : hardmax_gradient::zero;
+  if (in.upto(3) == 0) o.distribution.sigmoid_bias = in.value();
+  o.score.activation = score_activation(in.upto(2));
+  o.score.temperature = 0.25 + in.upto(7) / 4.0;
+  o.score.bandwidth = 0.5 + in.upto(7) / 2.0;
+  if (o.score.kind == score_kind::scaled_dot && in.upto(1)) o.score.scale = in.value();
+  o.is_causal = in.upto(1);
+  o.alignment = causal_alignment(in.upto(2));
+  o.window_left = in.upto(3) - 1;
+  o.window_right = in.upto(3) - 1;
+  switch (o.score.kind) {
+    case score_kind::general: o.score.W = filled(in, {D, D}, t); break;
+    case score_kind::biased_general:
+    case score_kind::activated_general:
+      o.score.W = filled(in, {D, D}, t), o.score.b = filled(in, {1}, t);
+      break;
+    case score_kind::additive:
+      o.score.W_q = filled(in, {A, D}, t), o.score.W_k = filled(in, {A, D}, t), o.score.b = filled(in, {A}, t);
+      o.score.w_v = in.upto(1) ? filled(in, {A}, t) : filled(in, {Dv, A}, t);  // multi-dimensional
+      break;
+    case score_kind::location: o.score.W_a = filled(in, {Nk, D}, t); break;
+    default: break;
+  }
+  const Tensor q = filled(in, {B, Hq, Nq, D}, t), k = filled(in, {B, Hkv, Nk, D}, t), v = filled(in, {B, Hkv, Nk, Dv}, t),
+               dout = filled(in, {B, Hq, Nq, Dv}, t);
+  const int mask = in.upto(2);
+  if (mask == 1) {
+    Tensor m = Tensor::empty({Nq, Nk}, dtype::boolean);
+    for (std::int64_t i = 0; i < m.numel(); ++i) m.data_as<bool>()[i] = in.upto(3) != 0;
+    o.attn_mask = m;
+  } else if (mask == 2) {
+    o.attn_mask = filled(in, {1, Hq, Nq, Nk}, t);
+  }
+  // Hardmax, topk and the box kernel are discontinuous in the scores: a float32 path and the
+  // float64 truth may pick different keys at near-ties, so those run on float64 inputs only
+  // (the tiled path computes in float64: the same decisions as the truth's).
+  const bool discontinuous = o.distribution.kind == distribution_kind::hardmax ||
+                             o.distribution.kind == distribution_kind::topk || o.score.kind == score_kind::box;
+  if (discontinuous && t != dtype::f64) return;
+
+  // The truth: the reference path on float64 copies (parameters too).
+  family_options o8 = o;
+  for (std::optional<TensorArg>* p : {&o8.score.W, &o8.score.b, &o8.score.W_q, &o8.score.W_k, &o8.score.w_v, &o8.score.W_a})
+    if (*p) *p = Tensor::copy_of(**p, dtype::f64);
+  if (o.attn_mask && o.attn_mask->type() != dtype::boolean) o8.attn_mask = Tensor::copy_of(*o.attn_mask, dtype::f64);
+  const Tensor q8 = q.to(dtype::f64), k8 = k.to(dtype::f64), v8 = v.to(dtype::f64), d8 = dout.to(dtype::f64);
+  std::string terr;
+  const auto truth = attempt([&] { return attention_family(q8, k8, v8, o8, {.path = family_path::reference}); }, terr);
+  const double tol = tol_for(t);
+  for (family_path path : {family_path::tiled, family_path::core, family_path::reference}) {
+    const std::string name = "family " + std::string(to_string(path)) + " " + to_string(o.score.kind) + "/" +
+                             to_string(o.distribution.kind) + " " + std::string(dtype_name(t));
+    std::string err;
+    const auto r = attempt([&] { return attention_family(q, k, v, o, {.path = path, .num_threads = 1}); }, err);
+    if (path == family_path::core && !r && err.find("path core runs only") != std::string::npos) continue;
+    if (r.has_value() != truth.has_value()) finding(name + ": error on one side only", err + " | " + terr);
+    if (!r) continue;
+    compare(name + " out", r->out, truth->out, tol, 1 + amax(v8));
+  }
+  if (!truth) return;
+  const auto g8 = attempt([&] { return attention_family_backward(q8, k8, v8, d8, o8, {.path = family_path::reference}); }, terr);
+  // Gradients carry the scores' scale: |W|, |q|, |k| and 1/h, 1/τ multiply them.
+  const double gscale = (1 + amax(d8)) * (1 + amax(v8)) * (1 + amax(q8)) * (1 + amax(k8)) * double(std::max(D, Dv)) *
+                        (1 + 1 / o.score.bandwidth) * (1 + 1 / o.score.temperature);
+  for (family_path path : {family_path::tiled, family_path::core}) {
+    const std::string name = "family backward " + std::string(to_string(path)) + " " + to_string(o.score.kind) + "/" +
+                             to_string(o.distribution.kind) + " " + std::string(dtype_name(t));
+    std::string err;
+    const auto g = attempt([&] { return attention_family_backward(q, k, v, dout, o, {.path = path, .num_threads = 1}); }, err);
+    if (path == family_path::core && !g && err.find("path core runs only") != std::string::npos) continue;
+    if (g.has_value() != g8.has_value()) finding(name + ": error on one side only", err + " | " + terr);
+    if (!g) continue;
+    compare(name + " dq", g->dq, g8->dq, tol, gscale);
+    compare(name + " dk", g->dk, g8->dk, tol, gscale);
+    compare(name + " dv", g->dv, g8->dv, tol, gscale);
+  }
+}
+
+// ---- positional ----
+
+void fuzz_positional(bytes& in) {
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::f64};
+  const dtype t = types[in.upto(3)];
+  const std::int64_t B = 1 + in.upto(1), H = 1 + in.upto(2), N = 1 + in.upto(7), D = 2 * (1 + in.upto(4));
+  rotary_options ro;
+  ro.rotary_dim = 2 * in.upto(int(D / 2));  // 0: all of D
+  ro.layout = in.upto(1) ? rotary_layout::interleaved : rotary_layout::half_split;
+  ro.base = in.upto(1) ? 10000.0 : 1.0 + in.upto(100);
+  positions pos = std::int64_t(in.upto(200));
+  if (in.upto(1)) {
+    Tensor ids = Tensor::empty({in.upto(1) ? B : 1, N}, dtype::i64);
+    for (std::int64_t i = 0; i < ids.numel(); ++i) ids.data_as<std::int64_t>()[i] = in.upto(255) * (1 + in.upto(3));
+    if (ids.size(0) == 1) ids = Tensor::copy_of(ids.view().reshape({N}));
+    pos = ids;
+  }
+  const Tensor x = filled(in, {B, H, N, D}, t);
+  const Tensor fast = rotary(x, pos, ro);
+  setenv("ATTN_BACKEND", "reference", 1);
+  const Tensor ref = rotary(x.to(dtype::f64), pos, ro);
+  unsetenv("ATTN_BACKEND");
+  const double tol = tol_for(t);
+  compare("rotary vs reference", fast, ref, tol, 1 + amax(x));
+  compare("rotary_backward(rotary(x)) vs x", rotary_backward(rotary(x.to(dtype::f64), pos, ro), pos, ro), x, 1e-9, 1 + amax(x));
+
+  relative_position_options rp;
+  rp.bidirectional = in.upto(1);
+  rp.num_buckets = 1 + in.upto(40);
+  rp.max_distance = 1 + in.upto(150);
+  rp.query_offset = in.upto(20);
+  const std::int64_t Nq = 1 + in.upto(6), Nk = in.upto(9);
+  std::string err;
+  const Tensor table = filled(in, {rp.num_buckets, H}, t);
+  const auto bias = attempt([&] { return relative_position_bias(table, Nq, Nk, rp); }, err);
+  if (!bias) return;  // a refused configuration (num_buckets, max_distance): checked by the tests
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < Nq; ++i)
+      for (std::int64_t j = 0; j < Nk; ++j) {
+        const std::int64_t bk = relative_position_bucket(j - (rp.query_offset + i), rp);
+        if (bk < 0 || bk >= rp.num_buckets) finding("relative_position_bucket", "bucket " + std::to_string(bk) + " out of range");
+        if (bias->get({0, h, i, j}) != table.get({bk, h})) finding("relative_position_bias", "differs from the table");
+      }
+}
+
+// ---- serving ----
+
+// Rows [r0, r1) of a token-major [total, H, X] tensor as the core op's [1, H, n, X].
+Tensor sequence(const Tensor& packed, std::int64_t r0, std::int64_t r1) {
+  const int order[] = {1, 0, 2};
+  const Tensor s = Tensor::copy_of(packed.view().slice(0, r0, r1).permute(order));
+  return Tensor::copy_of(s.view().reshape({1, s.size(0), s.size(1), s.size(2)}));
+}
+
+void fuzz_serving(bytes& in) {
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::f64};
+  const dtype t = types[in.upto(3)];
+  const std::int64_t B = 1 + in.upto(3), Hkv = 1 + in.upto(1), Hq = Hkv * (1 + in.upto(2)), D = 1 + in.upto(7),
+                     Dv = 1 + in.upto(7);
+  attention_options o;
+  o.is_causal = in.upto(1);
+  o.alignment = in.upto(1) ? causal_alignment::bottom_right : causal_alignment::top_left;
+  o.window_left = in.upto(3) - 1;
+  o.window_right = in.upto(3) - 1;
+  if (in.upto(3) == 0) o.softcap = 0.5 + in.upto(20) / 4.0;
+  if (in.upto(3) == 0) o.alibi_slopes = filled(in, {Hq}, dtype::f32);
+  if (in.upto(3) == 0) o.sinks = filled(in, {Hq}, dtype::f32);
+  const double tol = tol_for(t);
+
+  // varlen: B packed sequences of nq[b] queries and nk[b] keys.
+  std::vector<std::int64_t> cq{0}, ck{0};
+  for (std::int64_t b = 0; b < B; ++b) cq.push_back(cq.back() + in.upto(5)), ck.push_back(ck.back() + in.upto(7));
+  std::int64_t mq = 0, mk = 0;
+  for (std::int64_t b = 0; b < B; ++b) mq = std::max(mq, cq[b + 1] - cq[b]), mk = std::max(mk, ck[b + 1] - ck[b]);
+  std::vector<double> cqd(cq.begin(), cq.end()), ckd(ck.begin(), ck.end());
+  const Tensor cu_q = Tensor::from_values({B + 1}, dtype::i64, cqd), cu_k = Tensor::from_values({B + 1}, dtype::i64, ckd);
+  const Tensor q = filled(in, {cq.back(), Hq, D}, t), k = filled(in, {ck.back(), Hkv, D}, t),
+               v = filled(in, {ck.back(), Hkv, Dv}, t), dout = filled(in, {cq.back(), Hq, Dv}, t);
+  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, mq, mk, o, {.num_threads = 1});
+  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, mq, mk, o, {.num_threads = 1});
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (cq[b + 1] == cq[b]) continue;
+    const Tensor qs = sequence(q, cq[b], cq[b + 1]), ks = sequence(k, ck[b], ck[b + 1]), vs = sequence(v, ck[b], ck[b + 1]),
+                 ds = sequence(dout, cq[b], cq[b + 1]);
+    const attention_result c = attention(qs, ks, vs, o, {.num_threads = 1});
+    compare("varlen out, sequence " + std::to_string(b), sequence(r.out, cq[b], cq[b + 1]), c.out, tol, 1 + amax(vs));
+    const attention_grads cg = attention_backward(qs, ks, vs, c.out, ds, c.lse, o, {.num_threads = 1});
+    const double gs = (1 + amax(ds)) * (1 + amax(vs)) * (1 + amax(qs)) * (1 + amax(ks)) * double(std::max(D, Dv));
+    compare("varlen dq, sequence " + std::to_string(b), sequence(g.dq, cq[b], cq[b + 1]), cg.dq, tol, gs);
+    compare("varlen dk, sequence " + std::to_string(b), sequence(g.dk, ck[b], ck[b + 1]), cg.dk, tol, gs);
+    compare("varlen dv, sequence " + std::to_string(b), sequence(g.dv, ck[b], ck[b + 1]), cg.dv, tol, gs);
+  }
+
+  // paged: the same keys in pages of page_size tokens, handed out in a shuffled order.
+  const std::int64_t page = 1 + in.upto(3), Nq = 1 + in.upto(3);
+  std::int64_t max_pages = 1;
+  for (std::int64_t b = 0; b < B; ++b) max_pages = std::max(max_pages, (ck[b + 1] - ck[b] + page - 1) / page);
+  const std::int64_t num_pages = B * max_pages;
+  std::vector<std::int64_t> perm(static_cast<std::size_t>(num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (std::size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[in.next() % i]);
+  Tensor kp = Tensor::zeros({num_pages, page, Hkv, D}, t), vp = Tensor::zeros({num_pages, page, Hkv, Dv}, t);
+  Tensor table = Tensor::empty({B, max_pages}, dtype::i64), lens = Tensor::empty({B}, dtype::i64);
+  for (std::int64_t b = 0; b < B; ++b) {
+    lens.data_as<std::int64_t>()[b] = ck[b + 1] - ck[b];
+    for (std::int64_t p = 0; p < max_pages; ++p) table.data_as<std::int64_t>()[b * max_pages + p] = perm[std::size_t(b * max_pages + p)];
+    for (std::int64_t j = 0; j < ck[b + 1] - ck[b]; ++j) {
+      const std::int64_t pg = perm[std::size_t(b * max_pages + j / page)], slot = j % page;
+      for (std::int64_t h = 0; h < Hkv; ++h) {
+        for (std::int64_t d = 0; d < D; ++d) kp.set({pg, slot, h, d}, k.get({ck[b] + j, h, d}));
+        for (std::int64_t d = 0; d < Dv; ++d) vp.set({pg, slot, h, d}, v.get({ck[b] + j, h, d}));
+      }
+    }
+  }
+  const Tensor qp = filled(in, {B, Hq, Nq, D}, t);
+  const attention_result pr = attention_paged(qp, {kp, vp, table, lens}, o, {.num_threads = 1});
+  for (std::int64_t b = 0; b < B; ++b) {
+    const Tensor qs = Tensor::copy_of(qp.view().slice(0, b, b + 1)), ks = sequence(k, ck[b], ck[b + 1]),
+                 vs = sequence(v, ck[b], ck[b + 1]);
+    const attention_result c = attention(qs, ks, vs, o, {.num_threads = 1});
+    compare("paged out, sequence " + std::to_string(b), pr.out.view().slice(0, b, b + 1), c.out, tol, 1 + amax(vs));
+    compare("paged lse, sequence " + std::to_string(b), pr.lse.view().slice(0, b, b + 1), c.lse, 1e-5, 1 + amax(c.lse));
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  bytes in{data, size};
+  switch (in.upto(2)) {
+    case 0: fuzz_family(in); break;
+    case 1: fuzz_positional(in); break;
+    default: fuzz_serving(in); break;
+  }
+  return 0;
+}
