@@ -5,9 +5,12 @@
 // keys its rows may see (causal / window / kv-length block skipping) and saves only the lse.
 // Decode-shaped calls (few lane blocks, many keys) split the keys into fixed chunks merged in
 // chunk order afterwards (split-KV), so every thread has work.
-// Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)) runs in two passes
-// so that every gradient element has exactly one writer: dq over lane blocks (like the
-// forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
+// Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)): every gradient
+// element has exactly one writer. Fused (B·Hkv >= kFusedMinUnits, f32 products): one task per
+// (b, hkv) walks its key blocks in order; per block it computes dk/dv over every query row of
+// the group and adds dS·K to dq — five products per score instead of seven, one exp. Two passes
+// (fewer (b, hkv), and bf16 dot products): dq over lane blocks (like the forward), then dk/dv
+// over key blocks, summed over the query rows of every head of the group.
 //
 // Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
 // fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
@@ -522,7 +525,8 @@ void backward(const problem& p, const backward_io& io) {
     fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? kRowKeyBlock * ldq : 0));
     float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;
     float* krows = dvt + p.Dv * ldk;  // fused: [kRowKeyBlock][ldq] scale·k rows
-    fbuf dqbuf = fused && !dq_direct ? alloc_floats(G * p.Nq * ldq) : fbuf();
+    fbuf dqbuf;  // fused, dq not in place: one unit's dq rows [G][Nq][ldq], made by a thread's first unit
+    // (so at most min(threads, units) of them: together no larger than dq in f32)
     fbuf scratch = alloc_floats(row_scratch_floats(kRowQueryBlock, ldk));
     std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
     std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
@@ -619,6 +623,7 @@ void backward(const problem& p, const backward_io& io) {
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv; ++u) {
         const std::int64_t hkv = u % p.Hkv, b = u / p.Hkv;
+        if (!dq_direct && !dqbuf) dqbuf = alloc_floats(G * p.Nq * ldq);
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) std::fill(dq_rows(b, hkv, g, i), dq_rows(b, hkv, g, i) + p.D, 0.0f);
         for (std::int64_t kb = 0; kb < nkb; ++kb) key_block(u * nkb + kb);
