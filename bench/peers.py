@@ -5,6 +5,9 @@
   torch_sdpa           torch.nn.functional.scaled_dot_product_attention, forward and backward
   ggml_flash_attn_ext  ggml's fused CPU attention through ggml-python, forward only (ggml has
                        no backward for it)
+  ort_attention        ONNX Runtime's CPU kernel of the ONNX `Attention` operator (opset 23), a
+                       one-node model run by an InferenceSession, forward only (inference);
+                       f32 and f16 (ONNX Runtime has no bf16 CPU kernel for it)
   torch_mha            torch.nn.MultiheadAttention (batch_first, biases) forward + backward
                        into x, for `attn bench --layer mha`: the configuration's B, Hq, Nq, D
                        are the layer's B, heads, N and head size (E = Hq·D)
@@ -375,12 +378,68 @@ class GgmlPeer:
         ctypes.memmove(data, raw.ctypes.data, raw.nbytes)
 
 
+# ---- ONNX Runtime -----------------------------------------------------------------------------
+
+class OrtPeer:
+    impl = "ort_attention"
+
+    def __init__(self):
+        import numpy as np  # noqa: PLC0415 - optional
+        import onnx  # noqa: PLC0415
+        import onnxruntime as ort  # noqa: PLC0415
+
+        self.np, self.onnx, self.ort = np, onnx, ort
+        self.version = f"onnxruntime {ort.__version__} (CPUExecutionProvider), onnx {onnx.__version__}"
+
+    def model(self, c, elem):
+        """One `Attention` node (ONNX opset 23): q [B, Hq, Nq, D], k/v [B, Hkv, Nk, D|Dv] -> out."""
+        helper = self.onnx.helper
+        io = [helper.make_tensor_value_info(n, elem, s) for n, s in
+              (("q", [c.B, c.Hq, c.Nq, c.D]), ("k", [c.B, c.Hkv, c.Nk, c.D]), ("v", [c.B, c.Hkv, c.Nk, c.Dv]))]
+        out = helper.make_tensor_value_info("out", elem, [c.B, c.Hq, c.Nq, c.Dv])
+        node = helper.make_node("Attention", ["q", "k", "v"], ["out"], is_causal=int(c.causal))
+        m = helper.make_model(helper.make_graph([node], "attention", io, [out]),
+                              opset_imports=[helper.make_opsetid("", 23)])
+        m.ir_version = 10  # the oldest IR that carries opset 23, for older runtimes
+        return m.SerializeToString()
+
+    def prepare(self, c):
+        if c.backward:
+            return None, "ONNX Runtime runs inference only (no backward)", None
+        if c.dtype == "bf16":
+            return None, "ONNX Runtime has no bf16 CPU kernel for Attention", None
+        np, ort = self.np, self.ort
+        elem, npt = {"f32": (self.onnx.TensorProto.FLOAT, np.float32),
+                     "f16": (self.onnx.TensorProto.FLOAT16, np.float16)}[c.dtype]
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = c.threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # No spinning between calls: the contenders alternate call by call on the same cores.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(self.model(c, elem), so, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(1)
+        feeds = {"q": rng.uniform(-1, 1, (c.B, c.Hq, c.Nq, c.D)).astype(npt),
+                 "k": rng.uniform(-1, 1, (c.B, c.Hkv, c.Nk, c.D)).astype(npt),
+                 "v": rng.uniform(-1, 1, (c.B, c.Hkv, c.Nk, c.Dv)).astype(npt)}
+        binding = sess.io_binding()  # inputs bound once; the output allocated by the session
+        for name, x in feeds.items():
+            binding.bind_cpu_input(name, x)
+        binding.bind_output("out")
+        detail = f"{self.version}, opset 23 Attention{' is_causal' if c.causal else ''}, intra-op threads {c.threads}"
+
+        def run():
+            sess.run_with_iobinding(binding)
+        return run, detail, None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peers", default="torch,ggml", help="comma-separated: torch, ggml, torch_mha, torch_eager")
+    ap.add_argument("--peers", default="torch,ggml,ort",
+                    help="comma-separated: torch, ggml, ort, torch_mha, torch_eager")
     args = ap.parse_args()
     peers = []
-    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer), ("torch_mha", TorchMhaPeer),
+    for name, cls in (("torch", TorchPeer), ("ggml", GgmlPeer), ("ort", OrtPeer), ("torch_mha", TorchMhaPeer),
                       ("torch_eager", TorchEagerFamilyPeer)):
         if name not in args.peers.split(","):
             continue

@@ -11,8 +11,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-IMPLS = ["attn", "blas_unfused", "torch_sdpa", "ggml_flash_attn_ext"]
-COLORS = {"attn": "#d62728", "blas_unfused": "#7f7f7f", "torch_sdpa": "#1f77b4", "ggml_flash_attn_ext": "#2ca02c"}
+IMPLS = ["attn", "blas_unfused", "torch_sdpa", "ggml_flash_attn_ext", "ort_attention"]
+COLORS = {"attn": "#d62728", "blas_unfused": "#7f7f7f", "torch_sdpa": "#1f77b4", "ggml_flash_attn_ext": "#2ca02c",
+          "ort_attention": "#9467bd"}
 
 
 def label(r):

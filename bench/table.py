@@ -8,7 +8,7 @@ import sys
 from collections import OrderedDict
 
 IMPLS = [("attn", "attn"), ("blas_unfused", "OpenBLAS unfused"), ("torch_sdpa", "torch SDPA"),
-         ("ggml_flash_attn_ext", "ggml FA")]
+         ("ggml_flash_attn_ext", "ggml FA"), ("ort_attention", "ONNX Runtime")]
 
 
 def shape(r):

@@ -5,9 +5,12 @@
 // keys its rows may see (causal / window / kv-length block skipping) and saves only the lse.
 // Decode-shaped calls (few lane blocks, many keys) split the keys into fixed chunks merged in
 // chunk order afterwards (split-KV), so every thread has work.
-// Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)) runs in two passes
-// so that every gradient element has exactly one writer: dq over lane blocks (like the
-// forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
+// Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)): every gradient
+// element has exactly one writer. Fused (B·Hkv >= kFusedMinUnits, f32 products): one task per
+// (b, hkv) walks its key blocks in order; per block it computes dk/dv over every query row of
+// the group and adds dS·K to dq — five products per score instead of seven, one exp. Two passes
+// (fewer (b, hkv), and bf16 dot products): dq over lane blocks (like the forward), then dk/dv
+// over key blocks, summed over the query rows of every head of the group.
 //
 // Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
 // fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
@@ -51,6 +54,10 @@ constexpr std::int64_t kSplitUnits = 32;
 constexpr std::int64_t kSplitKeys = 2048;
 // Query rows per row-layout block in the dk/dv pass.
 constexpr std::int64_t kRowQueryBlock = 64;
+// The fused backward (one pass: dq, dk, dv) runs one task per (b, hkv), so it is chosen only
+// when there are at least this many: fewer leave threads idle, and the two passes, which split
+// every (b, hkv) into blocks, are then faster. A constant of the shape, never the thread count.
+constexpr std::int64_t kFusedMinUnits = 8;
 
 struct free_deleter {
   void operator()(float* p) const { std::free(p); }
@@ -422,13 +429,33 @@ void forward(const problem& p, const forward_outputs& o) {
 
 // ---- backward ----
 
+// How the backward runs a problem; decided here alone, for backward() and explain_backend.
+struct backward_plan {
+  bool bf16_dots = false;  // bf16 inputs and dout, even D and Dv, prefill-sized lane blocks
+  bool fused = false;      // one pass over (b, hkv) units: dq accumulated per key block
+};
+
+backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout_type) {
+  backward_plan b;
+  b.bf16_dots = kt.dq_bf16 && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 2 == 0 && p.Dv % 2 == 0 &&
+                lanes_for(p, kt) == kt.lanes;
+  // The fused pass multiplies in f32 (bf16 dot products keep the two passes).
+  b.fused = !b.bf16_dots && p.B * p.Hkv >= kFusedMinUnits;
+  // ATTN_CPU_BACKWARD=fused|two_pass forces a schedule (tests walk both; bisecting a wrong
+  // gradient); read on every call, like ATTN_CPU_ISA.
+  if (const char* e = std::getenv("ATTN_CPU_BACKWARD"); e && !b.bf16_dots) {
+    if (std::strcmp(e, "fused") == 0) b.fused = true;
+    if (std::strcmp(e, "two_pass") == 0) b.fused = false;
+  }
+  return b;
+}
+
 void backward(const problem& p, const backward_io& io) {
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
   const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
-  // bf16 dot products: bf16 inputs and dout, even D and Dv, prefill-sized lane blocks.
-  const bool dp = kt.dq_bf16 && p.q.type == dtype::bf16 && io.dout.type == dtype::bf16 && p.D % 2 == 0 &&
-                  p.Dv % 2 == 0 && L == kt.lanes;
+  const backward_plan plan = plan_backward(p, kt, io.dout.type);
+  const bool dp = plan.bf16_dots, fused = plan.fused;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
   const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
@@ -466,55 +493,65 @@ void backward(const problem& p, const backward_io& io) {
     }
   }
 
-  // Pass 1: dq, lane layout over (b, hkv, lane block).
+  // Pass 1: dq, lane layout over (b, hkv, lane block) (the fused schedule does it in pass 2).
+  if (!fused) {
 #pragma omp parallel num_threads(nt)
-  {
-    lane_setup ls(L, p.D);
-    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
-    fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
-    std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
-    bias_ctx bc;
-    bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
-    const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f);
+    {
+      lane_setup ls(L, p.D);
+      fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
+      fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
+      std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
+      bias_ctx bc;
+      bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+      const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f);
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
-      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-      ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
-      bc.b = b, bc.valid = ls.nl;
-      for (std::int64_t x = 0; x < L; ++x) {
-        const std::int64_t r = (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x];
-        const bool ok = x < ls.nl;
-        lv[x] = ok ? lse[r] : kInfF;
-        lv[L + x] = ok ? delta[r] : 0.0f;
-        if (dp) continue;
-        const float* d = dO.row(b, ls.h[x], ls.i[x]);
-        for (std::int64_t y = 0; y < p.Dv; ++y) dot[y * L + x] = ok ? d[y] : 0.0f;
+      for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
+        const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+        ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
+        bc.b = b, bc.valid = ls.nl;
+        for (std::int64_t x = 0; x < L; ++x) {
+          const std::int64_t r = (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x];
+          const bool ok = x < ls.nl;
+          lv[x] = ok ? lse[r] : kInfF;
+          lv[L + x] = ok ? delta[r] : 0.0f;
+          if (dp) continue;
+          const float* d = dO.row(b, ls.h[x], ls.i[x]);
+          for (std::int64_t y = 0; y < p.Dv; ++y) dot[y * L + x] = ok ? d[y] : 0.0f;
+        }
+        const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
+        const dq_io dio{dot.get(), lv.get(), lv.get() + L, dqt.get()};
+        if (dp) {
+          pack_lane_words(p.q, b, ls, p.D, qp.data());
+          pack_lane_words(io.dout, b, ls, p.Dv, dop.data());
+          const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
+          kt.dq_bf16(lb, bf16_dq_operands{qp.data(), dop.data(), pack->k.data() + base * p.D,
+                                          pack->v.data() + base * p.Dv, pack->kp.data() + base / 2 * p.D},
+                     dio);
+        } else {
+          kt.dq(lb, dio);
+        }
+        for (std::int64_t x = 0; x < ls.nl; ++x) store_row(io.dq, b, ls.h[x], ls.i[x], p.D, dqt.get() + x, L, scale);
       }
-      const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
-      const dq_io dio{dot.get(), lv.get(), lv.get() + L, dqt.get()};
-      if (dp) {
-        pack_lane_words(p.q, b, ls, p.D, qp.data());
-        pack_lane_words(io.dout, b, ls, p.Dv, dop.data());
-        const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
-        kt.dq_bf16(lb, bf16_dq_operands{qp.data(), dop.data(), pack->k.data() + base * p.D,
-                                        pack->v.data() + base * p.Dv, pack->kp.data() + base / 2 * p.D},
-                   dio);
-      } else {
-        kt.dq(lb, dio);
-      }
-      for (std::int64_t x = 0; x < ls.nl; ++x) store_row(io.dq, b, ls.h[x], ls.i[x], p.D, dqt.get() + x, L, scale);
     }
   }
 
-  // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the group.
+  // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the
+  // group. Fused: one task per (b, hkv) walks its key blocks in order and also accumulates
+  // dq += dS·(scale·K) — a fixed order for every dq element, whatever the thread count — into
+  // the f32 dq itself when its rows are whole vectors, else into a per-task buffer.
   const std::int64_t nkb = ceil_div(p.Nk, kRowKeyBlock);
   const std::int64_t ntask = p.B * p.Hkv * nkb;
   std::vector<double> dalibi_part(io.dalibi ? std::size_t(ntask * G) : 0, 0.0);
+  const std::int64_t ldq = ceil_div(p.D, kt.W) * kt.W;
+  const bool dq_direct = fused && io.dq.type == dtype::f32 && (io.dq.sx == 1 || p.D <= 1) && ldq == p.D;
 #pragma omp parallel num_threads(nt)
   {
     const std::int64_t ldk = ceil_div(kRowKeyBlock, kt.W) * kt.W;
-    fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk);
+    fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? kRowKeyBlock * ldq : 0));
     float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;
+    float* krows = dvt + p.Dv * ldk;  // fused: [kRowKeyBlock][ldq] scale·k rows
+    fbuf dqbuf;  // fused, dq not in place: one unit's dq rows [G][Nq][ldq], made by a thread's first unit
+    // (so at most min(threads, units) of them: together no larger than dq in f32)
     fbuf scratch = alloc_floats(row_scratch_floats(kRowQueryBlock, ldk));
     std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
     std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
@@ -526,11 +563,21 @@ void backward(const problem& p, const backward_io& io) {
     std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);
     std::vector<std::uint16_t> q16(dp ? std::size_t(kRowQueryBlock * p.D) : 0), do16(dp ? std::size_t(kRowQueryBlock * p.Dv) : 0);
     std::vector<std::uint32_t> qpr(dp ? std::size_t(nq2 * p.D) : 0), dopr(dp ? std::size_t(nq2 * p.Dv) : 0);
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < ntask; ++t) {
+    // dq rows of head g of the group (fused): where they accumulate and their stride.
+    auto dq_rows = [&](std::int64_t b, std::int64_t hkv, std::int64_t g, std::int64_t i) -> float* {
+      return dq_direct ? io.dq.ptr<float>(b, hkv * G + g, i, 0) : dqbuf.get() + (g * p.Nq + i) * ldq;
+    };
+    const std::int64_t dqs = dq_direct ? io.dq.sn : ldq;
+    // Key block t = (b, hkv, kb) against every query row of the group.
+    auto key_block = [&](std::int64_t t) {
       const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
       const std::int64_t j0 = kb * kRowKeyBlock, nb = std::min(kRowKeyBlock, p.Nk - j0);
       const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
+      if (fused)
+        for (std::int64_t x = 0; x < nb; ++x) {
+          const float* k = K.row(b, hkv, j0 + x);
+          for (std::int64_t d = 0; d < ldq; ++d) krows[x * ldq + d] = d < p.D ? k[d] * scale : 0.0f;
+        }
       if (dp) {
         for (std::int64_t d = 0; d < p.D; d += 2)
           for (std::int64_t x = 0; x < ld; ++x)
@@ -570,6 +617,7 @@ void backward(const problem& p, const backward_io& io) {
           pr.sp = sp;
           pr.dalibi = io.dalibi ? &dalibi_part[std::size_t(t * G + g)] : nullptr;
           pr.scratch = scratch.get();
+          if (fused) pr.krows = krows, pr.dq = dq_rows(b, hkv, g, i0), pr.ldq = ldq, pr.dqs = dqs;
           if (!dp) {
             kt.dkdv(pr);
             continue;
@@ -591,6 +639,22 @@ void backward(const problem& p, const backward_io& io) {
       for (std::int64_t x = 0; x < nb; ++x) {
         store_row(io.dk, b, hkv, j0 + x, p.D, dkt + x, ld, scale);
         store_row(io.dv, b, hkv, j0 + x, p.Dv, dvt + x, ld, 1.0f);
+      }
+    };
+    if (!fused) {
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < ntask; ++t) key_block(t);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t u = 0; u < p.B * p.Hkv; ++u) {
+        const std::int64_t hkv = u % p.Hkv, b = u / p.Hkv;
+        if (!dq_direct && !dqbuf) dqbuf = alloc_floats(G * p.Nq * ldq);
+        for (std::int64_t g = 0; g < G; ++g)
+          for (std::int64_t i = 0; i < p.Nq; ++i) std::fill(dq_rows(b, hkv, g, i), dq_rows(b, hkv, g, i) + p.D, 0.0f);
+        for (std::int64_t kb = 0; kb < nkb; ++kb) key_block(u * nkb + kb);
+        if (!dq_direct)
+          for (std::int64_t g = 0; g < G; ++g)
+            for (std::int64_t i = 0; i < p.Nq; ++i) store_row(io.dq, b, hkv * G + g, i, p.D, dq_rows(b, hkv, g, i), 1, 1.0f);
       }
     }
   }
@@ -635,11 +699,11 @@ std::string describe(const problem& p, const backend_request& req) {
   const forward_plan fp = plan_forward(p, kt);
   const char* type = p.q.type == dtype::bf16 ? "bf16" : p.q.type == dtype::f16 ? "f16 as f32" : "f32";
   std::string s = fmt::format("{} kernels, ", kt.name);
-  if (req.backward)
-    s += fmt::format("two-pass backward (dq, then dk/dv), {}{}", type,
-                     kt.dq_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && p.Dv % 2 == 0
-                         ? " with bf16 dot products when dout is bf16"
-                         : "");
+  if (req.backward) {
+    const backward_plan bp = plan_backward(p, kt, p.q.type);  // dout's dtype is not known here: assume q's
+    s += fmt::format("{} backward, {}{}", bp.fused ? "fused (dq, dk, dv in one pass)" : "two-pass (dq, then dk/dv)", type,
+                     bp.bf16_dots ? " with bf16 dot products when dout is bf16" : "");
+  }
   else if (fp.lanes == kt.lanes_small)
     s += fmt::format("decode ({} rows per pass{}), {}{}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
                      type, fp.k8 ? ", int8 K/V dequantised in place" : fp.k16 || fp.paged ? ", K/V read in place" : "",

@@ -116,6 +116,12 @@ struct dkdv_pair {
   score_params sp;
   double* dalibi = nullptr;            // += Σ ds · -|pos - j| (when sp.alibi)
   float* scratch = nullptr;            // row_scratch_floats(...) floats, 64-byte aligned
+  // Fused backward (dq in the same pass): dq row r at dq + r·dqs, ldq columns, += dS · krows,
+  // where krows [nb][ldq] holds the key block's rows times scale, zero-padded to ldq (a multiple
+  // of W). An f32 product for every operand type (dS is f32 before any packing). Null: no dq.
+  const float* krows = nullptr;
+  float* dq = nullptr;
+  std::int64_t ldq = 0, dqs = 0;
 };
 
 // Key-block sizes: the lane-layout kernels visit keys in blocks of kLaneKeyBlock; the row

@@ -26,6 +26,12 @@ struct isa_scope {
   ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
 };
 
+// Sets ATTN_CPU_BACKWARD (fused | two_pass) for the lifetime of the object.
+struct backward_scope {
+  explicit backward_scope(const char* schedule) { setenv("ATTN_CPU_BACKWARD", schedule, 1); }
+  ~backward_scope() { unsetenv("ATTN_CPU_BACKWARD"); }
+};
+
 std::vector<std::string> isas() {
   int n = 0;
   const char* const* names = detail::cpu::available_isas(&n);
@@ -191,6 +197,19 @@ TEST(cpu_attention, random_sweep_every_isa) {
   }
 }
 
+// The fused backward (dq, dk, dv in one pass; chosen by shape for B·Hkv >= 8, which the sweep
+// above never reaches) forced on the same kind of random cases: dq accumulated in place (f32 dq
+// whose rows are whole vectors) and in a buffer (16-bit dq, D not a multiple of W).
+TEST(cpu_attention, fused_backward_random_sweep) {
+  backward_scope fused("fused");
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(4321);
+    for (int n = 0; n < 60; ++n) check_case(random_config(rng), std::uint32_t(1000 + n));
+  }
+}
+
 TEST(cpu_attention, edge_shapes) {
   for (const std::string& isa : isas()) {
     SCOPED_TRACE("isa " + isa);
@@ -308,7 +327,9 @@ TEST(cpu_attention, bitwise_identical_across_threads) {
     bool causal;
   };
   for (dtype type : {dtype::f32, dtype::bf16})
-    for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 18, false}}) {
+    for (const shape s : {shape{4, 2, 150, 200, 24, true}, shape{8, 2, 1, 9000, 32, false}, shape{3, 3, 70, 70, 18, false},
+                          // B·Hkv >= 8: the fused backward, dq in place (D 32) and buffered (D 20)
+                          shape{8, 8, 70, 150, 32, true}, shape{16, 8, 45, 77, 20, false}}) {
       SCOPED_TRACE(fmt::format("{} Hq {} Nq {} Nk {}", std::string(dtype_name(type)), s.Hq, s.Nq, s.Nk));
       std::mt19937 rng(11);
       Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng),

@@ -314,5 +314,40 @@ TEST(Cli, IntegersBeyondInt64AndHugeThreadCounts) {
   EXPECT_NE(r.out.find("cannot allocate"), std::string::npos) << r.out;
 }
 
+
+// `attn bench` finds bench/peers.py from the binary's own path: installed beside it
+// (<prefix>/bin/attn, <prefix>/<datadir>/attn/bench/peers.py), or the source tree's from the
+// build tree, wherever it is started from. A stand-in python speaks the peers' protocol with no
+// peer in it, so nothing is timed but the script's path is printed.
+TEST(Cli, BenchFindsPeerScriptFromBinaryPath) {
+  const fs::path d = fs::weakly_canonical(scratch("peers"));
+  fs::create_directories(d / "bin");
+  fs::copy_file(ATTN_CLI, d / "bin" / "attn");
+  const fs::path installed = d / "bin" / ATTN_BIN_TO_DATA / "attn" / "bench" / "peers.py";
+  fs::create_directories(installed.parent_path());
+  std::ofstream(installed) << "# stand-in: the fake python below never reads it\n";
+  const fs::path py = d / "python";
+  std::ofstream(py) << "#!/bin/sh\necho ready\nwhile read -r line; do echo done; done\n";
+  fs::permissions(py, fs::perms::owner_all);
+  const std::string args = " bench --nq 4 --d 4 --reps 1 --warmup 0 --threads 1 --probe-mib 0 --peers torch --python " + py.string();
+  auto run = [&](const std::string& exe) {
+    const std::string cmd = "cd " + d.string() + " && " + exe + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int st = pclose(p);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+    return out;
+  };
+  std::string out = run((d / "bin" / "attn").string());
+  EXPECT_NE(out.find("python peers: " + py.string() + " " + fs::weakly_canonical(installed).string()), std::string::npos) << out;
+  out = run(ATTN_CLI);  // the build tree's binary: the source tree's script
+  EXPECT_NE(out.find(" " + fs::weakly_canonical(fs::path(ATTN_SOURCE_DIR) / "bench" / "peers.py").string()), std::string::npos) << out;
+  fs::remove(installed);  // a copy with no script beside it says so
+  out = run((d / "bin" / "attn").string());
+  EXPECT_NE(out.find("bench/peers.py not found"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace attn

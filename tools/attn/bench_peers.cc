@@ -23,10 +23,10 @@ std::vector<std::string> split_tabs(const std::string& s) {
   return f;
 }
 
-std::string exe_dir() {
+std::filesystem::path exe_dir() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : p.parent_path().string();
+  return ec ? std::filesystem::path(".") : p.parent_path();
 }
 
 }  // namespace
@@ -137,11 +137,14 @@ std::string find_python(const std::string& given) {
 std::string find_peer_script(const std::string& given) {
   if (!given.empty()) return given;
   if (const char* e = std::getenv("ATTN_BENCH_PEERS"); e && *e) return e;
-  const std::string dir = exe_dir();
-  // build/<preset>/tools/attn/attn -> <source>/bench/peers.py; installed: <prefix>/share/attn/bench
-  for (const std::string& c : {dir + "/../../../bench/peers.py", dir + "/../share/attn/bench/peers.py",
-                               std::string("bench/peers.py")})
-    if (std::filesystem::exists(c)) return std::filesystem::weakly_canonical(c).string();
+  namespace fs = std::filesystem;
+  const fs::path dir = exe_dir();
+  std::vector<fs::path> candidates = {dir / ATTN_BIN_TO_DATA / "attn/bench/peers.py"};  // installed
+  std::error_code ec;
+  if (fs::equivalent(dir, ATTN_CLI_BUILD_DIR, ec)) candidates.push_back(fs::path(ATTN_SOURCE_DIR) / "bench/peers.py");
+  candidates.push_back("bench/peers.py");  // run from a source tree
+  for (const fs::path& c : candidates)
+    if (fs::exists(c, ec)) return fs::weakly_canonical(c, ec).string();
   return {};
 }
 

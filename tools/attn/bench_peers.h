@@ -67,8 +67,9 @@ class python_peers {
 // or ~/.cache/attn-bench-venv/bin/python when it exists; "" when there is none.
 std::string find_python(const std::string& given);
 
-// bench/peers.py: `given`, else $ATTN_BENCH_PEERS, else next to the build tree or the
-// installed tool; "" when not found.
+// bench/peers.py: `given`, else $ATTN_BENCH_PEERS, else the installed copy
+// (<bindir>/<path to datadir>/attn/bench/peers.py, from the binary's own path), else the source
+// tree's when the binary runs from its build tree, else ./bench/peers.py; "" when not found.
 std::string find_peer_script(const std::string& given);
 
 }  // namespace attn::cli::bench

@@ -19,6 +19,7 @@
 //   blas      attention as OpenBLAS GEMM + softmax + GEMM (bench_blas.h), in this process
 //   torch     torch.nn.functional.scaled_dot_product_attention   } bench/peers.py, run by the
 //   ggml      ggml_flash_attn_ext (forward only)                 } benchmark venv's python
+//   ort       ONNX Runtime's CPU Attention (opset 23, forward)   }
 // The other files: bench_grid (configurations), bench_probe (machine peaks), bench_memory (RSS),
 // bench_peers (the Python peer process), bench_report (table, JSON, CSV).
 #include <fmt/format.h>
@@ -54,7 +55,7 @@ using bench::workload;
 
 struct bench_args {
   std::int64_t batch = 1, hq = 8, hkv = 0, nq = 1024, nk = 0, d = 64, dv = 0;
-  std::string dtype_name = "f32", pass = "forward", backend_name = "automatic", grid = "none", csv, peers = "blas,torch,ggml";
+  std::string dtype_name = "f32", pass = "forward", backend_name = "automatic", grid = "none", csv, peers = "blas,torch,ggml,ort";
   std::string python, peer_script, openblas_coretype = "auto", kv_cache;
   bool causal = false, backward = false, json = false, check = false;
   std::vector<int> threads{0};
@@ -182,7 +183,7 @@ std::vector<int> thread_counts(const bench_args& a) {
   return threads;
 }
 
-// --peers split into the in-process OpenBLAS baseline and the Python peers ("torch,ggml").
+// --peers split into the in-process OpenBLAS baseline and the Python peers ("torch,ggml,ort").
 struct peer_choice {
   bool blas = false;
   std::string python;
@@ -194,10 +195,10 @@ peer_choice parse_peers(const std::string& list) {
   for (std::string name; std::getline(ss, name, ',');) {
     if (name == "blas")
       c.blas = true;
-    else if (name == "torch" || name == "ggml")
+    else if (name == "torch" || name == "ggml" || name == "ort")
       c.python += (c.python.empty() ? "" : ",") + name;
     else if (name != "none" && !name.empty())
-      throw error(fmt::format("attn bench: --peers {}: '{}' is not one of blas, torch, ggml, none", list, name));
+      throw error(fmt::format("attn bench: --peers {}: '{}' is not one of blas, torch, ggml, ort, none", list, name));
   }
   return c;
 }
@@ -467,7 +468,7 @@ int run(const bench_args& a, const given& g) {
       m.python = "not measured: bench/peers.py not found (pass --peer-script)";
     else {
       py = std::make_unique<bench::python_peers>(python, script, peers.python);
-      m.python = py->ok() ? python : "not measured: " + py->why();
+      m.python = py->ok() ? python + " " + script : "not measured: " + py->why();
       if (py->ok()) m.peer_versions = py->versions();
     }
   }
@@ -510,7 +511,7 @@ int run_serving(const bench_args& a, bool varlen) {
 }  // namespace
 
 void add_bench(CLI::App& app, int& exit_code) {
-  auto* s = app.add_subcommand("bench", "Time attention (and peers: OpenBLAS unfused, PyTorch, ggml) against the machine's peak");
+  auto* s = app.add_subcommand("bench", "Time attention (and peers: OpenBLAS unfused, PyTorch, ggml, ONNX Runtime) against the machine's peak");
   auto a = std::make_shared<bench_args>();
   s->add_option("--batch", a->batch, "B");
   s->add_option("--hq", a->hq, "query heads Hq");
@@ -538,7 +539,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->add_option("--csv", a->csv, "also write every row to this CSV file");
   s->add_flag("--check", a->check,
               "compare the OpenBLAS baseline's results with attn's (exit status 1 when they differ)");
-  s->add_option("--peers", a->peers, "peers to measure, comma-separated: blas, torch, ggml, or none; with --score/--distribution/--grid family: torch (eager), tiled, core, or none");
+  s->add_option("--peers", a->peers, "peers to measure, comma-separated: blas, torch, ggml, ort, or none; with --score/--distribution/--grid family: torch (eager), tiled, core, or none");
   s->add_option("--python", a->python, "python of the benchmark venv (default $ATTN_BENCH_PYTHON, ~/.cache/attn-bench-venv)");
   s->add_option("--peer-script", a->peer_script, "bench/peers.py (found next to the build tree by default)");
   s->add_option("--openblas-coretype", a->openblas_coretype,
