@@ -22,6 +22,12 @@ inline Tensor random_tensor(const Shape& shape, dtype t, std::mt19937& rng, doub
   return Tensor::from_values(shape, t, v);
 }
 
+// An int64 tensor of the given values (sequence starts, block tables, lengths).
+inline Tensor index_tensor(Shape shape, const std::vector<std::int64_t>& v) {
+  return Tensor::from_values(std::move(shape), dtype::i64, std::vector<double>(v.begin(), v.end()));
+}
+inline Tensor index_tensor(const std::vector<std::int64_t>& v) { return index_tensor({std::int64_t(v.size())}, v); }
+
 inline Tensor random_bool(const Shape& shape, std::mt19937& rng, double p_true = 0.7) {
   std::bernoulli_distribution u(p_true);
   std::vector<double> v(std::size_t(TensorView(nullptr, dtype::boolean, shape).numel()));

@@ -39,6 +39,7 @@
 
 #include "core/common.h"
 #include "core/problem.h"
+#include "cpu/buffers.h"
 #include "cpu/kernels.h"
 
 namespace attn::detail {
@@ -59,18 +60,8 @@ constexpr std::int64_t kRowQueryBlock = 64;
 // every (b, hkv) into blocks, are then faster. A constant of the shape, never the thread count.
 constexpr std::int64_t kFusedMinUnits = 8;
 
-struct free_deleter {
-  void operator()(float* p) const { std::free(p); }
-};
-using fbuf = std::unique_ptr<float[], free_deleter>;
-
-// n floats, 64-byte aligned; attn::error naming the size when the memory is not there.
-fbuf alloc_floats(std::int64_t n) {
-  const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
-  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
-  if (!r) fail("attention (cpu)", fmt::format("cannot allocate {} bytes of working memory", bytes));
-  return r;
-}
+// n floats, 64-byte aligned (buffers.h); attn::error naming the size when the memory is not there.
+fbuf alloc_floats(std::int64_t n) { return cpu::alloc_floats(n, "attention (cpu)"); }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "core/common.h"
+#include "cpu/buffers.h"
 #include "cpu/family_kernels.h"
 #include "family/family_impl.h"
 
@@ -36,17 +37,8 @@ constexpr std::int64_t kQueryBlock = 64;     // query rows per row-layout call (
 constexpr std::int64_t kMaxLen = std::int64_t(1) << 30;  // positions are int32 in the kernels
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 
-struct free_deleter {
-  void operator()(float* p) const { std::free(p); }
-};
-using fbuf = std::unique_ptr<float[], free_deleter>;
-
-fbuf alloc_floats(std::int64_t n) {
-  const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
-  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
-  if (!r) fail("attention_family (fused)", fmt::format("cannot allocate {} bytes of working memory", bytes));
-  return r;
-}
+using cpu::fbuf;
+fbuf alloc_floats(std::int64_t n) { return cpu::alloc_floats(n, "attention_family (fused)"); }
 
 std::vector<float> to_f32(const std::vector<double>& x, int nt) {
   std::vector<float> r(x.size());

@@ -2,8 +2,10 @@
 // learned parameters each score needs, and Σ dout·out for finite differences.
 #pragma once
 
+#include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "test_util.h"
@@ -89,5 +91,25 @@ struct family_case {
 };
 
 inline std::string case_name(score_kind s, distribution_kind d) { return to_string(s) + " x " + to_string(d); }
+
+// Every output and gradient of one family call (got) within tol of another's (want).
+inline void expect_family_close(const family_result& got, const family_grads& dgot, const family_result& want,
+                                const family_grads& dwant, double tol) {
+  EXPECT_TRUE(all_close(got.out, want.out, tol)) << "out";
+  EXPECT_TRUE(all_close(dgot.dq, dwant.dq, tol)) << "dq";
+  EXPECT_TRUE(all_close(dgot.dk, dwant.dk, tol)) << "dk";
+  EXPECT_TRUE(all_close(dgot.dv, dwant.dv, tol)) << "dv";
+  for (auto [name, a, b] : {std::tuple{"dW", &dgot.dW, &dwant.dW}, {"db", &dgot.db, &dwant.db},
+                            {"dW_q", &dgot.dW_q, &dwant.dW_q}, {"dW_k", &dgot.dW_k, &dwant.dW_k},
+                            {"dw_v", &dgot.dw_v, &dwant.dw_v}, {"dW_a", &dgot.dW_a, &dwant.dW_a}}) {
+    ASSERT_EQ(a->defined(), b->defined()) << name;
+    if (a->defined()) {
+      EXPECT_TRUE(all_close(*a, *b, tol)) << name;
+    }
+  }
+  EXPECT_NEAR(dgot.dtemperature, dwant.dtemperature, tol * (1 + std::abs(dwant.dtemperature)));
+  EXPECT_NEAR(dgot.dbandwidth, dwant.dbandwidth, tol * (1 + std::abs(dwant.dbandwidth)));
+  EXPECT_NEAR(dgot.dsigmoid_bias, dwant.dsigmoid_bias, tol * (1 + std::abs(dwant.dsigmoid_bias)));
+}
 
 }  // namespace attn::testing

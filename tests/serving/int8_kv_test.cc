@@ -22,12 +22,8 @@ namespace attn {
 namespace {
 
 using testing::all_close;
+using testing::index_tensor;
 using testing::random_tensor;
-
-Tensor index_tensor(Shape shape, const std::vector<std::int64_t>& v) {
-  std::vector<double> d(v.begin(), v.end());
-  return Tensor::from_values(std::move(shape), dtype::i64, d);
-}
 
 struct isa_scope {
   explicit isa_scope(const std::string& isa) { setenv("ATTN_CPU_ISA", isa.c_str(), 1); }

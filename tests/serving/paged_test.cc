@@ -17,12 +17,8 @@ namespace attn {
 namespace {
 
 using testing::all_close;
+using testing::index_tensor;
 using testing::random_tensor;
-
-Tensor index_tensor(Shape shape, const std::vector<std::int64_t>& v) {
-  std::vector<double> d(v.begin(), v.end());
-  return Tensor::from_values(std::move(shape), dtype::i64, d);
-}
 
 // Keys [0, L) of sequence b gathered from the pages into a dense [1, H, L, X].
 Tensor gather(const Tensor& pages, const std::vector<std::int64_t>& table, std::int64_t max_pages, std::int64_t b,

@@ -15,12 +15,8 @@ namespace attn {
 namespace {
 
 using testing::all_close;
+using testing::index_tensor;
 using testing::random_tensor;
-
-Tensor index_tensor(const std::vector<std::int64_t>& v) {
-  std::vector<double> d(v.begin(), v.end());
-  return Tensor::from_values({std::int64_t(v.size())}, dtype::i64, d);
-}
 
 std::vector<std::int64_t> cumulative(const std::vector<std::int64_t>& lens) {
   std::vector<std::int64_t> cu{0};
