@@ -457,14 +457,14 @@ class AdditiveAttention(nn.Module):
 
 class GeneralAttention(nn.Module):
     """Luong general attention ``e_ij = q_iᵀ W k_j`` with ``W [D, Dk]`` (``bias=True``:
-    ``+ b``, biased_general). Inputs ``[B, N, ·]`` (one head) or ``[B, H, N, ·]``."""
+    ``e_ij = k_jᵀ (Wᵀ q_i + b)`` with ``b [Dk]``, biased_general). Inputs ``[B, N, ·]`` (one head) or ``[B, H, N, ·]``."""
 
     def __init__(self, query_size: int, key_size: int, bias: bool = False,
                  distribution: str = "softmax", dtype=None):
         super().__init__()
         self.W = nn.Parameter(torch.empty(query_size, key_size, dtype=dtype))
         nn.init.xavier_uniform_(self.W)
-        self.b = nn.Parameter(torch.zeros(1, dtype=dtype)) if bias else None
+        self.b = nn.Parameter(torch.zeros(key_size, dtype=dtype)) if bias else None
         self.distribution = distribution
 
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, attn_mask: Optional[Tensor] = None,

@@ -55,7 +55,7 @@ SCORES = {
     "dot": {},
     "scaled_dot": {"scale": 0.8},
     "general": {"W": (D, D)},
-    "biased_general": {"W": (D, D), "b": (1,)},
+    "biased_general": {"W": (D, D), "b": (D,)},
     "activated_general": {"W": (D, D), "b": (1,), "activation": "tanh"},
     "additive": {"W_q": (A, D), "W_k": (A, D), "b": (A,), "w_v": (A,)},
     "cosine": {"temperature": "scalar"},
@@ -127,3 +127,17 @@ def test_t5_bias_through_attention():
     table, q, k, v = r(8, 2), r(1, 2, 4, 3), r(1, 2, 4, 3), r(1, 2, 4, 3)
     f = lambda t, q, k, v: at.scaled_dot_product_attention(q, k, v, at.t5_relative_bias(t, 4, 4), scale=1.0)  # noqa: E731
     assert torch.autograd.gradcheck(f, (table, q, k, v))
+
+
+def test_general_attention_module_biased_matches_torch_formula():
+    # e_ij = k_jᵀ (Wᵀ q_i + b) with b [Dk]: the bias differs per key, so softmax does not cancel it.
+    m = at.GeneralAttention(D, Dk, bias=True, dtype=torch.float64)
+    assert m.b.shape == (Dk,)
+    with torch.no_grad():
+        m.b.copy_(torch.randn(Dk, dtype=torch.float64))
+    q, k, v = r(2, Nq, D), r(2, Nk, Dk), r(2, Nk, Dv)
+    want = torch.softmax((q @ m.W + m.b) @ k.transpose(-1, -2), dim=-1) @ v
+    got = m(q, k, v)
+    assert torch.allclose(got, want, atol=1e-12), (got - want).abs().max()
+    assert torch.autograd.gradcheck(lambda q, k, v, W, b: at.attention_family(
+        q, k, v, score="biased_general", W=W, b=b, q_num_heads=1, kv_num_heads=1), (q, k, v, m.W, m.b))
