@@ -16,7 +16,8 @@ namespace attn {
 // and falls back to the float64 reference; explain_backend (attention.h) says why each backend
 // before the chosen one was not eligible. The environment variable ATTN_BACKEND (e.g.
 // ATTN_BACKEND=reference) overrides `automatic` (never an explicit choice).
-enum class backend { automatic, reference, cpu };
+// `cuda` (attn/cuda.h) runs only when named: host tensors are copied to the device and back.
+enum class backend { automatic, reference, cpu, cuda };
 
 // Which path the family (family.h) takes. `automatic`: the core op for the pairs it can run,
 // else the fused f32 kernels for the pairs they run (dot-product scores, float32/16 and
@@ -38,7 +39,8 @@ backend parse_backend(std::string_view name);
 std::string_view to_string(family_path p);
 family_path parse_family_path(std::string_view name);
 
-// The names of every backend compiled in, in the order `automatic` tries them.
+// The names of every backend compiled in, in registry order: cpu, cuda (builds with CUDA; taken
+// only when named), reference.
 std::vector<std::string> backends();
 
 }  // namespace attn

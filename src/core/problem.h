@@ -164,6 +164,9 @@ struct backend_impl {
   std::string (*path)(const problem&, const backend_request&);
   void (*forward)(const problem&, const forward_outputs&);
   void (*backward)(const problem&, const backward_io&);
+  // Taken only when asked by name (use_backend or ATTN_BACKEND), never by `automatic`: the cuda
+  // backend, whose host tensors cross to the device and back.
+  bool explicit_only = false;
   std::string_view name() const { return to_string(id); }
 };
 
@@ -175,6 +178,7 @@ const backend_impl& reference_backend();  // src/reference
 // there the rows a fast backend left non-finite (special values, attention.h).
 void reference_forward_rows(const problem& p, const forward_outputs& o, std::span<const std::int64_t> rows);
 const backend_impl& cpu_backend();        // src/cpu
+const backend_impl& cuda_backend();       // src/cuda (a refusing stub in builds without CUDA)
 
 // The one backend selector, used by every call and by explain_backend. `want` is the caller's
 // execution::use_backend; with `automatic`, ATTN_BACKEND (if set) names the backend. `chosen`

@@ -13,8 +13,9 @@ namespace detail {
 
 namespace {
 constexpr std::array kBackendNames = {enum_name{backend::automatic, "automatic"},
-                                      enum_name{backend::reference, "reference"}, enum_name{backend::cpu, "cpu"}};
-static_assert(names_cover(kBackendNames, backend::cpu), "a backend enumerator has no name");
+                                      enum_name{backend::reference, "reference"}, enum_name{backend::cpu, "cpu"},
+                                      enum_name{backend::cuda, "cuda"}};
+static_assert(names_cover(kBackendNames, backend::cuda), "a backend enumerator has no name");
 
 constexpr std::array kFamilyPathNames = {enum_name{family_path::automatic, "automatic"},
                                          enum_name{family_path::core, "core"}, enum_name{family_path::tiled, "tiled"},
@@ -24,7 +25,7 @@ static_assert(names_cover(kFamilyPathNames, family_path::fused), "a family_path 
 }  // namespace
 
 const std::vector<const backend_impl*>& backend_registry() {
-  static const std::vector<const backend_impl*> list = {&cpu_backend(), &reference_backend()};
+  static const std::vector<const backend_impl*> list = {&cpu_backend(), &cuda_backend(), &reference_backend()};
   return list;
 }
 
@@ -44,6 +45,7 @@ selection select_backend(const problem& p, const backend_request& req, backend w
   }
   for (const backend_impl* b : backend_registry()) {
     if (want != backend::automatic && b->id != want) continue;
+    if (want == backend::automatic && b->explicit_only) continue;  // never chosen for the caller
     const std::string why = b->why_not(p, req);
     if (why.empty()) {
       sel.chosen = b;
@@ -72,7 +74,12 @@ family_path parse_family_path(std::string_view name) {
 
 std::vector<std::string> backends() {
   std::vector<std::string> r;
-  for (const auto* b : detail::backend_registry()) r.emplace_back(b->name());
+  for (const auto* b : detail::backend_registry()) {
+#ifndef ATTN_HAS_CUDA
+    if (b->id == backend::cuda) continue;  // the stub of a build without CUDA: it can run nothing
+#endif
+    r.emplace_back(b->name());
+  }
   return r;
 }
 

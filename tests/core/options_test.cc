@@ -85,12 +85,17 @@ TEST(options, masking_options_shared_by_core_and_family) {
 }
 
 TEST(options, backend_and_path_names_round_trip) {
-  for (backend b : {backend::automatic, backend::reference, backend::cpu}) EXPECT_EQ(parse_backend(to_string(b)), b);
+  for (backend b : {backend::automatic, backend::reference, backend::cpu, backend::cuda})
+    EXPECT_EQ(parse_backend(to_string(b)), b);
   for (family_path p : {family_path::automatic, family_path::core, family_path::tiled, family_path::reference})
     EXPECT_EQ(parse_family_path(to_string(p)), p);
-  EXPECT_THROW_MSG(parse_backend("cuda"), "backend: 'cuda' is not one of automatic, reference, cpu");
+  EXPECT_THROW_MSG(parse_backend("tpu"), "backend: 'tpu' is not one of automatic, reference, cpu, cuda");
   EXPECT_THROW_MSG(parse_family_path("fast"), "family path: 'fast' is not one of automatic, core, tiled, reference");
+#ifdef ATTN_HAS_CUDA
+  EXPECT_EQ(backends(), (std::vector<std::string>{"cpu", "cuda", "reference"}));
+#else
   EXPECT_EQ(backends(), (std::vector<std::string>{"cpu", "reference"}));
+#endif
 }
 
 // explain_backend makes the same choice as the call — ATTN_BACKEND included — and names the

@@ -381,7 +381,7 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--present-value", a->present_value, "write the concatenated values");
   s->add_option("--q-num-heads", a->q_heads, "query heads (required for 3-D inputs)");
   s->add_option("--kv-num-heads", a->kv_heads, "key/value heads (required for 3-D inputs)");
-  s->add_option("--backend", a->backend, "automatic | reference | cpu")
+  s->add_option("--backend", a->backend, "automatic | reference | cpu | cuda (docs/CUDA.md; named only)")
       ->check(backend_name_check());
   s->add_option("--threads", a->threads, "threads (0: all)");
   s->add_flag("--ring", a->ring, "ring attention over MPI: run under mpirun -np P; rank 0 writes the outputs");

@@ -1,0 +1,772 @@
+// src/cuda/flash.cuh — the cuda kernels: FlashAttention-2's tiling on mma.sync m16n8k16 tensor
+// cores (f16 or bf16 operands, f32 accumulation), written once for both types and for head sizes
+// kD = 64, 128, 256 (smaller D run with zero columns).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4):
+//   A 16×16 (row-major): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16×8  (k × n):     b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C 16×8 f32:          c0 c1 (g, 2t..2t+1)   c2 c3 (g+8, 2t..2t+1)
+// so two C tiles side by side are, rounded to 16 bits, the A fragment of the next product (P·V,
+// dS·K) without passing through shared memory. ldmatrix (.x4, .trans) fills A and B fragments
+// from shared tiles [rows][kD + 8] (the 16-byte pad puts the 8 rows an 8×8 load reads in
+// different banks).
+//
+// Forward: one block of 4 warps per (64 query rows, q head, batch); each warp owns 16 rows and
+// keeps its S tile, row max, row sum and O accumulator in registers (online softmax); K/V tiles
+// of 64 keys are double-buffered with cp.async. Backward (deterministic, no atomics): delta =
+// rowsum(dO ∘ O); a dk/dv kernel per (64 keys, kv head, batch) that walks the group's query
+// heads and query blocks (S and dP recomputed transposed, so Pᵀ and dSᵀ are A fragments); a dq
+// kernel per (64 query rows, q head, batch) that also writes per-block partial sums of the
+// ALiBi and sink gradients.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/params.h"
+
+namespace attn::detail::cuda {
+
+constexpr float kInf = __builtin_huge_valf();
+
+// ---- tensor-core and copy primitives ----
+
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                   std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma<__half>(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                            std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to the 16-bit type, the first in the low half (the lower column).
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  std::uint32_t r;
+  std::memcpy(&r, &v, 4);
+  return r;
+}
+template <>
+__device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  std::uint32_t r;
+  std::memcpy(&r, &v, 4);
+  return r;
+}
+template <class T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4t(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared tile [kRows][kD + 8] ← rows [0, rows) and columns [0, cols) of a global [N, ·] view with
+// row stride sn; the rest zero. cols is a multiple of 8.
+template <int kRows, int kD, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, std::int64_t sn, int rows, int cols) {
+  constexpr int kS = kD + 8, kChunks = kD / 8;
+  for (int c = threadIdx.x; c < kRows * kChunks; c += blockDim.x) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    T* dst = tile + r * kS + col;
+    if (r < rows && col < cols)
+      cp_async16(dst, src + r * sn + col);
+    else
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Fragment addresses in a shared tile of row stride kS (elements), for this lane
+// (m = lane / 8 picks the 8×8 matrix, r = lane % 8 its row):
+//   a_at: the A fragment of rows [row0, +16) × k [k0, +16)                       (ldsm4)
+//   bn_at: B fragments of two n-tiles [n0, +16) × k [k0, +16), tile rows = n    (ldsm4)
+//   bk_at: B fragments of k [k0, +16) × two n-tiles [n0, +16), tile rows = k    (ldsm4t)
+template <int kS, class T>
+__device__ __forceinline__ const T* a_at(const T* tile, int row0, int k0, int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  return tile + (row0 + (m & 1) * 8 + r) * kS + k0 + (m >> 1) * 8;
+}
+template <int kS, class T>
+__device__ __forceinline__ const T* bn_at(const T* tile, int n0, int k0, int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  return tile + (n0 + (m >> 1) * 8 + r) * kS + k0 + (m & 1) * 8;
+}
+template <int kS, class T>
+__device__ __forceinline__ const T* bk_at(const T* tile, int k0, int n0, int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  return tile + (k0 + (m & 1) * 8 + r) * kS + n0 + (m >> 1) * 8;
+}
+
+// ---- the problem's semantics (problem::key_range and problem::bias of src/core/problem.h) ----
+
+__device__ __forceinline__ std::int64_t keys_valid(const dev_problem& p, int b) {
+  return p.kv_len ? p.kv_len[b] : p.Nk;
+}
+__device__ __forceinline__ std::int64_t query_pos(const dev_problem& p, int b, std::int64_t i) {
+  if (p.alignment == 1) return keys_valid(p, b) - p.Nq + i;
+  if (p.alignment == 2) return (p.past_lens ? p.past_lens[b] : p.past_len) + i;
+  return i;
+}
+// Keys [lo, hi) of query row i; lo >= hi: fully masked. Rows past Nq get an empty range.
+__device__ __forceinline__ void key_range(const dev_problem& p, int b, std::int64_t i, int& lo, int& hi) {
+  if (i >= p.Nq) {
+    lo = hi = 0;
+    return;
+  }
+  std::int64_t l = 0, h = keys_valid(p, b);
+  if (p.causal || p.window_left >= 0 || p.window_right >= 0) {
+    const std::int64_t pos = query_pos(p, b, i);
+    if (p.causal) h = h < pos + 1 ? h : pos + 1;
+    if (p.window_right >= 0) h = h < pos + p.window_right + 1 ? h : pos + p.window_right + 1;
+    if (p.window_left >= 0) l = l > pos - p.window_left ? l : pos - p.window_left;
+  }
+  if (p.mask && h > p.mask_cols) h = p.mask_cols;
+  if (h < l) h = l;
+  lo = int(l), hi = int(h);
+}
+
+// The score of key j for query row i (inside its key range) from acc = q·k: scale, softcap,
+// mask, ALiBi. *dfac receives d score / d acc (scale · (1 - tanh²) under softcap).
+struct row_terms {
+  const float* mask_row;  // null: no mask
+  float slope;            // 0: no ALiBi
+  std::int64_t pos;
+};
+__device__ __forceinline__ row_terms terms_of(const dev_problem& p, int b, int h, std::int64_t i) {
+  row_terms t;
+  t.mask_row = p.mask && i < p.Nq ? p.mask + b * p.m_sb + h * p.m_sh + i * p.m_sn : nullptr;
+  t.slope = p.alibi ? p.alibi[b * p.Hq + h] : 0.0f;
+  t.pos = i < p.Nq ? query_pos(p, b, i) : 0;
+  return t;
+}
+__device__ __forceinline__ float score_of(const dev_problem& p, const row_terms& t, int j, float acc, float* dfac) {
+  float x = acc * p.scale;
+  if (p.softcap > 0.0f) {
+    const float th = tanhf(x / p.softcap);
+    x = p.softcap * th;
+    if (dfac) *dfac = p.scale * (1.0f - th * th);
+  } else if (dfac) {
+    *dfac = p.scale;
+  }
+  if (t.mask_row) x += t.mask_row[j];
+  if (p.alibi) {
+    const std::int64_t d = t.pos - j;
+    x -= t.slope * float(d < 0 ? -d : d);
+  }
+  return x;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Union [*kmin, *kmax) of the key ranges of rows [i0, i0 + rows), and whether every row holds all
+// of [*kfull_lo, *kfull_hi) (blocks inside it need no range test). Block-wide; uses `cells`.
+__device__ __forceinline__ void block_key_range(const dev_problem& p, int b, std::int64_t i0, int rows, int* cells,
+                                                int& kmin, int& kmax, int& lo_max, int& hi_min) {
+  if (threadIdx.x == 0) cells[0] = 0x7fffffff, cells[1] = 0, cells[2] = 0, cells[3] = 0x7fffffff;
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    int lo, hi;
+    key_range(p, b, i0 + r, lo, hi);
+    if (i0 + r >= p.Nq) continue;
+    if (lo < hi) atomicMin(&cells[0], lo), atomicMax(&cells[1], hi);
+    atomicMax(&cells[2], lo), atomicMin(&cells[3], hi);
+  }
+  __syncthreads();
+  kmin = cells[0], kmax = cells[1], lo_max = cells[2], hi_min = cells[3];
+  __syncthreads();
+}
+
+// ---- forward ----
+
+template <int kD>
+constexpr int fwd_smem_bytes() {
+  return (64 + 4 * 64) * (kD + 8) * 2;  // Q, then K and V double-buffered
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const dev_forward f) {
+  constexpr int kM = 64, kN = 64, kS = kD + 8;
+  constexpr bool kQInRegs = kD <= 128;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int cells[4];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + kM * kS;      // [2][kN][kS]
+  T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
+
+  const int b = blockIdx.z, h = blockIdx.y, hk = h / (p.Hq / p.Hkv);
+  const std::int64_t q0 = std::int64_t(blockIdx.x) * kM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+
+  const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  int kmin, kmax, lo_max, hi_min;
+  block_key_range(p, b, q0, rows, cells, kmin, kmax, lo_max, hi_min);
+
+  // This thread's two rows: warp·16 + g and + 8.
+  int lo[2], hi[2];
+  row_terms terms[2];
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = q0 + warp * 16 + g + 8 * r;
+    key_range(p, b, i, lo[r], hi[r]);
+    terms[r] = terms_of(p, b, h, i);
+  }
+
+  float o[kD / 8][4];
+  for (int d = 0; d < kD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  float m[2] = {-kInf, -kInf}, l[2] = {0.0f, 0.0f};
+
+  const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
+  load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
+  if (jb0 < jb1) {
+    const int k0 = jb0 * kN;
+    load_tile<kN, kD>(sK, K + k0 * p.k_sn, p.k_sn, p.Nk - k0, p.D);
+    load_tile<kN, kD>(sV, V + k0 * p.v_sn, p.v_sn, p.Nk - k0, p.Dv);
+  }
+  cp_async_commit();
+
+  std::uint32_t qf[kQInRegs ? kD / 16 : 1][4];
+  for (int jb = jb0; jb < jb1; ++jb) {
+    const int buf = (jb - jb0) & 1, k0 = jb * kN;
+    if (jb + 1 < jb1) {
+      const int k1 = k0 + kN;
+      load_tile<kN, kD>(sK + (buf ^ 1) * kN * kS, K + k1 * p.k_sn, p.k_sn, p.Nk - k1, p.D);
+      load_tile<kN, kD>(sV + (buf ^ 1) * kN * kS, V + k1 * p.v_sn, p.v_sn, p.Nk - k1, p.Dv);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* sKb = sK + buf * kN * kS;
+    const T* sVb = sV + buf * kN * kS;
+    if constexpr (kQInRegs) {
+      if (jb == jb0) {
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) ldsm4(qf[ks], a_at<kS>(sQ, warp * 16, ks * 16, lane));
+      }
+    }
+
+    // S = Q Kᵀ for this warp's 16 rows × 64 keys.
+    float s[kN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      if (ks * 16 >= p.D) break;
+      std::uint32_t a[4];
+      if constexpr (kQInRegs) {
+        a[0] = qf[ks][0], a[1] = qf[ks][1], a[2] = qf[ks][2], a[3] = qf[ks][3];
+      } else {
+        ldsm4(a, a_at<kS>(sQ, warp * 16, ks * 16, lane));
+      }
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        std::uint32_t bb[4];
+        ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
+        mma<T>(s[2 * np], a, bb[0], bb[1]);
+        mma<T>(s[2 * np + 1], a, bb[2], bb[3]);
+      }
+    }
+
+    // Scores, then the online softmax of each row.
+    const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
+        const bool in = !ranged || (j >= lo[r] && j < hi[r]);
+        const float x = in ? score_of(p, terms[r], j, s[n][e], nullptr) : -kInf;
+        s[n][e] = x;
+        mx[r] = fmaxf(mx[r], x);
+      }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      base[r] = mx[r] == -kInf ? 0.0f : mx[r];
+      const float alpha = __expf(m[r] - base[r]);
+      m[r] = mx[r];
+      l[r] *= alpha;
+#pragma unroll
+      for (int d = 0; d < kD / 8; ++d) o[d][2 * r] *= alpha, o[d][2 * r + 1] *= alpha;
+    }
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = __expf(s[n][e] - base[e >> 1]);
+        s[n][e] = pr;
+        l[e >> 1] += pr;
+      }
+
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        if (dp * 16 >= p.Dv) break;
+        std::uint32_t bb[4];
+        ldsm4t(bb, bk_at<kS>(sVb, kk * 16, dp * 16, lane));
+        mma<T>(o[2 * dp], a, bb[0], bb[1]);
+        mma<T>(o[2 * dp + 1], a, bb[2], bb[3]);
+      }
+    }
+    __syncthreads();  // the other buffer is refilled next
+  }
+  cp_async_wait<0>();
+
+  // out = O / Σ (the sink joins Σ), lse = m + log Σ; a row with no key gives zeros and -inf.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = quad_sum(l[r]);
+    const std::int64_t i = q0 + warp * 16 + g + 8 * r;
+    if (p.sinks && m[r] != -kInf) sum += __expf(p.sinks[h] - m[r]);
+    const float inv = m[r] == -kInf ? 0.0f : 1.0f / sum;
+    if (i >= p.Nq) continue;
+    T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
+#pragma unroll
+    for (int d = 0; d < kD / 8; ++d) {
+      const int col = d * 8 + 2 * t4;
+      if (col < p.Dv)
+        *reinterpret_cast<std::uint32_t*>(out + col) = pack2<T>(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+    }
+    if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = m[r] == -kInf ? -kInf : m[r] + logf(sum);
+  }
+}
+
+// ---- backward ----
+
+// delta[row] = Σ_d dO·O over the rows of [B, Hq, Nq]: one warp per row.
+template <class T>
+__global__ void delta_kernel(const dev_problem p, const dev_backward g) {
+  const std::int64_t row = std::int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (row >= std::int64_t(p.B) * p.Hq * p.Nq) return;
+  const int lane = threadIdx.x & 31;
+  const std::int64_t i = row % p.Nq, bh = row / p.Nq;
+  const int h = int(bh % p.Hq), b = int(bh / p.Hq);
+  const T* o = static_cast<const T*>(g.out) + b * g.o_sb + h * g.o_sh + i * g.o_sn;
+  const T* d = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + i * g.do_sn;
+  float acc = 0.0f;
+  for (int x = lane; x < p.Dv; x += 32) acc += to_float<T>(o[x]) * to_float<T>(d[x]);
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) g.delta[row] = acc;
+}
+
+template <int kD>
+constexpr int dq_smem_bytes() {
+  return (2 * 64 + 4 * 64) * (kD + 8) * 2;  // Q, dO, then K and V double-buffered
+}
+
+// dq for 64 query rows of one (b, h); each warp 16 rows, 64 keys per step.
+template <class T, int kD>
+__global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_backward g) {
+  constexpr int kM = 64, kN = 64, kS = kD + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int cells[4];
+  __shared__ float red[2][4];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + kM * kS;
+  T* sK = sdO + kM * kS;     // [2][kN][kS]
+  T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
+
+  const int b = blockIdx.z, h = blockIdx.y, hk = h / (p.Hq / p.Hkv);
+  const std::int64_t q0 = std::int64_t(blockIdx.x) * kM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
+  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+  const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
+  const T* dO = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn;
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  int kmin, kmax, lo_max, hi_min;
+  block_key_range(p, b, q0, rows, cells, kmin, kmax, lo_max, hi_min);
+  int lo[2], hi[2];
+  row_terms terms[2];
+  float lse[2], delta[2];
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = q0 + warp * 16 + gq + 8 * r;
+    key_range(p, b, i, lo[r], hi[r]);
+    terms[r] = terms_of(p, b, h, i);
+    const std::int64_t row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
+    lse[r] = i < p.Nq ? g.lse[row] : -kInf;
+    delta[r] = i < p.Nq ? g.delta[row] : 0.0f;
+  }
+
+  float dq[kD / 8][4];
+  for (int d = 0; d < kD / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+  float dalibi = 0.0f;
+
+  const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
+  load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
+  load_tile<kM, kD>(sdO, dO, g.do_sn, rows, p.Dv);
+  if (jb0 < jb1) {
+    const int k0 = jb0 * kN;
+    load_tile<kN, kD>(sK, K + k0 * p.k_sn, p.k_sn, p.Nk - k0, p.D);
+    load_tile<kN, kD>(sV, V + k0 * p.v_sn, p.v_sn, p.Nk - k0, p.Dv);
+  }
+  cp_async_commit();
+
+  for (int jb = jb0; jb < jb1; ++jb) {
+    const int buf = (jb - jb0) & 1, k0 = jb * kN;
+    if (jb + 1 < jb1) {
+      const int k1 = k0 + kN;
+      load_tile<kN, kD>(sK + (buf ^ 1) * kN * kS, K + k1 * p.k_sn, p.k_sn, p.Nk - k1, p.D);
+      load_tile<kN, kD>(sV + (buf ^ 1) * kN * kS, V + k1 * p.v_sn, p.v_sn, p.Nk - k1, p.Dv);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* sKb = sK + buf * kN * kS;
+    const T* sVb = sV + buf * kN * kS;
+
+    float s[kN / 8][4], dp[kN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      if (ks * 16 < p.D) {
+        std::uint32_t a[4];
+        ldsm4(a, a_at<kS>(sQ, warp * 16, ks * 16, lane));
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) {
+          std::uint32_t bb[4];
+          ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
+          mma<T>(s[2 * np], a, bb[0], bb[1]);
+          mma<T>(s[2 * np + 1], a, bb[2], bb[3]);
+        }
+      }
+      if (ks * 16 < p.Dv) {
+        std::uint32_t a[4];
+        ldsm4(a, a_at<kS>(sdO, warp * 16, ks * 16, lane));
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) {
+          std::uint32_t bb[4];
+          ldsm4(bb, bn_at<kS>(sVb, np * 16, ks * 16, lane));
+          mma<T>(dp[2 * np], a, bb[0], bb[1]);
+          mma<T>(dp[2 * np + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+
+    // dS = P ∘ (dP - delta); the product's operand is dS · d score / d(q·k).
+    const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
+        const bool in = (!ranged || (j >= lo[r] && j < hi[r])) && lse[r] != -kInf;
+        float dfac = 0.0f, ds = 0.0f;
+        if (in) {
+          const float x = score_of(p, terms[r], j, s[n][e], &dfac);
+          ds = __expf(x - lse[r]) * (dp[n][e] - delta[r]);
+          if (p.alibi) {
+            const std::int64_t dd = terms[r].pos - j;
+            dalibi -= ds * float(dd < 0 ? -dd : dd);
+          }
+        }
+        s[n][e] = ds * dfac;
+      }
+
+    // dQ += dX K.
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dd = 0; dd < kD / 16; ++dd) {
+        if (dd * 16 >= p.D) break;
+        std::uint32_t bb[4];
+        ldsm4t(bb, bk_at<kS>(sKb, kk * 16, dd * 16, lane));
+        mma<T>(dq[2 * dd], a, bb[0], bb[1]);
+        mma<T>(dq[2 * dd + 1], a, bb[2], bb[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  float dsink = 0.0f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = q0 + warp * 16 + gq + 8 * r;
+    if (i >= p.Nq) continue;
+    if (p.sinks && lse[r] != -kInf && t4 == 0) dsink -= __expf(p.sinks[h] - lse[r]) * delta[r];
+    T* out = static_cast<T*>(g.dq) + b * g.dq_sb + h * g.dq_sh + i * g.dq_sn;
+#pragma unroll
+    for (int d = 0; d < kD / 8; ++d) {
+      const int col = d * 8 + 2 * t4;
+      if (col < p.D) *reinterpret_cast<std::uint32_t*>(out + col) = pack2<T>(dq[d][2 * r], dq[d][2 * r + 1]);
+    }
+  }
+  // Per-block partial sums of the ALiBi slope and sink gradients, in a fixed order.
+  if (g.dalibi_part || g.dsinks_part) {
+    for (int off = 16; off > 0; off >>= 1) {
+      dalibi += __shfl_xor_sync(0xffffffffu, dalibi, off);
+      dsink += __shfl_xor_sync(0xffffffffu, dsink, off);
+    }
+    if (lane == 0) red[0][warp] = dalibi, red[1][warp] = dsink;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const std::int64_t at = (std::int64_t(b) * p.Hq + h) * gridDim.x + blockIdx.x;
+      if (g.dalibi_part) g.dalibi_part[at] = (red[0][0] + red[0][1]) + (red[0][2] + red[0][3]);
+      if (g.dsinks_part) g.dsinks_part[at] = (red[1][0] + red[1][1]) + (red[1][2] + red[1][3]);
+    }
+  }
+}
+
+template <int kD>
+constexpr int dkdv_smem_bytes() {
+  return (2 * 64 + 2 * 32) * (kD + 8) * 2 + 32 * 4 * 4;  // K, V, Q, dO, then lse, delta, lo, hi
+}
+
+// dk, dv for 64 keys of one (b, kv head); each warp 16 keys, 32 query rows per step, over every
+// query head of the group.
+template <class T, int kD>
+__global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const dev_backward g) {
+  constexpr int kN = 64, kM = 32, kS = kD + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + kN * kS;
+  T* sQ = sV + kN * kS;
+  T* sdO = sQ + kM * kS;
+  float* s_lse = reinterpret_cast<float*>(sdO + kM * kS);
+  float* s_delta = s_lse + kM;
+  int* s_lo = reinterpret_cast<int*>(s_delta + kM);
+  int* s_hi = s_lo + kM;
+
+  const int b = blockIdx.z, hk = blockIdx.y, group = p.Hq / p.Hkv;
+  const int k0 = blockIdx.x * kN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh + std::int64_t(k0) * p.k_sn;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh + std::int64_t(k0) * p.v_sn;
+  load_tile<kN, kD>(sK, K, p.k_sn, p.Nk - k0, p.D);
+  load_tile<kN, kD>(sV, V, p.v_sn, p.Nk - k0, p.Dv);
+  cp_async_commit();
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+  for (int d = 0; d < kD / 8; ++d)
+    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.0f;
+
+  const int nqb = (p.Nq + kM - 1) / kM;
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = hk * group + hh;
+    const float slope = p.alibi ? p.alibi[b * p.Hq + h] : 0.0f;
+    for (int qb = 0; qb < nqb; ++qb) {
+      const std::int64_t q0 = std::int64_t(qb) * kM;
+      const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+      // Key ranges are monotone in the row: skip blocks that no row of [q0, q0 + rows) reaches.
+      int lo_first, hi_first, lo_last, hi_last;
+      key_range(p, b, q0, lo_first, hi_first);
+      key_range(p, b, q0 + rows - 1, lo_last, hi_last);
+      if (hi_last <= k0 || lo_first >= k0 + kN) continue;
+
+      const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
+      const T* dO = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn;
+      load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
+      load_tile<kM, kD>(sdO, dO, g.do_sn, rows, p.Dv);
+      cp_async_commit();
+      for (int r = threadIdx.x; r < kM; r += blockDim.x) {
+        const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
+        key_range(p, b, i, s_lo[r], s_hi[r]);
+        s_lse[r] = r < rows ? g.lse[row] : -kInf;
+        s_delta[r] = r < rows ? g.delta[row] : 0.0f;
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+
+      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys × 32 rows.
+      float st[kM / 8][4], dpt[kM / 8][4];
+#pragma unroll
+      for (int n = 0; n < kM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = 0.0f, dpt[n][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kD / 16; ++ks) {
+        if (ks * 16 < p.D) {
+          std::uint32_t a[4];
+          ldsm4(a, a_at<kS>(sK, warp * 16, ks * 16, lane));
+#pragma unroll
+          for (int np = 0; np < kM / 16; ++np) {
+            std::uint32_t bb[4];
+            ldsm4(bb, bn_at<kS>(sQ, np * 16, ks * 16, lane));
+            mma<T>(st[2 * np], a, bb[0], bb[1]);
+            mma<T>(st[2 * np + 1], a, bb[2], bb[3]);
+          }
+        }
+        if (ks * 16 < p.Dv) {
+          std::uint32_t a[4];
+          ldsm4(a, a_at<kS>(sV, warp * 16, ks * 16, lane));
+#pragma unroll
+          for (int np = 0; np < kM / 16; ++np) {
+            std::uint32_t bb[4];
+            ldsm4(bb, bn_at<kS>(sdO, np * 16, ks * 16, lane));
+            mma<T>(dpt[2 * np], a, bb[0], bb[1]);
+            mma<T>(dpt[2 * np + 1], a, bb[2], bb[3]);
+          }
+        }
+      }
+
+      // Pᵀ into st, dXᵀ = dSᵀ · d score / d(q·k) into dpt.
+#pragma unroll
+      for (int n = 0; n < kM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = k0 + warp * 16 + gq + 8 * (e >> 1), r = n * 8 + 2 * t4 + (e & 1);
+          const bool in = j >= s_lo[r] && j < s_hi[r] && s_lse[r] != -kInf;
+          float pr = 0.0f, dx = 0.0f;
+          if (in) {
+            row_terms t;
+            t.mask_row = p.mask ? p.mask + b * p.m_sb + h * p.m_sh + (q0 + r) * p.m_sn : nullptr;
+            t.slope = slope;
+            t.pos = query_pos(p, b, q0 + r);
+            float dfac;
+            const float x = score_of(p, t, j, st[n][e], &dfac);
+            pr = __expf(x - s_lse[r]);
+            dx = pr * (dpt[n][e] - s_delta[r]) * dfac;
+          }
+          st[n][e] = pr;
+          dpt[n][e] = dx;
+        }
+
+      // dV += Pᵀ dO, dK += dXᵀ Q.
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) {
+        const std::uint32_t ap[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]), pack2<T>(st[2 * kk][2], st[2 * kk][3]),
+                                     pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
+                                     pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
+        const std::uint32_t ax[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
+                                     pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
+                                     pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
+                                     pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
+#pragma unroll
+        for (int dd = 0; dd < kD / 16; ++dd) {
+          std::uint32_t bb[4];
+          if (dd * 16 < p.Dv) {
+            ldsm4t(bb, bk_at<kS>(sdO, kk * 16, dd * 16, lane));
+            mma<T>(dv[2 * dd], ap, bb[0], bb[1]);
+            mma<T>(dv[2 * dd + 1], ap, bb[2], bb[3]);
+          }
+          if (dd * 16 < p.D) {
+            ldsm4t(bb, bk_at<kS>(sQ, kk * 16, dd * 16, lane));
+            mma<T>(dk[2 * dd], ax, bb[0], bb[1]);
+            mma<T>(dk[2 * dd + 1], ax, bb[2], bb[3]);
+          }
+        }
+      }
+      __syncthreads();  // sQ, sdO and the row values are refilled next
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t j = k0 + warp * 16 + gq + 8 * r;
+    if (j >= p.Nk) continue;
+    T* ok = static_cast<T*>(g.dk) + b * g.dk_sb + hk * g.dk_sh + j * g.dk_sn;
+    T* ov = static_cast<T*>(g.dv) + b * g.dv_sb + hk * g.dv_sh + j * g.dv_sn;
+#pragma unroll
+    for (int d = 0; d < kD / 8; ++d) {
+      const int col = d * 8 + 2 * t4;
+      if (col < p.D) *reinterpret_cast<std::uint32_t*>(ok + col) = pack2<T>(dk[d][2 * r], dk[d][2 * r + 1]);
+      if (col < p.Dv) *reinterpret_cast<std::uint32_t*>(ov + col) = pack2<T>(dv[d][2 * r], dv[d][2 * r + 1]);
+    }
+  }
+}
+
+// ---- launchers ----
+
+template <class Kernel>
+inline cudaError_t allow_smem(Kernel k, int bytes) {
+  return bytes > 48 * 1024 ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
+                           : cudaSuccess;
+}
+
+template <class T, int kD>
+int run_forward(const dev_problem& p, const dev_forward& f) {
+  constexpr int bytes = fwd_smem_bytes<kD>();
+  if (cudaError_t e = allow_smem(forward_kernel<T, kD>, bytes); e != cudaSuccess) return int(e);
+  const dim3 grid((p.Nq + 63) / 64, p.Hq, p.B);
+  forward_kernel<T, kD><<<grid, 128, bytes>>>(p, f);
+  return int(cudaGetLastError());
+}
+
+template <class T, int kD>
+int run_backward(const dev_problem& p, const dev_backward& g) {
+  const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq;
+  if (rows > 0) delta_kernel<T><<<unsigned((rows + 3) / 4), 128>>>(p, g);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
+  constexpr int dq_bytes = dq_smem_bytes<kD>(), kv_bytes = dkdv_smem_bytes<kD>();
+  if (cudaError_t e = allow_smem(dq_kernel<T, kD>, dq_bytes); e != cudaSuccess) return int(e);
+  if (cudaError_t e = allow_smem(dkdv_kernel<T, kD>, kv_bytes); e != cudaSuccess) return int(e);
+  if (p.Nk > 0) dkdv_kernel<T, kD><<<dim3((p.Nk + 63) / 64, p.Hkv, p.B), 128, kv_bytes>>>(p, g);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
+  if (p.Nq > 0) dq_kernel<T, kD><<<dim3((p.Nq + 63) / 64, p.Hq, p.B), 128, dq_bytes>>>(p, g);
+  return int(cudaGetLastError());
+}
+
+
+}  // namespace attn::detail::cuda

@@ -1,0 +1,265 @@
+// tests/cuda/cuda_attention_test.cc — the cuda backend against the float64 reference.
+//
+// Two ctest entries run this binary (tests/CMakeLists.txt):
+//   cuda.contract       (no arguments): on any machine — what a build or machine without a usable
+//                       device says (every call refused, naming why), the names of the backend;
+//   cuda.device         (--device): the kernels on the GPU — forward and backward over sweeps of
+//                       shapes, dtypes, GQA ratios and every mask kind against the reference, the
+//                       device-tensor API, determinism, bad input. Without a device it prints why
+//                       and exits 77, which ctest reports as skipped (never as passed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/attn.h"
+#include "attn/cuda.h"
+#include "test_util.h"
+
+#include <fmt/format.h>
+
+namespace attn {
+namespace {
+
+using namespace attn::testing;
+
+const execution kCuda{.use_backend = backend::cuda};
+const execution kRef{.use_backend = backend::reference};
+
+// ---- on every machine ----
+
+TEST(CudaContract, RefusesWithAReasonWhenUnavailable) {
+  EXPECT_EQ(to_string(backend::cuda), "cuda");
+  EXPECT_EQ(parse_backend("cuda"), backend::cuda);
+  std::mt19937 rng(1);
+  const Tensor q = random_tensor({1, 2, 3, 64}, dtype::bf16, rng);
+  // `automatic` never takes cuda for host tensors.
+  EXPECT_NE(attention(q, q, q).backend, "cuda");
+  if (cuda::available()) {
+    EXPECT_TRUE(cuda::unavailable_reason().empty());
+    EXPECT_FALSE(cuda::device_name().empty());
+    return;
+  }
+  const std::string why = cuda::unavailable_reason();
+  EXPECT_FALSE(why.empty());
+  EXPECT_THROW_MSG(attention(q, q, q, {}, kCuda), "no backend can run this call: cuda: " + why);
+  EXPECT_THROW_MSG(cuda::DeviceTensor::from_host(q), why);
+  EXPECT_THROW_MSG(cuda::device_name(), why);
+  EXPECT_NE(explain_backend(q, q, q, {}, false, kCuda).find(why), std::string::npos);
+}
+
+// ---- on a GPU ----
+
+struct shape_case {
+  std::int64_t B, Hq, Hkv, Nq, Nk, D, Dv;
+};
+
+// out/lse of the cuda backend against the reference on the same (16-bit) inputs; then the
+// gradients of both from the reference's out and lse.
+void check_case(const shape_case& s, dtype t, const attention_options& o, std::mt19937& rng, const std::string& what,
+                bool backward = true) {
+  SCOPED_TRACE(what);
+  const Tensor q = random_tensor({s.B, s.Hq, s.Nq, s.D}, t, rng);
+  const Tensor k = random_tensor({s.B, s.Hkv, s.Nk, s.D}, t, rng);
+  const Tensor v = random_tensor({s.B, s.Hkv, s.Nk, s.Dv}, t, rng);
+  const attention_result want = attention(q, k, v, o, kRef);
+  const attention_result got = attention(q, k, v, o, kCuda);
+  ASSERT_EQ(got.backend, "cuda");
+  const double tol = t == dtype::bf16 ? 1.6e-2 : 3e-3;
+  EXPECT_TRUE(all_close(got.out, want.out, tol, tol)) << "out";
+  EXPECT_TRUE(all_close(got.lse, want.lse, 2e-3, 2e-4)) << "lse";
+  if (!backward) return;
+
+  const Tensor dout = random_tensor(want.out.shape(), t, rng);
+  const attention_grads gw = attention_backward(q, k, v, want.out, dout, want.lse, o, kRef);
+  const attention_grads gg = attention_backward(q, k, v, want.out, dout, want.lse, o, kCuda);
+  ASSERT_EQ(gg.backend, "cuda");
+  // 16-bit P and dS enter the products: errors scale with the largest gradient.
+  auto check_grad = [&](const Tensor& g, const Tensor& w, const char* name) {
+    double scale = 1.0;
+    for (double x : w.to_vector()) scale = std::max(scale, std::abs(x));
+    const double gt = (t == dtype::bf16 ? 3e-2 : 6e-3) * scale;
+    EXPECT_TRUE(all_close(g, w, gt, 0.0)) << name << " (largest |grad| " << scale << ")";
+  };
+  check_grad(gg.dq, gw.dq, "dq");
+  check_grad(gg.dk, gw.dk, "dk");
+  check_grad(gg.dv, gw.dv, "dv");
+  if (gw.dalibi_slopes.defined()) check_grad(gg.dalibi_slopes, gw.dalibi_slopes, "dalibi");
+  if (gw.dsinks.defined()) check_grad(gg.dsinks, gw.dsinks, "dsinks");
+}
+
+const std::vector<shape_case> kShapes = {
+    {1, 1, 1, 1, 1, 64, 64},     {2, 4, 2, 37, 53, 64, 64},    {1, 2, 1, 130, 200, 128, 128},
+    {1, 1, 1, 65, 70, 96, 96},   {1, 2, 2, 17, 300, 256, 256}, {1, 8, 1, 5, 129, 32, 32},
+    {2, 2, 2, 64, 64, 80, 48},   {1, 3, 3, 200, 77, 128, 64},  {1, 4, 4, 128, 128, 64, 64},
+};
+
+TEST(CudaDevice, ShapesAndDtypesMatchTheReference) {
+  std::mt19937 rng(11);
+  for (dtype t : {dtype::bf16, dtype::f16})
+    for (const shape_case& s : kShapes)
+      check_case(s, t, {}, rng,
+                 fmt::format("{} B{} Hq{} Hkv{} Nq{} Nk{} D{} Dv{}", dtype_name(t), s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.D, s.Dv));
+}
+
+TEST(CudaDevice, EveryMaskKindAndOption) {
+  std::mt19937 rng(12);
+  const shape_case s{2, 4, 2, 70, 90, 64, 64};
+  std::vector<std::pair<std::string, attention_options>> cases;
+  auto add = [&](std::string name, auto set) {
+    attention_options o;
+    set(o);
+    cases.emplace_back(std::move(name), std::move(o));
+  };
+  add("causal top_left", [](attention_options& o) { o.is_causal = true; });
+  add("causal bottom_right", [](attention_options& o) { o.is_causal = true, o.alignment = causal_alignment::bottom_right; });
+  add("window (5, 3)", [](attention_options& o) { o.window_left = 5, o.window_right = 3; });
+  add("causal + window 8 bottom_right", [](attention_options& o) {
+    o.is_causal = true, o.window_left = 8, o.alignment = causal_alignment::bottom_right;
+  });
+  add("bool mask [Nq, Nk]", [&](attention_options& o) { o.attn_mask = random_bool({s.Nq, s.Nk}, rng); });
+  add("bool mask [B, Hq, Nq, Nk]", [&](attention_options& o) { o.attn_mask = random_bool({s.B, s.Hq, s.Nq, s.Nk}, rng); });
+  add("float mask [B, 1, Nq, Nk]", [&](attention_options& o) {
+    o.attn_mask = random_tensor({s.B, 1, s.Nq, s.Nk}, dtype::f32, rng, -3, 3);
+  });
+  add("short bool mask [Nq, 60]", [&](attention_options& o) { o.attn_mask = random_bool({s.Nq, 60}, rng); });
+  add("nonpad_kv_seqlen", [](attention_options& o) { o.nonpad_kv_seqlen = index_tensor({90, 33}); });
+  add("nonpad + causal bottom_right", [](attention_options& o) {
+    o.nonpad_kv_seqlen = index_tensor({71, 80}), o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  });
+  add("softcap 2 + scale 0.3", [](attention_options& o) { o.softcap = 2.0, o.scale = 0.3; });
+  add("alibi [Hq]", [](attention_options& o) { o.alibi_slopes = Tensor::from_values({4}, dtype::f32, {0.5, 0.25, 0.125, 0.0625}); });
+  add("alibi [B, Hq] + causal", [&](attention_options& o) {
+    o.alibi_slopes = random_tensor({s.B, s.Hq}, dtype::f32, rng, 0, 0.3), o.is_causal = true;
+  });
+  add("sinks", [&](attention_options& o) { o.sinks = random_tensor({s.Hq}, dtype::f32, rng, -1, 2); });
+  add("everything", [&](attention_options& o) {
+    o.is_causal = true, o.window_left = 20, o.softcap = 5.0, o.sinks = random_tensor({s.Hq}, dtype::f32, rng);
+    o.alibi_slopes = random_tensor({s.Hq}, dtype::f32, rng, 0, 0.2), o.attn_mask = random_bool({s.Nq, s.Nk}, rng, 0.9);
+    o.nonpad_kv_seqlen = index_tensor({85, 90});
+  });
+  for (dtype t : {dtype::bf16, dtype::f16})
+    for (const auto& [name, o] : cases) {
+      // A float mask's gradient is the reference's: forward only on cuda.
+      const bool float_mask = o.attn_mask && o.attn_mask->type() == dtype::f32;
+      check_case(s, t, o, rng, std::string(dtype_name(t)) + " " + name, !float_mask);
+    }
+}
+
+TEST(CudaDevice, FullyMaskedRowsGiveZerosAndNoGradient) {
+  std::mt19937 rng(13);
+  const shape_case s{1, 2, 2, 9, 40, 64, 64};
+  attention_options o;
+  Tensor m = random_bool({s.Nq, s.Nk}, rng, 0.8);
+  for (std::int64_t j = 0; j < s.Nk; ++j) m.set({3, j}, 0.0), m.set({7, j}, 0.0);
+  o.attn_mask = m;
+  o.sinks = random_tensor({s.Hq}, dtype::f32, rng);
+  check_case(s, dtype::bf16, o, rng, "bool mask with empty rows, sinks");
+  const Tensor q = random_tensor({s.B, s.Hq, s.Nq, s.D}, dtype::bf16, rng);
+  const Tensor kv = random_tensor({s.B, s.Hkv, s.Nk, s.D}, dtype::bf16, rng);
+  const attention_result r = attention(q, kv, kv, o, kCuda);
+  for (std::int64_t d = 0; d < s.Dv; ++d) EXPECT_EQ(r.out.get({0, 1, 3, d}), 0.0);
+  EXPECT_EQ(r.lse.get({0, 1, 7}), -std::numeric_limits<double>::infinity());
+  // Nk = 0: every row is empty.
+  const Tensor k0 = Tensor::zeros({1, 2, 0, 64}, dtype::bf16);
+  const attention_result e = attention(q, k0, k0, {}, kCuda);
+  EXPECT_TRUE(all_close(e.out, attention(q, k0, k0, {}, kRef).out, 0.0));
+}
+
+TEST(CudaDevice, DeviceTensorApiEqualsTheHostPathBitwise) {
+  std::mt19937 rng(14);
+  const Tensor qh = random_tensor({2, 4, 100, 128}, dtype::bf16, rng);
+  const Tensor kh = random_tensor({2, 2, 150, 128}, dtype::bf16, rng);
+  const Tensor vh = random_tensor({2, 2, 150, 128}, dtype::bf16, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  o.alibi_slopes = random_tensor({4}, dtype::f32, rng, 0, 0.1);
+  const auto q = cuda::DeviceTensor::from_host(qh), k = cuda::DeviceTensor::from_host(kh),
+             v = cuda::DeviceTensor::from_host(vh);
+  EXPECT_EQ(q.to_host().to_vector(), qh.to_vector());
+  const cuda::device_result r = cuda::attention(q, k, v, o);
+  const attention_result host = attention(qh, kh, vh, o, kCuda);
+  EXPECT_EQ(r.out.to_host().to_vector(), host.out.to_vector());
+  EXPECT_EQ(r.lse.to_host().to_vector(), host.lse.to_vector());
+  // Deterministic: a second run is bitwise the same, forward and backward.
+  EXPECT_EQ(cuda::attention(q, k, v, o).out.to_host().to_vector(), host.out.to_vector());
+  const Tensor dh = random_tensor(host.out.shape(), dtype::bf16, rng);
+  const auto dout = cuda::DeviceTensor::from_host(dh);
+  const cuda::device_grads g1 = cuda::attention_backward(q, k, v, r.out, r.lse, dout, o);
+  const cuda::device_grads g2 = cuda::attention_backward(q, k, v, r.out, r.lse, dout, o);
+  EXPECT_EQ(g1.dq.to_host().to_vector(), g2.dq.to_host().to_vector());
+  EXPECT_EQ(g1.dk.to_host().to_vector(), g2.dk.to_host().to_vector());
+  EXPECT_EQ(g1.dv.to_host().to_vector(), g2.dv.to_host().to_vector());
+  EXPECT_EQ(g1.dalibi_slopes.to_vector(), g2.dalibi_slopes.to_vector());
+  const attention_grads hg = attention_backward(qh, kh, vh, r.out.to_host(), dh, r.lse.to_host(), o, kCuda);
+  EXPECT_EQ(g1.dq.to_host().to_vector(), hg.dq.to_vector());
+  EXPECT_EQ(g1.dk.to_host().to_vector(), hg.dk.to_vector());
+  // 3-D layout [B, N, H·D] on the device.
+  attention_options o3;
+  o3.q_num_heads = 4, o3.kv_num_heads = 2;
+  const Tensor q3 = random_tensor({1, 33, 4 * 64}, dtype::f16, rng), k3 = random_tensor({1, 41, 2 * 64}, dtype::f16, rng);
+  const cuda::device_result r3 =
+      cuda::attention(cuda::DeviceTensor::from_host(q3), cuda::DeviceTensor::from_host(k3), cuda::DeviceTensor::from_host(k3), o3);
+  EXPECT_TRUE(all_close(r3.out.to_host(), attention(q3, k3, k3, o3, kRef).out, 3e-3, 3e-3));
+}
+
+TEST(CudaDevice, BadInputIsRefusedByName) {
+  std::mt19937 rng(15);
+  const Tensor f = random_tensor({1, 1, 4, 64}, dtype::f32, rng);
+  EXPECT_THROW_MSG(attention(f, f, f, {}, kCuda), "cuda: float32 inputs (the kernels take float16 and bfloat16)");
+  const Tensor big = random_tensor({1, 1, 4, 264}, dtype::bf16, rng);
+  EXPECT_THROW_MSG(attention(big, big, big, {}, kCuda), "head sizes D = 264, Dv = 264");
+  const Tensor odd = random_tensor({1, 1, 4, 60}, dtype::bf16, rng);
+  EXPECT_THROW_MSG(attention(odd, odd, odd, {}, kCuda), "multiples of 8 up to 256");
+  const Tensor q = random_tensor({1, 1, 4, 64}, dtype::bf16, rng);
+  attention_options o;
+  o.return_qk = qk_output::probabilities;
+  EXPECT_THROW_MSG(attention(q, q, q, o, kCuda), "cuda: a qk output needs the reference");
+  const auto dq = cuda::DeviceTensor::from_host(q);
+  EXPECT_THROW_MSG(cuda::attention(dq, dq, dq, o), "return_qk needs the reference");
+  attention_options c;
+  c.check_finite = true;
+  EXPECT_THROW_MSG(cuda::attention(dq, dq, dq, c), "check_finite reads the inputs on the host");
+  const auto wrong = cuda::DeviceTensor::from_host(random_tensor({1, 1, 5, 64}, dtype::bf16, rng));
+  EXPECT_THROW_MSG(cuda::attention(dq, wrong, dq), "attn::cuda::attention:");
+  const cuda::device_result r = cuda::attention(dq, dq, dq);
+  EXPECT_THROW_MSG(cuda::attention_backward(dq, dq, dq, r.out, r.out, r.out, {}), "lse is bfloat16 [1, 1, 4, 64]");
+  EXPECT_THROW_MSG(cuda::DeviceTensor(dtype::f16, {2, -1}), "negative dimension");
+}
+
+TEST(CudaDevice, SpecialValuesGiveTheReferencesAnswer) {
+  std::mt19937 rng(16);
+  Tensor q = random_tensor({1, 2, 20, 64}, dtype::bf16, rng);
+  const Tensor k = random_tensor({1, 2, 30, 64}, dtype::bf16, rng);
+  Tensor v = random_tensor({1, 2, 30, 64}, dtype::bf16, rng);
+  q.set({0, 0, 4, 7}, std::nan(""));
+  q.set({0, 1, 9, 0}, std::numeric_limits<double>::infinity());
+  v.set({0, 1, 12, 3}, std::nan(""));
+  const attention_result want = attention(q, k, v, {}, kRef), got = attention(q, k, v, {}, kCuda);
+  EXPECT_TRUE(all_close(got.out, want.out, 1.6e-2, 1.6e-2));
+  EXPECT_TRUE(all_close(got.lse, want.lse, 2e-3, 2e-4));
+}
+
+}  // namespace
+}  // namespace attn
+
+int main(int argc, char** argv) {
+  bool device = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--device") == 0) device = true;
+  ::testing::InitGoogleTest(&argc, argv);
+  if (device) {
+    if (!attn::cuda::available()) {
+      std::printf("cuda.device: skipped — %s\n", attn::cuda::unavailable_reason().c_str());
+      return 77;
+    }
+    std::printf("cuda.device on %s\n", attn::cuda::device_name().c_str());
+    ::testing::GTEST_FLAG(filter) = "CudaDevice.*";
+  } else {
+    ::testing::GTEST_FLAG(filter) = "CudaContract.*";
+  }
+  return RUN_ALL_TESTS();
+}
