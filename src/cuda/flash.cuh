@@ -140,6 +140,52 @@ __device__ __forceinline__ const T* bk_at(const T* tile, int k0, int n0, int lan
   return tile + (k0 + (m & 1) * 8 + r) * kS + n0 + (m >> 1) * 8;
 }
 
+// The two product shapes of the kernels, for one warp's 16 rows:
+//   mma_rows_rows: acc (16 × 8·N) += A (shared rows [row0, +16), k < kmax) · B, B's tile rows being
+//                  its n (S = Q Kᵀ, dP = dO Vᵀ and their transposes);
+//   mma_acc_rows:  acc (16 × 8·N) += C (accumulator tiles rounded to T, the k axis) · B, B's tile
+//                  rows being its k, columns n < nmax (O += P V, dQ += dS K, dV += Pᵀ dO, dK += dSᵀ Q).
+template <class T, int kS, int kK, int N>
+__device__ __forceinline__ void mma_rows_rows(float (&acc)[N][4], const T* sA, int row0, const T* sB, int kmax,
+                                              int lane) {
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    if (ks * 16 >= kmax) break;
+    std::uint32_t a[4];
+    ldsm4(a, a_at<kS>(sA, row0, ks * 16, lane));
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      std::uint32_t bb[4];
+      ldsm4(bb, bn_at<kS>(sB, np * 16, ks * 16, lane));
+      mma<T>(acc[2 * np], a, bb[0], bb[1]);
+      mma<T>(acc[2 * np + 1], a, bb[2], bb[3]);
+    }
+  }
+}
+template <class T, int kS, int NK, int N>
+__device__ __forceinline__ void mma_acc_rows(float (&acc)[N][4], const float (&c)[NK][4], const T* sB, int nmax,
+                                             int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NK / 2; ++kk) {
+    const std::uint32_t a[4] = {pack2<T>(c[2 * kk][0], c[2 * kk][1]), pack2<T>(c[2 * kk][2], c[2 * kk][3]),
+                                pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]),
+                                pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3])};
+#pragma unroll
+    for (int dd = 0; dd < N / 2; ++dd) {
+      if (dd * 16 >= nmax) break;
+      std::uint32_t bb[4];
+      ldsm4t(bb, bk_at<kS>(sB, kk * 16, dd * 16, lane));
+      mma<T>(acc[2 * dd], a, bb[0], bb[1]);
+      mma<T>(acc[2 * dd + 1], a, bb[2], bb[3]);
+    }
+  }
+}
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
 // ---- the problem's semantics (problem::key_range and problem::bias of src/core/problem.h) ----
 
 __device__ __forceinline__ std::int64_t keys_valid(const dev_problem& p, int b) {
@@ -265,7 +311,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   }
 
   float o[kD / 8][4];
-  for (int d = 0; d < kD / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  zero(o);
   float m[2] = {-kInf, -kInf}, l[2] = {0.0f, 0.0f};
 
   const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
@@ -301,8 +347,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
 
     // S = Q Kᵀ for this warp's 16 rows × 64 keys.
     float s[kN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    zero(s);
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       if (ks * 16 >= p.D) break;
@@ -354,21 +399,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
         l[e >> 1] += pr;
       }
 
-    // O += P V.
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < kD / 16; ++dp) {
-        if (dp * 16 >= p.Dv) break;
-        std::uint32_t bb[4];
-        ldsm4t(bb, bk_at<kS>(sVb, kk * 16, dp * 16, lane));
-        mma<T>(o[2 * dp], a, bb[0], bb[1]);
-        mma<T>(o[2 * dp + 1], a, bb[2], bb[3]);
-      }
-    }
+    mma_acc_rows<T, kS>(o, s, sVb, p.Dv, lane);  // O += P V
     __syncthreads();  // the other buffer is refilled next
   }
   cp_async_wait<0>();
@@ -451,7 +482,7 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
   }
 
   float dq[kD / 8][4];
-  for (int d = 0; d < kD / 8; ++d) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+  zero(dq);
   float dalibi = 0.0f;
 
   const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
@@ -480,35 +511,10 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
     const T* sVb = sV + buf * kN * kS;
 
     float s[kN / 8][4], dp[kN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.0f, dp[n][e] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      if (ks * 16 < p.D) {
-        std::uint32_t a[4];
-        ldsm4(a, a_at<kS>(sQ, warp * 16, ks * 16, lane));
-#pragma unroll
-        for (int np = 0; np < kN / 16; ++np) {
-          std::uint32_t bb[4];
-          ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
-          mma<T>(s[2 * np], a, bb[0], bb[1]);
-          mma<T>(s[2 * np + 1], a, bb[2], bb[3]);
-        }
-      }
-      if (ks * 16 < p.Dv) {
-        std::uint32_t a[4];
-        ldsm4(a, a_at<kS>(sdO, warp * 16, ks * 16, lane));
-#pragma unroll
-        for (int np = 0; np < kN / 16; ++np) {
-          std::uint32_t bb[4];
-          ldsm4(bb, bn_at<kS>(sVb, np * 16, ks * 16, lane));
-          mma<T>(dp[2 * np], a, bb[0], bb[1]);
-          mma<T>(dp[2 * np + 1], a, bb[2], bb[3]);
-        }
-      }
-    }
+    zero(s);
+    zero(dp);
+    mma_rows_rows<T, kS, kD>(s, sQ, warp * 16, sKb, p.D, lane);    // S = Q Kᵀ
+    mma_rows_rows<T, kS, kD>(dp, sdO, warp * 16, sVb, p.Dv, lane);  // dP = dO Vᵀ
 
     // dS = P ∘ (dP - delta); the product's operand is dS · d score / d(q·k).
     const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
@@ -530,21 +536,7 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
         s[n][e] = ds * dfac;
       }
 
-    // dQ += dX K.
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dd = 0; dd < kD / 16; ++dd) {
-        if (dd * 16 >= p.D) break;
-        std::uint32_t bb[4];
-        ldsm4t(bb, bk_at<kS>(sKb, kk * 16, dd * 16, lane));
-        mma<T>(dq[2 * dd], a, bb[0], bb[1]);
-        mma<T>(dq[2 * dd + 1], a, bb[2], bb[3]);
-      }
-    }
+    mma_acc_rows<T, kS>(dq, s, sKb, p.D, lane);  // dQ += dX K
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -608,8 +600,8 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
   cp_async_commit();
 
   float dk[kD / 8][4], dv[kD / 8][4];
-  for (int d = 0; d < kD / 8; ++d)
-    for (int e = 0; e < 4; ++e) dk[d][e] = dv[d][e] = 0.0f;
+  zero(dk);
+  zero(dv);
 
   const int nqb = (p.Nq + kM - 1) / kM;
   for (int hh = 0; hh < group; ++hh) {
@@ -640,35 +632,10 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
 
       // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys × 32 rows.
       float st[kM / 8][4], dpt[kM / 8][4];
-#pragma unroll
-      for (int n = 0; n < kM / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = 0.0f, dpt[n][e] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks) {
-        if (ks * 16 < p.D) {
-          std::uint32_t a[4];
-          ldsm4(a, a_at<kS>(sK, warp * 16, ks * 16, lane));
-#pragma unroll
-          for (int np = 0; np < kM / 16; ++np) {
-            std::uint32_t bb[4];
-            ldsm4(bb, bn_at<kS>(sQ, np * 16, ks * 16, lane));
-            mma<T>(st[2 * np], a, bb[0], bb[1]);
-            mma<T>(st[2 * np + 1], a, bb[2], bb[3]);
-          }
-        }
-        if (ks * 16 < p.Dv) {
-          std::uint32_t a[4];
-          ldsm4(a, a_at<kS>(sV, warp * 16, ks * 16, lane));
-#pragma unroll
-          for (int np = 0; np < kM / 16; ++np) {
-            std::uint32_t bb[4];
-            ldsm4(bb, bn_at<kS>(sdO, np * 16, ks * 16, lane));
-            mma<T>(dpt[2 * np], a, bb[0], bb[1]);
-            mma<T>(dpt[2 * np + 1], a, bb[2], bb[3]);
-          }
-        }
-      }
+      zero(st);
+      zero(dpt);
+      mma_rows_rows<T, kS, kD>(st, sK, warp * 16, sQ, p.D, lane);    // Sᵀ = K Qᵀ
+      mma_rows_rows<T, kS, kD>(dpt, sV, warp * 16, sdO, p.Dv, lane);  // dPᵀ = V dOᵀ
 
       // Pᵀ into st, dXᵀ = dSᵀ · d score / d(q·k) into dpt.
 #pragma unroll
@@ -692,31 +659,8 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
           dpt[n][e] = dx;
         }
 
-      // dV += Pᵀ dO, dK += dXᵀ Q.
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) {
-        const std::uint32_t ap[4] = {pack2<T>(st[2 * kk][0], st[2 * kk][1]), pack2<T>(st[2 * kk][2], st[2 * kk][3]),
-                                     pack2<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]),
-                                     pack2<T>(st[2 * kk + 1][2], st[2 * kk + 1][3])};
-        const std::uint32_t ax[4] = {pack2<T>(dpt[2 * kk][0], dpt[2 * kk][1]),
-                                     pack2<T>(dpt[2 * kk][2], dpt[2 * kk][3]),
-                                     pack2<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]),
-                                     pack2<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3])};
-#pragma unroll
-        for (int dd = 0; dd < kD / 16; ++dd) {
-          std::uint32_t bb[4];
-          if (dd * 16 < p.Dv) {
-            ldsm4t(bb, bk_at<kS>(sdO, kk * 16, dd * 16, lane));
-            mma<T>(dv[2 * dd], ap, bb[0], bb[1]);
-            mma<T>(dv[2 * dd + 1], ap, bb[2], bb[3]);
-          }
-          if (dd * 16 < p.D) {
-            ldsm4t(bb, bk_at<kS>(sQ, kk * 16, dd * 16, lane));
-            mma<T>(dk[2 * dd], ax, bb[0], bb[1]);
-            mma<T>(dk[2 * dd + 1], ax, bb[2], bb[3]);
-          }
-        }
-      }
+      mma_acc_rows<T, kS>(dv, st, sdO, p.Dv, lane);  // dV += Pᵀ dO
+      mma_acc_rows<T, kS>(dk, dpt, sQ, p.D, lane);   // dK += dXᵀ Q
       __syncthreads();  // sQ, sdO and the row values are refilled next
     }
   }
