@@ -272,6 +272,33 @@ __device__ __forceinline__ void block_key_range(const dev_problem& p, int b, std
   __syncthreads();
 }
 
+// The query rows [q0, q0 + rows) of (b, h) that a forward or dq block owns (64 rows, 16 a warp),
+// the key blocks [jb0, jb1) of kN keys they reach, the bounds that let a key block skip the range
+// test, and this thread's two rows (warp·16 + g and + 8): their key ranges and score terms.
+struct query_block {
+  int b, h, hk, rows, jb0, jb1, lo_max, hi_min;
+  std::int64_t q0;
+  int lo[2], hi[2];
+  row_terms terms[2];
+};
+template <int kM, int kN>
+__device__ __forceinline__ query_block own_rows(const dev_problem& p, int* cells) {
+  query_block q;
+  q.b = blockIdx.z, q.h = blockIdx.y, q.hk = q.h / (p.Hq / p.Hkv);
+  q.q0 = std::int64_t(blockIdx.x) * kM;
+  q.rows = int(p.Nq - q.q0 < kM ? p.Nq - q.q0 : kM);
+  int kmin, kmax;
+  block_key_range(p, q.b, q.q0, q.rows, cells, kmin, kmax, q.lo_max, q.hi_min);
+  q.jb0 = kmin / kN, q.jb1 = kmin < kmax ? (kmax + kN - 1) / kN : q.jb0;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t i = q.q0 + warp * 16 + g + 8 * r;
+    key_range(p, q.b, i, q.lo[r], q.hi[r]);
+    q.terms[r] = terms_of(p, q.b, q.h, i);
+  }
+  return q;
+}
+
 // ---- forward ----
 
 template <int kD>
@@ -289,32 +316,20 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   T* sK = sQ + kM * kS;      // [2][kN][kS]
   T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
 
-  const int b = blockIdx.z, h = blockIdx.y, hk = h / (p.Hq / p.Hkv);
-  const std::int64_t q0 = std::int64_t(blockIdx.x) * kM;
+  const query_block qb = own_rows<kM, kN>(p, cells);
+  const int b = qb.b, h = qb.h, rows = qb.rows, lo_max = qb.lo_max, hi_min = qb.hi_min, jb0 = qb.jb0, jb1 = qb.jb1;
+  const std::int64_t q0 = qb.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
-
+  const int(&lo)[2] = qb.lo, (&hi)[2] = qb.hi;
+  const row_terms(&terms)[2] = qb.terms;
   const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
-  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
-  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
-
-  int kmin, kmax, lo_max, hi_min;
-  block_key_range(p, b, q0, rows, cells, kmin, kmax, lo_max, hi_min);
-
-  // This thread's two rows: warp·16 + g and + 8.
-  int lo[2], hi[2];
-  row_terms terms[2];
-  for (int r = 0; r < 2; ++r) {
-    const std::int64_t i = q0 + warp * 16 + g + 8 * r;
-    key_range(p, b, i, lo[r], hi[r]);
-    terms[r] = terms_of(p, b, h, i);
-  }
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + qb.hk * p.k_sh;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + qb.hk * p.v_sh;
 
   float o[kD / 8][4];
   zero(o);
   float m[2] = {-kInf, -kInf}, l[2] = {0.0f, 0.0f};
 
-  const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
   load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
   if (jb0 < jb1) {
     const int k0 = jb0 * kN;
@@ -458,24 +473,19 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
   T* sK = sdO + kM * kS;     // [2][kN][kS]
   T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
 
-  const int b = blockIdx.z, h = blockIdx.y, hk = h / (p.Hq / p.Hkv);
-  const std::int64_t q0 = std::int64_t(blockIdx.x) * kM;
+  const query_block qb = own_rows<kM, kN>(p, cells);
+  const int b = qb.b, h = qb.h, rows = qb.rows, lo_max = qb.lo_max, hi_min = qb.hi_min, jb0 = qb.jb0, jb1 = qb.jb1;
+  const std::int64_t q0 = qb.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
-  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+  const int(&lo)[2] = qb.lo, (&hi)[2] = qb.hi;
+  const row_terms(&terms)[2] = qb.terms;
   const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
   const T* dO = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn;
-  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
-  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
-
-  int kmin, kmax, lo_max, hi_min;
-  block_key_range(p, b, q0, rows, cells, kmin, kmax, lo_max, hi_min);
-  int lo[2], hi[2];
-  row_terms terms[2];
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + qb.hk * p.k_sh;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + qb.hk * p.v_sh;
   float lse[2], delta[2];
   for (int r = 0; r < 2; ++r) {
     const std::int64_t i = q0 + warp * 16 + gq + 8 * r;
-    key_range(p, b, i, lo[r], hi[r]);
-    terms[r] = terms_of(p, b, h, i);
     const std::int64_t row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
     lse[r] = i < p.Nq ? g.lse[row] : -kInf;
     delta[r] = i < p.Nq ? g.delta[row] : 0.0f;
@@ -485,7 +495,6 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
   zero(dq);
   float dalibi = 0.0f;
 
-  const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
   load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
   load_tile<kM, kD>(sdO, dO, g.do_sn, rows, p.Dv);
   if (jb0 < jb1) {
