@@ -299,6 +299,31 @@ __device__ __forceinline__ query_block own_rows(const dev_problem& p, int* cells
   return q;
 }
 
+// K/V tiles of key block jb into buffer `buf` of the double buffer (cp.async, not committed).
+template <int kN, int kD, class T>
+__device__ __forceinline__ void load_kv(T* sK, T* sV, const T* K, const T* V, const dev_problem& p, int jb, int buf) {
+  constexpr int kS = kD + 8;
+  const int k0 = jb * kN;
+  load_tile<kN, kD>(sK + buf * kN * kS, K + k0 * p.k_sn, p.k_sn, p.Nk - k0, p.D);
+  load_tile<kN, kD>(sV + buf * kN * kS, V + k0 * p.v_sn, p.v_sn, p.Nk - k0, p.Dv);
+}
+// Before key block jb of [jb0, jb1): starts loading jb + 1 into the other buffer, waits for jb's
+// tiles; returns jb's buffer.
+template <int kN, int kD, class T>
+__device__ __forceinline__ int next_kv(T* sK, T* sV, const T* K, const T* V, const dev_problem& p, int jb, int jb0,
+                                       int jb1) {
+  const int buf = (jb - jb0) & 1;
+  if (jb + 1 < jb1) {
+    load_kv<kN, kD>(sK, sV, K, V, p, jb + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  return buf;
+}
+
 // ---- forward ----
 
 template <int kD>
@@ -331,26 +356,12 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   float m[2] = {-kInf, -kInf}, l[2] = {0.0f, 0.0f};
 
   load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
-  if (jb0 < jb1) {
-    const int k0 = jb0 * kN;
-    load_tile<kN, kD>(sK, K + k0 * p.k_sn, p.k_sn, p.Nk - k0, p.D);
-    load_tile<kN, kD>(sV, V + k0 * p.v_sn, p.v_sn, p.Nk - k0, p.Dv);
-  }
+  if (jb0 < jb1) load_kv<kN, kD>(sK, sV, K, V, p, jb0, 0);
   cp_async_commit();
 
   std::uint32_t qf[kQInRegs ? kD / 16 : 1][4];
   for (int jb = jb0; jb < jb1; ++jb) {
-    const int buf = (jb - jb0) & 1, k0 = jb * kN;
-    if (jb + 1 < jb1) {
-      const int k1 = k0 + kN;
-      load_tile<kN, kD>(sK + (buf ^ 1) * kN * kS, K + k1 * p.k_sn, p.k_sn, p.Nk - k1, p.D);
-      load_tile<kN, kD>(sV + (buf ^ 1) * kN * kS, V + k1 * p.v_sn, p.v_sn, p.Nk - k1, p.Dv);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int buf = next_kv<kN, kD>(sK, sV, K, V, p, jb, jb0, jb1), k0 = jb * kN;
     const T* sKb = sK + buf * kN * kS;
     const T* sVb = sV + buf * kN * kS;
     if constexpr (kQInRegs) {
@@ -497,25 +508,11 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
 
   load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
   load_tile<kM, kD>(sdO, dO, g.do_sn, rows, p.Dv);
-  if (jb0 < jb1) {
-    const int k0 = jb0 * kN;
-    load_tile<kN, kD>(sK, K + k0 * p.k_sn, p.k_sn, p.Nk - k0, p.D);
-    load_tile<kN, kD>(sV, V + k0 * p.v_sn, p.v_sn, p.Nk - k0, p.Dv);
-  }
+  if (jb0 < jb1) load_kv<kN, kD>(sK, sV, K, V, p, jb0, 0);
   cp_async_commit();
 
   for (int jb = jb0; jb < jb1; ++jb) {
-    const int buf = (jb - jb0) & 1, k0 = jb * kN;
-    if (jb + 1 < jb1) {
-      const int k1 = k0 + kN;
-      load_tile<kN, kD>(sK + (buf ^ 1) * kN * kS, K + k1 * p.k_sn, p.k_sn, p.Nk - k1, p.D);
-      load_tile<kN, kD>(sV + (buf ^ 1) * kN * kS, V + k1 * p.v_sn, p.v_sn, p.Nk - k1, p.Dv);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int buf = next_kv<kN, kD>(sK, sV, K, V, p, jb, jb0, jb1), k0 = jb * kN;
     const T* sKb = sK + buf * kN * kS;
     const T* sVb = sV + buf * kN * kS;
 
