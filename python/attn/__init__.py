@@ -27,7 +27,8 @@ __version__: str = _attn.__version__
 
 __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "attention", "attention_backward",
-    "attention_with_kv_cache", "explain_backend", "backends", "attention_family",
+    "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
+    "VarlenGrads", "attention_paged", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
     "t5_relative_bias", "t5_relative_bias_backward", "t5_relative_buckets", "plot_attention",
     "__version__",
@@ -178,6 +179,126 @@ def attention_with_kv_cache(q, k_new, v_new, cache_key, cache_value, cache_lengt
                                                             cv, _arg(cache_lengths), o, _EXT)
     out = _result(out, kind)
     return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
+
+
+# ---- serving: packed variable-length batches and the paged KV cache (docs/SERVING.md) --------
+
+class VarlenResult(NamedTuple):
+    """What :func:`attention_varlen` returns with ``return_lse=True``."""
+
+    out: Any      # [total_q, Hq, Dv], dtype of q
+    lse: Any      # [Hq, total_q] (FlashAttention's varlen layout); -inf on rows with no key
+    backend: str
+
+
+class VarlenGrads(NamedTuple):
+    """Gradients from :func:`attention_varlen_backward`; None where not asked."""
+
+    dq: Any
+    dk: Any
+    dv: Any
+    dalibi_slopes: Any
+    dsinks: Any
+    backend: str
+
+
+def _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                  num_threads, extra):
+    return _opts(is_causal=is_causal, alignment=alignment, scale=scale,
+                 window=None if window is None else tuple(window), softcap=softcap,
+                 alibi_slopes=alibi_slopes, sinks=sinks, backend=backend, num_threads=num_threads,
+                 **extra)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     is_causal: bool = False, alignment: str = "top_left",
+                     scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+                     softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                     return_lse: bool = False, backend: str = "automatic", num_threads: int = 0,
+                     **extra):
+    """Attention over B sequences packed back to back (FlashAttention's ``flash_attn_varlen_func``).
+
+    ``q [total_q, Hq, D]``, ``k [total_k, Hkv, D]``, ``v [total_k, Hkv, Dv]``; int64
+    ``cu_seqlens_q``/``cu_seqlens_k [B + 1]`` (0, then cumulative lengths): sequence b owns query
+    rows ``[cu_q[b], cu_q[b+1])`` and key rows ``[cu_k[b], cu_k[b+1])``. ``max_seqlen_*`` bound
+    the lengths. Every option applies to each sequence on its own ("bottom_right" is
+    FlashAttention's causal alignment); ALiBi slopes are ``[Hq]`` or ``[B, Hq]``. No padding work.
+
+    Returns ``out [total_q, Hq, Dv]`` — or, with return_lse, a :class:`VarlenResult` whose lse is
+    ``[Hq, total_q]``.
+
+    >>> out = attn.attention_varlen(q, k, v, cu, cu, 512, 512, is_causal=True, alignment="bottom_right")
+    """
+    kind = _kind_of(q)
+    o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                      num_threads, extra)
+    out, lse, used = _attn.attention_varlen(_arg(q), _arg(k), _arg(v), _arg(cu_seqlens_q),
+                                            _arg(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
+                                            o, _EXT)
+    out = _result(out, kind)
+    return VarlenResult(out, _result(lse, kind), used) if return_lse else out
+
+
+def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
+                              alignment: str = "top_left", scale: Optional[float] = None,
+                              window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes=None, sinks=None, backend: str = "automatic",
+                              num_threads: int = 0, **extra) -> VarlenGrads:
+    """Backward of :func:`attention_varlen` from its saved ``out`` and ``lse`` (``return_lse=True``).
+
+    >>> r = attn.attention_varlen(q, k, v, cu, cu, 512, 512, return_lse=True)
+    >>> g = attn.attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu, cu, 512, 512)
+    """
+    kind = _kind_of(q)
+    o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                      num_threads, extra)
+    g = _attn.attention_varlen_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse),
+                                        _arg(cu_seqlens_q), _arg(cu_seqlens_k), int(max_seqlen_q),
+                                        int(max_seqlen_k), o, _EXT)
+    return VarlenGrads(*(_result(x, kind) for x in g[:5]), g[5])
+
+
+def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None, v_scales=None,
+                    is_causal: bool = False, alignment: str = "bottom_right",
+                    scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+                    softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                    return_lse: bool = False, backend: str = "automatic", num_threads: int = 0,
+                    **extra):
+    """Attention of ``q [B, Hq, Nq, D]`` against a paged KV cache, read in place (vLLM's
+    PagedAttention; FlashAttention's ``block_table``).
+
+    ``k_pages [num_pages, page_size, Hkv, D]``, ``v_pages [num_pages, page_size, Hkv, Dv]``;
+    int64 ``block_table [B, max_pages]`` (the pages of each sequence, in order) and ``seq_lens
+    [B]`` (its keys). int8 pages come with float32 ``k_scales``/``v_scales [num_pages, page_size,
+    Hkv]`` (see :func:`paged_kv_append`). With ``is_causal`` and "bottom_right", query i of
+    sequence b sits at key ``seq_lens[b] - Nq + i`` (the queries are the newest tokens).
+    Forward only. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an :class:`AttentionResult`.
+
+    >>> attn.paged_kv_append(K, V, table, lens, k_t, v_t); lens += 1
+    >>> out = attn.attention_paged(q_t, K, V, table, lens, is_causal=True)
+    """
+    kind = _kind_of(q)
+    o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                      num_threads, extra)
+    out, lse, used = _attn.attention_paged(_arg(q), _arg(k_pages), _arg(v_pages), _arg(block_table),
+                                           _arg(seq_lens), None if k_scales is None else _arg(k_scales),
+                                           None if v_scales is None else _arg(v_scales), o, _EXT)
+    out = _result(out, kind)
+    return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
+
+
+def paged_kv_append(k_pages, v_pages, block_table, seq_lens, k_new, v_new, *, k_scales=None,
+                    v_scales=None) -> None:
+    """Writes ``k_new [B, Hkv, Nnew, D]`` / ``v_new [B, Hkv, Nnew, Dv]`` at positions
+    ``[seq_lens[b], seq_lens[b] + Nnew)`` of each sequence's pages, in place (the pages must be
+    writable arrays). int8 pages are quantised on the way in (one scale per token and head, written
+    into ``k_scales``/``v_scales``; a non-finite value is an error and nothing is written).
+    ``seq_lens`` is not changed: add Nnew after.
+    """
+    _attn.paged_kv_append(_arg(k_pages), _arg(v_pages), _arg(block_table), _arg(seq_lens),
+                          None if k_scales is None else _arg(k_scales),
+                          None if v_scales is None else _arg(v_scales), _arg(k_new), _arg(v_new))
 
 
 def explain_backend(q, k, v, *, backward: bool = False, **options) -> str:

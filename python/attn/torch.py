@@ -28,7 +28,7 @@ from . import _attn
 from ._arrays import NUMPY as _NP, TORCH as _TORCH, arg as _a, result as _r
 
 __all__ = [
-    "scaled_dot_product_attention", "attention", "MultiheadAttention", "attention_family",
+    "scaled_dot_product_attention", "attention", "attention_varlen", "MultiheadAttention", "attention_family",
     "AdditiveAttention", "GeneralAttention", "NadarayaWatson", "rotary", "t5_relative_bias",
     "sinusoidal",
 ]
@@ -86,6 +86,51 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = 
                  softcap=softcap, nonpad_kv_seqlen=_d(nonpad_kv_seqlen), q_num_heads=q_num_heads,
                  kv_num_heads=kv_num_heads, backend=backend, num_threads=num_threads)
     out, lse = _Attention.apply(q, k, v, attn_mask, alibi_slopes, sinks, opts)
+    return (out, lse) if return_lse else out
+
+
+class _Varlen(torch.autograd.Function):
+    """out = attention_varlen(q, k, v; cu_seqlens, alibi_slopes, sinks, opts); backward from the lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, alibi, sinks, cu_q, cu_k, max_q, max_k, opts):
+        o = dict(opts)
+        for key, t in (("alibi_slopes", alibi), ("sinks", sinks)):
+            if t is not None:
+                o[key] = _a(t)
+        out, lse, _ = _attn.attention_varlen(_a(q), _a(k), _a(v), _a(cu_q), _a(cu_k), max_q, max_k, o, _NP)
+        out, lse = _r(out, _TORCH), _r(lse, _TORCH)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.opts, ctx.max = o, (max_q, max_k)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        g = _attn.attention_varlen_backward(_a(q), _a(k), _a(v), _a(out), _a(dout.contiguous()), _a(lse),
+                                            _a(cu_q), _a(cu_k), *ctx.max, ctx.opts, _NP)
+        dq, dk, dv, dalibi, dsinks = (_r(x, _TORCH) for x in g[:5])
+        need = ctx.needs_input_grad
+        return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+                dalibi if need[3] else None, dsinks if need[4] else None, None, None, None, None, None)
+
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
+                     alignment: str = "top_left", scale: Optional[float] = None,
+                     window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                     return_lse: bool = False, backend: str = "automatic", num_threads: int = 0):
+    """:func:`attn.attention_varlen` for torch tensors (FlashAttention's ``flash_attn_varlen_func``
+    on the CPU), differentiable in q, k, v, ``alibi_slopes`` and ``sinks``. ``q [total_q, Hq, D]``,
+    ``k``/``v [total_k, Hkv, ·]``, int64 ``cu_seqlens_* [B + 1]``. Returns ``out`` (and ``lse
+    [Hq, total_q]`` with ``return_lse``).
+    """
+    opts = _opts(is_causal=is_causal, alignment=alignment, scale=scale, window=tuple(window),
+                 softcap=softcap, backend=backend, num_threads=num_threads)
+    out, lse = _Varlen.apply(q, k, v, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                             int(max_seqlen_k), opts)
     return (out, lse) if return_lse else out
 
 

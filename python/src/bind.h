@@ -8,5 +8,6 @@ namespace attn::py {
 void bind_attention(nanobind::module_& m);   // attention.h, execution.h
 void bind_family(nanobind::module_& m);      // family.h
 void bind_positional(nanobind::module_& m);  // positional.h
+void bind_serving(nanobind::module_& m);     // serving.h
 
 }  // namespace attn::py

@@ -28,4 +28,5 @@ NB_MODULE(_attn, m) {
   attn::py::bind_attention(m);
   attn::py::bind_family(m);
   attn::py::bind_positional(m);
+  attn::py::bind_serving(m);
 }

@@ -1,0 +1,177 @@
+"""The serving ops from Python (attn/serving.h): packed variable-length batches against torch's
+own SDPA run sequence by sequence (the outside oracle, float64 math backend), forward and
+gradients, gradcheck; the paged KV cache against the dense core op, appended token by token,
+int8 pages, and bad input by message."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attn
+import attn.torch as at
+
+torch.manual_seed(0)
+
+
+def cu_of(lengths):
+    return torch.tensor([0] + list(np.cumsum(lengths)), dtype=torch.int64)
+
+
+def sdpa_bottom_right(q, k, v, causal, scale=None):
+    """torch SDPA on one sequence [H, N, D] (k, v already repeated to Hq heads), causal aligned
+    bottom-right (the last query at the last key) as an explicit mask."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    mask = None
+    if causal:
+        i = torch.arange(nq).unsqueeze(1)
+        j = torch.arange(nk).unsqueeze(0)
+        mask = j <= i + (nk - nq)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if mask is not None:  # torch gives NaN on a row with no key; attn's contract is 0
+        out = torch.where(mask.any(-1, keepdim=True), out, torch.zeros_like(out))
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1)])
+def test_varlen_equals_torch_sdpa_per_sequence(causal, hq, hkv):
+    lq, lk = [3, 0, 7, 1, 5], [4, 2, 7, 1, 9]
+    D, Dv = 8, 6
+    q = torch.randn(sum(lq), hq, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(sum(lk), hkv, D, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(sum(lk), hkv, Dv, dtype=torch.float64, requires_grad=True)
+    cq, ck = cu_of(lq), cu_of(lk)
+    out = at.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), is_causal=causal, alignment="bottom_right")
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    got = (q.grad.clone(), k.grad.clone(), v.grad.clone())
+
+    for x in (q, k, v):
+        x.grad = None
+    parts = []
+    for b in range(len(lq)):
+        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
+        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        parts.append(sdpa_bottom_right(qs, ks, vs, causal).transpose(0, 1))
+    want = torch.cat(parts)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    (want * dout).sum().backward()
+    for g, w, name in zip(got, (q.grad, k.grad, v.grad), "qkv"):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=f"d{name}")
+
+
+def test_varlen_numpy_float32_and_lse_layout():
+    lq = [5, 2, 9]
+    q = np.random.default_rng(1).standard_normal((sum(lq), 3, 16)).astype(np.float32)
+    cu = np.array([0, 5, 7, 16], dtype=np.int64)
+    r = attn.attention_varlen(q, q, q, cu, cu, 9, 9, is_causal=True, return_lse=True)
+    assert isinstance(r.out, np.ndarray) and r.out.shape == (16, 3, 16) and r.lse.shape == (3, 16)
+    for b in range(3):
+        s = slice(cu[b], cu[b + 1])
+        one = attn.attention(q[None, s].transpose(0, 2, 1, 3), q[None, s].transpose(0, 2, 1, 3),
+                             q[None, s].transpose(0, 2, 1, 3), is_causal=True, return_lse=True)
+        np.testing.assert_allclose(r.out[s], one.out[0].transpose(1, 0, 2), atol=1e-6)
+        np.testing.assert_allclose(r.lse[:, s], one.lse[0], atol=1e-6)
+    g = attn.attention_varlen_backward(q, q, q, r.out, np.ones_like(r.out), r.lse, cu, cu, 9, 9, is_causal=True)
+    assert g.dq.shape == q.shape and g.dk.shape == q.shape and g.backend in attn.backends()
+
+
+def test_varlen_gradcheck_with_alibi_and_sinks():
+    lq, lk = [2, 3], [3, 4]
+    q = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(7, 1, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(7, 1, 3, dtype=torch.float64, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    sinks = torch.tensor([0.3, -0.2], dtype=torch.float64, requires_grad=True)
+    cq, ck = cu_of(lq), cu_of(lk)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, a, s: at.attention_varlen(q, k, v, cq, ck, 3, 4, is_causal=True, alignment="bottom_right",
+                                                  alibi_slopes=a, sinks=s),
+        (q, k, v, slopes, sinks))
+
+
+def paged_from_dense(K, V, page_size, rng):
+    """Pages [num_pages, page_size, Hkv, ·] holding dense K/V [B, Hkv, L, ·] in a shuffled order."""
+    B, H, L, D = K.shape
+    per = L // page_size
+    order = rng.permutation(B * per)
+    kp = np.zeros((B * per, page_size, H, D), K.dtype)
+    vp = np.zeros((B * per, page_size, H, V.shape[-1]), V.dtype)
+    table = order.reshape(B, per).astype(np.int64)
+    for b in range(B):
+        for p in range(per):
+            kp[table[b, p]] = K[b, :, p * page_size:(p + 1) * page_size].transpose(1, 0, 2)
+            vp[table[b, p]] = V[b, :, p * page_size:(p + 1) * page_size].transpose(1, 0, 2)
+    return kp, vp, table
+
+
+def test_paged_equals_dense_per_sequence():
+    rng = np.random.default_rng(2)
+    B, Hq, Hkv, L, D, Nq = 3, 4, 2, 24, 16, 2
+    K = rng.standard_normal((B, Hkv, L, D)).astype(np.float32)
+    V = rng.standard_normal((B, Hkv, L, D)).astype(np.float32)
+    q = rng.standard_normal((B, Hq, Nq, D)).astype(np.float32)
+    kp, vp, table = paged_from_dense(K, V, 4, rng)
+    lens = np.array([24, 9, 2], dtype=np.int64)
+    out = attn.attention_paged(q, kp, vp, table, lens, is_causal=True)
+    for b in range(B):
+        n = lens[b]
+        want = attn.attention(q[b:b + 1], K[b:b + 1, :, :n], V[b:b + 1, :, :n], is_causal=True,
+                              alignment="bottom_right")
+        np.testing.assert_allclose(out[b:b + 1], want, atol=1e-5)
+
+
+def test_paged_append_decodes_like_dense_and_int8_is_close():
+    rng = np.random.default_rng(3)
+    B, Hq, Hkv, D, steps, page = 2, 4, 2, 32, 11, 4
+    pages = B * 4
+    kp = np.zeros((pages, page, Hkv, D), np.float32)
+    vp = np.zeros_like(kp)
+    k8 = np.zeros((pages, page, Hkv, D), np.int8)
+    v8 = np.zeros_like(k8)
+    ks = np.zeros((pages, page, Hkv), np.float32)
+    vs = np.zeros_like(ks)
+    table = rng.permutation(pages).reshape(B, 4).astype(np.int64)
+    lens = np.zeros(B, np.int64)
+    K = rng.standard_normal((B, Hkv, steps, D)).astype(np.float32)
+    V = rng.standard_normal((B, Hkv, steps, D)).astype(np.float32)
+    for t in range(steps):
+        kt, vt = K[:, :, t:t + 1], V[:, :, t:t + 1]
+        attn.paged_kv_append(kp, vp, table, lens, kt, vt)
+        attn.paged_kv_append(k8, v8, table, lens, kt, vt, k_scales=ks, v_scales=vs)
+        lens += 1
+        q = rng.standard_normal((B, Hq, 1, D)).astype(np.float32)
+        out = attn.attention_paged(q, kp, vp, table, lens, is_causal=True)
+        want = attn.attention(q, K[:, :, :t + 1], V[:, :, :t + 1], is_causal=True, alignment="bottom_right")
+        np.testing.assert_allclose(out, want, atol=1e-5)
+        out8 = attn.attention_paged(q, k8, v8, table, lens, k_scales=ks, v_scales=vs, is_causal=True)
+        assert np.abs(out8 - want).max() < 0.08
+    # The pages hold the tokens where the block table says.
+    for b in range(B):
+        for t in range(steps):
+            np.testing.assert_array_equal(kp[table[b, t // page], t % page], K[b, :, t])
+
+
+def test_serving_bad_input_by_message():
+    q = torch.randn(4, 2, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int64)
+    with pytest.raises(ValueError, match="attention_varlen: attn_mask is not supported per sequence"):
+        attn.attention_varlen(q, q, q, cu, cu, 4, 4, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention_varlen: "):
+        attn.attention_varlen(q, q, q, cu, cu, 3, 4)  # a length above its bound
+    with pytest.raises(ValueError, match="attention_varlen: unknown option 'misspelt'"):
+        attn.attention_varlen(q, q, q, cu, cu, 4, 4, misspelt=1)
+    kp = np.zeros((2, 4, 1, 8), np.float32)
+    table = np.array([[0, 1]], np.int64)
+    lens = np.array([3], np.int64)
+    ro = kp.copy()
+    ro.flags.writeable = False
+    with pytest.raises(TypeError, match="paged_kv_append: k_pages must be a writable array"):
+        attn.paged_kv_append(ro, kp, table, lens, np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 1, 8), np.float32))
+    with pytest.raises(ValueError, match=r"attention_paged: seq_lens\[0\] = 9"):
+        attn.attention_paged(np.zeros((1, 1, 1, 8), np.float32), kp, kp, table, np.array([9], np.int64))
+    with pytest.raises(ValueError, match="paged_kv_append: "):
+        attn.paged_kv_append(kp, kp, table, np.array([8], np.int64), np.zeros((1, 1, 1, 8), np.float32),
+                             np.zeros((1, 1, 1, 8), np.float32))
