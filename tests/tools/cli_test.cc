@@ -252,6 +252,10 @@ TEST(Cli, BadInputExitsWithStatus2AndAMessage) {
   r = sh("run --q " + qf + " --k " + qf + " --v " + qf + " --dq x.npy" + out);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("gradients need --dout"), std::string::npos) << r.out;
+  // The cuda backend, named, refuses float32 inputs (or, without a device, says so): exit 2.
+  r = sh("run --q " + qf + " --k " + qf + " --v " + qf + " --backend cuda" + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attention: no backend can run this call: cuda: "), std::string::npos) << r.out;
   EXPECT_EQ(sh("conformance " + (d / "nope").string()).code, 2);
   EXPECT_EQ(sh("frobnicate").code, 2);
   EXPECT_EQ(sh("").code, 2);
