@@ -467,10 +467,19 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
     r.qk = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, q.type());
     fo.qk = as_bhnx(r.qk, p.Hq);
   }
+  // A shifted mask: the lse of the shifted scores may be a large number whose shift-back leaves a
+  // small one (1e19 - 9.85e18): it stays float64 until the shift is added, then is rounded once.
+  Tensor lse64;
+  if (store.shift.defined() && r.lse.type() != dtype::f64) {
+    lse64 = Tensor::empty(r.lse.shape(), dtype::f64);
+    fo.lse = lse64.data();
+    fo.lse_type = dtype::f64;
+  }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
   run_guarded(op, p, be, [&] { be.forward(p, fo); });
   if (&be != &reference_backend()) recompute_special_rows(p, fo);
   if (store.shift.defined()) unshift(p, store, fo);
+  if (lse64.defined()) r.lse = lse64.to(r.lse.type());
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;

@@ -228,6 +228,27 @@ TEST(SpecialValues, ConstantHugeFloatMaskEqualsNoMask) {
   }
 }
 
+// A float mask beyond ±1024 is shifted by its row maximum and the shift added back to the lse
+// (problem_storage). api_fuzz (fuzz/corpus/api/ref_lse_shifted_mask_*): q·k ≈ -1e19 beside a mask
+// of 1e19 leaves an lse of 1.5e17, a small difference of large terms; the lse of the shifted
+// scores (≈ -1e19) was rounded to float32 before the shift went back, 3e-6 off. It is now kept in
+// float64 until then and rounded once (every backend; the cpu's float32 q·k has its own error).
+TEST(SpecialValues, ShiftedMaskLseIsRoundedOnce) {
+  const Tensor q = Tensor::from_values({1, 1, 1, 3}, dtype::bf16, {1e19, 1e19, 1e19});
+  const Tensor k = Tensor::from_values({1, 1, 2, 3}, dtype::bf16, {0.0, -2.6875, 0.984375, 0.984375, 0.984375, -3.84375});
+  const Tensor v = Tensor::from_values({1, 1, 2, 1}, dtype::bf16, {0.984375, -4.0});
+  attention_options o;
+  o.attn_mask = Tensor::from_values({1, 2}, dtype::f32, {1e19, 1e19});
+  const attention_result truth =
+      attention(q.to(dtype::f64), k.to(dtype::f64), v.to(dtype::f64), o, {.use_backend = backend::reference});
+  const double want = truth.lse.get({0, 0, 0});
+  ASSERT_GT(std::abs(want), 1e16);
+  // The reference computes in float64: one float32 rounding of the answer.
+  EXPECT_NEAR(attention(q, k, v, o, {.use_backend = backend::reference}).lse.get({0, 0, 0}), want, std::abs(want) * 1e-7);
+  // The cpu computes q·k in float32: its error scales with the terms (2e19), as attention.h states.
+  EXPECT_NEAR(attention(q, k, v, o, {.use_backend = backend::cpu}).lse.get({0, 0, 0}), want, 2e19 * 1e-6);
+}
+
 // ALiBi slopes near ±1e19 (fuzz/corpus/api/cpu_alibi_huge_slope_*): the scores are -slope·|i - j|
 // to within q·k, which float64 cannot resolve next to 1e19, so the farthest keys (slope < 0) tie
 // or the diagonal key (slope > 0) wins outright. Tied keys share the weight equally: a reference
