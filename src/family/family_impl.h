@@ -112,10 +112,27 @@ void reference_backward(const fproblem& fp, const std::vector<double>& dout, std
 // ---- fused f32 path (fused.cc; kernels in src/cpu/family_kernels.h) ----
 // Why the fused kernels cannot run this prepared problem with inputs of `type` (empty: they can).
 std::string fused_why_not(const fproblem& fp, dtype type);
-// As tiled_forward / tiled_backward, in f32 on the fused kernels; return the ISA level's name.
-const char* fused_forward(const fproblem& fp, std::vector<double>& out);
-const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp,
-                           grad_acc& acc);
+// Where the fused path reads its inputs: the float64 preparation fp.Qp, fp.Kp, fp.V, or — for a
+// score whose preparation is only a scale (score_def::fused_direct: dot, scaled_dot) — the
+// user's q, k, v themselves, converted to f32 once (Qp = scale·q, Kp = k), with no float64 copy.
+struct fused_source {
+  bool direct = false;
+  strided4 q, k, v;    // [B, H, N, X] views of the user's tensors (direct only)
+  double scale = 1.0;  // Qp = scale·q (direct only)
+};
+// Where the fused backward writes [B, H, N, X] rows of any float dtype: the float64 buffers dQp,
+// dKp, dV of the score's chain rule (rows_of), or, direct, the tensors of the result, with
+// dq = dq_scale · dQp (the chain rule of Qp = scale·q).
+struct fused_grad_sink {
+  strided4 dq, dk, dv;
+  double dq_scale = 1.0;
+};
+// As tiled_forward / tiled_backward, in f32 on the fused kernels, writing every element of `out`
+// [B, Hq, Nq, Dv] and of the sink's views; return the ISA level's name. The backward adds the
+// scalar parameter gradients (dbias, dsigmoid_bias) to acc.
+const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out);
+const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
+                           const fused_grad_sink& sink, grad_acc& acc);
 
 // Activation and its derivative written in terms of z.
 inline double activate(act_kind a, double z) {

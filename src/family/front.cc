@@ -6,7 +6,9 @@
 //              own q, k, v), then attention_backward and the score's core_backward
 //   tiled      q, k, v copied to float64, prepared, the tiled kernels, the score's backward
 //   fused      as tiled, the prepared vectors in f32 on the fused SIMD kernels (fused.cc), for
-//              dot-product scores; `automatic` takes it where it runs (fused_why_not)
+//              dot-product scores; `automatic` takes it where it runs (fused_why_not). For dot
+//              and scaled_dot (score_def::fused_direct) the kernels read the user's q, k, v
+//              and write the result tensors: no float64 copy at all
 //   reference  as tiled, with the reference kernels (the oracle)
 #include <fmt/format.h>
 
@@ -172,6 +174,18 @@ f64_qkv prepare_f64(call& C, const TensorView& q, const TensorView& k, const Ten
   return in;
 }
 
+// The fused path on the user's own views (score_def::fused_direct), when the call takes the
+// fused path: no float64 copies. Returns the source; not direct when the caller must prepare.
+fused_source prepare_direct(call& C, const TensorView& q, const TensorView& k, const TensorView& v) {
+  const score_call& c = C.c;
+  const bool fused_wanted = C.path == family_path::fused || (C.path == family_path::tiled && C.automatic);
+  if (!C.def->fused_direct || c.type == dtype::f64 || !fused_wanted) return {};
+  C.fp.Pq = C.fp.Pk = c.D;  // kernel dot, identity activation, no bias: fproblem's defaults
+  settle_fused(C);
+  if (C.path != family_path::fused) return {};
+  return {true, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(v, c.Hkv), C.st.scale};
+}
+
 // The options of attn::attention on the core route: the masks, and the score's scale.
 attention_options core_options(const family_options& o, double scale) {
   attention_options ao;
@@ -184,6 +198,7 @@ attention_options core_options(const family_options& o, double scale) {
 }  // namespace detail::family
 
 using namespace detail::family;
+using detail::as_bhnx;
 using detail::fail;
 
 family_result attention_family(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -199,10 +214,15 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
     r.path = fmt::format("core ({})", a.backend);
     return r;
   }
-  prepare_f64(C, q, k, v);
+  fused_source src = prepare_direct(C, q, k, v);
+  if (!src.direct) prepare_f64(C, q, k, v);
+  if (C.path == family_path::fused) {
+    r.out = empty_bhnx(c.B, c.Hq, c.Nq, c.Dv, c.rank, c.type);
+    r.path = fmt::format("fused ({})", fused_forward(C.fp, src, as_bhnx(r.out, c.Hq)));
+    return r;
+  }
   std::vector<double> out;
   if (C.path == family_path::reference) reference_forward(C.fp, out, nullptr);
-  else if (C.path == family_path::fused) r.path = fmt::format("fused ({})", fused_forward(C.fp, out));
   else tiled_forward(C.fp, out);
   r.out = store_bhnx(out, c.B, c.Hq, c.Nq, c.Dv, c.rank, c.type);
   if (r.path.empty()) r.path = std::string(to_string(C.path));
@@ -232,13 +252,30 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
     g.path = fmt::format("core ({})", cg.backend);
     return g;
   }
-  const f64_qkv in = prepare_f64(C, q, k, v);
-  const std::vector<double> dO = load_bhnx(dout, c.B, c.Hq, c.Nq, c.Dv);
-  std::vector<double> dQp;
+  const fused_source src = prepare_direct(C, q, k, v);
   grad_acc acc;
-  if (C.path == family_path::reference) reference_backward(C.fp, dO, dQp, acc), g.path = "reference";
-  else if (C.path == family_path::fused) g.path = fmt::format("fused ({})", fused_backward(C.fp, dO, dQp, acc));
-  else tiled_backward(C.fp, dO, dQp, acc), g.path = "tiled";
+  if (src.direct) {  // the kernels write dq = scale·dQp, dk, dv into the result tensors
+    new_dq_dk(c, g);
+    g.dv = empty_bhnx(c.B, c.Hkv, c.Nk, c.Dv, c.rank, c.type);
+    const fused_grad_sink sink{as_bhnx(g.dq, c.Hq), as_bhnx(g.dk, c.Hkv), as_bhnx(g.dv, c.Hkv), src.scale};
+    g.path = fmt::format("fused ({})", fused_backward(C.fp, src, as_bhnx(dout, c.Hq), sink, acc));
+    g.dsigmoid_bias = acc.dsigmoid_bias;
+    return g;
+  }
+  const f64_qkv in = prepare_f64(C, q, k, v);
+  std::vector<double> dQp;
+  if (C.path == family_path::fused) {
+    const fproblem& fp = C.fp;
+    dQp.assign(std::size_t(fp.B * fp.Hq * fp.Nq * fp.Pq), 0.0);
+    acc.init(fp);
+    const fused_grad_sink sink{rows_of(dQp, fp.Hq, fp.Nq, fp.Pq), rows_of(acc.dKp, fp.Hkv, fp.Nk, fp.Pk),
+                               rows_of(acc.dV, fp.Hkv, fp.Nk, fp.Dv)};
+    g.path = fmt::format("fused ({})", fused_backward(fp, src, as_bhnx(dout, c.Hq), sink, acc));
+  } else {
+    const std::vector<double> dO = load_bhnx(dout, c.B, c.Hq, c.Nq, c.Dv);
+    if (C.path == family_path::reference) reference_backward(C.fp, dO, dQp, acc), g.path = "reference";
+    else tiled_backward(C.fp, dO, dQp, acc), g.path = "tiled";
+  }
   std::vector<double> dq(std::size_t(c.rows_q() * c.D), 0.0), dk(std::size_t(c.rows_k() * c.Dk), 0.0);
   C.def->backward(c, C.st, in, C.fp, dQp, acc, dq, dk, g);
   g.dsigmoid_bias = acc.dsigmoid_bias;

@@ -2,10 +2,11 @@
 // of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot) with softmax, sigmoid,
 // sparsemax, entmax15, hardmax (zero gradient) and top-k.
 //
-// Inputs: the score's float64 preparation (Qp, Kp, V of family_impl.h) converted to f32 once,
-// so f32, bf16 and f16 inputs all run in f32 with f32 accumulation (float64 inputs keep the
-// tiled path). Outputs go back to float64 buffers, as from the tiled path, for the score's
-// chain rule.
+// Inputs (fused_source): the score's float64 preparation (Qp, Kp, V of family_impl.h) converted
+// to f32 once or, for dot and scaled_dot, the user's q, k, v converted to f32 directly, so f32,
+// bf16 and f16 inputs all run in f32 with f32 accumulation (float64 inputs keep the tiled path).
+// Outputs are written row by row into strided views: the result tensor, and for the backward the
+// float64 buffers of the score's chain rule or, direct, the gradient tensors themselves.
 //
 // Forward: tasks (b, hkv, lane block) as the core op's prefill; each runs the kernel of its
 // block of L query rows over the keys they may see.
@@ -46,6 +47,63 @@ std::vector<float> to_f32(const std::vector<double>& x, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) r[std::size_t(i)] = float(x[std::size_t(i)]);
   return r;
+}
+
+// Rows of a [B, H, N, X] view (any float dtype, any strides) as contiguous f32, times mul
+// (applied in float64, rounded once).
+std::vector<float> load_f32(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                            double mul, int nt) {
+  std::vector<float> r(std::size_t(B * H * N * X));
+  const std::int64_t rows = B * H * N;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    float* o = r.data() + row * X;
+    switch (s.type) {
+      case dtype::f32: {
+        const float* p = s.ptr<float>(b, h, n, 0);
+        for (std::int64_t x = 0; x < X; ++x) o[x] = float(double(p[x * s.sx]) * mul);
+        break;
+      }
+      case dtype::bf16: {
+        const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+        for (std::int64_t x = 0; x < X; ++x) o[x] = float(double(bf16_to_f32(p[x * s.sx])) * mul);
+        break;
+      }
+      default:
+        for (std::int64_t x = 0; x < X; ++x) o[x] = float(s.load(b, h, n, x) * mul);
+    }
+  }
+  return r;
+}
+
+// Row (b, h, n) of `s` from the X floats src[x * ss], times mul.
+void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
+             std::int64_t ss, double mul) {
+  switch (s.type) {
+    case dtype::f32: {
+      float* p = s.ptr<float>(b, h, n, 0);
+      if (mul == 1.0)
+        for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = src[x * ss];
+      else
+        for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = float(double(src[x * ss]) * mul);
+      break;
+    }
+    case dtype::f64: {
+      double* p = s.ptr<double>(b, h, n, 0);
+      for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = double(src[x * ss]) * mul;
+      break;
+    }
+    default:
+      for (std::int64_t x = 0; x < X; ++x) s.store(b, h, n, x, double(src[x * ss]) * mul);
+  }
+}
+
+void zero_rows(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X) {
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t x = 0; x < X; ++x) s.store(b, h, n, x, 0.0);
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -109,15 +167,18 @@ struct fused_inputs {
   const cpu::family_table& kt;
   std::int64_t L, G, nlb, units;
   std::vector<float> Q, K, V;
-  explicit fused_inputs(const fproblem& fp)
-      : kt(cpu::select_family_kernels()),
-        L(kt.lanes),
-        G(fp.group()),
-        nlb(ceil_div(fp.Nq * G, L)),
-        units(fp.B * fp.Hkv * nlb),
-        Q(to_f32(fp.Qp, std::max(1, fp.p.num_threads))),
-        K(to_f32(fp.Kp, std::max(1, fp.p.num_threads))),
-        V(to_f32(fp.V, std::max(1, fp.p.num_threads))) {}
+  fused_inputs(const fproblem& fp, const fused_source& src)
+      : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
+        units(fp.B * fp.Hkv * nlb) {
+    const int nt = std::max(1, fp.p.num_threads);
+    if (src.direct) {
+      Q = load_f32(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, src.scale, nt);
+      K = load_f32(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1.0, nt);
+      V = load_f32(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1.0, nt);
+    } else {
+      Q = to_f32(fp.Qp, nt), K = to_f32(fp.Kp, nt), V = to_f32(fp.V, nt);
+    }
+  }
 };
 
 // One thread's lane block: rows r = lbi·L + x of (b, hkv) are query i = r / G of head hkv·G + r % G.
@@ -199,10 +260,12 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
   return {};
 }
 
-const char* fused_forward(const fproblem& fp, std::vector<double>& out) {
-  const fused_inputs in(fp);
-  out.assign(std::size_t(fp.B * fp.Hq * fp.Nq * fp.Dv), 0.0);
-  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) return in.kt.name;
+const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out) {
+  const fused_inputs in(fp, src);
+  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
+    zero_rows(out, fp.B, fp.Hq, fp.Nq, fp.Dv);
+    return in.kt.name;
+  }
   const std::int64_t L = in.L, nlb = in.nlb, Dv = fp.Dv;
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
@@ -212,24 +275,24 @@ const char* fused_forward(const fproblem& fp, std::vector<double>& out) {
     for (std::int64_t u = 0; u < in.units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
       in.kt.forward(ls.set(fp, in, b, hkv, lbi), ot.get());
-      for (std::int64_t x = 0; x < ls.nl; ++x) {
-        double* o = out.data() + ls.row(fp, b, x) * Dv;
-        for (std::int64_t d = 0; d < Dv; ++d) o[d] = double(ot[d * L + x]);
-      }
+      for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
     }
   }
   return in.kt.name;
 }
 
-const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, std::vector<double>& dQp,
-                           grad_acc& acc) {
-  const fused_inputs in(fp);
+const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
+                           const fused_grad_sink& sink, grad_acc& acc) {
+  const fused_inputs in(fp, src);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
-  dQp.assign(std::size_t(fp.B * fp.Hq * fp.Nq * P), 0.0);
-  acc.init(fp);
-  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) return in.kt.name;
+  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
+    zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
+    zero_rows(sink.dk, fp.B, fp.Hkv, fp.Nk, P);
+    zero_rows(sink.dv, fp.B, fp.Hkv, fp.Nk, Dv);
+    return in.kt.name;
+  }
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO = to_f32(dout, nt);
+  const std::vector<float> dO = load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq;
   std::vector<float> T(std::size_t(nrows), kInfF), LSE(std::size_t(nrows), kInfF), Rr(std::size_t(nrows), 0.0f);
   std::vector<std::int32_t> CUT(std::size_t(nrows), -1);
@@ -251,8 +314,7 @@ const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, 
       in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 2 * u});
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x);
-        double* dq = dQp.data() + r * P;
-        for (std::int64_t d = 0; d < P; ++d) dq[d] = double(dqt[d * L + x]);
+        put_row(sink.dq, b, ls.h[x], ls.i[x], P, dqt.get() + x, L, sink.dq_scale);
         T[std::size_t(r)] = ls.t[x], LSE[std::size_t(r)] = ls.lse[x], Rr[std::size_t(r)] = ls.r[x];
         CUT[std::size_t(r)] = ls.cut[x];
       }
@@ -314,11 +376,9 @@ const char* fused_backward(const fproblem& fp, const std::vector<double>& dout, 
           in.kt.dkdv(pr);
         }
       }
-      double* dk = acc.dKp.data() + ((b * fp.Hkv + hkv) * fp.Nk + j0) * P;
-      double* dv = acc.dV.data() + ((b * fp.Hkv + hkv) * fp.Nk + j0) * Dv;
       for (std::int64_t x = 0; x < nb; ++x) {
-        for (std::int64_t d = 0; d < P; ++d) dk[x * P + d] = double(dkt[d * ld + x]);
-        for (std::int64_t d = 0; d < Dv; ++d) dv[x * Dv + d] = double(dvt[d * ld + x]);
+        put_row(sink.dk, b, hkv, j0 + x, P, dkt + x, ld, 1.0);
+        put_row(sink.dv, b, hkv, j0 + x, Dv, dvt + x, ld, 1.0);
       }
     }
   }

@@ -207,6 +207,56 @@ TEST(FamilyFused, TopkLargeKAndTies) {
   }
 }
 
+// dot and scaled_dot read the user's views directly (fused_source::direct): the same bits as the
+// float64-prepared route of `general` with W = scale·I (Qp = scale·q rounded once either way, dq
+// = scale·dQp), in every dtype; strided and 3-D views give the bits of contiguous 4-D ones.
+TEST(FamilyFused, DirectRouteIsThePreparedRouteOnTheUsersViews) {
+  std::mt19937 rng(31);
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::sparsemax, distribution_kind::topk}) {
+      const std::string what = std::string(dtype_name(t)) + " " + to_string(d);
+      SCOPED_TRACE(what);
+      family_case c(score_kind::scaled_dot, d, rng, 2, 4, 2, 9, 21, 6, 5);
+      const double scale = 0.75;
+      c.opt.score.scale = scale, c.opt.is_causal = true;
+      const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, t, rng);
+      const result got = run(c, q, k, v, dout, family_path::automatic);
+      expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), tolerance_for(t), what);
+      EXPECT_EQ(got.fwd.out.type(), t);
+      EXPECT_EQ(got.g.dq.type(), t);
+
+      family_case g = c;
+      std::vector<double> w(std::size_t(c.D * c.D), 0.0);
+      for (std::int64_t x = 0; x < c.D; ++x) w[std::size_t(x * c.D + x)] = scale;
+      g.W = Tensor::from_values({c.D, c.D}, dtype::f64, w);
+      g.opt.score.kind = score_kind::general, g.opt.score.scale.reset(), g.opt.score.W = g.W.view();
+      const result prepared = run(g, q, k, v, dout, family_path::automatic);
+      ASSERT_EQ(prepared.fwd.path.rfind("fused", 0), 0u);
+      EXPECT_TRUE(same_bits(got.fwd.out, prepared.fwd.out)) << "out";
+      EXPECT_TRUE(same_bits(got.g.dq, prepared.g.dq)) << "dq";
+      EXPECT_TRUE(same_bits(got.g.dk, prepared.g.dk)) << "dk";
+      EXPECT_TRUE(same_bits(got.g.dv, prepared.g.dv)) << "dv";
+
+      const strided_copy qs(q), ks(k), vs(v), ds(dout);
+      ASSERT_FALSE(qs.view.is_contiguous());
+      const execution e{.path = family_path::fused};
+      EXPECT_TRUE(same_bits(attention_family(qs.view, ks.view, vs.view, c.opt, e).out, got.fwd.out)) << "strided out";
+      const family_grads gs = attention_family_backward(qs.view, ks.view, vs.view, ds.view, c.opt, e);
+      EXPECT_TRUE(same_bits(gs.dq, got.g.dq)) << "strided dq";
+      EXPECT_TRUE(same_bits(gs.dk, got.g.dk)) << "strided dk";
+      EXPECT_TRUE(same_bits(gs.dv, got.g.dv)) << "strided dv";
+
+      family_options o3 = c.opt;
+      o3.q_num_heads = c.Hq, o3.kv_num_heads = c.Hkv;
+      const Tensor q3 = to3(q), k3 = to3(k), v3 = to3(v), d3 = to3(dout);
+      EXPECT_TRUE(same_bits(attention_family(q3, k3, v3, o3, e).out, to3(got.fwd.out))) << "3-D out";
+      const family_grads g3 = attention_family_backward(q3, k3, v3, d3, o3, e);
+      EXPECT_TRUE(same_bits(g3.dq, to3(got.g.dq))) << "3-D dq";
+      EXPECT_TRUE(same_bits(g3.dk, to3(got.g.dk))) << "3-D dk";
+      EXPECT_TRUE(same_bits(g3.dv, to3(got.g.dv))) << "3-D dv";
+    }
+}
+
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
   for (distribution_kind d : kFused) {

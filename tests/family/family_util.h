@@ -112,4 +112,32 @@ inline void expect_family_close(const family_result& got, const family_grads& dg
   EXPECT_NEAR(dgot.dsigmoid_bias, dwant.dsigmoid_bias, tol * (1 + std::abs(dwant.dsigmoid_bias)));
 }
 
+// A [B, H, N, X] tensor seen through a transposed, non-contiguous view (no copy of its own).
+struct strided_copy {
+  Tensor storage;  // [B, N, H, X + 3]
+  TensorView view;
+  explicit strided_copy(const Tensor& t) {
+    const std::int64_t B = t.size(0), H = t.size(1), N = t.size(2), X = t.size(3);
+    storage = Tensor::zeros({B, N, H, X + 3}, t.type());
+    view = storage.view().slice(3, 1, X + 1).permute({0, 2, 1, 3});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t n = 0; n < N; ++n)
+          for (std::int64_t x = 0; x < X; ++x) view.set({b, h, n, x}, t.get({b, h, n, x}));
+  }
+};
+
+// [B, H, N, X] as the 3-D layout [B, N, H·X].
+inline Tensor to3(const TensorView& t) {
+  const Tensor p = Tensor::copy_of(t.permute({0, 2, 1, 3}));
+  return Tensor::copy_of(p.view().reshape({t.size(0), t.size(2), t.size(1) * t.size(3)}));
+}
+
+// Bitwise equality of two tensors (same shape and dtype, same bits once widened).
+inline ::testing::AssertionResult same_bits(const TensorView& got, const TensorView& want) {
+  if (got.type() != want.type())
+    return ::testing::AssertionFailure() << "dtype " << dtype_name(got.type()) << " vs " << dtype_name(want.type());
+  return all_close(got, want, 0.0);
+}
+
 }  // namespace attn::testing

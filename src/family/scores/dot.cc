@@ -52,9 +52,11 @@ void core_backward(const score_call&, const score_state&, const TensorView&, con
 
 }  // namespace
 
-const score_def kDotScore = {.check = check_dot, .prepare = prepare, .backward = backward,
+const score_def kDotScore = {.fused_direct = true,
+                             .check = check_dot, .prepare = prepare, .backward = backward,
                              .core_prepare = core_prepare, .core_backward = core_backward};
-const score_def kScaledDotScore = {.check = check_scaled_dot, .prepare = prepare, .backward = backward,
+const score_def kScaledDotScore = {.fused_direct = true,
+                                   .check = check_scaled_dot, .prepare = prepare, .backward = backward,
                                    .core_prepare = core_prepare, .core_backward = core_backward};
 
 }  // namespace attn::detail::family

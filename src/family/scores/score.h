@@ -87,6 +87,10 @@ struct score_def {
   std::string_view params = "";  // the score_spec tensors it reads ("W b"); any other given is refused
   bool same_head_size = true;   // q and k need the same D
   kernel_role kernel = kernel_role::none;
+  // The preparation is Qp = scale·q, Kp = k and the backward dq = scale·dQp, dk = dKp (dot,
+  // scaled_dot): the fused path then reads the user's views directly (fused_source), with no
+  // float64 copy, and writes the gradient tensors itself.
+  bool fused_direct = false;
   // Checks the score's own options and parameters into `s` (attn::error naming c.op).
   void (*check)(const score_call& c, score_state& s) = nullptr;
   // Tiled route: fp.Qp, fp.Kp, fp.Pq, fp.Pk and the kernel fields of fp from in.q, in.k.
