@@ -171,12 +171,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   const double tol = tol_for(t);
+  const auto finite_max = [](const TensorView& x) {
+    double m = 0;
+    for (double y : to_vector(x)) if (std::isfinite(y)) m = std::max(m, std::abs(y));
+    return m;
+  };
+  // The largest term a score adds up: q·k (times the scale), the float mask, ALiBi's slope times
+  // a distance (at most Nq + Nk). float32 resolves a score to that magnitude · 2^-24 even where
+  // the terms cancel to a small score (a mask of 1e19 against an ALiBi bias of -1e19), and the
+  // backends may add the terms in different orders (attention.h, "Finite but huge scores").
+  double mag = finite_max(q) * finite_max(k) * double(D) * (o.scale ? std::abs(*o.scale) : 1.0);
+  if (o.attn_mask && o.attn_mask->type() != dtype::boolean) mag += finite_max(*o.attn_mask);
+  if (o.alibi_slopes) mag += finite_max(*o.alibi_slopes) * double(Nq + Nk);
   // Scores past |s| = 1024 are resolved by float32 to worse than 2^-13: weights of nearly tied
   // keys may then differ from float64 (documented in attention.h); the cpu is held to the
-  // NaN/inf pattern only there.
+  // NaN/inf pattern only there. Below that, its weights are off by up to ~2^-24 · mag each.
   double lmax = 0;
   for (double x : truth.lse.to_vector()) if (std::isfinite(x)) lmax = std::max(lmax, std::abs(x));
-  const double ctol = lmax > 1024 ? INFINITY : tol;
+  const double ctol = lmax > 1024 ? INFINITY : std::max(tol, 8 * std::ldexp(mag, -24));
   // out = Σ_j α_j v_j may cancel terms far larger than itself (v = ±1e19 at two keys of equal
   // weight: a float32 α off by one ulp leaves 1e19 · 6e-8 · α, on a truth of 0); float32 resolves
   // out only to its share of Σ_j α_j |v_j|, the truth's output for |v|.
@@ -189,15 +201,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   compare("cpu out", cpu->out, truth.out, ctol, &out_mag);
   compare("reference out", ref->out, truth.out, tol, &out_mag);
   // The float32 lse is s + log Σ exp(s - s_max) summed in float32: its error scales with the
-  // largest addend (q·k and the float mask), not with the lse, which may be a small difference
-  // of large terms. tol (1 + |lse|) then holds with |lse| raised to that magnitude.
-  const auto finite_max = [](const TensorView& x) {
-    double m = 0;
-    for (double y : to_vector(x)) if (std::isfinite(y)) m = std::max(m, std::abs(y));
-    return m;
-  };
-  double mag = finite_max(q) * finite_max(k) * double(D) * (o.scale ? std::abs(*o.scale) : 1.0);
-  if (o.attn_mask && o.attn_mask->type() != dtype::boolean) mag += finite_max(*o.attn_mask);
+  // largest addend (mag), not with the lse, which may be a small difference of large terms.
+  // tol (1 + |lse|) then holds with |lse| raised to that magnitude.
   const double lse_tol = lmax > 1024 ? INFINITY : 1e-5 * (1 + mag) / (1 + lmax);
   compare("cpu lse", cpu->lse, truth.lse, lse_tol > 1e-5 ? lse_tol : 1e-5);
   compare("reference lse", ref->lse, truth.lse, 1e-6);

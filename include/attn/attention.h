@@ -40,7 +40,10 @@
 //     some |lse| > 1024 (float32 s - lse would cost p its precision), run on the reference.
 //   - Finite but huge scores: float32 resolves s to |s|·2^-24, so past |s| ~ 1e3 the cpu's
 //     weights of nearly tied keys may differ from float64's (the backward then runs on the
-//     reference, see above; the forward does not).
+//     reference, see above; the forward does not). The same holds for huge terms that cancel
+//     into a small score (a float mask of 1e19 against an ALiBi bias of -1e19): s is resolved
+//     to the largest term's magnitude·2^-24 (float64: ·2^-53), and backends may add the terms
+//     in different orders.
 //   - Float masks are shift-invariant per row: rows beyond ±1024 whose finite values lie
 //     within 2^20 of each other are shifted to a maximum of 0 before use, so -1e30 everywhere
 //     equals no mask (lse = no-mask lse - 1e30).
