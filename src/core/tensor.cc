@@ -307,6 +307,7 @@ void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
 }  // namespace
 
 std::vector<double> to_vector(const TensorView& v) {
+  if (!v.defined()) throw error("tensor.to_vector: the tensor is undefined (no data; e.g. a gradient not computed)");
   std::vector<double> out;
   out.reserve(std::size_t(v.numel()));
   for_each_offset(v.shape(), v.strides(), [&](std::int64_t off) { out.push_back(load_as_double(v.data(), v.type(), off)); });

@@ -496,6 +496,7 @@ void fam_dkdv(const family_rows& pr) {
   }
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
   const vf bias = splat(fp.bias);
+  vf sum_dz{}, sum_de{};
   for (std::int64_t r = 0; r < nq; ++r) {
     const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
     fam_stat st;
@@ -508,10 +509,18 @@ void fam_dkdv(const family_rows& pr) {
       s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
       const vf a = fam_alpha<Dist>(fp, s, j, st);
       store(S + r * ld + x, a);
-      store(dP + r * ld + x, fam_de<Dist>(s, a, load(dP + r * ld + x), st) * g);
+      const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
+      store(dP + r * ld + x, dz);
+      sum_de += de, sum_dz += dz;
     }
   }
   gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  if (pr.dq) {
+    gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
+    double a = 0.0, b = 0.0;
+    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
+    pr.sums[0] += a, pr.sums[1] += b;
+  }
   if constexpr (Dist != family_dist::hardmax)
     gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
 }

@@ -96,6 +96,13 @@ struct family_rows {
   float* dkt = nullptr;
   float* dvt = nullptr;
   float* scratch = nullptr;           // family_row_scratch_floats(nq, ldk) floats
+  // Single pass (sigmoid: no row statistics): also dq [nq][Pp] (row stride dqs) += dz K, with
+  // kr [ldk][Pp] the key block's rows zero-padded to Pp (a multiple of W) and ldk, and
+  // sums[0] += Σ dz, sums[1] += Σ de over the block. Null dq: the dq pass does that.
+  float* dq = nullptr;
+  std::int64_t dqs = 0, Pp = 0;
+  const float* kr = nullptr;
+  double* sums = nullptr;
 };
 
 // Scratch, in floats. `static` for the reason given in kernels.h.

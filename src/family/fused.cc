@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -281,6 +282,97 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   return in.kt.name;
 }
 
+namespace {
+
+// One thread's row-layout work (the dk/dv pass, or the single pass): key block kb of (b, hkv)
+// against every query row of every head of the GQA group, in blocks of kQueryBlock rows.
+struct row_pass {
+  const fproblem& fp;
+  const fused_inputs& in;
+  const float* dO;
+  const cpu::family_stats st;  // [B·Hq·Nq] rows' statistics
+  std::int64_t P, Dv, W, ldmax, Pp;
+  fbuf kvt, kr, scratch;
+  float *kt, *vt, *dkt, *dvt;
+  std::vector<std::int32_t> lo, hi;
+  std::vector<std::int64_t> hs, is;
+  mask_ctx mc;
+  cpu::family_params prm;
+
+  row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
+      : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
+        ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
+        kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
+        lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp)) {
+    kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
+    mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
+  }
+
+  // dk, dv of the block's keys into the sink; single pass: also dq [G·Nq][Pp] of (b, hkv)
+  // += dz K (rows g·Nq + i) and sums[0, 1] += Σ dz, Σ de.
+  void key_block(std::int64_t b, std::int64_t hkv, std::int64_t kb, const fused_grad_sink& sink, float* dq,
+                 double* sums) {
+    const std::int64_t G = in.G, j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
+    const std::int64_t ld = ceil_div(nb, W) * W;
+    const float* K = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P;
+    const float* V = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
+    for (std::int64_t d = 0; d < P; ++d)
+      for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
+    for (std::int64_t d = 0; d < Dv; ++d)
+      for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
+    if (dq)
+      for (std::int64_t x = 0; x < ld; ++x)
+        for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? K[(j0 + x) * P + d] : 0.0f;
+    std::fill(dkt, dkt + P * ld, 0.0f);
+    std::fill(dvt, dvt + Dv * ld, 0.0f);
+    for (std::int64_t g = 0; g < G; ++g) {
+      const std::int64_t h = hkv * G + g;
+      for (std::int64_t i0 = 0; i0 < fp.Nq; i0 += kQueryBlock) {
+        const std::int64_t nq = std::min(kQueryBlock, fp.Nq - i0);
+        bool any = false;
+        for (std::int64_t r = 0; r < nq; ++r) {
+          const auto [a, e] = fp.p.key_range(b, i0 + r);
+          lo[std::size_t(r)] = std::int32_t(a), hi[std::size_t(r)] = std::int32_t(e);
+          hs[std::size_t(r)] = h, is[std::size_t(r)] = i0 + r;
+          any |= a < e && a < j0 + nb && e > j0;
+        }
+        if (!any) continue;
+        mc.b = b, mc.valid = mc.total = nq;
+        const std::int64_t r0 = (b * fp.Hq + h) * fp.Nq + i0;
+        cpu::family_rows pr;
+        pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
+        pr.q = in.Q.data() + r0 * P, pr.qsn = P;
+        pr.dout = dO + r0 * Dv, pr.dsn = Dv;
+        pr.lo = lo.data(), pr.hi = hi.data();
+        pr.fp = prm;
+        pr.st = {st.t + r0, st.lse + r0, st.cut + r0, st.r + r0};
+        pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
+        pr.scratch = scratch.get();
+        if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums;
+        in.kt.dkdv(pr);
+      }
+    }
+    for (std::int64_t x = 0; x < nb; ++x) {
+      put_row(sink.dk, b, hkv, j0 + x, P, dkt + x, ld, 1.0);
+      put_row(sink.dv, b, hkv, j0 + x, Dv, dvt + x, ld, 1.0);
+    }
+  }
+};
+
+// The single-pass backward runs where the distribution has no row statistics (sigmoid) and
+// the problem has (b, hkv) units enough to keep threads busy (as the core op's fused backward,
+// a rule of the shape alone, so results stay bitwise identical for any thread count);
+// ATTN_FAMILY_BACKWARD=two_pass forces the two passes (for comparisons).
+constexpr std::int64_t kSinglePassUnits = 8;
+bool single_pass(const fproblem& fp) {
+  if (fp.dist != distribution_kind::sigmoid || fp.B * fp.Hkv < kSinglePassUnits) return false;
+  const char* env = std::getenv("ATTN_FAMILY_BACKWARD");
+  return !(env && std::string_view(env) == "two_pass");
+}
+
+}  // namespace
+
 const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
                            const fused_grad_sink& sink, grad_acc& acc) {
   const fused_inputs in(fp, src);
@@ -296,9 +388,34 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq;
   std::vector<float> T(std::size_t(nrows), kInfF), LSE(std::size_t(nrows), kInfF), Rr(std::size_t(nrows), 0.0f);
   std::vector<std::int32_t> CUT(std::size_t(nrows), -1);
-  std::vector<double> sums(std::size_t(2 * in.units), 0.0);
+  const cpu::family_stats stats{T.data(), LSE.data(), CUT.data(), Rr.data()};
+  const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
+
+  if (single_pass(fp)) {
+    // One task per (b, hkv) walks its key blocks in order: dk, dv per block as the dk/dv pass,
+    // and dq of the group's rows accumulated in the task (in key-block order) from the same dz.
+    const std::int64_t units = fp.B * fp.Hkv;
+    std::vector<double> sums(std::size_t(2 * units), 0.0);
+#pragma omp parallel num_threads(nt)
+    {
+      row_pass rp(fp, in, dO.data(), stats, true);
+      fbuf dq = alloc_floats(G * fp.Nq * rp.Pp);
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t u = 0; u < units; ++u) {
+        const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
+        std::fill(dq.get(), dq.get() + G * fp.Nq * rp.Pp, 0.0f);
+        for (std::int64_t kb = 0; kb < nkb; ++kb) rp.key_block(b, hkv, kb, sink, dq.get(), sums.data() + 2 * u);
+        for (std::int64_t g = 0; g < G; ++g)
+          for (std::int64_t i = 0; i < fp.Nq; ++i)
+            put_row(sink.dq, b, hkv * G + g, i, P, dq.get() + (g * fp.Nq + i) * rp.Pp, 1, sink.dq_scale);
+      }
+    }
+    for (std::int64_t u = 0; u < units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+    return in.kt.name;
+  }
 
   // Pass 1: dq and the row statistics, lane layout over (b, hkv, lane block).
+  std::vector<double> sums(std::size_t(2 * in.units), 0.0);
 #pragma omp parallel num_threads(nt)
   {
     lane_state ls(fp, L);
@@ -324,62 +441,13 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
   if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
 
   // Pass 2: dk, dv, row layout over (b, hkv, key block).
-  const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
-  const std::int64_t W = in.kt.W, ldmax = ceil_div(cpu::kRowKeyBlock, W) * W;
 #pragma omp parallel num_threads(nt)
   {
-    fbuf kvt = alloc_floats(2 * (P + Dv) * ldmax);
-    float *kt = kvt.get(), *vt = kt + P * ldmax, *dkt = vt + Dv * ldmax, *dvt = dkt + P * ldmax;
-    fbuf scratch = alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax));
-    std::vector<std::int32_t> lo(kQueryBlock), hi(kQueryBlock);
-    std::vector<std::int64_t> hs(kQueryBlock), is(kQueryBlock);
-    mask_ctx mc;
-    mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
-    cpu::family_params prm = make_params(fp);
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
+    row_pass rp(fp, in, dO.data(), stats, false);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
       const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
-      const std::int64_t j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
-      const std::int64_t ld = ceil_div(nb, W) * W;
-      const float* K = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P;
-      const float* V = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
-      for (std::int64_t d = 0; d < P; ++d)
-        for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
-      for (std::int64_t d = 0; d < Dv; ++d)
-        for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
-      std::fill(dkt, dkt + P * ld, 0.0f);
-      std::fill(dvt, dvt + Dv * ld, 0.0f);
-      for (std::int64_t g = 0; g < G; ++g) {
-        const std::int64_t h = hkv * G + g;
-        for (std::int64_t i0 = 0; i0 < fp.Nq; i0 += kQueryBlock) {
-          const std::int64_t nq = std::min(kQueryBlock, fp.Nq - i0);
-          bool any = false;
-          for (std::int64_t r = 0; r < nq; ++r) {
-            const auto [a, e] = fp.p.key_range(b, i0 + r);
-            lo[std::size_t(r)] = std::int32_t(a), hi[std::size_t(r)] = std::int32_t(e);
-            hs[std::size_t(r)] = h, is[std::size_t(r)] = i0 + r;
-            any |= a < e && a < j0 + nb && e > j0;
-          }
-          if (!any) continue;
-          mc.b = b, mc.valid = mc.total = nq;
-          const std::int64_t r0 = (b * fp.Hq + h) * fp.Nq + i0;
-          cpu::family_rows pr;
-          pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
-          pr.q = in.Q.data() + r0 * P, pr.qsn = P;
-          pr.dout = dO.data() + r0 * Dv, pr.dsn = Dv;
-          pr.lo = lo.data(), pr.hi = hi.data();
-          pr.fp = prm;
-          pr.st = {T.data() + r0, LSE.data() + r0, CUT.data() + r0, Rr.data() + r0};
-          pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
-          pr.scratch = scratch.get();
-          in.kt.dkdv(pr);
-        }
-      }
-      for (std::int64_t x = 0; x < nb; ++x) {
-        put_row(sink.dk, b, hkv, j0 + x, P, dkt + x, ld, 1.0);
-        put_row(sink.dv, b, hkv, j0 + x, Dv, dvt + x, ld, 1.0);
-      }
+      rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
     }
   }
   return in.kt.name;

@@ -89,6 +89,9 @@ TEST(TensorView, BadArgumentsThrowClearErrors) {
   EXPECT_THROW_MSG(Tensor::from_values({2}, dtype::f32, {1.0}), "1 values for shape [2] (2 elements)");
   EXPECT_THROW_MSG(TensorView(nullptr, dtype::f32, {2, -1}), "negative size in shape [2, -1]");
   EXPECT_THROW_MSG(TensorView(nullptr, dtype::f32, {2, 2}, {1}), "1 strides for shape [2, 2] of rank 2");
+  // An undefined tensor (e.g. the gradient of a parameter not given) has no values to read.
+  EXPECT_THROW_MSG(Tensor().to_vector(), "tensor.to_vector: the tensor is undefined");
+  EXPECT_TRUE(Tensor::empty({0, 3}, dtype::f32).to_vector().empty());
 }
 
 }  // namespace

@@ -257,6 +257,43 @@ TEST(FamilyFused, DirectRouteIsThePreparedRouteOnTheUsersViews) {
     }
 }
 
+// Sigmoid has no row statistics: with B·Hkv >= 8 the backward is one pass per (b, hkv) that
+// accumulates dq from the same dz as dk (ATTN_FAMILY_BACKWARD=two_pass forces the two passes).
+// Against the reference and the two passes at every ISA level, every mask kind, GQA, activations
+// (dbias) and sigmoid_bias; bitwise identical for any thread count.
+TEST(FamilyFused, SinglePassSigmoidBackward) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(77);
+    for (const score_case& sc : {score_case{score_kind::scaled_dot}, score_case{score_kind::general},
+                                 score_case{score_kind::activated_general, score_activation::tanh}})
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = mask == 2 ? 70 : 19, Nk = std::vector<std::int64_t>{150, 1, 133, 64, 97}[std::size_t(mask)];
+        family_case c(sc.s, distribution_kind::sigmoid, rng, 2, 8, 4, Nq, Nk, 5, 3);
+        c.opt.score.activation = sc.act;
+        c.opt.distribution.sigmoid_bias = -1.5;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const std::string what = isa + " " + to_string(sc.s) + " mask " + std::to_string(mask);
+        const result got = run(c, q, k, v, dout, family_path::fused);
+        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4, what);
+        setenv("ATTN_FAMILY_BACKWARD", "two_pass", 1);
+        const result two = run(c, q, k, v, dout, family_path::fused);
+        unsetenv("ATTN_FAMILY_BACKWARD");
+        expect_family_close(got.fwd, got.g, two.fwd, two.g, 1e-5);
+        for (int t : {2, 3}) {
+          const result many = run(c, q, k, v, dout, family_path::fused, t);
+          EXPECT_TRUE(same_bits(many.g.dq, got.g.dq)) << what << " threads " << t;
+          EXPECT_TRUE(same_bits(many.g.dk, got.g.dk)) << what << " threads " << t;
+          EXPECT_TRUE(same_bits(many.g.dv, got.g.dv)) << what << " threads " << t;
+          EXPECT_EQ(many.g.dsigmoid_bias, got.g.dsigmoid_bias) << what << " threads " << t;
+          if (got.g.db.defined()) EXPECT_TRUE(same_bits(many.g.db, got.g.db)) << what << " threads " << t;
+        }
+      }
+  }
+}
+
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
   for (distribution_kind d : kFused) {
