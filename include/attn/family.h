@@ -141,7 +141,12 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
                                        const execution& exec = {});
 
 // The attention weights α, float64 [B, Hq, Nq, Nk] (or [B, Hq, Nq, Nk, Dv] when
-// multi-dimensional), from the reference. For inspection and tests: it is Nq × Nk by nature.
+// multi-dimensional). Where attention_family would take the fused path (float32/16 or bfloat16
+// inputs, a dot-product score, a streaming distribution; or exec.path = fused, refused with its
+// reason where it does not run) they come from the fused kernels — f32 values, recomputed lane
+// block by lane block, multithreaded, so the weights of long sequences can be drawn; otherwise
+// (float64 inputs, other scores, exec.path tiled/core/reference) from the float64 reference.
+// For inspection and tests: it is Nq × Nk by nature.
 Tensor attention_family_weights(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const family_options& options, const execution& exec = {});
 

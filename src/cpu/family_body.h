@@ -412,6 +412,9 @@ void fam_forward(const family_lanes& lb, float* ot) {
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
     if (!keep) lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
     lane_alpha<Dist, CC>(lb, S, j0, nb);
+    if (lb.alpha)
+      for (std::int64_t x = 0; x < lb.nl; ++x)
+        for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
     gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
   }
 }

@@ -68,6 +68,10 @@ struct family_lanes {
   family_params fp;
   family_stats st;                    // [L] written by forward and dq
   float* scratch = nullptr;           // family_lane_scratch_floats(...) floats, 64-byte aligned
+  // Forward only, when not null: α of lane x and key j into alpha[x·alpha_ld + j] for the keys
+  // the block visits (the caller zeroes the rest): the weights drawn from the fused kernels.
+  float* alpha = nullptr;
+  std::int64_t alpha_ld = 0;
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz

@@ -133,6 +133,9 @@ struct fused_grad_sink {
 const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out);
 const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
                            const fused_grad_sink& sink, grad_acc& acc);
+// The weights α [B, Hq, Nq, Nk] into w from the fused forward kernels (recomputed lane block by
+// lane block, O(L·Nk) scratch per thread beside w itself).
+const char* fused_weights(const fproblem& fp, const fused_source& src, const strided4& w);
 
 // Activation and its derivative written in terms of z.
 inline double activate(act_kind a, double z) {

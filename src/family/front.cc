@@ -40,13 +40,19 @@ struct call {
   bool automatic = false;  // the path was not asked for: fused replaces tiled where it runs
 };
 
-family_path resolve_path(const char* op, const family_options& o, const execution& exec, bool core_ok,
-                         bool& automatic) {
+// The path asked for: exec.path, or ATTN_FAMILY_PATH where exec leaves it automatic.
+family_path requested_path(const execution& exec) {
   family_path want = exec.path;
   if (want == family_path::automatic) {
     const char* env = std::getenv("ATTN_FAMILY_PATH");
     if (env && *env && std::string_view(env) != "automatic") want = parse_family_path(env);
   }
+  return want;
+}
+
+family_path resolve_path(const char* op, const family_options& o, const execution& exec, bool core_ok,
+                         bool& automatic) {
+  family_path want = requested_path(exec);
   automatic = want == family_path::automatic;
   if (want == family_path::core && !core_ok)
     fail(op, fmt::format("path core runs only {} scores with softmax (got {} with {})", core_score_names(),
@@ -291,7 +297,19 @@ Tensor attention_family_weights(const TensorView& q, const TensorView& k, const 
   e.path = family_path::reference;
   call C;
   validate("attention_family_weights", q, k, v, options, e, C);
-  prepare_f64(C, q, k, v);
+  // The fused kernels where the call would take them (or path fused is asked for: refused with
+  // its reason where they do not run), else the reference.
+  const family_path want = requested_path(exec);
+  if (want == family_path::fused) C.path = family_path::fused;
+  else if (want == family_path::automatic) C.path = family_path::tiled, C.automatic = true;
+  fused_source src = prepare_direct(C, q, k, v);
+  if (!src.direct) prepare_f64(C, q, k, v);
+  if (C.path == family_path::fused) {
+    const score_call& c = C.c;
+    Tensor w = Tensor::empty({c.B, c.Hq, c.Nq, c.Nk}, dtype::f64);
+    fused_weights(C.fp, src, as_bhnx(w, c.Hq));
+    return w;
+  }
   std::vector<double> out, w;
   reference_forward(C.fp, out, &w);
   const fproblem& fp = C.fp;

@@ -282,6 +282,30 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   return in.kt.name;
 }
 
+const char* fused_weights(const fproblem& fp, const fused_source& src, const strided4& w) {
+  const fused_inputs in(fp, src);
+  if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
+    zero_rows(w, fp.B, fp.Hq, fp.Nq, fp.Nk);
+    return in.kt.name;
+  }
+  const std::int64_t L = in.L, nlb = in.nlb, Nk = fp.Nk;
+#pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
+  {
+    lane_state ls(fp, L);
+    fbuf ot = alloc_floats(fp.Dv * L), ab = alloc_floats(L * Nk);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < in.units; ++u) {
+      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
+      cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
+      std::fill(ab.get(), ab.get() + L * Nk, 0.0f);
+      lb.alpha = ab.get(), lb.alpha_ld = Nk;
+      in.kt.forward(lb, ot.get());
+      for (std::int64_t x = 0; x < ls.nl; ++x) put_row(w, b, ls.h[x], ls.i[x], Nk, ab.get() + x * Nk, 1, 1.0);
+    }
+  }
+  return in.kt.name;
+}
+
 namespace {
 
 // One thread's row-layout work (the dk/dv pass, or the single pass): key block kb of (b, hkv)

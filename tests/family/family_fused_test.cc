@@ -294,6 +294,58 @@ TEST(FamilyFused, SinglePassSigmoidBackward) {
   }
 }
 
+// attention_family_weights from the fused kernels: the reference's weights within f32 rounding
+// for every fused distribution, mask kind, GQA and ISA level; the same exact zeros on
+// well-separated scores; Σ_j α_ij v_j is the fused forward's out; float64 inputs and other
+// paths keep the reference (bitwise).
+TEST(FamilyFused, WeightsFromTheFusedKernels) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(55);
+    for (distribution_kind d : kFused)
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 9, 23, 13, 5}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{7, 133, 17, 1, 70}[std::size_t((mask + int(d)) % 5)];
+        family_case c(score_kind::scaled_dot, d, rng, 2, 4, 2, Nq, Nk, 6, 3);
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const std::string what = isa + " " + to_string(d) + " mask " + std::to_string(mask);
+        const Tensor got = attention_family_weights(q, k, v, c.opt, {.num_threads = 2});
+        const Tensor want = attention_family_weights(q, k, v, c.opt, {.path = family_path::reference});
+        ASSERT_EQ(got.shape(), (Shape{c.B, c.Hq, Nq, Nk})) << what;
+        EXPECT_EQ(got.type(), dtype::f64);
+        const auto g = got.to_vector(), w = want.to_vector();
+        for (std::size_t x = 0; x < g.size(); ++x) {
+          ASSERT_NEAR(g[x], w[x], 2e-5 * (1 + std::abs(w[x]))) << what << " at " << x;
+          if (d != distribution_kind::softmax && d != distribution_kind::sigmoid)
+            ASSERT_EQ(g[x] == 0.0, w[x] == 0.0) << what << " at " << x;
+        }
+        // out = α v, against the fused forward.
+        const auto out = attention_family(q, k, v, c.opt, {.path = family_path::fused}).out.to_vector();
+        const auto vv = v.to_vector();
+        for (std::int64_t b = 0; b < c.B; ++b)
+          for (std::int64_t h = 0; h < c.Hq; ++h)
+            for (std::int64_t i = 0; i < Nq; ++i)
+              for (std::int64_t e = 0; e < c.Dv; ++e) {
+                double sum = 0.0;
+                for (std::int64_t j = 0; j < Nk; ++j)
+                  sum += g[std::size_t(((b * c.Hq + h) * Nq + i) * Nk + j)] *
+                         vv[std::size_t(((b * c.Hkv + h / (c.Hq / c.Hkv)) * Nk + j) * c.Dv + e)];
+                EXPECT_NEAR(out[std::size_t(((b * c.Hq + h) * Nq + i) * c.Dv + e)], sum, 1e-5 * (1 + std::abs(sum))) << what;
+              }
+      }
+  }
+  std::mt19937 rng(56);
+  family_case c(score_kind::general, distribution_kind::sparsemax, rng, 1, 2, 1, 9, 11, 4, 3);
+  const Tensor ref = attention_family_weights(c.q, c.k, c.v, c.opt);  // float64 inputs: the reference
+  EXPECT_TRUE(same_bits(ref, attention_family_weights(c.q, c.k, c.v, c.opt, {.path = family_path::reference})));
+  const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+  EXPECT_TRUE(same_bits(attention_family_weights(q, k, v, c.opt, {.path = family_path::tiled}),
+                        attention_family_weights(q, k, v, c.opt, {.path = family_path::reference})));
+  EXPECT_THROW_MSG(attention_family_weights(c.q, c.k, c.v, c.opt, {.path = family_path::fused}),
+                   "attention_family_weights: path fused: float64 inputs");
+}
+
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
   for (distribution_kind d : kFused) {
