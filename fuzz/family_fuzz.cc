@@ -1,8 +1,9 @@
 // fuzz/family_fuzz.cc — the differential fuzzer of the ops that share the core op's front
 // (issue 14): the bytes pick one of
 //   family      attention_family (score × distribution × masks) on the tiled path and, where
-//               eligible, the core path, against the reference path on float64 copies of the
-//               same values (the truth), forward and backward, dtype-aware tolerances;
+//               eligible, the core and fused paths, against the reference path on float64
+//               copies of the same values (the truth), forward and backward, dtype-aware
+//               tolerances; the weights (fused where eligible) against the truth's;
 //   positional  rotary (both layouts, partial R, offset or ids) fast vs the float64 reference
 //               (ATTN_BACKEND=reference), rotary_backward ∘ rotary = identity, and the T5 bias
 //               against relative_position_bucket looked up by hand;
@@ -155,12 +156,18 @@ void fuzz_family(bytes& in) {
   std::string terr;
   const auto truth = attempt([&] { return attention_family(q8, k8, v8, o8, {.path = family_path::reference}); }, terr);
   const double tol = tol_for(t);
-  for (family_path path : {family_path::tiled, family_path::core, family_path::reference}) {
+  // A path that does not run this call refuses it with its reason (core: not a dot-like score
+  // with softmax; fused: not a dot-product score, a distribution it does not fuse, float64).
+  const auto refused = [](family_path path, const std::string& err) {
+    return (path == family_path::core && err.find("path core runs only") != std::string::npos) ||
+           (path == family_path::fused && err.find("path fused: ") != std::string::npos);
+  };
+  for (family_path path : {family_path::tiled, family_path::core, family_path::fused, family_path::reference}) {
     const std::string name = "family " + std::string(to_string(path)) + " " + to_string(o.score.kind) + "/" +
                              to_string(o.distribution.kind) + " " + std::string(dtype_name(t));
     std::string err;
     const auto r = attempt([&] { return attention_family(q, k, v, o, {.path = path, .num_threads = 1}); }, err);
-    if (path == family_path::core && !r && err.find("path core runs only") != std::string::npos) continue;
+    if (!r && refused(path, err)) continue;
     if (r.has_value() != truth.has_value()) finding(name + ": error on one side only", err + " | " + terr);
     if (!r) continue;
     compare(name + " out", r->out, truth->out, tol, 1 + amax(v8));
@@ -170,12 +177,21 @@ void fuzz_family(bytes& in) {
   // Gradients carry the scores' scale: |W|, |q|, |k| and 1/h, 1/τ multiply them.
   const double gscale = (1 + amax(d8)) * (1 + amax(v8)) * (1 + amax(q8)) * (1 + amax(k8)) * double(std::max(D, Dv)) *
                         (1 + 1 / o.score.bandwidth) * (1 + 1 / o.score.temperature);
-  for (family_path path : {family_path::tiled, family_path::core}) {
+  // The weights: from the fused kernels where they run (f32/f16/bf16 dot-product scores), else
+  // the reference; against the truth's.
+  {
+    std::string err, werr;
+    const auto w = attempt([&] { return attention_family_weights(q, k, v, o, {.num_threads = 1}); }, err);
+    const auto w8 = attempt([&] { return attention_family_weights(q8, k8, v8, o8); }, werr);
+    if (w.has_value() != w8.has_value()) finding("family weights: error on one side only", err + " | " + werr);
+    if (w) compare("family weights", *w, *w8, tol, 1.0);
+  }
+  for (family_path path : {family_path::tiled, family_path::core, family_path::fused}) {
     const std::string name = "family backward " + std::string(to_string(path)) + " " + to_string(o.score.kind) + "/" +
                              to_string(o.distribution.kind) + " " + std::string(dtype_name(t));
     std::string err;
     const auto g = attempt([&] { return attention_family_backward(q, k, v, dout, o, {.path = path, .num_threads = 1}); }, err);
-    if (path == family_path::core && !g && err.find("path core runs only") != std::string::npos) continue;
+    if (!g && refused(path, err)) continue;
     if (g.has_value() != g8.has_value()) finding(name + ": error on one side only", err + " | " + terr);
     if (!g) continue;
     compare(name + " dq", g->dq, g8->dq, tol, gscale);
