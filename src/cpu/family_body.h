@@ -81,7 +81,10 @@ inline vf fam_act(family_act a, vf z, vf* g) {
   return z;
 }
 
-// The statistics of W rows (lanes, or one row splat over W key lanes).
+// The statistics of W rows (lanes, or one row splat over W key lanes). sparsemax and entmax15
+// keep τ relative to a shift (lse holds the row max; entmax15: max/2): α = max((s - shift) - τ,
+// 0). s - shift is exact on the support, so α has the error of τ near 1, not of max + τ (a row
+// of scores near -2304 has ulp 2.4e-4 there: α = 1/6 came out 0.16679).
 struct fam_stat {
   vf t, lse, r;
   vi cut;
@@ -97,9 +100,9 @@ inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
     case family_dist::softmax: return vexp(s - st.t);  // s = -inf or t = +inf: exactly 0
     case family_dist::sigmoid:
       return vselect(s == splat(-kInf), vf{}, splat(1.0f) / (splat(1.0f) + vexp(-(s + splat(fp.sigmoid_bias)))));
-    case family_dist::sparsemax: return vmax(s - st.t, vf{});
+    case family_dist::sparsemax: return vmax((s - st.lse) - st.t, vf{});
     case family_dist::entmax15: {
-      const vf u = vmax(s * splat(0.5f) - st.t, vf{});
+      const vf u = vmax((s * splat(0.5f) - st.lse) - st.t, vf{});
       return u * u;
     }
     case family_dist::hardmax: return vselect(fam_kept(s, j, st), splat(1.0f), vf{});
@@ -115,7 +118,7 @@ inline vf fam_u(vf s, vf a, const fam_stat& st) {
     case family_dist::softmax:
     case family_dist::topk: return a;
     case family_dist::sparsemax: return vselect(a > vf{}, splat(1.0f), vf{});
-    case family_dist::entmax15: return vmax(s * splat(0.5f) - st.t, vf{});
+    case family_dist::entmax15: return vmax((s * splat(0.5f) - st.lse) - st.t, vf{});
     default: return vf{};
   }
 }
@@ -128,7 +131,7 @@ inline vf fam_de(vf s, vf a, vf dp, const fam_stat& st) {
     case family_dist::topk: return a * (dp - st.r);
     case family_dist::sigmoid: return a * (splat(1.0f) - a) * dp;
     case family_dist::sparsemax: return vselect(a > vf{}, dp - st.r, vf{});
-    case family_dist::entmax15: return vmax(s * splat(0.5f) - st.t, vf{}) * (dp - st.r);
+    case family_dist::entmax15: return vmax((s * splat(0.5f) - st.lse) - st.t, vf{}) * (dp - st.r);
     case family_dist::hardmax: return vf{};
   }
   return vf{};
@@ -259,7 +262,8 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
           tau = vselect(done, tau, tc);
           done |= tc < mn;
         }
-        t = vselect(empty, splat(kInf), m0 + tau);
+        t = vselect(empty, splat(kInf), tau);
+        lse = m0;
         break;
       }
       case family_dist::entmax15: {
@@ -294,7 +298,8 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
           tau = vselect(done | (stuck & ~exact), tau, next);
           done |= exact | stuck;
         }
-        t = vselect(empty, splat(kInf), mh + tau);
+        t = vselect(empty, splat(kInf), tau);
+        lse = mh;
         break;
       }
       case family_dist::hardmax:

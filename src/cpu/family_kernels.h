@@ -44,8 +44,8 @@ struct family_params {
 
 // Per-row statistics, one entry per row (lane or tile row):
 //   softmax          t = lse (+inf for a row with no key)
-//   sparsemax        t = τ, α = max(s - τ, 0)
-//   entmax15         t = τ, α = max(s/2 - τ, 0)²
+//   sparsemax        t = τ relative to the row max m, held in lse: α = max((s - m) - τ, 0)
+//   entmax15         t = τ relative to m/2, held in lse: α = max((s/2 - m/2) - τ, 0)²
 //   hardmax, topk    t = the k-th best score (k = 1 for hardmax); a key is kept when s > t, or
 //                    s = t and j <= cut (first index wins ties); lse over the kept keys (topk)
 //   every one        r = Σ u dα / Σ u of the backward (0 for sigmoid and hardmax)

@@ -180,6 +180,44 @@ TEST(FamilyFused, SameSupportAsReference) {
     }
 }
 
+// sparsemax and entmax15 on scores far from zero (s = -2304 + 3j/16, exact in float32): α depends
+// only on the differences, so it must come out as exact as near zero. τ was once kept as max + τ,
+// whose float32 rounding (ulp 2.4e-4 at 2304) put 5e-4 on α = 1/6 (family_fuzz, all inputs -4).
+TEST(FamilyFused, SparseDistributionsFarFromZero) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    for (distribution_kind d : {distribution_kind::sparsemax, distribution_kind::entmax15})
+      for (double step : {0.0, 3.0 / 16}) {
+        const std::int64_t Nk = 6;
+        family_options o;
+        o.score.kind = score_kind::dot;
+        o.distribution.kind = d;
+        std::vector<double> kv, eye(std::size_t(Nk * Nk), 0.0);
+        for (std::int64_t j = 0; j < Nk; ++j) kv.push_back(-48.0 + step * double(j) / 48.0), eye[std::size_t(j * Nk + j)] = 1.0;
+        const Tensor q = Tensor::from_values({1, 1, 1, 1}, dtype::f32, {48.0});
+        const Tensor k = Tensor::from_values({1, 1, Nk, 1}, dtype::f32, kv);
+        const Tensor v = Tensor::from_values({1, 1, Nk, Nk}, dtype::f32, eye);
+        const Tensor dout = Tensor::from_values({1, 1, 1, Nk}, dtype::f32, {1.0, -2.0, 0.5, 3.0, -1.0, 0.25});
+        const std::string what = isa + " " + std::string(to_string(d)) + " step " + std::to_string(step);
+        const auto run_o = [&](const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& d_, family_path p) {
+          const execution e{.path = p, .num_threads = 1};
+          return result{attention_family(q_, k_, v_, o, e), attention_family_backward(q_, k_, v_, d_, o, e)};
+        };
+        const result got = run_o(q, k, v, dout, family_path::fused);
+        const result ref = run_o(f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+        const auto g = got.fwd.out.to_vector(), w = ref.fwd.out.to_vector();
+        double sum = 0;
+        for (std::size_t x = 0; x < g.size(); ++x) {
+          EXPECT_NEAR(g[x], w[x], 2e-6) << what << " alpha " << x;
+          sum += g[x];
+        }
+        EXPECT_NEAR(sum, 1.0, 2e-6) << what;
+        const auto gk = got.g.dk.to_vector(), wk = ref.g.dk.to_vector();
+        for (std::size_t x = 0; x < gk.size(); ++x) EXPECT_NEAR(gk[x], wk[x], 2e-4 * (1 + std::abs(wk[x]))) << what << " dk " << x;
+      }
+  }
+}
+
 // Top-k at and above the vector selection's limit (k = 16), and exact ties: rows whose query is
 // zero score every key 0, and the first k keys must win (hardmax: the first).
 TEST(FamilyFused, TopkLargeKAndTies) {
