@@ -573,19 +573,24 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   }
   // A float32 backward recomputes p = e^{s - lse}: |lse| past kWideLse leaves s - lse fewer
   // than 13 good bits, so such calls run on the float64 reference, whatever was asked (one
-  // answer on every backend; the result's `backend` says so).
+  // answer on every backend; the result's `backend` says so). The lse they were given came from
+  // some forward, perhaps a float32 one whose scores differ from float64's by more than p's
+  // range (huge terms that cancel, added in another order: s = -1.5e18 against float64's 0 made
+  // p = e^{1.5e18}), so the reference computes their lse again, from its own scores.
   constexpr double kWideLse = 1024.0;
-  bool wide_lse = false;
-  if (store.shift.defined()) {  // a shifted mask: the lse of the shifted scores, recomputed
+  const auto lse_from = [&](const backend_impl& fb) {
     const Tensor o = Tensor::empty(out_shape(q, p), q.type());
-    lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
+    lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 || &fb == &reference_backend() ? dtype::f64 : dtype::f32);
     forward_outputs fo;
     fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type();
-    const backend_impl& fb = pick(op, p, {}, exec.use_backend);
     run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
     if (&fb != &reference_backend()) recompute_special_rows(p, fo);
-  }
+  };
+  // A shifted mask: the lse of the shifted scores, recomputed.
+  if (store.shift.defined()) lse_from(pick(op, p, {}, exec.use_backend));
+  bool wide_lse = false;
   for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide_lse |= std::isfinite(x) && std::abs(x) > kWideLse;
+  if (wide_lse) lse_from(reference_backend());
 
   attention_grads g;
   g.dq = Tensor::empty(q.shape(), q.type());

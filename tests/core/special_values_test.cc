@@ -293,5 +293,33 @@ TEST(SpecialValues, HugeAlibiSlopesTieKeysEquallyOnEveryBackend) {
   }
 }
 
+// Huge terms that cancel in q·k (fuzz/corpus/api/wide_lse_cancelling_qk_615eaada): head 1 scores
+// its one visible key -1e38 - 2.7e18 + 1e38, which the cpu (float32, its order) resolves to
+// -1.5e18 and float64 (its order) to 0. Given the cpu's lse, the backward (|lse| > 1024: the
+// reference) recomputed p = e^{0 + 1.5e18} = inf and gave dq = NaN. A backward past 1024 now
+// computes the lse again from its own float64 scores: one key, p = 1, dq = dk = 0, dv = dout,
+// whichever backend runs it and whichever forward's lse it is given.
+TEST(SpecialValues, WideLseFromAnotherForwardGivesTheFloat64Gradients) {
+  const double big = 1.0016005571271983e19;
+  const Tensor q = Tensor::from_values({1, 2, 1, 3}, dtype::bf16, {big, big, big, -big, -0.267578125, big});
+  const Tensor k = Tensor::from_values({1, 1, 3, 3}, dtype::bf16, {big, big, big, big, big, big, 0.984375, 0.984375, 0.98828125});
+  const Tensor v = Tensor::from_values({1, 1, 3, 1}, dtype::bf16, {0.984375, -1.8125, 0.984375});
+  const Tensor dout = Tensor::from_values({1, 2, 1, 1}, dtype::bf16, {1.0, 0.5});
+  attention_options o;
+  o.is_causal = true, o.window_left = 2, o.window_right = 2;  // query 0 sees key 0 only
+  const attention_result rc = attention(q, k, v, o, {.use_backend = backend::cpu});
+  const attention_result rr = attention(q, k, v, o, {.use_backend = backend::reference});
+  for (const attention_result* r : {&rc, &rr})
+    for (backend be : {backend::cpu, backend::reference}) {
+      const std::string what = std::string(r == &rc ? "cpu" : "reference") + " lse " + std::to_string(r->lse.get({0, 1, 0})) +
+                               ", backend " + (be == backend::cpu ? "cpu" : "reference");
+      const attention_grads g = attention_backward(q, k, v, r->out, dout, r->lse, o, {.use_backend = be});
+      EXPECT_EQ(g.backend, "reference") << what;
+      EXPECT_TRUE(testing::all_close(g.dq, Tensor::zeros({1, 2, 1, 3}, dtype::f64), 0)) << what;
+      EXPECT_TRUE(testing::all_close(g.dk, Tensor::zeros({1, 1, 3, 3}, dtype::f64), 0)) << what;
+      EXPECT_TRUE(testing::all_close(g.dv, Tensor::from_values({1, 1, 3, 1}, dtype::f64, {1.5, 0.0, 0.0}), 0)) << what;
+    }
+}
+
 }  // namespace
 }  // namespace attn
