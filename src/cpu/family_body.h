@@ -158,12 +158,109 @@ inline void fam_range(const family_lanes& lb, std::int64_t& kmin, std::int64_t& 
     if (lb.lo[x] < lb.hi[x]) kmin = imin(kmin, lb.lo[x]), kmax = imax(kmax, lb.hi[x]);
 }
 
+// ---- additive (Bahdanau) scores: z = Σ_a w_a tanh(qp_a + kp_a) ----
+// O(Nq·Nk·A) tanh: vectorised across the lanes (query rows, or keys in the row layout), each
+// tanh recomputed where the backward needs it rather than stored (an [Nq, Nk, A] tensor is what
+// the eager formula materialises).
+
+// Lane layout: S[jj][L] = z of key j0 + jj for the lanes' queries qt [P][L].
+template <int CC>
+void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
+  const std::int64_t L = CC * W;
+  const float* w = lb.fp.w_v;
+  for (std::int64_t jj = 0; jj < nb; ++jj) {
+    const float* kj = lb.k + (j0 + jj) * lb.ksn;
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      vf acc{};
+      for (std::int64_t a = 0; a < lb.P; ++a) acc += splat(w[a]) * vtanh(load(lb.qt + a * L + c * W) + splat(kj[a]));
+      store(S + jj * L + c * W, acc);
+    }
+  }
+}
+
+// Lane layout, backward: with dz [nb][L] of keys j0.., dqt[a][L] += w_a Σ_j dz (1 - t²) and
+// dw[a] += Σ_j Σ_lanes dz t, t = tanh(qt[a] + kp_j[a]). Keys whose dz is zero in every lane
+// (masked, outside the support) are skipped; buf holds nb indices.
+template <int CC>
+void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
+                        double* dw, float* buf) {
+  const std::int64_t L = CC * W;
+  const float* w = lb.fp.w_v;
+  std::int32_t* live = reinterpret_cast<std::int32_t*>(buf);
+  std::int64_t nlive = 0;
+  for (std::int64_t jj = 0; jj < nb; ++jj) {
+    bool any = false;
+    for (int c = 0; c < CC; ++c) any |= any_lane(load(dz + jj * L + c * W) != vf{});
+    if (any) live[nlive++] = std::int32_t(jj);
+  }
+  for (std::int64_t a = 0; a < lb.P; ++a) {
+    vf dwa{};
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const vf qa = load(lb.qt + a * L + c * W);
+      vf g{}, h{};
+      for (std::int64_t e = 0; e < nlive; ++e) {
+        const std::int64_t jj = live[e];
+        const vf t = vtanh(qa + splat(lb.k[(j0 + jj) * lb.ksn + a])), d = load(dz + jj * L + c * W);
+        g += d * (splat(1.0f) - t * t);
+        h += d * t;
+      }
+      store(dqt + a * L + c * W, load(dqt + a * L + c * W) + splat(w[a]) * g);
+      dwa += h;
+    }
+    double sum = 0.0;
+    for (int x = 0; x < W; ++x) sum += double(dwa[x]);
+    dw[a] += sum;
+  }
+}
+
+// Row layout: S[r][x] = z of query row r (q + r·qsn) and key x of kt [P][ld].
+inline void additive_row_scores(const family_rows& pr, float* S) {
+  const std::int64_t ld = pr.ldk;
+  const float* w = pr.fp.w_v;
+  for (std::int64_t r = 0; r < pr.nq; ++r) {
+    const float* qr = pr.q + r * pr.qsn;
+    for (std::int64_t x = 0; x < ld; x += W) {
+      vf acc{};
+      for (std::int64_t a = 0; a < pr.P; ++a) acc += splat(w[a]) * vtanh(splat(qr[a]) + load(pr.kt + a * ld + x));
+      store(S + r * ld + x, acc);
+    }
+  }
+}
+
+// Row layout, backward: dkt[a][x] += w_a Σ_r dz[r][x] (1 - t²). Rows whose dz is zero for every
+// key of the block are skipped; scratch holds nq indices.
+inline void additive_row_grad(const family_rows& pr, const float* dz, float* scratch) {
+  const std::int64_t ld = pr.ldk;
+  const float* w = pr.fp.w_v;
+  std::int32_t* live = reinterpret_cast<std::int32_t*>(scratch);
+  std::int64_t nlive = 0;
+  for (std::int64_t r = 0; r < pr.nq; ++r) {
+    bool any = false;
+    for (std::int64_t x = 0; x < ld; x += W) any |= any_lane(load(dz + r * ld + x) != vf{});
+    if (any) live[nlive++] = std::int32_t(r);
+  }
+  for (std::int64_t a = 0; a < pr.P; ++a)
+    for (std::int64_t x = 0; x < ld; x += W) {
+      const vf ka = load(pr.kt + a * ld + x);
+      vf g{};
+      for (std::int64_t e = 0; e < nlive; ++e) {
+        const std::int64_t r = live[e];
+        const vf t = vtanh(splat(pr.q[r * pr.qsn + a]) + ka);
+        g += load(dz + r * ld + x) * (splat(1.0f) - t * t);
+      }
+      store(pr.dkt + a * ld + x, load(pr.dkt + a * ld + x) + splat(w[a]) * g);
+    }
+}
+
 // S[jj][x] (row stride L) = s of key j0 + jj for lane x; G likewise act'(z) (when not null).
 template <int CC>
 void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
-  gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  if (fp.score == family_score::additive) additive_lane_scores<CC>(lb, j0, nb, S);
+  else gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, mask, 1, L);
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
   bool ranged = false;
@@ -440,7 +537,8 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   const bool need_g = fp.act != family_act::identity;
   auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
     lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
-    gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+    if constexpr (Dist != family_dist::hardmax)  // its gradient through the one-hot is zero
+      gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
   };
   if (keep) {
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
@@ -448,9 +546,9 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       scores_dp(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, sc.dP + o, sc.G + o);
     }
     lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
-    // r = Σ u dP / Σ u
+    // r = Σ u dP / Σ u (hardmax: no dP, r = 0)
 #pragma GCC unroll 1
-    for (int c = 0; c < CC; ++c) {
+    for (int c = 0; c < CC && Dist != family_dist::hardmax; ++c) {
       const fam_stat st = load_stat<CC>(lb, c);
       vf num{}, den{};
       for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
@@ -482,7 +580,8 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     io.sums[0] += a, io.sums[1] += b;
-    gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
+    if (fp.score == family_score::additive) additive_lane_grad<CC>(lb, j0, nb, S, io.dqt, io.dw_v, sc.buf);
+    else gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
   }
 }
 
@@ -495,7 +594,8 @@ void fam_dkdv(const family_rows& pr) {
   float* S = pr.scratch;
   float* dP = S + nq * ld;
   float* mask = dP + nq * ld;
-  gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
+  if (fp.score == family_score::additive) additive_row_scores(pr, S);
+  else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
   gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   if (fp.mask) {
     fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
@@ -529,8 +629,46 @@ void fam_dkdv(const family_rows& pr) {
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;
   }
-  if constexpr (Dist != family_dist::hardmax)
-    gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+  if constexpr (Dist != family_dist::hardmax) {
+    if (fp.score == family_score::additive) additive_row_grad(pr, dP, mask + nq * ld);
+    else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+  }
+}
+
+// ---- hardmax and top-k: the kept keys of every lane (for the sparse backward) ----
+template <family_dist Dist, int CC>
+void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
+  const std::int64_t L = CC * W;
+  set_empty_stats<CC>(lb);
+  for (std::int64_t x = 0; x < L; ++x) out.cnt[x] = 0;
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  const family_params& fp = lb.fp;
+  const lane_scratch sc(lb, kmax - kmin + kLaneKeyBlock);
+  const bool need_g = fp.act != family_act::identity;
+  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t o = (j0 - kmin) * L;
+    lane_scores<CC>(lb, j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, need_g ? sc.G + o : nullptr, sc.mask);
+  }
+  lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+  for (int c = 0; c < CC; ++c) {
+    const fam_stat st = load_stat<CC>(lb, c);
+    for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
+      const vf s = load(sc.S + jj * L + c * W);
+      const vi j = splati(std::int32_t(kmin + jj));
+      const vi in = fam_kept(s, j, st) & (s > splat(-kInf));
+      if (!any_lane(in)) continue;
+      const vf a = fam_alpha<Dist>(fp, s, j, st);
+      for (int x = 0; x < W; ++x) {
+        const std::int64_t lane = c * W + x;
+        if (!in[x] || lane >= lb.nl || out.cnt[lane] >= out.kmax) continue;
+        const std::int64_t e = lane * out.kmax + out.cnt[lane]++;
+        out.idx[e] = std::int32_t(kmin + jj), out.alpha[e] = a[x];
+        out.g[e] = need_g ? sc.G[jj * L + lane] : 1.0f;
+      }
+    }
+  }
 }
 
 // Calls f(std::integral_constant<family_dist, d>{}): each kernel is compiled once per distribution.
@@ -556,8 +694,13 @@ void fam_dkdv_entry(const family_rows& pr) {
   with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<decltype(d)::value>(pr); });
 }
 
+void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
+  if (lb.fp.dist == family_dist::hardmax) fam_kept_keys<family_dist::hardmax, C>(lb, out);
+  else fam_kept_keys<family_dist::topk, C>(lb, out);
+}
+
 constexpr family_table make_family_table(const char* name) {
-  return {name, W, C * W, fam_forward_entry, fam_dq_entry, fam_dkdv_entry};
+  return {name, W, C * W, fam_forward_entry, fam_dq_entry, fam_dkdv_entry, fam_kept_entry};
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // family_body.h holds the code, compiled once per ISA (family_<isa>.cc), and isa.cc picks the
 // table (select_family_kernels). The driver is src/family/fused.cc.
 //
-// Per pair (q row i, key j), with z = qp_i·kp_j:
+// Per pair (q row i, key j), with z = qp_i·kp_j (dot) or z = Σ_a w_a tanh(qp_ia + kp_ja)
+// (additive; then dqp_i = Σ_j dz w ⊙ (1 - t²), dkp_j likewise over i, dw_a = Σ dz t_a):
 //   s_ij = act(z + bias) + mask_ij, or -inf outside the row's key range [lo, hi) or where a
 //          bool mask excludes
 //   α_ij = distribution(s_i·)            (exactly 0 for s = -inf)
@@ -31,9 +32,14 @@ namespace attn::detail::cpu {
 
 enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk };
 enum class family_act : int { identity, tanh, relu, sigmoid };
+// How z is formed from the prepared vectors: dot, z = qp·kp (a GEMM on the register tile), or
+// additive (Bahdanau), z = Σ_a w_v[a] tanh(qp_a + kp_a) over the P = A prepared features.
+enum class family_score : int { dot, additive };
 
 struct family_params {
   family_dist dist = family_dist::softmax;
+  family_score score = family_score::dot;
+  const float* w_v = nullptr;  // additive: [P]
   family_act act = family_act::identity;
   float bias = 0.0f;          // inside act
   float sigmoid_bias = 0.0f;  // sigmoid: α = σ(s + sigmoid_bias)
@@ -81,6 +87,17 @@ struct family_dq_io {
   const float* doutt = nullptr;
   float* dqt = nullptr;
   double* sums = nullptr;
+  double* dw_v = nullptr;  // additive: [P] += Σ dz tanh(qp + kp) over the block
+};
+
+// The kept keys of a lane block (hardmax, top-k: at most kmax = k per row, α zero elsewhere):
+// for lane x < nl, cnt[x] keys in key order at idx[x·kmax + e], with α and act′(z) beside them.
+struct family_kept {
+  std::int64_t kmax = 0;
+  std::int32_t* cnt = nullptr;
+  std::int32_t* idx = nullptr;
+  float* alpha = nullptr;
+  float* g = nullptr;
 };
 
 // Row layout: rows [0, nq) are prepared queries q + r·qsn of one head, with their dout rows
@@ -127,6 +144,8 @@ struct family_table {
   void (*forward)(const family_lanes&, float* ot);
   void (*dq)(const family_lanes&, const family_dq_io&);
   void (*dkdv)(const family_rows&);
+  // hardmax and top-k: the scores, each lane's statistics (into lb.st) and its kept keys
+  void (*kept)(const family_lanes&, const family_kept&);
 };
 
 const family_table& family_generic();

@@ -1,6 +1,7 @@
 // src/family/fused.cc — the fused f32 path of attention_family: the driver of the SIMD kernels
-// of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot) with softmax, sigmoid,
-// sparsemax, entmax15, hardmax (zero gradient) and top-k.
+// of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot) and additive (Bahdanau)
+// scores with one w_v (kernel_kind::additive, F = 1), with softmax, sigmoid, sparsemax,
+// entmax15, hardmax (zero gradient) and top-k.
 //
 // Inputs (fused_source): the score's float64 preparation (Qp, Kp, V of family_impl.h) converted
 // to f32 once or, for dot and scaled_dot, the user's q, k, v converted to f32 directly, so f32,
@@ -13,11 +14,12 @@
 // Backward: two passes, so that every gradient element has one writer: dq over lane blocks
 // (which also finds and saves each row's statistics and r), then dk/dv over (b, hkv, key
 // block), every query row of every head of the GQA group against it. The scalar gradients
-// (dbias, dsigmoid_bias) are summed per lane block and added in block order.
+// (dbias, dsigmoid_bias, and additive's dw_v) are summed per lane block and added in block order.
 // The partition depends only on the shape, so results are bitwise identical for any thread count.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string_view>
@@ -140,8 +142,9 @@ void fill_mask(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, 
   }
 }
 
-cpu::family_params make_params(const fproblem& fp) {
+cpu::family_params make_params(const fproblem& fp, const float* w_v) {
   cpu::family_params prm;
+  if (fp.kernel == kernel_kind::additive) prm.score = cpu::family_score::additive, prm.w_v = w_v;
   switch (fp.dist) {
     case distribution_kind::softmax: prm.dist = family_dist::softmax; break;
     case distribution_kind::sigmoid: prm.dist = family_dist::sigmoid; break;
@@ -168,9 +171,10 @@ struct fused_inputs {
   const cpu::family_table& kt;
   std::int64_t L, G, nlb, units;
   std::vector<float> Q, K, V;
+  std::vector<float> w_v;  // additive: [A]
   fused_inputs(const fproblem& fp, const fused_source& src)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
-        units(fp.B * fp.Hkv * nlb) {
+        units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
     if (src.direct) {
       Q = load_f32(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, src.scale, nt);
@@ -192,9 +196,9 @@ struct lane_state {
   mask_ctx mc;
   cpu::family_params prm;
 
-  lane_state(const fproblem& fp, std::int64_t L_)
-      : L(L_), P(fp.Pq), lo(L_), hi(L_), cut(L_), h(L_), i(L_), qt(alloc_floats(fp.Pq * L_)), t(alloc_floats(L_)),
-        lse(alloc_floats(L_)), r(alloc_floats(L_)), prm(make_params(fp)) {
+  lane_state(const fproblem& fp, const fused_inputs& in)
+      : L(in.L), P(fp.Pq), lo(L), hi(L), cut(L), h(L), i(L), qt(alloc_floats(fp.Pq * L)), t(alloc_floats(L)),
+        lse(alloc_floats(L)), r(alloc_floats(L)), prm(make_params(fp, in.w_v.data())) {
     mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
   }
@@ -243,8 +247,9 @@ struct lane_state {
 
 std::string fused_why_not(const fproblem& fp, dtype type) {
   if (type == dtype::f64) return "float64 inputs run the float64 tiled path";
-  if (fp.kernel != kernel_kind::dot)
-    return "only dot-product scores (dot, scaled_dot, general and its variants, cosine, gaussian) are fused";
+  if (fp.kernel != kernel_kind::dot && fp.kernel != kernel_kind::additive)
+    return "only dot-product scores (dot, scaled_dot, general and its variants, cosine, gaussian) and additive "
+           "are fused";
   if (fp.F != 1) return "multi-dimensional scores are not fused";
   switch (fp.dist) {
     case distribution_kind::softmax:
@@ -270,7 +275,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   const std::int64_t L = in.L, nlb = in.nlb, Dv = fp.Dv;
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
-    lane_state ls(fp, L);
+    lane_state ls(fp, in);
     fbuf ot = alloc_floats(Dv * L);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < in.units; ++u) {
@@ -291,7 +296,7 @@ const char* fused_weights(const fproblem& fp, const fused_source& src, const str
   const std::int64_t L = in.L, nlb = in.nlb, Nk = fp.Nk;
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
-    lane_state ls(fp, L);
+    lane_state ls(fp, in);
     fbuf ot = alloc_floats(fp.Dv * L), ab = alloc_floats(L * Nk);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < in.units; ++u) {
@@ -327,7 +332,7 @@ struct row_pass {
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
         kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
-        lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp)) {
+        lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data())) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
@@ -389,10 +394,25 @@ struct row_pass {
 // a rule of the shape alone, so results stay bitwise identical for any thread count);
 // ATTN_FAMILY_BACKWARD=two_pass forces the two passes (for comparisons).
 constexpr std::int64_t kSinglePassUnits = 8;
-bool single_pass(const fproblem& fp) {
-  if (fp.dist != distribution_kind::sigmoid || fp.B * fp.Hkv < kSinglePassUnits) return false;
+bool forced_two_pass() {
   const char* env = std::getenv("ATTN_FAMILY_BACKWARD");
-  return !(env && std::string_view(env) == "two_pass");
+  return env && std::string_view(env) == "two_pass";
+}
+bool single_pass(const fproblem& fp) {
+  if (fp.dist != distribution_kind::sigmoid || fp.kernel != kernel_kind::dot || fp.B * fp.Hkv < kSinglePassUnits)
+    return false;
+  return !forced_two_pass();
+}
+
+// hardmax (zero gradient) and top-k with k <= kSparseTopk have at most k non-zero weights per
+// row, so their backward needs the scores once, to find the kept keys, and then O(k·(P + Dv))
+// per row: dα = dout·v_j, dz, and dq, dk, dv of those keys alone — no dP, dq or dk/dv products
+// over every key (3 products of 7). ATTN_FAMILY_BACKWARD=two_pass forces the two passes.
+constexpr std::int64_t kSparseTopk = 32;
+std::int64_t sparse_keep(const fproblem& fp) {
+  if (forced_two_pass()) return 0;
+  if (fp.dist == distribution_kind::hardmax) return 1;
+  return fp.dist == distribution_kind::topk && fp.topk <= kSparseTopk ? fp.topk : 0;
 }
 
 }  // namespace
@@ -438,11 +458,107 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
     return in.kt.name;
   }
 
+  if (const std::int64_t K = sparse_keep(fp)) {
+    // Pass 1: the kept keys of every row (lane layout over (b, hkv, lane block)).
+    std::vector<std::int32_t> CNT(std::size_t(nrows), 0), IDX(std::size_t(nrows * K));
+    std::vector<float> ALPHA(std::size_t(nrows * K)), GZ(std::size_t(nrows * K));
+#pragma omp parallel num_threads(nt)
+    {
+      lane_state ls(fp, in);
+      std::vector<std::int32_t> cnt(static_cast<std::size_t>(L)), idx(static_cast<std::size_t>(L * K));
+      std::vector<float> al(std::size_t(L * K)), gz(std::size_t(L * K));
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t u = 0; u < in.units; ++u) {
+        const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
+        in.kt.kept(ls.set(fp, in, b, hkv, lbi), cpu::family_kept{K, cnt.data(), idx.data(), al.data(), gz.data()});
+        for (std::int64_t x = 0; x < ls.nl; ++x) {
+          const std::int64_t r = ls.row(fp, b, x);
+          CNT[std::size_t(r)] = cnt[std::size_t(x)];
+          std::copy_n(idx.begin() + x * K, K, IDX.begin() + r * K);
+          std::copy_n(al.begin() + x * K, K, ALPHA.begin() + r * K);
+          std::copy_n(gz.begin() + x * K, K, GZ.begin() + r * K);
+        }
+      }
+    }
+    // Pass 2: per (b, hkv), its rows in order (so every sum has one order): dα_e = dout·v_j,
+    // r = Σ α dα / Σ α, dz = α (dα - r) act′; dot: dq += dz k_j, dk_j += dz q; additive, with
+    // t = tanh(qp + kp_j): g = dz w_v ⊙ (1 - t²), dq += g, dk_j += g, dw_v += dz t; dv_j += α dout.
+    const bool zero_grad = fp.dist == distribution_kind::hardmax;
+    const bool additive = fp.kernel == kernel_kind::additive;
+    const std::int64_t units = fp.B * fp.Hkv;
+    std::vector<double> sums(std::size_t(units), 0.0), dwv(additive ? std::size_t(units * P) : 0, 0.0);
+#pragma omp parallel num_threads(nt)
+    {
+      std::vector<double> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(static_cast<std::size_t>(P)),
+          da(static_cast<std::size_t>(K));
+      std::vector<float> row(std::size_t(std::max(P, Dv)));
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t u = 0; u < units; ++u) {
+        const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
+        std::fill(dk.begin(), dk.end(), 0.0);
+        std::fill(dv.begin(), dv.end(), 0.0);
+        const float* Kb = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P;
+        const float* Vb = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
+        for (std::int64_t g = 0; g < G; ++g)
+          for (std::int64_t i = 0; i < fp.Nq; ++i) {
+            const std::int64_t h = hkv * G + g, r = (b * fp.Hq + h) * fp.Nq + i, n = CNT[std::size_t(r)];
+            const float* o = dO.data() + r * Dv;
+            const float* qr = in.Q.data() + r * P;
+            const std::int32_t* js = IDX.data() + r * K;
+            const float* al = ALPHA.data() + r * K;
+            std::fill(dq.begin(), dq.end(), 0.0);
+            double num = 0.0, den = 0.0;
+            for (std::int64_t e = 0; e < n && !zero_grad; ++e) {
+              const float* vj = Vb + std::int64_t(js[e]) * Dv;
+              double d = 0.0;
+              for (std::int64_t y = 0; y < Dv; ++y) d += double(o[y]) * double(vj[y]);
+              da[std::size_t(e)] = d, num += double(al[e]) * d, den += double(al[e]);
+            }
+            const double rr = den > 0.0 ? num / den : 0.0;
+            for (std::int64_t e = 0; e < n; ++e) {
+              const std::int64_t j = js[e];
+              for (std::int64_t y = 0; y < Dv; ++y) dv[std::size_t(j * Dv + y)] += double(al[e]) * double(o[y]);
+              if (zero_grad) continue;
+              const double dz = double(al[e]) * (da[std::size_t(e)] - rr) * double(GZ[std::size_t(r * K + e)]);
+              sums[std::size_t(u)] += dz;
+              const float* kj = Kb + j * P;
+              if (additive) {
+                double* dw = dwv.data() + u * P;
+                for (std::int64_t a = 0; a < P; ++a) {
+                  const double t = std::tanh(double(qr[a]) + double(kj[a]));
+                  const double ga = dz * double(in.w_v[std::size_t(a)]) * (1.0 - t * t);
+                  dq[std::size_t(a)] += ga, dk[std::size_t(j * P + a)] += ga, dw[a] += dz * t;
+                }
+                continue;
+              }
+              for (std::int64_t d = 0; d < P; ++d)
+                dq[std::size_t(d)] += dz * double(kj[d]), dk[std::size_t(j * P + d)] += dz * double(qr[d]);
+            }
+            for (std::int64_t d = 0; d < P; ++d) row[std::size_t(d)] = float(dq[std::size_t(d)]);
+            put_row(sink.dq, b, h, i, P, row.data(), 1, sink.dq_scale);
+          }
+        for (std::int64_t j = 0; j < fp.Nk; ++j) {
+          for (std::int64_t d = 0; d < P; ++d) row[std::size_t(d)] = float(dk[std::size_t(j * P + d)]);
+          put_row(sink.dk, b, hkv, j, P, row.data(), 1, 1.0);
+          for (std::int64_t y = 0; y < Dv; ++y) row[std::size_t(y)] = float(dv[std::size_t(j * Dv + y)]);
+          put_row(sink.dv, b, hkv, j, Dv, row.data(), 1, 1.0);
+        }
+      }
+    }
+    for (std::int64_t u = 0; u < units; ++u) {
+      acc.dbias += sums[std::size_t(u)];
+      for (std::int64_t a = 0; additive && a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
+    }
+    return in.kt.name;
+  }
+
   // Pass 1: dq and the row statistics, lane layout over (b, hkv, lane block).
   std::vector<double> sums(std::size_t(2 * in.units), 0.0);
+  const bool additive = fp.kernel == kernel_kind::additive;
+  std::vector<double> dwv(additive ? std::size_t(in.units * P) : 0, 0.0);  // dw_v per lane block
 #pragma omp parallel num_threads(nt)
   {
-    lane_state ls(fp, L);
+    lane_state ls(fp, in);
     fbuf doutt = alloc_floats(Dv * L), dqt = alloc_floats(P * L);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < in.units; ++u) {
@@ -452,7 +568,7 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
         const float* d = x < ls.nl ? dO.data() + ls.row(fp, b, x) * Dv : nullptr;
         for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = d ? d[y] : 0.0f;
       }
-      in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 2 * u});
+      in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 2 * u, additive ? dwv.data() + u * P : nullptr});
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x);
         put_row(sink.dq, b, ls.h[x], ls.i[x], P, dqt.get() + x, L, sink.dq_scale);
@@ -463,6 +579,8 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
   }
   for (std::int64_t u = 0; u < in.units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
   if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
+  for (std::int64_t u = 0; additive && u < in.units; ++u)
+    for (std::int64_t a = 0; a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
 
   // Pass 2: dk, dv, row layout over (b, hkv, key block).
 #pragma omp parallel num_threads(nt)

@@ -122,6 +122,66 @@ TEST(FamilyFused, MatchesReferenceEveryIsaScoreDistributionAndMask) {
   }
 }
 
+// Additive (Bahdanau) scores, e = w_vᵀ tanh(W_q q + W_k k + b), on the fused kernels: every
+// distribution and mask kind, GQA, odd sizes, more than one lane block and key block, a feature
+// size A that is not a multiple of any vector width, with and without b; every gradient (q, k,
+// v, W_q, W_k, b, w_v) against the float64 reference.
+TEST(FamilyFused, AdditiveMatchesReferenceEveryIsaDistributionAndMask) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(202);
+    for (distribution_kind d : kFused)
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 70, 13, 23}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 17, 140, 133}[std::size_t((mask + int(d)) % 5)];
+        const bool gqa = (mask + int(d)) % 2;
+        family_case c(score_kind::additive, d, rng, 2, gqa ? 4 : 3, gqa ? 2 : 1, Nq, Nk, 5, 3);
+        const std::int64_t A = mask == 2 ? 37 : 5;
+        c.W_q = random_tensor({A, c.D}, dtype::f64, rng), c.W_k = random_tensor({A, c.Dk}, dtype::f64, rng);
+        c.w_v = random_tensor({A}, dtype::f64, rng, -1.5, 1.5), c.b = random_tensor({A}, dtype::f64, rng);
+        c.opt.score.W_q = c.W_q.view(), c.opt.score.W_k = c.W_k.view(), c.opt.score.w_v = c.w_v.view();
+        c.opt.score.b = c.b.view();
+        if (mask == 1) c.opt.score.b.reset(), c.b = Tensor();
+        if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+        const result got = run(c, q, k, v, dout, family_path::automatic);
+        const std::string what = isa + " additive x " + to_string(d) + " mask " + std::to_string(mask) + " A " +
+                                 std::to_string(A) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk);
+        expect_close(got, ref, 2e-4, what);
+        EXPECT_TRUE(got.g.dw_v.defined()) << what;
+        EXPECT_FALSE(any_nan(got.fwd.out)) << what;
+      }
+  }
+}
+
+// hardmax and top-k with k <= 32 run a sparse backward (the kept keys of each row, then
+// O(k·(P + Dv)) per row); ATTN_FAMILY_BACKWARD=two_pass forces the dense two passes. Both
+// against the reference, for dot-like and additive scores, masks, GQA and k on both sides of 32.
+TEST(FamilyFused, SparseBackwardOfHardmaxAndTopkEqualsTwoPasses) {
+  std::mt19937 rng(77);
+  for (score_kind s : {score_kind::scaled_dot, score_kind::activated_general, score_kind::additive})
+    for (std::int64_t k : {1, 3, 8, 32, 33})
+      for (int mask = 0; mask < 5; ++mask) {
+        const distribution_kind d = k == 1 && mask % 2 ? distribution_kind::hardmax : distribution_kind::topk;
+        family_case c(s, d, rng, 2, 4, 2, 19, 150, 6, 5);
+        c.opt.distribution.k = k;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), kk = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const result ref = run(c, f64(q), f64(kk), f64(v), f64(dout), family_path::reference);
+        const std::string what = case_name(s, d) + " k " + std::to_string(k) + " mask " + std::to_string(mask);
+        const result sparse = run(c, q, kk, v, dout, family_path::fused, 2);
+        expect_close(sparse, ref, 2e-4, what + " sparse");
+        setenv("ATTN_FAMILY_BACKWARD", "two_pass", 1);
+        const result dense = run(c, q, kk, v, dout, family_path::fused, 2);
+        unsetenv("ATTN_FAMILY_BACKWARD");
+        expect_close(dense, ref, 2e-4, what + " two passes");
+      }
+}
+
 TEST(FamilyFused, EmptyShapes) {
   std::mt19937 rng(5);
   for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {3, 0}, {0, 0}})
@@ -386,8 +446,9 @@ TEST(FamilyFused, WeightsFromTheFusedKernels) {
 
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
+  for (score_kind s : {score_kind::activated_general, score_kind::additive})
   for (distribution_kind d : kFused) {
-    family_case c(score_kind::activated_general, d, rng, 2, 4, 2, 37, 150, 8, 5);
+    family_case c(s, d, rng, 2, 4, 2, 37, 150, 8, 5);
     apply_mask(c, 4, rng);
     const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
     const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
@@ -399,8 +460,13 @@ TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
       EXPECT_EQ(one.g.dq.to_vector(), many.g.dq.to_vector()) << what;
       EXPECT_EQ(one.g.dk.to_vector(), many.g.dk.to_vector()) << what;
       EXPECT_EQ(one.g.dv.to_vector(), many.g.dv.to_vector()) << what;
-      EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
       EXPECT_EQ(one.g.db.to_vector(), many.g.db.to_vector()) << what;
+      if (s != score_kind::additive) EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
+      if (s == score_kind::additive) {
+        EXPECT_EQ(one.g.dW_q.to_vector(), many.g.dW_q.to_vector()) << what;
+        EXPECT_EQ(one.g.dW_k.to_vector(), many.g.dW_k.to_vector()) << what;
+        EXPECT_EQ(one.g.dw_v.to_vector(), many.g.dw_v.to_vector()) << what;
+      }
     }
   }
 }
@@ -422,8 +488,16 @@ TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
   }
   family_case a(score_kind::additive, distribution_kind::sigmoid, rng);
   const Tensor aq = a.q.to(dtype::f32), ak = a.k.to(dtype::f32), av = a.v.to(dtype::f32);
-  EXPECT_EQ(attention_family(aq, ak, av, a.opt).path, "tiled");
-  EXPECT_THROW_MSG(attention_family(aq, ak, av, a.opt, {.path = family_path::fused}),
+  EXPECT_EQ(attention_family(aq, ak, av, a.opt).path.rfind("fused (", 0), 0u);
+  family_case md(score_kind::additive, distribution_kind::softmax, rng, 1, 2, 1, 4, 6, 3, 3, /*multi_dim=*/true);
+  const Tensor mq = md.q.to(dtype::f32), mk = md.k.to(dtype::f32), mv = md.v.to(dtype::f32);
+  EXPECT_EQ(attention_family(mq, mk, mv, md.opt).path, "tiled");
+  EXPECT_THROW_MSG(attention_family(mq, mk, mv, md.opt, {.path = family_path::fused}),
+                   "attention_family: path fused: multi-dimensional scores are not fused");
+  family_case lc(score_kind::location, distribution_kind::softmax, rng);
+  const Tensor lq = lc.q.to(dtype::f32), lk = lc.k.to(dtype::f32), lv = lc.v.to(dtype::f32);
+  EXPECT_EQ(attention_family(lq, lk, lv, lc.opt).path, "tiled");
+  EXPECT_THROW_MSG(attention_family(lq, lk, lv, lc.opt, {.path = family_path::fused}),
                    "attention_family: path fused: only dot-product scores");
   c.opt.distribution.kind = distribution_kind::hardmax;
   c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
