@@ -163,8 +163,29 @@ inline void fam_range(const family_lanes& lb, std::int64_t& kmin, std::int64_t& 
 // tanh recomputed where the backward needs it rather than stored (an [Nq, Nk, A] tensor is what
 // the eager formula materialises).
 
+// tanh(a + b) of the kernels' operands: a and b themselves, or (Exp, family_params::additive_exp)
+// e^{2a} and e^{2b}: 1 - 2 / (1 + e^{2a} e^{2b}), exact to the rounding of the product (≈ 1e-7
+// absolute, as e^{2(a + b)} itself).
+template <bool Exp>
+inline vf add_tanh(vf a, vf b) {
+  if constexpr (Exp) return splat(1.0f) - splat(2.0f) * vrecip(a * b + splat(1.0f));
+  else return vtanh(a + b);
+}
+// Calls f(std::bool_constant<fp.additive_exp>{}).
+template <class F>
+void with_exp_form(const family_params& fp, F&& f) {
+  if (fp.additive_exp) f(std::true_type{});
+  else f(std::false_type{});
+}
+
 // Lane layout: S[jj][L] = z of key j0 + jj for the lanes' queries qt [P][L].
+template <int CC, bool Exp>
+void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S);
 template <int CC>
+void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
+  with_exp_form(lb.fp, [&](auto e) { additive_lane_scores<CC, decltype(e)::value>(lb, j0, nb, S); });
+}
+template <int CC, bool Exp>
 void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
   const std::int64_t L = CC * W;
   const float* w = lb.fp.w_v;
@@ -173,7 +194,7 @@ void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t 
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
       vf acc{};
-      for (std::int64_t a = 0; a < lb.P; ++a) acc += splat(w[a]) * vtanh(load(lb.qt + a * L + c * W) + splat(kj[a]));
+      for (std::int64_t a = 0; a < lb.P; ++a) acc += splat(w[a]) * add_tanh<Exp>(load(lb.qt + a * L + c * W), splat(kj[a]));
       store(S + jj * L + c * W, acc);
     }
   }
@@ -182,7 +203,15 @@ void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t 
 // Lane layout, backward: with dz [nb][L] of keys j0.., dqt[a][L] += w_a Σ_j dz (1 - t²) and
 // dw[a] += Σ_j Σ_lanes dz t, t = tanh(qt[a] + kp_j[a]). Keys whose dz is zero in every lane
 // (masked, outside the support) are skipped; buf holds nb indices.
+template <int CC, bool Exp>
+void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
+                        double* dw, float* buf);
 template <int CC>
+void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
+                        double* dw, float* buf) {
+  with_exp_form(lb.fp, [&](auto e) { additive_lane_grad<CC, decltype(e)::value>(lb, j0, nb, dz, dqt, dw, buf); });
+}
+template <int CC, bool Exp>
 void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
                         double* dw, float* buf) {
   const std::int64_t L = CC * W;
@@ -202,7 +231,7 @@ void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb
       vf g{}, h{};
       for (std::int64_t e = 0; e < nlive; ++e) {
         const std::int64_t jj = live[e];
-        const vf t = vtanh(qa + splat(lb.k[(j0 + jj) * lb.ksn + a])), d = load(dz + jj * L + c * W);
+        const vf t = add_tanh<Exp>(qa, splat(lb.k[(j0 + jj) * lb.ksn + a])), d = load(dz + jj * L + c * W);
         g += d * (splat(1.0f) - t * t);
         h += d * t;
       }
@@ -216,14 +245,15 @@ void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb
 }
 
 // Row layout: S[r][x] = z of query row r (q + r·qsn) and key x of kt [P][ld].
-inline void additive_row_scores(const family_rows& pr, float* S) {
+template <bool Exp>
+void additive_row_scores(const family_rows& pr, float* S) {
   const std::int64_t ld = pr.ldk;
   const float* w = pr.fp.w_v;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     const float* qr = pr.q + r * pr.qsn;
     for (std::int64_t x = 0; x < ld; x += W) {
       vf acc{};
-      for (std::int64_t a = 0; a < pr.P; ++a) acc += splat(w[a]) * vtanh(splat(qr[a]) + load(pr.kt + a * ld + x));
+      for (std::int64_t a = 0; a < pr.P; ++a) acc += splat(w[a]) * add_tanh<Exp>(splat(qr[a]), load(pr.kt + a * ld + x));
       store(S + r * ld + x, acc);
     }
   }
@@ -231,7 +261,8 @@ inline void additive_row_scores(const family_rows& pr, float* S) {
 
 // Row layout, backward: dkt[a][x] += w_a Σ_r dz[r][x] (1 - t²). Rows whose dz is zero for every
 // key of the block are skipped; scratch holds nq indices.
-inline void additive_row_grad(const family_rows& pr, const float* dz, float* scratch) {
+template <bool Exp>
+void additive_row_grad(const family_rows& pr, const float* dz, float* scratch) {
   const std::int64_t ld = pr.ldk;
   const float* w = pr.fp.w_v;
   std::int32_t* live = reinterpret_cast<std::int32_t*>(scratch);
@@ -247,7 +278,7 @@ inline void additive_row_grad(const family_rows& pr, const float* dz, float* scr
       vf g{};
       for (std::int64_t e = 0; e < nlive; ++e) {
         const std::int64_t r = live[e];
-        const vf t = vtanh(splat(pr.q[r * pr.qsn + a]) + ka);
+        const vf t = add_tanh<Exp>(splat(pr.q[r * pr.qsn + a]), ka);
         g += load(dz + r * ld + x) * (splat(1.0f) - t * t);
       }
       store(pr.dkt + a * ld + x, load(pr.dkt + a * ld + x) + splat(w[a]) * g);
@@ -594,7 +625,7 @@ void fam_dkdv(const family_rows& pr) {
   float* S = pr.scratch;
   float* dP = S + nq * ld;
   float* mask = dP + nq * ld;
-  if (fp.score == family_score::additive) additive_row_scores(pr, S);
+  if (fp.score == family_score::additive) with_exp_form(fp, [&](auto e) { additive_row_scores<decltype(e)::value>(pr, S); });
   else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
   gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   if (fp.mask) {
@@ -630,7 +661,8 @@ void fam_dkdv(const family_rows& pr) {
     pr.sums[0] += a, pr.sums[1] += b;
   }
   if constexpr (Dist != family_dist::hardmax) {
-    if (fp.score == family_score::additive) additive_row_grad(pr, dP, mask + nq * ld);
+    if (fp.score == family_score::additive)
+      with_exp_form(fp, [&](auto e) { additive_row_grad<decltype(e)::value>(pr, dP, mask + nq * ld); });
     else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
   }
 }

@@ -40,6 +40,11 @@ struct family_params {
   family_dist dist = family_dist::softmax;
   family_score score = family_score::dot;
   const float* w_v = nullptr;  // additive: [P]
+  // additive: the prepared vectors arrive as e^{2x} (both sides), and tanh(a + b) is formed as
+  // 1 - 2 / (1 + e^{2a} e^{2b}): a product and a reciprocal instead of an exp and a division per
+  // (pair, feature). The driver takes it when every |qp|, |kp| <= 20, so e^{±40} and their
+  // products stay finite, normal floats.
+  bool additive_exp = false;
   family_act act = family_act::identity;
   float bias = 0.0f;          // inside act
   float sigmoid_bias = 0.0f;  // sigmoid: α = σ(s + sigmoid_bias)

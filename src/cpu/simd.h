@@ -2,7 +2,7 @@
 // loads and stores, exp and tanh, lane shuffles, and the readers that turn stored elements
 // (f32, bf16) into f32 vectors. No intrinsics: every ISA compiles this file with its own flags
 // and W. The one instruction that has no portable spelling (vdpbf16ps) is in
-// simd_avx512bf16.h.
+// simd_avx512bf16.h; the reciprocal estimate of vrecip is a GCC builtin behind its ISA's macro.
 //
 // Included by kernels_<isa>.cc after it has defined, in attn::detail::cpu::(anonymous),
 //   constexpr int W (floats per vector), C (vectors per tile row), R (tile rows).
@@ -81,6 +81,27 @@ inline vf vtanh(vf x) {
   const vf ax = (vf)((vi)x & splati(0x7fffffff));
   const vf t = splat(1.0f) - splat(2.0f) / (vexp(ax + ax) + splat(1.0f));
   return (vf)((vi)t | sign);
+}
+
+// 1/d for d >= 1 or NaN: the ISA's reciprocal estimate (vrcp14ps, 2^-14; vrcpps, 1.5·2^-12)
+// and one Newton step (relative error then below 2^-22), or a division where there is none.
+// GCC has no portable spelling of the estimate, so its two builtins are named here, each
+// behind its ISA's macro.
+template <class V>  // a template, so that the branch of the other width is discarded, not checked
+inline V vrecip(V d) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    const V r = __builtin_ia32_rcp14ps512_mask(d, V{}, 0xffff);
+    return r * (2.0f - d * r);
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    const V r = __builtin_ia32_rcpps256(d);
+    return r * (2.0f - d * r);
+  }
+#endif
+  return 1.0f / d;
 }
 
 // ---- bf16 ----

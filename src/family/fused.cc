@@ -172,10 +172,43 @@ struct fused_inputs {
   std::int64_t L, G, nlb, units;
   std::vector<float> Q, K, V;
   std::vector<float> w_v;  // additive: [A]
+  // additive in exp form (family_params::additive_exp): e^{2 qp}, e^{2 kp}, what the kernels read
+  std::vector<float> QE, KE;
+  bool exp_form = false;
+  const float* kq() const { return exp_form ? QE.data() : Q.data(); }
+  const float* kk() const { return exp_form ? KE.data() : K.data(); }
+
   fused_inputs(const fproblem& fp, const fused_source& src)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
+    load(fp, src, nt);
+    if (fp.kernel == kernel_kind::additive && additive_exp_allowed() && within(Q, 20.0f) && within(K, 20.0f)) {
+      exp_form = true;
+      QE = exp2x(Q, nt), KE = exp2x(K, nt);
+    }
+  }
+
+ private:
+  // ATTN_FAMILY_ADDITIVE=tanh keeps tanh(a + b) for every block (for comparisons and tests).
+  static bool additive_exp_allowed() {
+    const char* env = std::getenv("ATTN_FAMILY_ADDITIVE");
+    return !(env && std::string_view(env) == "tanh");
+  }
+  // Every |x| <= bound (a NaN passes: it stays NaN in either form).
+  static bool within(const std::vector<float>& x, float bound) {
+    for (const float v : x)
+      if (std::abs(v) > bound) return false;
+    return true;
+  }
+  static std::vector<float> exp2x(const std::vector<float>& x, int nt) {
+    std::vector<float> r(x.size());
+    const std::int64_t n = std::int64_t(x.size());
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) r[std::size_t(i)] = std::exp(2.0f * x[std::size_t(i)]);
+    return r;
+  }
+  void load(const fproblem& fp, const fused_source& src, int nt) {
     if (src.direct) {
       Q = load_f32(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, src.scale, nt);
       K = load_f32(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1.0, nt);
@@ -199,6 +232,7 @@ struct lane_state {
   lane_state(const fproblem& fp, const fused_inputs& in)
       : L(in.L), P(fp.Pq), lo(L), hi(L), cut(L), h(L), i(L), qt(alloc_floats(fp.Pq * L)), t(alloc_floats(L)),
         lse(alloc_floats(L)), r(alloc_floats(L)), prm(make_params(fp, in.w_v.data())) {
+    prm.additive_exp = in.exp_form;
     mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
   }
@@ -216,7 +250,7 @@ struct lane_state {
       i[x] = rr / in.G, h[x] = hkv * in.G + rr % in.G;
       const auto [a, e] = fp.p.key_range(b, i[x]);
       lo[x] = std::int32_t(a), hi[x] = std::int32_t(e);
-      const float* q = in.Q.data() + ((b * fp.Hq + h[x]) * fp.Nq + i[x]) * P;
+      const float* q = in.kq() + ((b * fp.Hq + h[x]) * fp.Nq + i[x]) * P;
       for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = q[d];
     }
     mc.b = b, mc.valid = nl;
@@ -232,7 +266,7 @@ struct lane_state {
     cpu::family_lanes lb;
     lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
     lb.qt = qt.get();
-    lb.k = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P, lb.ksn = P;
+    lb.k = in.kk() + (b * fp.Hkv + hkv) * fp.Nk * P, lb.ksn = P;
     lb.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv, lb.vsn = fp.Dv;
     lb.lo = lo.data(), lb.hi = hi.data();
     lb.fp = prm;
@@ -333,6 +367,7 @@ struct row_pass {
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
         kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data())) {
+    prm.additive_exp = in.exp_form;
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
@@ -344,7 +379,7 @@ struct row_pass {
                  double* sums) {
     const std::int64_t G = in.G, j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
     const std::int64_t ld = ceil_div(nb, W) * W;
-    const float* K = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P;
+    const float* K = in.kk() + (b * fp.Hkv + hkv) * fp.Nk * P;
     const float* V = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
     for (std::int64_t d = 0; d < P; ++d)
       for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
@@ -371,7 +406,7 @@ struct row_pass {
         const std::int64_t r0 = (b * fp.Hq + h) * fp.Nq + i0;
         cpu::family_rows pr;
         pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
-        pr.q = in.Q.data() + r0 * P, pr.qsn = P;
+        pr.q = in.kq() + r0 * P, pr.qsn = P;
         pr.dout = dO + r0 * Dv, pr.dsn = Dv;
         pr.lo = lo.data(), pr.hi = hi.data();
         pr.fp = prm;

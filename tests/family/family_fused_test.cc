@@ -126,9 +126,13 @@ TEST(FamilyFused, MatchesReferenceEveryIsaScoreDistributionAndMask) {
 // distribution and mask kind, GQA, odd sizes, more than one lane block and key block, a feature
 // size A that is not a multiple of any vector width, with and without b; every gradient (q, k,
 // v, W_q, W_k, b, w_v) against the float64 reference.
+// Both forms of tanh(a + b): the exp form (1 - 2/(1 + e^{2a} e^{2b}), taken when every |qp|,
+// |kp| <= 20) and tanh itself (ATTN_FAMILY_ADDITIVE=tanh, or larger activations).
 TEST(FamilyFused, AdditiveMatchesReferenceEveryIsaDistributionAndMask) {
+  for (const char* form : {"exp", "tanh"})
   for (const std::string& isa : isas()) {
     isa_scope scope(isa.c_str());
+    if (std::string(form) == "tanh") setenv("ATTN_FAMILY_ADDITIVE", "tanh", 1);
     std::mt19937 rng(202);
     for (distribution_kind d : kFused)
       for (int mask = 0; mask < 5; ++mask) {
@@ -148,12 +152,37 @@ TEST(FamilyFused, AdditiveMatchesReferenceEveryIsaDistributionAndMask) {
         const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
         const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
         const result got = run(c, q, k, v, dout, family_path::automatic);
-        const std::string what = isa + " additive x " + to_string(d) + " mask " + std::to_string(mask) + " A " +
-                                 std::to_string(A) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk);
+        const std::string what = isa + " " + form + " additive x " + to_string(d) + " mask " + std::to_string(mask) +
+                                 " A " + std::to_string(A) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk);
         expect_close(got, ref, 2e-4, what);
         EXPECT_TRUE(got.g.dw_v.defined()) << what;
         EXPECT_FALSE(any_nan(got.fwd.out)) << what;
       }
+    unsetenv("ATTN_FAMILY_ADDITIVE");
+  }
+}
+
+// Activations beyond the exp form's range (|W_q q| up to ~40: tanh saturates, and a + b can
+// still be small) take the tanh form by themselves and stay exact; NaN in q reaches out through
+// either form (softmax, sigmoid: the threshold searches of the sparse distributions make no
+// promise about NaN, as the family's special-value contract says).
+TEST(FamilyFused, AdditiveLargeActivationsAndNaN) {
+  std::mt19937 rng(303);
+  for (distribution_kind d : {distribution_kind::softmax, distribution_kind::sigmoid, distribution_kind::entmax15}) {
+    family_case c(score_kind::additive, d, rng, 1, 2, 1, 9, 40, 4, 3);
+    c.W_q = random_tensor({5, c.D}, dtype::f64, rng, -12.0, 12.0);
+    c.W_k = random_tensor({5, c.Dk}, dtype::f64, rng, -12.0, 12.0);
+    c.opt.score.W_q = c.W_q.view(), c.opt.score.W_k = c.W_k.view();
+    const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+    const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+    expect_close(run(c, q, k, v, dout, family_path::fused), run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference),
+                 2e-4, "large " + to_string(d));
+    if (d == distribution_kind::entmax15) continue;
+    Tensor qn = Tensor::copy_of(q.view());
+    qn.set({0, 1, 4, 2}, std::nan(""));
+    const family_result r = attention_family(qn, k, v, c.opt, {.path = family_path::fused});
+    for (std::int64_t i = 0; i < c.Nq; ++i)
+      EXPECT_EQ(std::isnan(r.out.get({0, 1, i, 0})), i == 4) << to_string(d) << " row " << i;
   }
 }
 
