@@ -1,7 +1,8 @@
 // src/family/fused.cc — the fused f32 path of attention_family: the driver of the SIMD kernels
-// of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot) and additive (Bahdanau)
-// scores with one w_v (kernel_kind::additive, F = 1), with softmax, sigmoid, sparsemax,
-// entmax15, hardmax (zero gradient) and top-k.
+// of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot), additive (Bahdanau)
+// scores with one w_v (kernel_kind::additive, F = 1) and location scores (kernel_kind::location:
+// a dot product with the rows of W_a as the keys of every (b, hkv), dW_a the sum of their
+// dk), with softmax, sigmoid, sparsemax, entmax15, hardmax (zero gradient) and top-k.
 //
 // Inputs (fused_source): the score's float64 preparation (Qp, Kp, V of family_impl.h) converted
 // to f32 once or, for dot and scaled_dot, the user's q, k, v converted to f32 directly, so f32,
@@ -30,6 +31,7 @@
 #include "cpu/buffers.h"
 #include "cpu/family_kernels.h"
 #include "family/family_impl.h"
+#include "family/scores/score.h"
 
 namespace attn::detail::family {
 namespace {
@@ -171,18 +173,26 @@ struct fused_inputs {
   const cpu::family_table& kt;
   std::int64_t L, G, nlb, units;
   std::vector<float> Q, K, V;
+  std::int64_t kstride = 0;  // floats from one (b, hkv)'s keys to the next (0: location's W_a, shared)
   std::vector<float> w_v;  // additive: [A]
   // additive in exp form (family_params::additive_exp): e^{2 qp}, e^{2 kp}, what the kernels read
   std::vector<float> QE, KE;
   bool exp_form = false;
   const float* kq() const { return exp_form ? QE.data() : Q.data(); }
   const float* kk() const { return exp_form ? KE.data() : K.data(); }
+  // Key 0 of (b, hkv) in the kernels' form, and as prepared.
+  const float* keys(const fproblem& fp, std::int64_t b, std::int64_t hkv) const { return kk() + (b * fp.Hkv + hkv) * kstride; }
+  const float* raw_keys(const fproblem& fp, std::int64_t b, std::int64_t hkv) const {
+    return K.data() + (b * fp.Hkv + hkv) * kstride;
+  }
 
   fused_inputs(const fproblem& fp, const fused_source& src)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
     load(fp, src, nt);
+    kstride = fp.Nk * fp.Pq;
+    if (fp.kernel == kernel_kind::location) K = to_f32(fp.W_a, nt), kstride = 0;
     if (fp.kernel == kernel_kind::additive && additive_exp_allowed() && within(Q, 20.0f) && within(K, 20.0f)) {
       exp_form = true;
       QE = exp2x(Q, nt), KE = exp2x(K, nt);
@@ -266,7 +276,7 @@ struct lane_state {
     cpu::family_lanes lb;
     lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
     lb.qt = qt.get();
-    lb.k = in.kk() + (b * fp.Hkv + hkv) * fp.Nk * P, lb.ksn = P;
+    lb.k = in.keys(fp, b, hkv), lb.ksn = P;
     lb.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv, lb.vsn = fp.Dv;
     lb.lo = lo.data(), lb.hi = hi.data();
     lb.fp = prm;
@@ -281,9 +291,9 @@ struct lane_state {
 
 std::string fused_why_not(const fproblem& fp, dtype type) {
   if (type == dtype::f64) return "float64 inputs run the float64 tiled path";
-  if (fp.kernel != kernel_kind::dot && fp.kernel != kernel_kind::additive)
-    return "only dot-product scores (dot, scaled_dot, general and its variants, cosine, gaussian) and additive "
-           "are fused";
+  if (fp.kernel != kernel_kind::dot && fp.kernel != kernel_kind::additive && fp.kernel != kernel_kind::location)
+    return "only dot-product scores (dot, scaled_dot, general and its variants, cosine, gaussian), additive and "
+           "location are fused";
   if (fp.F != 1) return "multi-dimensional scores are not fused";
   switch (fp.dist) {
     case distribution_kind::softmax:
@@ -379,7 +389,7 @@ struct row_pass {
                  double* sums) {
     const std::int64_t G = in.G, j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
     const std::int64_t ld = ceil_div(nb, W) * W;
-    const float* K = in.kk() + (b * fp.Hkv + hkv) * fp.Nk * P;
+    const float* K = in.keys(fp, b, hkv);
     const float* V = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
     for (std::int64_t d = 0; d < P; ++d)
       for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
@@ -452,8 +462,28 @@ std::int64_t sparse_keep(const fproblem& fp) {
 
 }  // namespace
 
+namespace {
+const char* backward_impl(const fproblem& fp, const fused_source& src, const strided4& dout,
+                          const fused_grad_sink& sink, grad_acc& acc);
+}  // namespace
+
 const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
                            const fused_grad_sink& sink, grad_acc& acc) {
+  if (fp.kernel != kernel_kind::location) return backward_impl(fp, src, dout, sink, acc);
+  // location: the kernels' dk of every (b, hkv) is a share of dW_a [Nk, D]; summed in (b, hkv) order.
+  const std::int64_t P = fp.Pq, units = fp.B * fp.Hkv;
+  std::vector<double> dk(std::size_t(units * fp.Nk * P), 0.0);
+  fused_grad_sink s = sink;
+  s.dk = rows_of(dk, fp.Hkv, fp.Nk, P);
+  const char* isa = backward_impl(fp, src, dout, s, acc);
+  for (std::int64_t u = 0; u < units; ++u)
+    for (std::int64_t e = 0; e < fp.Nk * P; ++e) acc.dW_a[std::size_t(e)] += dk[std::size_t(u * fp.Nk * P + e)];
+  return isa;
+}
+
+namespace {
+const char* backward_impl(const fproblem& fp, const fused_source& src, const strided4& dout,
+                          const fused_grad_sink& sink, grad_acc& acc) {
   const fused_inputs in(fp, src);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
@@ -532,7 +562,7 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
         const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
         std::fill(dk.begin(), dk.end(), 0.0);
         std::fill(dv.begin(), dv.end(), 0.0);
-        const float* Kb = in.K.data() + (b * fp.Hkv + hkv) * fp.Nk * P;
+        const float* Kb = in.raw_keys(fp, b, hkv);
         const float* Vb = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < fp.Nq; ++i) {
@@ -629,5 +659,7 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
   }
   return in.kt.name;
 }
+
+}  // namespace
 
 }  // namespace attn::detail::family

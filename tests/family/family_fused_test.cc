@@ -32,7 +32,8 @@ const std::vector<distribution_kind> kFused = {distribution_kind::softmax,  dist
                                                distribution_kind::sparsemax, distribution_kind::entmax15,
                                                distribution_kind::hardmax,  distribution_kind::topk};
 
-// Dot-product scores (kernel_kind::dot), with the activations of activated_general.
+// Dot-product scores (kernel_kind::dot), with the activations of activated_general, and location
+// (a dot product with the rows of W_a).
 struct score_case {
   score_kind s;
   score_activation act = score_activation::tanh;
@@ -45,7 +46,8 @@ const std::vector<score_case> kScores = {{score_kind::dot},
                                          {score_kind::activated_general, score_activation::relu},
                                          {score_kind::activated_general, score_activation::sigmoid},
                                          {score_kind::cosine},
-                                         {score_kind::gaussian}};
+                                         {score_kind::gaussian},
+                                         {score_kind::location}};
 
 struct result {
   family_result fwd;
@@ -523,7 +525,7 @@ TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
   EXPECT_EQ(attention_family(mq, mk, mv, md.opt).path, "tiled");
   EXPECT_THROW_MSG(attention_family(mq, mk, mv, md.opt, {.path = family_path::fused}),
                    "attention_family: path fused: multi-dimensional scores are not fused");
-  family_case lc(score_kind::location, distribution_kind::softmax, rng);
+  family_case lc(score_kind::box, distribution_kind::kernel, rng);
   const Tensor lq = lc.q.to(dtype::f32), lk = lc.k.to(dtype::f32), lv = lc.v.to(dtype::f32);
   EXPECT_EQ(attention_family(lq, lk, lv, lc.opt).path, "tiled");
   EXPECT_THROW_MSG(attention_family(lq, lk, lv, lc.opt, {.path = family_path::fused}),
