@@ -107,6 +107,7 @@ inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
     }
     case family_dist::hardmax: return vselect(fam_kept(s, j, st), splat(1.0f), vf{});
     case family_dist::topk: return vselect(fam_kept(s, j, st), vexp(s - st.lse), vf{});
+    case family_dist::identity: return vselect(s == splat(-kInf), vf{}, s);
   }
   return vf{};
 }
@@ -133,6 +134,7 @@ inline vf fam_de(vf s, vf a, vf dp, const fam_stat& st) {
     case family_dist::sparsemax: return vselect(a > vf{}, dp - st.r, vf{});
     case family_dist::entmax15: return vmax((s * splat(0.5f) - st.lse) - st.t, vf{}) * (dp - st.r);
     case family_dist::hardmax: return vf{};
+    case family_dist::identity: return vselect(s == splat(-kInf), vf{}, dp);
   }
   return vf{};
 }
@@ -489,7 +491,8 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
           t[x] = th, lse[x] = m[x] + __builtin_logf(sum);
         }
         break;
-      case family_dist::sigmoid: break;
+      case family_dist::sigmoid:
+      case family_dist::identity: break;
     }
     store(lb.st.t + c * W, t);
     store(lb.st.lse + c * W, lse);
@@ -713,6 +716,7 @@ void with_dist(family_dist d, F&& f) {
     case family_dist::entmax15: return f(std::integral_constant<family_dist, family_dist::entmax15>{});
     case family_dist::hardmax: return f(std::integral_constant<family_dist, family_dist::hardmax>{});
     case family_dist::topk: return f(std::integral_constant<family_dist, family_dist::topk>{});
+    case family_dist::identity: return f(std::integral_constant<family_dist, family_dist::identity>{});
   }
 }
 

@@ -30,7 +30,7 @@
 
 namespace attn::detail::cpu {
 
-enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk };
+enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, identity };
 enum class family_act : int { identity, tanh, relu, sigmoid };
 // How z is formed from the prepared vectors: dot, z = qp·kp (a GEMM on the register tile), or
 // additive (Bahdanau), z = Σ_a w_v[a] tanh(qp_a + kp_a) over the P = A prepared features.
@@ -132,7 +132,10 @@ struct family_rows {
 };
 
 // Scratch, in floats. `static` for the reason given in kernels.h.
-static constexpr inline bool family_keeps_scores(family_dist d) { return d != family_dist::sigmoid; }
+// sigmoid and identity (α = s) need no row statistics: they stream.
+static constexpr inline bool family_keeps_scores(family_dist d) {
+  return d != family_dist::sigmoid && d != family_dist::identity;
+}
 // nk: the keys a lane block may see (at most Nk).
 static inline std::int64_t family_lane_scratch_floats(std::int64_t L, std::int64_t nk, family_dist d) {
   const std::int64_t keys = family_keeps_scores(d) ? nk + kLaneKeyBlock : kLaneKeyBlock;

@@ -154,6 +154,7 @@ cpu::family_params make_params(const fproblem& fp, const float* w_v) {
     case distribution_kind::entmax15: prm.dist = family_dist::entmax15; break;
     case distribution_kind::hardmax: prm.dist = family_dist::hardmax; break;
     case distribution_kind::topk: prm.dist = family_dist::topk; break;
+    case distribution_kind::identity: prm.dist = family_dist::identity; break;
     default: break;  // refused by fused_why_not
   }
   switch (fp.act) {
@@ -300,7 +301,8 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
     case distribution_kind::sigmoid:
     case distribution_kind::sparsemax:
     case distribution_kind::entmax15:
-    case distribution_kind::topk: break;
+    case distribution_kind::topk:
+    case distribution_kind::identity: break;
     case distribution_kind::hardmax:
       if (fp.hardmax_grad != hardmax_gradient::zero) return "hardmax with the straight-through gradient is not fused";
       break;
@@ -444,8 +446,8 @@ bool forced_two_pass() {
   return env && std::string_view(env) == "two_pass";
 }
 bool single_pass(const fproblem& fp) {
-  if (fp.dist != distribution_kind::sigmoid || fp.kernel != kernel_kind::dot || fp.B * fp.Hkv < kSinglePassUnits)
-    return false;
+  const bool streams = fp.dist == distribution_kind::sigmoid || fp.dist == distribution_kind::identity;
+  if (!streams || fp.kernel != kernel_kind::dot || fp.B * fp.Hkv < kSinglePassUnits) return false;
   return !forced_two_pass();
 }
 
@@ -520,6 +522,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       }
     }
     for (std::int64_t u = 0; u < units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+    if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
     return in.kt.name;
   }
 
