@@ -105,7 +105,8 @@ inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
       const vf u = vmax((s * splat(0.5f) - st.lse) - st.t, vf{});
       return u * u;
     }
-    case family_dist::hardmax: return vselect(fam_kept(s, j, st), splat(1.0f), vf{});
+    case family_dist::hardmax:
+    case family_dist::hardmax_st: return vselect(fam_kept(s, j, st), splat(1.0f), vf{});
     case family_dist::topk: return vselect(fam_kept(s, j, st), vexp(s - st.lse), vf{});
     case family_dist::identity: return vselect(s == splat(-kInf), vf{}, s);
   }
@@ -120,6 +121,7 @@ inline vf fam_u(vf s, vf a, const fam_stat& st) {
     case family_dist::topk: return a;
     case family_dist::sparsemax: return vselect(a > vf{}, splat(1.0f), vf{});
     case family_dist::entmax15: return vmax((s * splat(0.5f) - st.lse) - st.t, vf{});
+    case family_dist::hardmax_st: return vexp(s - st.lse);  // the softmax's p
     default: return vf{};
   }
 }
@@ -134,6 +136,7 @@ inline vf fam_de(vf s, vf a, vf dp, const fam_stat& st) {
     case family_dist::sparsemax: return vselect(a > vf{}, dp - st.r, vf{});
     case family_dist::entmax15: return vmax((s * splat(0.5f) - st.lse) - st.t, vf{}) * (dp - st.r);
     case family_dist::hardmax: return vf{};
+    case family_dist::hardmax_st: return vexp(s - st.lse) * (dp - st.r);
     case family_dist::identity: return vselect(s == splat(-kInf), vf{}, dp);
   }
   return vf{};
@@ -432,6 +435,13 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         lse = mh;
         break;
       }
+      case family_dist::hardmax_st: {
+        vf sum{};
+        for (std::int64_t jj = 0; jj < n; ++jj) sum += vexp(load(S + jj * L + c * W) - m0);
+        for (int x = 0; x < W; ++x)
+          if (!empty[x]) lse[x] = m[x] + __builtin_logf(sum[x]);
+      }
+        [[fallthrough]];
       case family_dist::hardmax:
         t = vselect(empty, splat(kInf), m);
         cut = arg;
@@ -717,6 +727,7 @@ void with_dist(family_dist d, F&& f) {
     case family_dist::hardmax: return f(std::integral_constant<family_dist, family_dist::hardmax>{});
     case family_dist::topk: return f(std::integral_constant<family_dist, family_dist::topk>{});
     case family_dist::identity: return f(std::integral_constant<family_dist, family_dist::identity>{});
+    case family_dist::hardmax_st: return f(std::integral_constant<family_dist, family_dist::hardmax_st>{});
   }
 }
 

@@ -30,7 +30,9 @@
 
 namespace attn::detail::cpu {
 
-enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, identity };
+// hardmax_st: hardmax with the straight-through gradient (forward one-hot, backward the softmax
+// Jacobian at the same scores).
+enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, identity, hardmax_st };
 enum class family_act : int { identity, tanh, relu, sigmoid };
 // How z is formed from the prepared vectors: dot, z = qp·kp (a GEMM on the register tile), or
 // additive (Bahdanau), z = Σ_a w_v[a] tanh(qp_a + kp_a) over the P = A prepared features.
@@ -58,7 +60,8 @@ struct family_params {
 //   sparsemax        t = τ relative to the row max m, held in lse: α = max((s - m) - τ, 0)
 //   entmax15         t = τ relative to m/2, held in lse: α = max((s/2 - m/2) - τ, 0)²
 //   hardmax, topk    t = the k-th best score (k = 1 for hardmax); a key is kept when s > t, or
-//                    s = t and j <= cut (first index wins ties); lse over the kept keys (topk)
+//                    s = t and j <= cut (first index wins ties); lse over the kept keys (topk),
+//                    over every key (hardmax_st: its backward's softmax)
 //   every one        r = Σ u dα / Σ u of the backward (0 for sigmoid and hardmax)
 struct family_stats {
   float* t = nullptr;

@@ -152,7 +152,9 @@ cpu::family_params make_params(const fproblem& fp, const float* w_v) {
     case distribution_kind::sigmoid: prm.dist = family_dist::sigmoid; break;
     case distribution_kind::sparsemax: prm.dist = family_dist::sparsemax; break;
     case distribution_kind::entmax15: prm.dist = family_dist::entmax15; break;
-    case distribution_kind::hardmax: prm.dist = family_dist::hardmax; break;
+    case distribution_kind::hardmax:
+      prm.dist = fp.hardmax_grad == hardmax_gradient::zero ? family_dist::hardmax : family_dist::hardmax_st;
+      break;
     case distribution_kind::topk: prm.dist = family_dist::topk; break;
     case distribution_kind::identity: prm.dist = family_dist::identity; break;
     default: break;  // refused by fused_why_not
@@ -302,10 +304,8 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
     case distribution_kind::sparsemax:
     case distribution_kind::entmax15:
     case distribution_kind::topk:
-    case distribution_kind::identity: break;
-    case distribution_kind::hardmax:
-      if (fp.hardmax_grad != hardmax_gradient::zero) return "hardmax with the straight-through gradient is not fused";
-      break;
+    case distribution_kind::identity:
+    case distribution_kind::hardmax: break;
     default: return fmt::format("distribution {} is not fused", to_string(fp.dist));
   }
   if (fp.Nq >= kMaxLen || fp.Nk >= kMaxLen) return "sequences of 2^30 or more are not fused";
@@ -458,7 +458,7 @@ bool single_pass(const fproblem& fp) {
 constexpr std::int64_t kSparseTopk = 32;
 std::int64_t sparse_keep(const fproblem& fp) {
   if (forced_two_pass()) return 0;
-  if (fp.dist == distribution_kind::hardmax) return 1;
+  if (fp.dist == distribution_kind::hardmax) return fp.hardmax_grad == hardmax_gradient::zero ? 1 : 0;
   return fp.dist == distribution_kind::topk && fp.topk <= kSparseTopk ? fp.topk : 0;
 }
 

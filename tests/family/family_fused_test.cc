@@ -214,6 +214,27 @@ TEST(FamilyFused, SparseBackwardOfHardmaxAndTopkEqualsTwoPasses) {
       }
 }
 
+// hardmax with the straight-through gradient: forward the one-hot, backward the softmax Jacobian
+// at the same scores (dv from the one-hot) — every ISA, dot-like and additive scores, masks, GQA.
+TEST(FamilyFused, HardmaxStraightThrough) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(404);
+    for (score_kind s : {score_kind::scaled_dot, score_kind::activated_general, score_kind::additive,
+                         score_kind::location})
+      for (int mask = 0; mask < 5; ++mask) {
+        family_case c(s, distribution_kind::hardmax, rng, 2, 4, 2, 13, std::vector<std::int64_t>{1, 9, 140, 17, 133}[std::size_t(mask)], 5, 3);
+        c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const result got = run(c, q, k, v, dout, family_path::automatic, 2);
+        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4,
+                     isa + " " + to_string(s) + " straight-through, mask " + std::to_string(mask));
+      }
+  }
+}
+
 TEST(FamilyFused, EmptyShapes) {
   std::mt19937 rng(5);
   for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {3, 0}, {0, 0}})
@@ -534,8 +555,7 @@ TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
                    "attention_family: path fused: only dot-product scores");
   c.opt.distribution.kind = distribution_kind::hardmax;
   c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
-  EXPECT_THROW_MSG(attention_family(q, k, v, c.opt, {.path = family_path::fused}),
-                   "attention_family: path fused: hardmax with the straight-through gradient is not fused");
+  EXPECT_EQ(attention_family(q, k, v, c.opt).path.rfind("fused (", 0), 0u);
   EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, {.path = family_path::fused}),
                    "attention_family: path fused: float64 inputs");
 }
