@@ -57,8 +57,8 @@ inline vf vsqrt(vf x) {
   return r;
 }
 
-// act(z) and *g = act'(z).
-inline vf fam_act(family_act a, vf z, vf* g) {
+// act(z) and *g = act'(z); h: the bandwidth of box and triangle (z a squared distance).
+inline vf fam_act(family_act a, vf z, vf* g, float h) {
   switch (a) {
     case family_act::identity: *g = splat(1.0f); return z;
     case family_act::tanh: {
@@ -76,9 +76,24 @@ inline vf fam_act(family_act a, vf z, vf* g) {
       *g = s * (splat(1.0f) - s);
       return s;
     }
+    case family_act::box:  // piecewise constant: gradient 0 almost everywhere
+      *g = vf{};
+      return vselect(z <= splat(h * h), splat(1.0f), vf{});
+    case family_act::triangle: {  // 1 - ρ/h inside the support; ∂/∂z = -1/(2hρ) (0 at the peak)
+      const vf rho = vsqrt(vmax(z, vf{}));
+      const vi in = rho < splat(h);
+      *g = vselect(in & (rho > vf{}), splat(-0.5f / h) / vmax(rho, splat(1e-30f)), vf{});
+      return vselect(in, splat(1.0f) - rho * splat(1.0f / h), vf{});
+    }
   }
   *g = splat(1.0f);
   return z;
+}
+
+// ∂e/∂h of the triangle kernel from its ∂e/∂z = g = -1/(2hρ): ρ/h² = -1/(2h³g); 0 where g = 0
+// (outside the support, and the peak, whose subgradient is 0).
+inline vf triangle_dh(vf g, float h) {
+  return vselect(g != vf{}, splat(-0.5f / (h * h * h)) / vselect(g != vf{}, g, splat(1.0f)), vf{});
 }
 
 // The statistics of W rows (lanes, or one row splat over W key lanes). sparsemax and entmax15
@@ -109,6 +124,7 @@ inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
     case family_dist::hardmax_st: return vselect(fam_kept(s, j, st), splat(1.0f), vf{});
     case family_dist::topk: return vselect(fam_kept(s, j, st), vexp(s - st.lse), vf{});
     case family_dist::identity: return vselect(s == splat(-kInf), vf{}, s);
+    case family_dist::kernel: return vselect(s == splat(-kInf), vf{}, s * st.t);
   }
   return vf{};
 }
@@ -118,7 +134,8 @@ template <family_dist Dist>
 inline vf fam_u(vf s, vf a, const fam_stat& st) {
   switch (Dist) {
     case family_dist::softmax:
-    case family_dist::topk: return a;
+    case family_dist::topk:
+    case family_dist::kernel: return a;
     case family_dist::sparsemax: return vselect(a > vf{}, splat(1.0f), vf{});
     case family_dist::entmax15: return vmax((s * splat(0.5f) - st.lse) - st.t, vf{});
     case family_dist::hardmax_st: return vexp(s - st.lse);  // the softmax's p
@@ -138,6 +155,7 @@ inline vf fam_de(vf s, vf a, vf dp, const fam_stat& st) {
     case family_dist::hardmax: return vf{};
     case family_dist::hardmax_st: return vexp(s - st.lse) * (dp - st.r);
     case family_dist::identity: return vselect(s == splat(-kInf), vf{}, dp);
+    case family_dist::kernel: return vselect(s == splat(-kInf), vf{}, (dp - st.r) * st.t);
   }
   return vf{};
 }
@@ -163,10 +181,14 @@ inline void fam_range(const family_lanes& lb, std::int64_t& kmin, std::int64_t& 
     if (lb.lo[x] < lb.hi[x]) kmin = imin(kmin, lb.lo[x]), kmax = imax(kmax, lb.hi[x]);
 }
 
-// ---- additive (Bahdanau) scores: z = Σ_a w_a tanh(qp_a + kp_a) ----
-// O(Nq·Nk·A) tanh: vectorised across the lanes (query rows, or keys in the row layout), each
-// tanh recomputed where the backward needs it rather than stored (an [Nq, Nk, A] tensor is what
-// the eager formula materialises).
+// ---- elementwise scores: z = Σ_x term(qp_x, kp_x), one term per (pair, feature) ----
+//   additive (Bahdanau)  term = w_x tanh(a + b)   ∂/∂a = ∂/∂b = w_x (1 - t²), ∂/∂w_x = t
+//   distance             term = (a - b)²          ∂/∂a = 2 (a - b) = -∂/∂b   (box, triangle)
+// O(Nq·Nk·P) terms, vectorised across the lanes (query rows, or keys in the row layout), each
+// recomputed where the backward needs it rather than stored (an [Nq, Nk, P] tensor is what the
+// eager formula materialises). A term policy has term(x, a, b) and grad(x, a, b, &dw) = ∂/∂a
+// without its per-feature factor scale(x) (dw: ∂/∂w_x, where the score has weights), and kb,
+// the sign of ∂/∂b against ∂/∂a.
 
 // tanh(a + b) of the kernels' operands: a and b themselves, or (Exp, family_params::additive_exp)
 // e^{2a} and e^{2b}: 1 - 2 / (1 + e^{2a} e^{2b}), exact to the rounding of the product (≈ 1e-7
@@ -176,51 +198,58 @@ inline vf add_tanh(vf a, vf b) {
   if constexpr (Exp) return splat(1.0f) - splat(2.0f) * vrecip(a * b + splat(1.0f));
   else return vtanh(a + b);
 }
-// Calls f(std::bool_constant<fp.additive_exp>{}).
+
+template <bool Exp>
+struct additive_terms {
+  static constexpr bool weighted = true;
+  static constexpr float kb = 1.0f;
+  const float* w;
+  vf term(std::int64_t x, vf a, vf b) const { return splat(w[x]) * add_tanh<Exp>(a, b); }
+  vf grad(std::int64_t, vf a, vf b, vf* dw) const {
+    const vf t = add_tanh<Exp>(a, b);
+    *dw = t;
+    return splat(1.0f) - t * t;
+  }
+  float scale(std::int64_t x) const { return w[x]; }
+};
+struct distance_terms {
+  static constexpr bool weighted = false;
+  static constexpr float kb = -1.0f;
+  vf term(std::int64_t, vf a, vf b) const { return (a - b) * (a - b); }
+  vf grad(std::int64_t, vf a, vf b, vf*) const { return a - b; }
+  float scale(std::int64_t) const { return 2.0f; }
+};
+
+// Calls f(terms) with the policy of the call's elementwise score.
 template <class F>
-void with_exp_form(const family_params& fp, F&& f) {
-  if (fp.additive_exp) f(std::true_type{});
-  else f(std::false_type{});
+void with_terms(const family_params& fp, F&& f) {
+  if (fp.score == family_score::distance) return f(distance_terms{});
+  if (fp.additive_exp) return f(additive_terms<true>{fp.w_v});
+  f(additive_terms<false>{fp.w_v});
 }
 
 // Lane layout: S[jj][L] = z of key j0 + jj for the lanes' queries qt [P][L].
-template <int CC, bool Exp>
-void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S);
-template <int CC>
-void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
-  with_exp_form(lb.fp, [&](auto e) { additive_lane_scores<CC, decltype(e)::value>(lb, j0, nb, S); });
-}
-template <int CC, bool Exp>
-void additive_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
+template <int CC, class T>
+void elem_lane_scores(const family_lanes& lb, const T& tm, std::int64_t j0, std::int64_t nb, float* S) {
   const std::int64_t L = CC * W;
-  const float* w = lb.fp.w_v;
   for (std::int64_t jj = 0; jj < nb; ++jj) {
     const float* kj = lb.k + (j0 + jj) * lb.ksn;
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
       vf acc{};
-      for (std::int64_t a = 0; a < lb.P; ++a) acc += splat(w[a]) * add_tanh<Exp>(load(lb.qt + a * L + c * W), splat(kj[a]));
+      for (std::int64_t x = 0; x < lb.P; ++x) acc += tm.term(x, load(lb.qt + x * L + c * W), splat(kj[x]));
       store(S + jj * L + c * W, acc);
     }
   }
 }
 
-// Lane layout, backward: with dz [nb][L] of keys j0.., dqt[a][L] += w_a Σ_j dz (1 - t²) and
-// dw[a] += Σ_j Σ_lanes dz t, t = tanh(qt[a] + kp_j[a]). Keys whose dz is zero in every lane
-// (masked, outside the support) are skipped; buf holds nb indices.
-template <int CC, bool Exp>
-void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
-                        double* dw, float* buf);
-template <int CC>
-void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
-                        double* dw, float* buf) {
-  with_exp_form(lb.fp, [&](auto e) { additive_lane_grad<CC, decltype(e)::value>(lb, j0, nb, dz, dqt, dw, buf); });
-}
-template <int CC, bool Exp>
-void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
-                        double* dw, float* buf) {
+// Lane layout, backward: with dz [nb][L] of keys j0.., dqt[x][L] += scale(x) Σ_j dz ∂/∂a and
+// (weighted) dw[x] += Σ_j Σ_lanes dz ∂/∂w_x. Keys whose dz is zero in every lane (masked,
+// outside the support) are skipped; buf holds nb indices.
+template <int CC, class T>
+void elem_lane_grad(const family_lanes& lb, const T& tm, std::int64_t j0, std::int64_t nb, const float* dz, float* dqt,
+                    double* dw, float* buf) {
   const std::int64_t L = CC * W;
-  const float* w = lb.fp.w_v;
   std::int32_t* live = reinterpret_cast<std::int32_t*>(buf);
   std::int64_t nlive = 0;
   for (std::int64_t jj = 0; jj < nb; ++jj) {
@@ -228,74 +257,77 @@ void additive_lane_grad(const family_lanes& lb, std::int64_t j0, std::int64_t nb
     for (int c = 0; c < CC; ++c) any |= any_lane(load(dz + jj * L + c * W) != vf{});
     if (any) live[nlive++] = std::int32_t(jj);
   }
-  for (std::int64_t a = 0; a < lb.P; ++a) {
-    vf dwa{};
+  for (std::int64_t x = 0; x < lb.P; ++x) {
+    vf dwx{};
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
-      const vf qa = load(lb.qt + a * L + c * W);
+      const vf qx = load(lb.qt + x * L + c * W);
       vf g{}, h{};
       for (std::int64_t e = 0; e < nlive; ++e) {
         const std::int64_t jj = live[e];
-        const vf t = add_tanh<Exp>(qa, splat(lb.k[(j0 + jj) * lb.ksn + a])), d = load(dz + jj * L + c * W);
-        g += d * (splat(1.0f) - t * t);
-        h += d * t;
+        vf gw{};
+        const vf d = load(dz + jj * L + c * W), ga = tm.grad(x, qx, splat(lb.k[(j0 + jj) * lb.ksn + x]), &gw);
+        g += d * ga;
+        if constexpr (T::weighted) h += d * gw;
       }
-      store(dqt + a * L + c * W, load(dqt + a * L + c * W) + splat(w[a]) * g);
-      dwa += h;
+      store(dqt + x * L + c * W, load(dqt + x * L + c * W) + splat(tm.scale(x)) * g);
+      dwx += h;
     }
-    double sum = 0.0;
-    for (int x = 0; x < W; ++x) sum += double(dwa[x]);
-    dw[a] += sum;
+    if constexpr (T::weighted) {
+      double sum = 0.0;
+      for (int l = 0; l < W; ++l) sum += double(dwx[l]);
+      dw[x] += sum;
+    }
   }
 }
 
-// Row layout: S[r][x] = z of query row r (q + r·qsn) and key x of kt [P][ld].
-template <bool Exp>
-void additive_row_scores(const family_rows& pr, float* S) {
+// Row layout: S[r][y] = z of query row r (q + r·qsn) and key y of kt [P][ld].
+template <class T>
+void elem_row_scores(const family_rows& pr, const T& tm, float* S) {
   const std::int64_t ld = pr.ldk;
-  const float* w = pr.fp.w_v;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     const float* qr = pr.q + r * pr.qsn;
-    for (std::int64_t x = 0; x < ld; x += W) {
+    for (std::int64_t y = 0; y < ld; y += W) {
       vf acc{};
-      for (std::int64_t a = 0; a < pr.P; ++a) acc += splat(w[a]) * add_tanh<Exp>(splat(qr[a]), load(pr.kt + a * ld + x));
-      store(S + r * ld + x, acc);
+      for (std::int64_t x = 0; x < pr.P; ++x) acc += tm.term(x, splat(qr[x]), load(pr.kt + x * ld + y));
+      store(S + r * ld + y, acc);
     }
   }
 }
 
-// Row layout, backward: dkt[a][x] += w_a Σ_r dz[r][x] (1 - t²). Rows whose dz is zero for every
-// key of the block are skipped; scratch holds nq indices.
-template <bool Exp>
-void additive_row_grad(const family_rows& pr, const float* dz, float* scratch) {
+// Row layout, backward: dkt[x][y] += kb · scale(x) Σ_r dz[r][y] ∂/∂a. Rows whose dz is zero for
+// every key of the block are skipped; scratch holds nq indices.
+template <class T>
+void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* scratch) {
   const std::int64_t ld = pr.ldk;
-  const float* w = pr.fp.w_v;
   std::int32_t* live = reinterpret_cast<std::int32_t*>(scratch);
   std::int64_t nlive = 0;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     bool any = false;
-    for (std::int64_t x = 0; x < ld; x += W) any |= any_lane(load(dz + r * ld + x) != vf{});
+    for (std::int64_t y = 0; y < ld; y += W) any |= any_lane(load(dz + r * ld + y) != vf{});
     if (any) live[nlive++] = std::int32_t(r);
   }
-  for (std::int64_t a = 0; a < pr.P; ++a)
-    for (std::int64_t x = 0; x < ld; x += W) {
-      const vf ka = load(pr.kt + a * ld + x);
+  for (std::int64_t x = 0; x < pr.P; ++x)
+    for (std::int64_t y = 0; y < ld; y += W) {
+      const vf kx = load(pr.kt + x * ld + y);
       vf g{};
       for (std::int64_t e = 0; e < nlive; ++e) {
         const std::int64_t r = live[e];
-        const vf t = add_tanh<Exp>(splat(pr.q[r * pr.qsn + a]), ka);
-        g += load(dz + r * ld + x) * (splat(1.0f) - t * t);
+        vf gw;
+        g += load(dz + r * ld + y) * tm.grad(x, splat(pr.q[r * pr.qsn + x]), kx, &gw);
       }
-      store(pr.dkt + a * ld + x, load(pr.dkt + a * ld + x) + splat(w[a]) * g);
+      store(pr.dkt + x * ld + y, load(pr.dkt + x * ld + y) + splat(T::kb * tm.scale(x)) * g);
     }
 }
+
+inline bool elementwise(const family_params& fp) { return fp.score != family_score::dot; }
 
 // S[jj][x] (row stride L) = s of key j0 + jj for lane x; G likewise act'(z) (when not null).
 template <int CC>
 void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
-  if (fp.score == family_score::additive) additive_lane_scores<CC>(lb, j0, nb, S);
+  if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
   else gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, mask, 1, L);
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
@@ -310,7 +342,7 @@ void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float
     for (std::int64_t jj = 0; jj < nb; ++jj) {
       float* sj = S + jj * L + c * W;
       vf g = splat(1.0f), s = load(sj);
-      if (!plain) s = fam_act(fp.act, s + bias, &g);
+      if (!plain) s = fam_act(fp.act, s + bias, &g, fp.h);
       if (fp.mask) s += load(mask + jj * L + c * W);
       const vi j = splati(std::int32_t(j0 + jj));
       store(sj, vselect((j >= lo) & (j < hi), s, splat(-kInf)));
@@ -501,6 +533,16 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
           t[x] = th, lse[x] = m[x] + __builtin_logf(sum);
         }
         break;
+      case family_dist::kernel: {
+        vf sum{};
+        for (std::int64_t jj = 0; jj < n; ++jj) {
+          const vf s = load(S + jj * L + c * W);
+          sum += vselect(s == splat(-kInf), vf{}, s);
+        }
+        lse = sum;
+        t = vselect(sum > vf{}, splat(1.0f) / vmax(sum, splat(1e-30f)), vf{});
+        break;
+      }
       case family_dist::sigmoid:
       case family_dist::identity: break;
     }
@@ -608,7 +650,8 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0), o = keep ? (j0 - kmin) * L : 0;
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
     if (!keep) scores_dp(j0, nb, S, dP, G);
-    vf sum_dz{}, sum_de{};
+    vf sum_dz{}, sum_de{}, sum_dh{};
+    const bool tri = fp.act == family_act::triangle;
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
       const fam_stat st = load_stat<CC>(lb, c);
@@ -616,15 +659,17 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
         const std::int64_t e = jj * L + c * W;
         const vf s = load(S + e), a = fam_alpha<Dist>(fp, s, splati(std::int32_t(j0 + jj)), st);
         const vf de = fam_de<Dist>(s, a, load(dP + e), st);
-        const vf dz = need_g ? de * load(G + e) : de;
+        const vf g = need_g ? load(G + e) : splat(1.0f), dz = de * g;
         sum_de += de, sum_dz += dz;
+        if (tri) sum_dh += de * triangle_dh(g, fp.h);
         store(S + e, dz);
       }
     }
-    double a = 0.0, b = 0.0;
-    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
-    io.sums[0] += a, io.sums[1] += b;
-    if (fp.score == family_score::additive) additive_lane_grad<CC>(lb, j0, nb, S, io.dqt, io.dw_v, sc.buf);
+    double a = 0.0, b = 0.0, dh = 0.0;
+    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
+    io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
+    if (elementwise(fp))
+      with_terms(fp, [&](const auto& tm) { elem_lane_grad<CC>(lb, tm, j0, nb, S, io.dqt, io.dw_v, sc.buf); });
     else gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
   }
 }
@@ -638,7 +683,7 @@ void fam_dkdv(const family_rows& pr) {
   float* S = pr.scratch;
   float* dP = S + nq * ld;
   float* mask = dP + nq * ld;
-  if (fp.score == family_score::additive) with_exp_form(fp, [&](auto e) { additive_row_scores<decltype(e)::value>(pr, S); });
+  if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
   else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
   gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   if (fp.mask) {
@@ -656,7 +701,7 @@ void fam_dkdv(const family_rows& pr) {
     for (std::int64_t x = 0; x < ld; x += W) {
       const vi j = iota() + std::int32_t(pr.j0 + x);
       vf g = splat(1.0f), s = load(S + r * ld + x);
-      if (!plain) s = fam_act(fp.act, s + bias, &g);
+      if (!plain) s = fam_act(fp.act, s + bias, &g, fp.h);
       if (fp.mask) s += load(mask + r * ld + x);
       s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
       const vf a = fam_alpha<Dist>(fp, s, j, st);
@@ -674,8 +719,7 @@ void fam_dkdv(const family_rows& pr) {
     pr.sums[0] += a, pr.sums[1] += b;
   }
   if constexpr (Dist != family_dist::hardmax) {
-    if (fp.score == family_score::additive)
-      with_exp_form(fp, [&](auto e) { additive_row_grad<decltype(e)::value>(pr, dP, mask + nq * ld); });
+    if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
     else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
   }
 }
@@ -728,6 +772,7 @@ void with_dist(family_dist d, F&& f) {
     case family_dist::topk: return f(std::integral_constant<family_dist, family_dist::topk>{});
     case family_dist::identity: return f(std::integral_constant<family_dist, family_dist::identity>{});
     case family_dist::hardmax_st: return f(std::integral_constant<family_dist, family_dist::hardmax_st>{});
+    case family_dist::kernel: return f(std::integral_constant<family_dist, family_dist::kernel>{});
   }
 }
 

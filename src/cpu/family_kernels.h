@@ -32,11 +32,14 @@ namespace attn::detail::cpu {
 
 // hardmax_st: hardmax with the straight-through gradient (forward one-hot, backward the softmax
 // Jacobian at the same scores).
-enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, identity, hardmax_st };
-enum class family_act : int { identity, tanh, relu, sigmoid };
-// How z is formed from the prepared vectors: dot, z = qp·kp (a GEMM on the register tile), or
-// additive (Bahdanau), z = Σ_a w_v[a] tanh(qp_a + kp_a) over the P = A prepared features.
-enum class family_score : int { dot, additive };
+// kernel: α = e / Σ e (Nadaraya–Watson normalisation of box/triangle weights).
+enum class family_dist : int { softmax, sigmoid, sparsemax, entmax15, hardmax, topk, identity, hardmax_st, kernel };
+// box: e = 1{z <= h²}, triangle: e = max(0, 1 - √z / h) (z a squared distance, h the bandwidth).
+enum class family_act : int { identity, tanh, relu, sigmoid, box, triangle };
+// How z is formed from the prepared vectors: dot, z = qp·kp (a GEMM on the register tile);
+// additive (Bahdanau), z = Σ_a w_v[a] tanh(qp_a + kp_a) over the P = A prepared features;
+// distance, z = ‖qp - kp‖² (box and triangle kernels), as differences, never as a GEMM.
+enum class family_score : int { dot, additive, distance };
 
 struct family_params {
   family_dist dist = family_dist::softmax;
@@ -47,6 +50,7 @@ struct family_params {
   // (pair, feature). The driver takes it when every |qp|, |kp| <= 20, so e^{±40} and their
   // products stay finite, normal floats.
   bool additive_exp = false;
+  float h = 1.0f;  // box, triangle: the bandwidth
   family_act act = family_act::identity;
   float bias = 0.0f;          // inside act
   float sigmoid_bias = 0.0f;  // sigmoid: α = σ(s + sigmoid_bias)
@@ -62,6 +66,7 @@ struct family_params {
 //   hardmax, topk    t = the k-th best score (k = 1 for hardmax); a key is kept when s > t, or
 //                    s = t and j <= cut (first index wins ties); lse over the kept keys (topk),
 //                    over every key (hardmax_st: its backward's softmax)
+//   kernel           t = 1 / Σ e (0 when Σ e = 0), held with lse = Σ e
 //   every one        r = Σ u dα / Σ u of the backward (0 for sigmoid and hardmax)
 struct family_stats {
   float* t = nullptr;
@@ -89,8 +94,8 @@ struct family_lanes {
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
-// k_j), the statistics of every lane (r included) and sums[0] += Σ dz, sums[1] += Σ de over
-// the block (added in a fixed order).
+// k_j), the statistics of every lane (r included) and sums[0] += Σ dz, sums[1] += Σ de,
+// sums[2] += Σ de ∂e/∂h (triangle) over the block (added in a fixed order).
 struct family_dq_io {
   const float* doutt = nullptr;
   float* dqt = nullptr;

@@ -144,9 +144,9 @@ void fill_mask(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, 
   }
 }
 
+// The score's part of the kernels' parameters and the distribution with its constants.
 cpu::family_params make_params(const fproblem& fp, const float* w_v) {
   cpu::family_params prm;
-  if (fp.kernel == kernel_kind::additive) prm.score = cpu::family_score::additive, prm.w_v = w_v;
   switch (fp.dist) {
     case distribution_kind::softmax: prm.dist = family_dist::softmax; break;
     case distribution_kind::sigmoid: prm.dist = family_dist::sigmoid; break;
@@ -157,7 +157,19 @@ cpu::family_params make_params(const fproblem& fp, const float* w_v) {
       break;
     case distribution_kind::topk: prm.dist = family_dist::topk; break;
     case distribution_kind::identity: prm.dist = family_dist::identity; break;
-    default: break;  // refused by fused_why_not
+    case distribution_kind::kernel: prm.dist = family_dist::kernel; break;
+  }
+  prm.bias = float(fp.bias);
+  prm.sigmoid_bias = float(fp.sigmoid_bias);
+  prm.topk = fp.topk;
+  switch (fp.kernel) {
+    case kernel_kind::additive: prm.score = cpu::family_score::additive, prm.w_v = w_v; break;
+    case kernel_kind::box:
+    case kernel_kind::triangle:
+      prm.score = cpu::family_score::distance, prm.h = float(fp.h);
+      prm.act = fp.kernel == kernel_kind::box ? family_act::box : family_act::triangle;
+      return prm;
+    default: break;
   }
   switch (fp.act) {
     case act_kind::identity: prm.act = family_act::identity; break;
@@ -165,9 +177,6 @@ cpu::family_params make_params(const fproblem& fp, const float* w_v) {
     case act_kind::relu: prm.act = family_act::relu; break;
     case act_kind::sigmoid: prm.act = family_act::sigmoid; break;
   }
-  prm.bias = float(fp.bias);
-  prm.sigmoid_bias = float(fp.sigmoid_bias);
-  prm.topk = fp.topk;
   return prm;
 }
 
@@ -294,20 +303,7 @@ struct lane_state {
 
 std::string fused_why_not(const fproblem& fp, dtype type) {
   if (type == dtype::f64) return "float64 inputs run the float64 tiled path";
-  if (fp.kernel != kernel_kind::dot && fp.kernel != kernel_kind::additive && fp.kernel != kernel_kind::location)
-    return "only dot-product scores (dot, scaled_dot, general and its variants, cosine, gaussian), additive and "
-           "location are fused";
   if (fp.F != 1) return "multi-dimensional scores are not fused";
-  switch (fp.dist) {
-    case distribution_kind::softmax:
-    case distribution_kind::sigmoid:
-    case distribution_kind::sparsemax:
-    case distribution_kind::entmax15:
-    case distribution_kind::topk:
-    case distribution_kind::identity:
-    case distribution_kind::hardmax: break;
-    default: return fmt::format("distribution {} is not fused", to_string(fp.dist));
-  }
   if (fp.Nq >= kMaxLen || fp.Nk >= kMaxLen) return "sequences of 2^30 or more are not fused";
   return {};
 }
@@ -549,12 +545,15 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       }
     }
     // Pass 2: per (b, hkv), its rows in order (so every sum has one order): dα_e = dout·v_j,
-    // r = Σ α dα / Σ α, dz = α (dα - r) act′; dot: dq += dz k_j, dk_j += dz q; additive, with
-    // t = tanh(qp + kp_j): g = dz w_v ⊙ (1 - t²), dq += g, dk_j += g, dw_v += dz t; dv_j += α dout.
-    const bool zero_grad = fp.dist == distribution_kind::hardmax;
+    // r = Σ α dα / Σ α, de = α (dα - r), dz = de act′; dot: dq += dz k_j, dk_j += dz q; additive,
+    // with t = tanh(qp + kp_j): g = dz w_v ⊙ (1 - t²), dq += g, dk_j += g, dw_v += dz t; distance
+    // (box, triangle): g = 2 dz (q - k_j), dq += g, dk_j -= g, dh += de ∂e/∂h; dv_j += α dout.
+    const bool zero_grad = fp.dist == distribution_kind::hardmax && fp.hardmax_grad == hardmax_gradient::zero;
     const bool additive = fp.kernel == kernel_kind::additive;
+    const bool distance = fp.kernel == kernel_kind::box || fp.kernel == kernel_kind::triangle;
     const std::int64_t units = fp.B * fp.Hkv;
-    std::vector<double> sums(std::size_t(units), 0.0), dwv(additive ? std::size_t(units * P) : 0, 0.0);
+    std::vector<double> sums(std::size_t(units), 0.0), dhs(std::size_t(units), 0.0);
+    std::vector<double> dwv(additive ? std::size_t(units * P) : 0, 0.0);
 #pragma omp parallel num_threads(nt)
     {
       std::vector<double> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(static_cast<std::size_t>(P)),
@@ -587,9 +586,18 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
               const std::int64_t j = js[e];
               for (std::int64_t y = 0; y < Dv; ++y) dv[std::size_t(j * Dv + y)] += double(al[e]) * double(o[y]);
               if (zero_grad) continue;
-              const double dz = double(al[e]) * (da[std::size_t(e)] - rr) * double(GZ[std::size_t(r * K + e)]);
+              const double de = double(al[e]) * (da[std::size_t(e)] - rr), gz = double(GZ[std::size_t(r * K + e)]);
+              const double dz = de * gz;
               sums[std::size_t(u)] += dz;
               const float* kj = Kb + j * P;
+              if (distance) {
+                if (fp.kernel == kernel_kind::triangle && gz != 0.0) dhs[std::size_t(u)] += de * (-0.5 / (fp.h * fp.h * fp.h * gz));
+                for (std::int64_t d = 0; d < P; ++d) {
+                  const double g = 2.0 * dz * (double(qr[d]) - double(kj[d]));
+                  dq[std::size_t(d)] += g, dk[std::size_t(j * P + d)] -= g;
+                }
+                continue;
+              }
               if (additive) {
                 double* dw = dwv.data() + u * P;
                 for (std::int64_t a = 0; a < P; ++a) {
@@ -614,14 +622,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       }
     }
     for (std::int64_t u = 0; u < units; ++u) {
-      acc.dbias += sums[std::size_t(u)];
+      acc.dbias += sums[std::size_t(u)], acc.dh += dhs[std::size_t(u)];
       for (std::int64_t a = 0; additive && a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
     }
     return in.kt.name;
   }
 
   // Pass 1: dq and the row statistics, lane layout over (b, hkv, lane block).
-  std::vector<double> sums(std::size_t(2 * in.units), 0.0);
+  std::vector<double> sums(std::size_t(3 * in.units), 0.0);  // Σ dz, Σ de, Σ de ∂e/∂h per lane block
   const bool additive = fp.kernel == kernel_kind::additive;
   std::vector<double> dwv(additive ? std::size_t(in.units * P) : 0, 0.0);  // dw_v per lane block
 #pragma omp parallel num_threads(nt)
@@ -636,7 +644,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
         const float* d = x < ls.nl ? dO.data() + ls.row(fp, b, x) * Dv : nullptr;
         for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = d ? d[y] : 0.0f;
       }
-      in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 2 * u, additive ? dwv.data() + u * P : nullptr});
+      in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 3 * u, additive ? dwv.data() + u * P : nullptr});
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x);
         put_row(sink.dq, b, ls.h[x], ls.i[x], P, dqt.get() + x, L, sink.dq_scale);
@@ -645,7 +653,10 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       }
     }
   }
-  for (std::int64_t u = 0; u < in.units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+  for (std::int64_t u = 0; u < in.units; ++u) {
+    acc.dbias += sums[std::size_t(3 * u)], acc.dsigmoid_bias += sums[std::size_t(3 * u + 1)];
+    acc.dh += sums[std::size_t(3 * u + 2)];
+  }
   if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
   for (std::int64_t u = 0; additive && u < in.units; ++u)
     for (std::int64_t a = 0; a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];

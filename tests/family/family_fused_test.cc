@@ -33,8 +33,8 @@ const std::vector<distribution_kind> kFused = {distribution_kind::softmax,  dist
                                                distribution_kind::hardmax,  distribution_kind::topk,
                                                distribution_kind::identity};
 
-// Dot-product scores (kernel_kind::dot), with the activations of activated_general, and location
-// (a dot product with the rows of W_a).
+// Dot-product scores (kernel_kind::dot), with the activations of activated_general, location (a
+// dot product with the rows of W_a), and the box and triangle kernels (squared distances).
 struct score_case {
   score_kind s;
   score_activation act = score_activation::tanh;
@@ -48,7 +48,9 @@ const std::vector<score_case> kScores = {{score_kind::dot},
                                          {score_kind::activated_general, score_activation::sigmoid},
                                          {score_kind::cosine},
                                          {score_kind::gaussian},
-                                         {score_kind::location}};
+                                         {score_kind::location},
+                                         {score_kind::box},
+                                         {score_kind::triangle}};
 
 struct result {
   family_result fwd;
@@ -231,6 +233,28 @@ TEST(FamilyFused, HardmaxStraightThrough) {
         const result got = run(c, q, k, v, dout, family_path::automatic, 2);
         expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4,
                      isa + " " + to_string(s) + " straight-through, mask " + std::to_string(mask));
+      }
+  }
+}
+
+// Nadaraya–Watson with the box and triangle kernels: α = K / Σ K (the `kernel` distribution) on
+// squared distances formed as differences, every ISA, bool masks (a row whose keys all fall
+// outside the bandwidth, or are masked, gives zeros), padding, GQA; dq, dk, dv and dbandwidth.
+TEST(FamilyFused, KernelDistributionOfBoxAndTriangle) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(505);
+    for (score_kind s : {score_kind::box, score_kind::triangle})
+      for (int mask = 0; mask < 4; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 9, 70, 13}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{7, 1, 140, 133}[std::size_t(mask)];
+        family_case c(s, distribution_kind::kernel, rng, 2, 4, 2, Nq, Nk, 4, 3);
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const result got = run(c, q, k, v, dout, family_path::automatic, 2);
+        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4,
+                     isa + " " + case_name(s, distribution_kind::kernel) + " mask " + std::to_string(mask));
       }
   }
 }
@@ -500,7 +524,7 @@ TEST(FamilyFused, WeightsFromTheFusedKernels) {
 
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
-  for (score_kind s : {score_kind::activated_general, score_kind::additive})
+  for (score_kind s : {score_kind::activated_general, score_kind::additive, score_kind::triangle})
   for (distribution_kind d : kFused) {
     family_case c(s, d, rng, 2, 4, 2, 37, 150, 8, 5);
     apply_mask(c, 4, rng);
@@ -514,8 +538,9 @@ TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
       EXPECT_EQ(one.g.dq.to_vector(), many.g.dq.to_vector()) << what;
       EXPECT_EQ(one.g.dk.to_vector(), many.g.dk.to_vector()) << what;
       EXPECT_EQ(one.g.dv.to_vector(), many.g.dv.to_vector()) << what;
-      EXPECT_EQ(one.g.db.to_vector(), many.g.db.to_vector()) << what;
-      if (s != score_kind::additive) EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
+      if (s != score_kind::triangle) EXPECT_EQ(one.g.db.to_vector(), many.g.db.to_vector()) << what;
+      if (s == score_kind::activated_general) EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
+      EXPECT_EQ(one.g.dbandwidth, many.g.dbandwidth) << what;
       if (s == score_kind::additive) {
         EXPECT_EQ(one.g.dW_q.to_vector(), many.g.dW_q.to_vector()) << what;
         EXPECT_EQ(one.g.dW_k.to_vector(), many.g.dW_k.to_vector()) << what;
@@ -550,9 +575,7 @@ TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
                    "attention_family: path fused: multi-dimensional scores are not fused");
   family_case lc(score_kind::box, distribution_kind::kernel, rng);
   const Tensor lq = lc.q.to(dtype::f32), lk = lc.k.to(dtype::f32), lv = lc.v.to(dtype::f32);
-  EXPECT_EQ(attention_family(lq, lk, lv, lc.opt).path, "tiled");
-  EXPECT_THROW_MSG(attention_family(lq, lk, lv, lc.opt, {.path = family_path::fused}),
-                   "attention_family: path fused: only dot-product scores");
+  EXPECT_EQ(attention_family(lq, lk, lv, lc.opt).path.rfind("fused (", 0), 0u);
   c.opt.distribution.kind = distribution_kind::hardmax;
   c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
   EXPECT_EQ(attention_family(q, k, v, c.opt).path.rfind("fused (", 0), 0u);
