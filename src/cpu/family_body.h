@@ -621,10 +621,12 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
   const bool need_g = fp.act != family_act::identity;
+  // No gradient reaches the scores through the one-hot (hardmax) or the box indicator: the pass
+  // only finds the row statistics (sigmoid still sums de for dsigmoid_bias).
+  const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
   auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
     lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
-    if constexpr (Dist != family_dist::hardmax)  // its gradient through the one-hot is zero
-      gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+    if (!no_dz) gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
   };
   if (keep) {
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
@@ -632,9 +634,9 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       scores_dp(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, sc.dP + o, sc.G + o);
     }
     lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
-    // r = Σ u dP / Σ u (hardmax: no dP, r = 0)
+    // r = Σ u dP / Σ u (no dP: r = 0)
 #pragma GCC unroll 1
-    for (int c = 0; c < CC && Dist != family_dist::hardmax; ++c) {
+    for (int c = 0; c < CC && !no_dz; ++c) {
       const fam_stat st = load_stat<CC>(lb, c);
       vf num{}, den{};
       for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
@@ -645,7 +647,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       store(lb.st.r + c * W, vselect(den > vf{}, num / vmax(den, splat(1e-30f)), vf{}));
     }
   }
-  if constexpr (Dist == family_dist::hardmax) return;  // zero gradient through the one-hot
+  if (no_dz) return;
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0), o = keep ? (j0 - kmin) * L : 0;
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
@@ -683,9 +685,12 @@ void fam_dkdv(const family_rows& pr) {
   float* S = pr.scratch;
   float* dP = S + nq * ld;
   float* mask = dP + nq * ld;
+  // hardmax (zero gradient) and box: dv alone (no gradient reaches the scores; sigmoid's single
+  // pass still sums de)
+  const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
   if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
   else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
-  gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
+  if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   if (fp.mask) {
     fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
     for (std::int64_t r = 0; r < nq; ++r)
@@ -706,22 +711,22 @@ void fam_dkdv(const family_rows& pr) {
       s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
       const vf a = fam_alpha<Dist>(fp, s, j, st);
       store(S + r * ld + x, a);
+      if (no_dz) continue;
       const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
       store(dP + r * ld + x, dz);
       sum_de += de, sum_dz += dz;
     }
   }
   gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  if (no_dz) return;
   if (pr.dq) {
     gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;
   }
-  if constexpr (Dist != family_dist::hardmax) {
-    if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
-    else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
-  }
+  if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
+  else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
 }
 
 // ---- hardmax and top-k: the kept keys of every lane (for the sparse backward) ----
