@@ -37,9 +37,11 @@
 //     they leave non-finite, or with every kept score overflowed to -inf, is computed again in
 //     float64 by the reference, so logits beyond float range (q, k ~ 1e19) get the float64
 //     answer everywhere; likewise a backward with a non-finite gradient, and a backward with
-//     some |lse| > 1024 (float32 s - lse would cost p its precision), run on the reference,
-//     the latter with the lse computed again from float64 scores (the given lse may come from
-//     a forward whose scores differ by more than p's range, see the next item).
+//     some |lse| > 1024 (float32 s - lse would cost p its precision) or with q·k terms past
+//     1024 (scale·max|q_i|·max|k_j| > 1024, Euclidean norms of rows: terms that large may cancel
+//     into a small score that float32 resolves no better), run on the reference, the latter two
+//     with the lse computed again from float64 scores (the given lse may come from a forward
+//     whose scores differ by more than p's range, see the next item).
 //   - Finite but huge scores: float32 resolves s to |s|·2^-24, so past |s| ~ 1e3 the cpu's
 //     weights of nearly tied keys may differ from float64's (the backward then runs on the
 //     reference, see above; the forward does not). The same holds for huge terms that cancel

@@ -439,6 +439,30 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
       }
 }
 
+// The largest magnitude of the q·k terms a score adds up, bounded by Cauchy–Schwarz:
+// Σ_d |q_id k_jd| <= |q_i|·|k_j|, so scale · max_i |q_i| · max_j |k_j| over the rows of q and the
+// keys each batch entry holds (finite elements only: NaN and inf have their own contract). A
+// float32 backend resolves a score to this magnitude · 2^-24, however small the score itself.
+double qk_term_bound(const problem& p) {
+  const auto max_norm = [](const strided4& x, std::int64_t B, std::int64_t H, std::int64_t D, auto rows_of) {
+    double m = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t n = 0; n < rows_of(b); ++n) {
+          double ss = 0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            const double y = x.load(b, h, n, d);
+            if (std::isfinite(y)) ss += y * y;
+          }
+          m = std::max(m, ss);
+        }
+    return std::sqrt(m);
+  };
+  const double q = max_norm(p.q, p.B, p.Hq, p.D, [&](std::int64_t) { return p.Nq; });
+  const double k = max_norm(p.k, p.B, p.Hkv, p.D, [&](std::int64_t b) { return p.keys_valid(b); });
+  return std::abs(p.scale) * q * k;
+}
+
 bool all_finite(const Tensor& t) {
   if (!t.defined()) return true;
   for (double x : t.to_vector())
@@ -577,6 +601,14 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   // some forward, perhaps a float32 one whose scores differ from float64's by more than p's
   // range (huge terms that cancel, added in another order: s = -1.5e18 against float64's 0 made
   // p = e^{1.5e18}), so the reference computes their lse again, from its own scores.
+  // The same holds for q·k terms past kWideLse that cancel into a small score and lse: float32
+  // resolves such a score only to the terms' magnitude · 2^-24, a forward and a backward that
+  // add the terms in different orders disagree by that much, and p = e^{s - lse} is off by the
+  // exponential of it (terms of 3.6e19 cancelling to 8.7: the cpu forward's score 0 and lse
+  // 0.13, its backward's score 8.7, p = 5245). An ALiBi bias needs no such bound here: it can
+  // cancel only against large q·k terms (caught by this bound) or a float mask (whose gradient
+  // runs on the reference); otherwise a large bias makes the score itself large, and so the lse
+  // or the key's weight negligible.
   constexpr double kWideLse = 1024.0;
   const auto lse_from = [&](const backend_impl& fb) {
     const Tensor o = Tensor::empty(out_shape(q, p), q.type());
@@ -588,9 +620,10 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   };
   // A shifted mask: the lse of the shifted scores, recomputed.
   if (store.shift.defined()) lse_from(pick(op, p, {}, exec.use_backend));
-  bool wide_lse = false;
-  for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide_lse |= std::isfinite(x) && std::abs(x) > kWideLse;
-  if (wide_lse) lse_from(reference_backend());
+  bool wide = false;  // the lse or the q·k terms past kWideLse
+  for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide |= std::isfinite(x) && std::abs(x) > kWideLse;
+  wide |= qk_term_bound(p) > kWideLse;
+  if (wide) lse_from(reference_backend());
 
   attention_grads g;
   g.dq = Tensor::empty(q.shape(), q.type());
@@ -627,7 +660,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   }
 
   const backend_impl& picked = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
-  const backend_impl& be = wide_lse ? reference_backend() : picked;
+  const backend_impl& be = wide ? reference_backend() : picked;
   run_guarded(op, p, be, [&] { be.backward(p, io); });
   g.backend = be.name();
   // One answer on every backend: non-finite gradients from a float32 backend (special values,

@@ -321,5 +321,44 @@ TEST(SpecialValues, WideLseFromAnotherForwardGivesTheFloat64Gradients) {
     }
 }
 
+// q·k terms of 3.6e19 that cancel into a small score (fuzz/corpus/api/bwd_cancelling_qk_a14236cd):
+// head 1's one visible key scores 1e19·(-3.59375) + (-1e19)·(-3.59375) + (-3.765625)·(-4) = 15.06,
+// times 1/√3 = 8.70, beside a sink of -1.97. float32 loses the 15.06 or not depending on the
+// order of addition: the cpu forward (decode kernel) scored 0 and gave lse 0.13, the cpu backward
+// (tile kernel) scored 8.70, so p = e^{8.70 - 0.13} = 5245 and dv = 5245·dout (dk overflowed to
+// inf with dout = 1e19; the float64 rerun, given the same lse, overflowed too). A backward whose
+// q·k terms pass 1024 now runs on the float64 reference with the lse computed again from its own
+// scores: the gradients do not depend on which forward's lse it is given, and a weight is <= 1.
+TEST(SpecialValues, CancellingQkTermsGiveTheFloat64GradientsWhateverTheLse) {
+  const double big = 1.0016005571271983e19;
+  const Tensor q = Tensor::from_values({1, 2, 1, 3}, dtype::bf16, {big, big, -3.515625, big, -big, -3.765625});
+  const Tensor k = Tensor::from_values({1, 1, 3, 3}, dtype::bf16,
+                                       {-3.59375, -3.59375, -4, -4, -4, -3.984375, 0.984375, 0.984375, 1.15625});
+  const Tensor v = Tensor::from_values({1, 1, 3, 1}, dtype::bf16, {0.9765625, -1.8125, 0.97265625});
+  const Tensor dout = Tensor::from_values({1, 2, 1, 1}, dtype::bf16, {0.0, 1.0});  // head 1 only
+  attention_options o;
+  o.is_causal = true;  // query 0 sees key 0 only
+  o.sinks = Tensor::from_values({2}, dtype::f32, {-2.91640615, -1.96705735});
+  const attention_result rc = attention(q, k, v, o, {.use_backend = backend::cpu});
+  const attention_result rr = attention(q, k, v, o, {.use_backend = backend::reference});
+  // The reference's lse: log(e^{8.70} + e^{-1.97}).
+  ASSERT_NEAR(rr.lse.get({0, 1, 0}), 8.69636, 1e-4);
+  // Given the reference's lse: the float64 gradients for the cpu's out (Δ = dout·out).
+  const attention_grads want = attention_backward(q, k, v, rc.out, dout, rr.lse, o, {.use_backend = backend::reference});
+  for (const attention_result* r : {&rc, &rr})
+    for (backend be : {backend::automatic, backend::cpu, backend::reference}) {
+      const std::string what = std::string("lse ") + std::to_string(r->lse.get({0, 1, 0})) + ", backend " + std::string(to_string(be));
+      const attention_grads g = attention_backward(q, k, v, rc.out, dout, r->lse, o, {.use_backend = be});
+      EXPECT_EQ(g.backend, "reference") << what;
+      EXPECT_LE(std::abs(g.dv.get({0, 0, 0, 0})), 1.0) << what;  // dv_0 = p_0 · dout, p_0 <= 1
+      for (auto [a, b] : {std::pair{&g.dq, &want.dq}, {&g.dk, &want.dk}, {&g.dv, &want.dv}})
+        EXPECT_TRUE(testing::all_close(*a, *b, 0)) << what;
+    }
+  // Terms below 1024 stay on the cpu (CpuBackwardWithinItsStatedBound holds its error).
+  const Tensor qs = Tensor::full({1, 1, 2, 4}, dtype::f32, 15), ks = Tensor::from_values({1, 1, 2, 4}, dtype::f32, {15, -15, 15, -15, 1, 2, 3, 4});
+  const attention_result rs = attention(qs, ks, ks, {}, {.use_backend = backend::cpu});
+  EXPECT_EQ(attention_backward(qs, ks, ks, rs.out, rs.out, rs.lse).backend, "cpu");  // 0.5 · 30 · 30 = 450
+}
+
 }  // namespace
 }  // namespace attn
