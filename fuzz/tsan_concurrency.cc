@@ -3,7 +3,7 @@
 // on one thread, bit for bit:
 //   core        attention, attention_backward, attention_with_kv_cache on its own cache,
 //               kv_cache, explain_backend, Tensor, .npy, a refused call
-//   family      attention_family forward and backward on the core and tiled paths
+//   family      attention_family forward and backward on the core, tiled and fused paths
 //   positional  rotary and rotary_backward, the T5 bias and its backward, sinusoidal and learned
 //               encodings (ALiBi runs through the core op above)
 //   serving     attention_varlen forward and backward, attention_paged, paged_kv_append on
@@ -88,7 +88,7 @@ outputs round(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d
 std::vector<Tensor> round_ops(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, backend be) {
   std::vector<Tensor> r;
   const execution ex{.use_backend = be};
-  // family: cosine × softmax on the core path, additive × sparsemax on the tiled path
+  // family: cosine × softmax on the core path, additive × sparsemax on the tiled and fused paths
   family_options fo;
   fo.is_causal = true;
   fo.score.kind = score_kind::cosine;
@@ -103,6 +103,13 @@ std::vector<Tensor> round_ops(const Tensor& q, const Tensor& k, const Tensor& v,
   r.push_back(attention_family(q, k, v, fo, {.path = family_path::tiled}).out);
   const family_grads fg = attention_family_backward(q, k, v, dout, fo, {.path = family_path::tiled});
   for (const Tensor* g : {&fg.dq, &fg.dk, &fg.dv, &fg.dW_q, &fg.dW_k, &fg.db, &fg.dw_v}) r.push_back(*g);
+  // the same on the fused kernels (additive's exp form), and top-k's sparse backward there
+  r.push_back(attention_family(q, k, v, fo, {.path = family_path::fused}).out);
+  const family_grads ff = attention_family_backward(q, k, v, dout, fo, {.path = family_path::fused});
+  for (const Tensor* g : {&ff.dq, &ff.dk, &ff.dv, &ff.dW_q, &ff.dW_k, &ff.db, &ff.dw_v}) r.push_back(*g);
+  fo.distribution.kind = distribution_kind::topk;
+  fo.distribution.k = 2;
+  r.push_back(attention_family_backward(q, k, v, dout, fo, {.path = family_path::fused}).dq);
   // positional
   rotary_options ro;
   ro.rotary_dim = 6;
