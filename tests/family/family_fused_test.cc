@@ -100,6 +100,17 @@ void expect_close(const result& got, const result& want, double tol, const std::
 
 Tensor f64(const Tensor& t) { return t.to(dtype::f64); }
 
+// The case in float32 on `path` (with a random float32 dout) and the float64 reference on the
+// same rounded inputs.
+struct compared {
+  result got, ref;
+};
+compared run_vs_reference(const family_case& c, std::mt19937& rng, family_path path, int threads = 1) {
+  const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+  const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+  return {run(c, q, k, v, dout, path, threads), run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference)};
+}
+
 TEST(FamilyFused, MatchesReferenceEveryIsaScoreDistributionAndMask) {
   for (const std::string& isa : isas()) {
     isa_scope scope(isa.c_str());
@@ -115,10 +126,7 @@ TEST(FamilyFused, MatchesReferenceEveryIsaScoreDistributionAndMask) {
           c.opt.score.activation = sc.act;
           if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
           apply_mask(c, mask, rng);
-          const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
-          const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
-          const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
-          const result got = run(c, q, k, v, dout, family_path::fused);
+          const auto [got, ref] = run_vs_reference(c, rng, family_path::fused);
           const std::string what = isa + " " + case_name(sc.s, d) + " " + to_string(sc.act) + " mask " +
                                    std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk);
           expect_close(got, ref, 2e-4, what);
@@ -153,10 +161,7 @@ TEST(FamilyFused, AdditiveMatchesReferenceEveryIsaDistributionAndMask) {
         if (mask == 1) c.opt.score.b.reset(), c.b = Tensor();
         if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
         apply_mask(c, mask, rng);
-        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
-        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
-        const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
-        const result got = run(c, q, k, v, dout, family_path::automatic);
+        const auto [got, ref] = run_vs_reference(c, rng, family_path::automatic);
         const std::string what = isa + " " + form + " additive x " + to_string(d) + " mask " + std::to_string(mask) +
                                  " A " + std::to_string(A) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk);
         expect_close(got, ref, 2e-4, what);
@@ -228,11 +233,8 @@ TEST(FamilyFused, HardmaxStraightThrough) {
         family_case c(s, distribution_kind::hardmax, rng, 2, 4, 2, 13, std::vector<std::int64_t>{1, 9, 140, 17, 133}[std::size_t(mask)], 5, 3);
         c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
         apply_mask(c, mask, rng);
-        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
-        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
-        const result got = run(c, q, k, v, dout, family_path::automatic, 2);
-        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4,
-                     isa + " " + to_string(s) + " straight-through, mask " + std::to_string(mask));
+        const auto [got, ref] = run_vs_reference(c, rng, family_path::automatic, 2);
+        expect_close(got, ref, 2e-4, isa + " " + to_string(s) + " straight-through, mask " + std::to_string(mask));
       }
   }
 }
@@ -250,11 +252,8 @@ TEST(FamilyFused, KernelDistributionOfBoxAndTriangle) {
         const std::int64_t Nk = std::vector<std::int64_t>{7, 1, 140, 133}[std::size_t(mask)];
         family_case c(s, distribution_kind::kernel, rng, 2, 4, 2, Nq, Nk, 4, 3);
         apply_mask(c, mask, rng);
-        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
-        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
-        const result got = run(c, q, k, v, dout, family_path::automatic, 2);
-        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4,
-                     isa + " " + case_name(s, distribution_kind::kernel) + " mask " + std::to_string(mask));
+        const auto [got, ref] = run_vs_reference(c, rng, family_path::automatic, 2);
+        expect_close(got, ref, 2e-4, isa + " " + case_name(s, distribution_kind::kernel) + " mask " + std::to_string(mask));
       }
   }
 }
