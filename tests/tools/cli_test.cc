@@ -212,6 +212,10 @@ TEST(Cli, BenchFamilyPairs) {
   r = sh(tiny + " --score additive --distribution entmax15 --additive-hidden 3 --causal --peers tiled");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("additive x entmax15"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("path fused ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attn_tiled"), std::string::npos) << r.out;
+  r = sh(tiny + " --score additive --distribution entmax15 --additive-hidden 3 --causal --peers tiled --family-path tiled");
+  ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("path tiled"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("attn_tiled"), std::string::npos) << "attn's path is tiled already\n" << r.out;
   for (const char* d : {"sigmoid", "sparsemax", "hardmax", "topk", "identity"}) {
