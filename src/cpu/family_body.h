@@ -635,8 +635,9 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     }
     lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
     // r = Σ u dP / Σ u (no dP: r = 0)
+    if (no_dz) return;
 #pragma GCC unroll 1
-    for (int c = 0; c < CC && !no_dz; ++c) {
+    for (int c = 0; c < CC; ++c) {
       const fam_stat st = load_stat<CC>(lb, c);
       vf num{}, den{};
       for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
