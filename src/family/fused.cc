@@ -1,8 +1,8 @@
 // src/family/fused.cc — the fused f32 path of attention_family: the driver of the SIMD kernels
-// of src/cpu/family_kernels.h for dot-product scores (kernel_kind::dot), additive (Bahdanau)
-// scores with one w_v (kernel_kind::additive, F = 1) and location scores (kernel_kind::location:
-// a dot product with the rows of W_a as the keys of every (b, hkv), dW_a the sum of their
-// dk), with softmax, sigmoid, sparsemax, entmax15, hardmax (zero gradient) and top-k.
+// of src/cpu/family_kernels.h for every score but multi-dimensional additive — dot-product scores
+// (kernel_kind::dot), additive (Bahdanau) with one w_v (F = 1), location (a dot product with the
+// rows of W_a as the keys of every (b, hkv), dW_a the sum of their dk), box and triangle
+// (squared distances) — with every distribution.
 //
 // Inputs (fused_source): the score's float64 preparation (Qp, Kp, V of family_impl.h) converted
 // to f32 once or, for dot and scaled_dot, the user's q, k, v converted to f32 directly, so f32,
@@ -14,8 +14,10 @@
 // block of L query rows over the keys they may see.
 // Backward: two passes, so that every gradient element has one writer: dq over lane blocks
 // (which also finds and saves each row's statistics and r), then dk/dv over (b, hkv, key
-// block), every query row of every head of the GQA group against it. The scalar gradients
-// (dbias, dsigmoid_bias, and additive's dw_v) are summed per lane block and added in block order.
+// block), every query row of every head of the GQA group against it. The parameter gradients
+// (dbias, dsigmoid_bias, dbandwidth, additive's dw_v) are summed per lane block and added in
+// block order. Sigmoid and identity (no row statistics) take one pass per (b, hkv) where B·Hkv
+// >= 8; hardmax and top-k (k <= 32) a sparse backward on each row's kept keys (below).
 // The partition depends only on the shape, so results are bitwise identical for any thread count.
 #include <omp.h>
 
