@@ -443,16 +443,29 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
 // Σ_d |q_id k_jd| <= |q_i|·|k_j|, so scale · max_i |q_i| · max_j |k_j| over the rows of q and the
 // keys each batch entry holds (finite elements only: NaN and inf have their own contract). A
 // float32 backend resolves a score to this magnitude · 2^-24, however small the score itself.
+// One pass over q and k, on the call's threads (a maximum: the same whatever the order), each row
+// read in its own dtype (f32 and bf16 directly: the pass is O(N·D), which a small backward
+// notices).
 double qk_term_bound(const problem& p) {
-  const auto max_norm = [](const strided4& x, std::int64_t B, std::int64_t H, std::int64_t D, auto rows_of) {
+  const int nt = std::max(1, p.num_threads);
+  const auto max_norm = [nt](const strided4& x, std::int64_t B, std::int64_t H, std::int64_t D, auto rows_of) {
     double m = 0;
+    const auto add = [](double& ss, double y) {
+      if (std::isfinite(y)) ss += y * y;
+    };
+#pragma omp parallel for collapse(2) reduction(max : m) num_threads(nt) schedule(static)
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t n = 0; n < rows_of(b); ++n) {
           double ss = 0;
-          for (std::int64_t d = 0; d < D; ++d) {
-            const double y = x.load(b, h, n, d);
-            if (std::isfinite(y)) ss += y * y;
+          if (x.type == dtype::f32) {
+            const float* r = x.ptr<float>(b, h, n, 0);
+            for (std::int64_t d = 0; d < D; ++d) add(ss, double(r[d * x.sx]));
+          } else if (x.type == dtype::bf16) {
+            const std::uint16_t* r = x.ptr<std::uint16_t>(b, h, n, 0);
+            for (std::int64_t d = 0; d < D; ++d) add(ss, double(bf16_to_f32(r[d * x.sx])));
+          } else {
+            for (std::int64_t d = 0; d < D; ++d) add(ss, x.load(b, h, n, d));
           }
           m = std::max(m, ss);
         }

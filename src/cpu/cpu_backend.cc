@@ -463,6 +463,10 @@ void backward(const problem& p, const backward_io& io) {
     double s = 0.0;
     if (dp) {
       for (std::int64_t x = 0; x < p.Dv; ++x) s += io.dout.load(b, h, i, x) * io.out.load(b, h, i, x);
+    } else if (io.out.type == dtype::f32) {  // the same sum, out read as what it is
+      const float* d = dO.row(b, h, i);
+      const float* o = io.out.ptr<float>(b, h, i, 0);
+      for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * double(o[x * io.out.sx]);
     } else {
       const float* d = dO.row(b, h, i);
       for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * io.out.load(b, h, i, x);
