@@ -1,12 +1,14 @@
 // src/cpu/family_kernels.h — the plain interface of the fused f32 kernels of the attention
-// family (include/attn/family.h) for scores that are a dot product of prepared vectors
-// (family_impl.h, kernel_kind::dot: dot, scaled_dot, general and its variants, cosine,
-// gaussian), with every streaming distribution but `kernel`. No SIMD types here:
+// family (include/attn/family.h) for every score but multi-dimensional additive — dot products
+// of prepared vectors (family_impl.h, kernel_kind::dot: dot, scaled_dot, general and its
+// variants, cosine, gaussian; location with W_a's rows as keys), additive, and the box/triangle
+// kernels on squared distances — with every distribution. No SIMD types here:
 // family_body.h holds the code, compiled once per ISA (family_<isa>.cc), and isa.cc picks the
 // table (select_family_kernels). The driver is src/family/fused.cc.
 //
-// Per pair (q row i, key j), with z = qp_i·kp_j (dot) or z = Σ_a w_a tanh(qp_ia + kp_ja)
-// (additive; then dqp_i = Σ_j dz w ⊙ (1 - t²), dkp_j likewise over i, dw_a = Σ dz t_a):
+// Per pair (q row i, key j), with z = qp_i·kp_j (dot), z = Σ_a w_a tanh(qp_ia + kp_ja)
+// (additive; then dqp_i = Σ_j dz w ⊙ (1 - t²), dkp_j likewise over i, dw_a = Σ dz t_a) or
+// z = ‖qp_i - kp_j‖² (distance; dqp_i = Σ_j 2 dz (qp_i - kp_j), dkp_j the opposite):
 //   s_ij = act(z + bias) + mask_ij, or -inf outside the row's key range [lo, hi) or where a
 //          bool mask excludes
 //   α_ij = distribution(s_i·)            (exactly 0 for s = -inf)
