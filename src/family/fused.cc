@@ -147,8 +147,9 @@ void fill_mask(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, 
 }
 
 // The score's part of the kernels' parameters and the distribution with its constants.
-cpu::family_params make_params(const fproblem& fp, const float* w_v) {
+cpu::family_params make_params(const fproblem& fp, const float* w_v, bool additive_exp) {
   cpu::family_params prm;
+  prm.additive_exp = additive_exp;
   switch (fp.dist) {
     case distribution_kind::softmax: prm.dist = family_dist::softmax; break;
     case distribution_kind::sigmoid: prm.dist = family_dist::sigmoid; break;
@@ -255,8 +256,7 @@ struct lane_state {
 
   lane_state(const fproblem& fp, const fused_inputs& in)
       : L(in.L), P(fp.Pq), lo(L), hi(L), cut(L), h(L), i(L), qt(alloc_floats(fp.Pq * L)), t(alloc_floats(L)),
-        lse(alloc_floats(L)), r(alloc_floats(L)), prm(make_params(fp, in.w_v.data())) {
-    prm.additive_exp = in.exp_form;
+        lse(alloc_floats(L)), r(alloc_floats(L)), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
   }
@@ -376,8 +376,7 @@ struct row_pass {
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
         kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
-        lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data())) {
-    prm.additive_exp = in.exp_form;
+        lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
