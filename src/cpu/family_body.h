@@ -797,8 +797,17 @@ void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
   else fam_kept_keys<family_dist::topk, C>(lb, out);
 }
 
+}  // namespace
+}  // namespace attn::detail::cpu
+
+#include "cpu/family_md_body.h"
+
+namespace attn::detail::cpu {
+namespace {
+
 constexpr family_table make_family_table(const char* name) {
-  return {name, W, C * W, fam_forward_entry, fam_dq_entry, fam_dkdv_entry, fam_kept_entry};
+  return {name,           W,           C * W,          fam_forward_entry, fam_dq_entry, fam_dkdv_entry,
+          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry};
 }
 
 }  // namespace

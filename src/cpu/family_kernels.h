@@ -1,8 +1,9 @@
 // src/cpu/family_kernels.h — the plain interface of the fused f32 kernels of the attention
-// family (include/attn/family.h) for every score but multi-dimensional additive — dot products
-// of prepared vectors (family_impl.h, kernel_kind::dot: dot, scaled_dot, general and its
-// variants, cosine, gaussian; location with W_a's rows as keys), additive, and the box/triangle
-// kernels on squared distances — with every distribution. No SIMD types here:
+// family (include/attn/family.h) for every score — dot products of prepared vectors
+// (family_impl.h, kernel_kind::dot: dot, scaled_dot, general and its variants, cosine, gaussian;
+// location with W_a's rows as keys), additive (one w_v, or multi-dimensional: the md_ entries,
+// family_md_body.h), and the box/triangle kernels on squared distances — with every
+// distribution. No SIMD types here:
 // family_body.h holds the code, compiled once per ISA (family_<isa>.cc), and isa.cc picks the
 // table (select_family_kernels). The driver is src/family/fused.cc.
 //
@@ -46,7 +47,7 @@ enum class family_score : int { dot, additive, distance };
 struct family_params {
   family_dist dist = family_dist::softmax;
   family_score score = family_score::dot;
-  const float* w_v = nullptr;  // additive: [P]
+  const float* w_v = nullptr;  // additive: [P]; multi-dimensional: [Dv][P]
   // additive: the prepared vectors arrive as e^{2x} (both sides), and tanh(a + b) is formed as
   // 1 - 2 / (1 + e^{2a} e^{2b}): a product and a reciprocal instead of an exp and a division per
   // (pair, feature). The driver takes it when every |qp|, |kp| <= 20, so e^{±40} and their
@@ -93,6 +94,10 @@ struct family_lanes {
   // the block visits (the caller zeroes the rest): the weights drawn from the fused kernels.
   float* alpha = nullptr;
   std::int64_t alpha_ld = 0;
+  // Multi-dimensional additive (md_*): the features whose scores are kept at once (Dv for
+  // sigmoid and identity); the statistics hold Dv·L entries, feature-major ([Dv][L]); alpha, if
+  // set, receives α of lane x, key j, feature c at alpha[x·alpha_ld + j·Dv + c].
+  std::int64_t Fc = 0;
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
@@ -102,7 +107,7 @@ struct family_dq_io {
   const float* doutt = nullptr;
   float* dqt = nullptr;
   double* sums = nullptr;
-  double* dw_v = nullptr;  // additive: [P] += Σ dz tanh(qp + kp) over the block
+  double* dw_v = nullptr;  // additive: [P] (multi-dimensional [Dv][P]) += Σ dz tanh(qp + kp) over the block
 };
 
 // The kept keys of a lane block (hardmax, top-k: at most kmax = k per row, α zero elsewhere):
@@ -154,6 +159,18 @@ static inline std::int64_t family_lane_scratch_floats(std::int64_t L, std::int64
 static inline std::int64_t family_row_scratch_floats(std::int64_t rows, std::int64_t ldk) {
   return 4 * rows * ldk + 64;
 }
+static inline std::int64_t md_pad(std::int64_t n, std::int64_t w) { return (n + w - 1) / w * w; }
+// Multi-dimensional additive, P = A features, W floats per vector: a lane block whose keys span
+// nk with Fc features' scores kept at once, and a row-layout call.
+static inline std::int64_t family_md_lane_scratch_floats(std::int64_t L, std::int64_t W, std::int64_t nk, std::int64_t A,
+                                                         std::int64_t Dv, std::int64_t Fc, family_dist d) {
+  const std::int64_t keys = family_keeps_scores(d) ? nk : kLaneKeyBlock, Ap = md_pad(A, W);
+  return 2 * A * L + Fc * keys * L + 2 * Dv * L + L * Ap + Dv * Ap + kLaneKeyBlock * L + nk + kLaneKeyBlock + 64;
+}
+static inline std::int64_t family_md_row_scratch_floats(std::int64_t rows, std::int64_t ldk, std::int64_t A,
+                                                        std::int64_t Dv) {
+  return (2 * A + 2 * Dv + rows) * ldk + 64;
+}
 
 struct family_table {
   const char* name;  // "generic", "avx2", "avx512"
@@ -164,6 +181,11 @@ struct family_table {
   void (*dkdv)(const family_rows&);
   // hardmax and top-k: the scores, each lane's statistics (into lb.st) and its kept keys
   void (*kept)(const family_lanes&, const family_kept&);
+  // Multi-dimensional additive (w_v [Dv, A] in fp.w_v, F = Dv): forward, dq (io.dw_v [Dv][A]),
+  // dk/dv with the statistics [row][Dv] (family_md_body.h).
+  void (*md_forward)(const family_lanes&, float* ot);
+  void (*md_dq)(const family_lanes&, const family_dq_io&);
+  void (*md_dkdv)(const family_rows&);
 };
 
 const family_table& family_generic();

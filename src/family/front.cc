@@ -306,8 +306,9 @@ Tensor attention_family_weights(const TensorView& q, const TensorView& k, const 
   if (!src.direct) prepare_f64(C, q, k, v);
   if (C.path == family_path::fused) {
     const score_call& c = C.c;
-    Tensor w = Tensor::empty({c.B, c.Hq, c.Nq, c.Nk}, dtype::f64);
-    fused_weights(C.fp, src, as_bhnx(w, c.Hq));
+    const std::int64_t F = C.fp.F;  // multi-dimensional: [B, Hq, Nq, Nk, F], written as rows of Nk·F
+    Tensor w = Tensor::empty(F > 1 ? Shape{c.B, c.Hq, c.Nq, c.Nk, F} : Shape{c.B, c.Hq, c.Nq, c.Nk}, dtype::f64);
+    fused_weights(C.fp, src, as_bhnx(F > 1 ? w.view().reshape({c.B, c.Hq, c.Nq, c.Nk * F}) : w.view(), c.Hq));
     return w;
   }
   std::vector<double> out, w;

@@ -244,19 +244,30 @@ struct fused_inputs {
   }
 };
 
+// Multi-dimensional additive keeps the scores of at most this many floats per thread (Fc
+// features × the keys of a lane block × L lanes; sigmoid and identity stream instead).
+constexpr std::int64_t kMdScoreFloats = std::int64_t(1) << 23;
+
 // One thread's lane block: rows r = lbi·L + x of (b, hkv) are query i = r / G of head hkv·G + r % G.
+// Statistics: L per feature (F = Dv for multi-dimensional additive, feature-major).
 struct lane_state {
-  std::int64_t L, P, nl = 0;
+  std::int64_t L, P, F, nl = 0;
   std::vector<std::int32_t> lo, hi, cut;
   std::vector<std::int64_t> h, i;
   fbuf qt, t, lse, r, scratch;
   std::int64_t scratch_keys = -1;  // the key span `scratch` holds
   mask_ctx mc;
   cpu::family_params prm;
+  // ATTN_FAMILY_MD_CHUNK=n caps the features per chunk (tests walk the chunked path with it).
+  std::int64_t md_chunk = [] {
+    const char* env = std::getenv("ATTN_FAMILY_MD_CHUNK");
+    return env ? std::max<std::int64_t>(0, std::atoll(env)) : 0;
+  }();
 
   lane_state(const fproblem& fp, const fused_inputs& in)
-      : L(in.L), P(fp.Pq), lo(L), hi(L), cut(L), h(L), i(L), qt(alloc_floats(fp.Pq * L)), t(alloc_floats(L)),
-        lse(alloc_floats(L)), r(alloc_floats(L)), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
+      : L(in.L), P(fp.Pq), F(fp.F), lo(L), hi(L), cut(std::size_t(L * F)), h(L), i(L), qt(alloc_floats(fp.Pq * L)),
+        t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
+        prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
     if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
   }
@@ -283,8 +294,14 @@ struct lane_state {
     for (std::int64_t x = 0; x < nl; ++x)
       if (lo[x] < hi[x]) kmin = std::min<std::int64_t>(kmin, lo[x]), kmax = std::max<std::int64_t>(kmax, hi[x]);
     const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0);
+    std::int64_t Fc = F;
+    if (cpu::family_keeps_scores(prm.dist)) {
+      Fc = std::clamp<std::int64_t>(kMdScoreFloats / std::max<std::int64_t>(span * L, 1), 1, F);
+      if (md_chunk > 0) Fc = std::min(Fc, md_chunk);
+    }
     if (span > scratch_keys) {
-      scratch = alloc_floats(cpu::family_lane_scratch_floats(L, span, prm.dist));
+      scratch = alloc_floats(F > 1 ? cpu::family_md_lane_scratch_floats(L, in.kt.W, span, P, F, Fc, prm.dist)
+                                   : cpu::family_lane_scratch_floats(L, span, prm.dist));
       scratch_keys = span;
     }
     cpu::family_lanes lb;
@@ -296,6 +313,7 @@ struct lane_state {
     lb.fp = prm;
     lb.st = {t.get(), lse.get(), cut.data(), r.get()};
     lb.scratch = scratch.get();
+    lb.Fc = Fc;
     return lb;
   }
   std::int64_t row(const fproblem& fp, std::int64_t b, std::int64_t x) const { return (b * fp.Hq + h[x]) * fp.Nq + i[x]; }
@@ -305,7 +323,6 @@ struct lane_state {
 
 std::string fused_why_not(const fproblem& fp, dtype type) {
   if (type == dtype::f64) return "float64 inputs run the float64 tiled path";
-  if (fp.F != 1) return "multi-dimensional scores are not fused";
   if (fp.Nq >= kMaxLen || fp.Nk >= kMaxLen) return "sequences of 2^30 or more are not fused";
   return {};
 }
@@ -324,7 +341,8 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < in.units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
-      in.kt.forward(ls.set(fp, in, b, hkv, lbi), ot.get());
+      const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
+      (fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
       for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
     }
   }
@@ -334,10 +352,10 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
 const char* fused_weights(const fproblem& fp, const fused_source& src, const strided4& w) {
   const fused_inputs in(fp, src);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
-    zero_rows(w, fp.B, fp.Hq, fp.Nq, fp.Nk);
+    zero_rows(w, fp.B, fp.Hq, fp.Nq, fp.Nk * fp.F);
     return in.kt.name;
   }
-  const std::int64_t L = in.L, nlb = in.nlb, Nk = fp.Nk;
+  const std::int64_t L = in.L, nlb = in.nlb, Nk = fp.Nk * fp.F;  // multi-dimensional: rows of [Nk, F]
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
     lane_state ls(fp, in);
@@ -348,7 +366,7 @@ const char* fused_weights(const fproblem& fp, const fused_source& src, const str
       cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
       std::fill(ab.get(), ab.get() + L * Nk, 0.0f);
       lb.alpha = ab.get(), lb.alpha_ld = Nk;
-      in.kt.forward(lb, ot.get());
+      (fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
       for (std::int64_t x = 0; x < ls.nl; ++x) put_row(w, b, ls.h[x], ls.i[x], Nk, ab.get() + x * Nk, 1, 1.0);
     }
   }
@@ -375,7 +393,8 @@ struct row_pass {
   row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
-        kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
+        kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
+                                      : cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
@@ -419,11 +438,12 @@ struct row_pass {
         pr.dout = dO + r0 * Dv, pr.dsn = Dv;
         pr.lo = lo.data(), pr.hi = hi.data();
         pr.fp = prm;
-        pr.st = {st.t + r0, st.lse + r0, st.cut + r0, st.r + r0};
+        const std::int64_t so = r0 * fp.F;  // statistics [row][F]
+        pr.st = {st.t + so, st.lse + so, st.cut + so, st.r + so};
         pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
         pr.scratch = scratch.get();
         if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums;
-        in.kt.dkdv(pr);
+        (fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
       }
     }
     for (std::int64_t x = 0; x < nb; ++x) {
@@ -454,7 +474,7 @@ bool single_pass(const fproblem& fp) {
 // over every key (3 products of 7). ATTN_FAMILY_BACKWARD=two_pass forces the two passes.
 constexpr std::int64_t kSparseTopk = 32;
 std::int64_t sparse_keep(const fproblem& fp) {
-  if (forced_two_pass()) return 0;
+  if (forced_two_pass() || fp.F > 1) return 0;
   if (fp.dist == distribution_kind::hardmax) return fp.hardmax_grad == hardmax_gradient::zero ? 1 : 0;
   return fp.dist == distribution_kind::topk && fp.topk <= kSparseTopk ? fp.topk : 0;
 }
@@ -493,9 +513,9 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
   const int nt = std::max(1, fp.p.num_threads);
   const std::vector<float> dO = load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
-  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq;
-  std::vector<float> T(std::size_t(nrows), kInfF), LSE(std::size_t(nrows), kInfF), Rr(std::size_t(nrows), 0.0f);
-  std::vector<std::int32_t> CUT(std::size_t(nrows), -1);
+  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
+  std::vector<float> T(std::size_t(nst), kInfF), LSE(std::size_t(nst), kInfF), Rr(std::size_t(nst), 0.0f);
+  std::vector<std::int32_t> CUT(std::size_t(nst), -1);
   const cpu::family_stats stats{T.data(), LSE.data(), CUT.data(), Rr.data()};
   const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
 
@@ -632,7 +652,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // Pass 1: dq and the row statistics, lane layout over (b, hkv, lane block).
   std::vector<double> sums(std::size_t(3 * in.units), 0.0);  // Σ dz, Σ de, Σ de ∂e/∂h per lane block
   const bool additive = fp.kernel == kernel_kind::additive;
-  std::vector<double> dwv(additive ? std::size_t(in.units * P) : 0, 0.0);  // dw_v per lane block
+  const std::int64_t nw = P * F;  // dw_v: [A], multi-dimensional [Dv, A]
+  std::vector<double> dwv(additive ? std::size_t(in.units * nw) : 0, 0.0);  // dw_v per lane block
 #pragma omp parallel num_threads(nt)
   {
     lane_state ls(fp, in);
@@ -645,12 +666,15 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
         const float* d = x < ls.nl ? dO.data() + ls.row(fp, b, x) * Dv : nullptr;
         for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = d ? d[y] : 0.0f;
       }
-      in.kt.dq(lb, cpu::family_dq_io{doutt.get(), dqt.get(), sums.data() + 3 * u, additive ? dwv.data() + u * P : nullptr});
+      const cpu::family_dq_io io{doutt.get(), dqt.get(), sums.data() + 3 * u, additive ? dwv.data() + u * nw : nullptr};
+      (F > 1 ? in.kt.md_dq : in.kt.dq)(lb, io);
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x);
         put_row(sink.dq, b, ls.h[x], ls.i[x], P, dqt.get() + x, L, sink.dq_scale);
-        T[std::size_t(r)] = ls.t[x], LSE[std::size_t(r)] = ls.lse[x], Rr[std::size_t(r)] = ls.r[x];
-        CUT[std::size_t(r)] = ls.cut[x];
+        for (std::int64_t f = 0; f < F; ++f) {
+          const std::size_t o = std::size_t(r * F + f), e = std::size_t(f * L + x);
+          T[o] = ls.t[e], LSE[o] = ls.lse[e], Rr[o] = ls.r[e], CUT[o] = ls.cut[e];
+        }
       }
     }
   }
@@ -660,7 +684,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
   if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
   for (std::int64_t u = 0; additive && u < in.units; ++u)
-    for (std::int64_t a = 0; a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
+    for (std::int64_t a = 0; a < nw; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * nw + a)];
 
   // Pass 2: dk, dv, row layout over (b, hkv, key block).
 #pragma omp parallel num_threads(nt)

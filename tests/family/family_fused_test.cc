@@ -172,6 +172,59 @@ TEST(FamilyFused, AdditiveMatchesReferenceEveryIsaDistributionAndMask) {
   }
 }
 
+// Multi-dimensional additive (w_v [Dv, A]: one score and one distribution per value feature) on
+// the fused kernels: every distribution (straight-through hardmax included) and mask kind, GQA,
+// odd sizes, more than one lane block, A and Dv not multiples of any vector width, both tanh
+// forms; every gradient against the float64 reference. ATTN_FAMILY_MD_CHUNK=2 makes the
+// distributions that keep scores find their statistics two features at a time (what the driver
+// does when Dv · keys · lanes would not fit its scratch), so that path is walked too.
+TEST(FamilyFused, MultiDimensionalAdditiveMatchesReference) {
+  std::vector<distribution_kind> dists = kFused;
+  for (const char* form : {"exp", "tanh", "chunked"})
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    if (std::string(form) == "tanh") setenv("ATTN_FAMILY_ADDITIVE", "tanh", 1);
+    if (std::string(form) == "chunked") setenv("ATTN_FAMILY_MD_CHUNK", "2", 1);
+    std::mt19937 rng(404);
+    for (distribution_kind d : dists)
+      for (int mask = 0; mask < 5; ++mask)
+        for (const bool st : {false, true}) {
+          if (st && d != distribution_kind::hardmax) continue;
+          const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 70, 13, 23}[std::size_t(mask)];
+          const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 17, 140, 33}[std::size_t((mask + int(d)) % 5)];
+          const bool gqa = (mask + int(d)) % 2;
+          const std::int64_t Dv = mask == 3 ? 17 : 3;
+          family_case c(score_kind::additive, d, rng, 2, gqa ? 4 : 3, gqa ? 2 : 1, Nq, Nk, 5, Dv, /*multi_dim=*/true);
+          const std::int64_t A = mask == 2 ? 37 : 5;
+          c.W_q = random_tensor({A, c.D}, dtype::f64, rng), c.W_k = random_tensor({A, c.Dk}, dtype::f64, rng);
+          c.w_v = random_tensor({Dv, A}, dtype::f64, rng, -1.5, 1.5), c.b = random_tensor({A}, dtype::f64, rng);
+          c.opt.score.W_q = c.W_q.view(), c.opt.score.W_k = c.W_k.view(), c.opt.score.w_v = c.w_v.view();
+          c.opt.score.b = c.b.view();
+          if (mask == 1) c.opt.score.b.reset(), c.b = Tensor();
+          if (st) c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
+          if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
+          apply_mask(c, mask, rng);
+          const auto [got, ref] = run_vs_reference(c, rng, family_path::automatic, 2);
+          const std::string what = isa + " " + form + " multi-dimensional additive x " + to_string(d) +
+                                   (st ? " (straight-through)" : "") + " mask " + std::to_string(mask) + " A " +
+                                   std::to_string(A) + " Dv " + std::to_string(Dv) + " Nq " + std::to_string(Nq) +
+                                   " Nk " + std::to_string(Nk);
+          expect_close(got, ref, 2e-4, what);
+          EXPECT_EQ(got.g.dw_v.shape(), (Shape{Dv, A})) << what;
+          EXPECT_FALSE(any_nan(got.fwd.out)) << what;
+          // The weights [B, Hq, Nq, Nk, Dv] from the fused kernels.
+          const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+          const Tensor w = attention_family_weights(q, k, v, c.opt, {.path = family_path::fused});
+          const Tensor wr = attention_family_weights(q, k, v, c.opt, {.path = family_path::reference});
+          ASSERT_EQ(w.shape(), (Shape{c.B, c.Hq, Nq, Nk, Dv})) << what;
+          const auto g = w.to_vector(), want = wr.to_vector();
+          for (std::size_t x = 0; x < g.size(); ++x) ASSERT_NEAR(g[x], want[x], 2e-5 * (1 + std::abs(want[x]))) << what << " at " << x;
+        }
+    unsetenv("ATTN_FAMILY_ADDITIVE");
+    unsetenv("ATTN_FAMILY_MD_CHUNK");
+  }
+}
+
 // Activations beyond the exp form's range (|W_q q| up to ~40: tanh saturates, and a + b can
 // still be small) take the tanh form by themselves and stay exact; NaN in q reaches out through
 // either form (softmax, sigmoid: the threshold searches of the sparse distributions make no
@@ -523,9 +576,11 @@ TEST(FamilyFused, WeightsFromTheFusedKernels) {
 
 TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(3);
-  for (score_kind s : {score_kind::activated_general, score_kind::additive, score_kind::triangle})
+  for (int s_i = 0; s_i < 4; ++s_i)
   for (distribution_kind d : kFused) {
-    family_case c(s, d, rng, 2, 4, 2, 37, 150, 8, 5);
+    const score_kind s = std::vector<score_kind>{score_kind::activated_general, score_kind::additive,
+                                                 score_kind::triangle, score_kind::additive}[std::size_t(s_i)];
+    family_case c(s, d, rng, 2, 4, 2, 37, 150, 8, 5, /*multi_dim=*/s_i == 3);
     apply_mask(c, 4, rng);
     const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
     const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
@@ -569,9 +624,8 @@ TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
   EXPECT_EQ(attention_family(aq, ak, av, a.opt).path.rfind("fused (", 0), 0u);
   family_case md(score_kind::additive, distribution_kind::softmax, rng, 1, 2, 1, 4, 6, 3, 3, /*multi_dim=*/true);
   const Tensor mq = md.q.to(dtype::f32), mk = md.k.to(dtype::f32), mv = md.v.to(dtype::f32);
-  EXPECT_EQ(attention_family(mq, mk, mv, md.opt).path, "tiled");
-  EXPECT_THROW_MSG(attention_family(mq, mk, mv, md.opt, {.path = family_path::fused}),
-                   "attention_family: path fused: multi-dimensional scores are not fused");
+  EXPECT_EQ(attention_family(mq, mk, mv, md.opt).path.rfind("fused (", 0), 0u);
+  EXPECT_EQ(attention_family(md.q, md.k, md.v, md.opt).path, "tiled");
   family_case lc(score_kind::box, distribution_kind::kernel, rng);
   const Tensor lq = lc.q.to(dtype::f32), lk = lc.k.to(dtype::f32), lv = lc.v.to(dtype::f32);
   EXPECT_EQ(attention_family(lq, lk, lv, lc.opt).path.rfind("fused (", 0), 0u);

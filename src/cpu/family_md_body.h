@@ -1,0 +1,313 @@
+// src/cpu/family_md_body.h — the fused kernels of multi-dimensional additive attention
+// (family_kernels.h: family_table::md_*) for one ISA; included by family_body.h, whose helpers
+// (lane_stats, fam_alpha, fam_u, fam_de, add_tanh) it uses. P = A prepared features, F = Dv:
+//
+//   t_ij   = tanh(qp_i + kp_j)                         [A]   (exp form: add_tanh<true>)
+//   e_ij   = W_v t_ij                                  [Dv]  W_v [Dv, A], a GEMM per pair block
+//   α_ij[c] = distribution over j of s_i·[c]            one distribution per value feature c
+//   out_i[c] = Σ_j α_ij[c] v_j[c]
+// Backward: dα_ij[c] = dout_i[c] v_j[c]; r_i[c] = Σ_j u dα / Σ u; de_ij[c] = w (dα - r);
+//   dt = W_vᵀ de_ij; dpre = dt ⊙ (1 - t²); dqp_i += Σ_j dpre, dkp_j += Σ_i dpre;
+//   dW_v += Σ de_ij t_ijᵀ; dv_j[c] += Σ_i α_ij[c] dout_i[c].
+//
+// The tanh of a pair is computed once for all Dv features (the eager formula materialises
+// [Nq, Nk, A] and [Nq, Nk, Dv]; here a pair's t and e live in registers and a tile). Row
+// statistics are per (row, feature): the lane kernels keep them as [Dv][L] (feature-major),
+// the row kernel reads them as [row][Dv]. Distributions that keep scores (all but sigmoid and
+// identity) hold the scores of the lane block's keys for a chunk of Fc features at a time
+// (family_lanes::Fc, chosen by the driver to bound the scratch); a chunk's statistics are found
+// on them exactly as for one feature (lane_stats).
+#pragma once
+
+namespace attn::detail::cpu {
+namespace {
+
+// Scratch of a multi-dimensional lane block (family_md_lane_scratch_floats).
+struct md_lane_scratch {
+  float *T, *S, *E, *de, *dT, *TT, *dW, *mask, *buf;
+  std::int64_t fs;  // floats from one feature's scores to the next in S
+  md_lane_scratch(const family_lanes& lb, std::int64_t keys) {
+    const std::int64_t L = lb.L, A = lb.P, Dv = lb.Dv, Ap = md_pad(A, W);
+    fs = keys * L;
+    T = lb.scratch;
+    S = T + A * L;
+    E = S + lb.Fc * fs;
+    de = E + Dv * L;
+    dT = de + Dv * L;
+    TT = dT + A * L;
+    dW = TT + L * Ap;
+    mask = dW + Dv * Ap;
+    buf = mask + kLaneKeyBlock * L;
+  }
+};
+
+// The view of one feature c of a lane block: its statistics.
+inline family_lanes md_feature(const family_lanes& lb, std::int64_t c) {
+  family_lanes f = lb;
+  const std::int64_t o = c * lb.L;
+  f.st = {lb.st.t + o, lb.st.lse + o, lb.st.cut + o, lb.st.r + o};
+  return f;
+}
+
+template <int CC>
+void md_empty_stats(const family_lanes& lb) {
+  for (std::int64_t c = 0; c < lb.Dv; ++c) set_empty_stats<CC>(md_feature(lb, c));
+}
+
+// t = tanh(qp + kp_j) of every lane into T [A][L].
+template <bool Exp, int CC>
+inline void md_lane_tanh(const family_lanes& lb, std::int64_t j, float* T) {
+  const std::int64_t L = CC * W;
+  const float* kj = lb.k + j * lb.ksn;
+  for (std::int64_t a = 0; a < lb.P; ++a) {
+    const vf kb = splat(kj[a]);
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(T + a * L + c * W, add_tanh<Exp>(load(lb.qt + a * L + c * W), kb));
+  }
+}
+
+// Scores of key j for features [c0, c0 + fc): S[c][L] (feature stride fs) = W_v t + mask, -inf
+// outside each lane's key range. T [A][L] receives t; mrow is the key's row of the mask tile.
+template <bool Exp, int CC>
+void md_lane_key(const family_lanes& lb, std::int64_t j, std::int64_t c0, std::int64_t fc, float* S, std::int64_t fs,
+                 float* T, const float* mrow) {
+  const std::int64_t L = CC * W, A = lb.P;
+  md_lane_tanh<Exp, CC>(lb, j, T);
+  gemm<fam_ops>(fc, L, A, lb.fp.w_v + c0 * A, A, 1, T, L, S, fs, false);
+  const vi jv = splati(std::int32_t(j));
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const vi in = (jv >= loadi(lb.lo + c * W)) & (jv < loadi(lb.hi + c * W));
+    const vf m = mrow ? load(mrow + c * W) : vf{};
+    for (std::int64_t f = 0; f < fc; ++f) {
+      float* s = S + f * fs + c * W;
+      store(s, vselect(in, load(s) + m, splat(-kInf)));
+    }
+  }
+}
+
+// ---- forward, lane layout: ot [Dv][L] ----
+template <family_dist Dist, int CC, bool Exp>
+void md_forward(const family_lanes& lb, float* ot) {
+  const std::int64_t L = CC * W, Dv = lb.Dv;
+  for (std::int64_t i = 0; i < Dv * L; ++i) ot[i] = 0.0f;
+  md_empty_stats<CC>(lb);
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  constexpr bool keep = family_keeps_scores(Dist);
+  const std::int64_t n = kmax - kmin;
+  // keep: S [Fc][n][L], every key of a feature chunk; streaming: S [Dv][kLaneKeyBlock][L]
+  const md_lane_scratch sc(lb, keep ? n : kLaneKeyBlock);
+  const std::int64_t Fc = keep ? lb.Fc : Dv;
+  const family_params& fp = lb.fp;
+  for (std::int64_t c0 = 0; c0 < Dv; c0 += Fc) {
+    const std::int64_t fc = imin(Fc, Dv - c0);
+    auto block_scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
+      if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
+      for (std::int64_t jj = 0; jj < nb; ++jj)
+        md_lane_key<Exp, CC>(lb, j0 + jj, c0, fc, S + jj * L, sc.fs, sc.T, fp.mask ? sc.mask + jj * L : nullptr);
+    };
+    if (keep) {
+      for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
+        block_scores(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L);
+      for (std::int64_t f = 0; f < fc; ++f) lane_stats<Dist, CC>(md_feature(lb, c0 + f), sc.S + f * sc.fs, n, kmin, sc.buf);
+    }
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+      const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+      float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
+      if (!keep) block_scores(j0, nb, S);
+      for (std::int64_t f = 0; f < fc; ++f) {
+        const family_lanes lf = md_feature(lb, c0 + f);
+        const float* v = lb.v + c0 + f;
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; ++c) {
+          const fam_stat st = load_stat<CC>(lf, c);
+          vf o = load(ot + (c0 + f) * L + c * W);
+          for (std::int64_t jj = 0; jj < nb; ++jj) {
+            const vf a = fam_alpha<Dist>(fp, load(S + f * sc.fs + jj * L + c * W), splati(std::int32_t(j0 + jj)), st);
+            o += a * splat(v[(j0 + jj) * lb.vsn]);
+            if (lb.alpha)
+              for (int x = 0; x < W && c * W + x < lb.nl; ++x)
+                lb.alpha[(c * W + x) * lb.alpha_ld + (j0 + jj) * Dv + c0 + f] = a[x];
+          }
+          store(ot + (c0 + f) * L + c * W, o);
+        }
+      }
+    }
+  }
+}
+
+// ---- backward dq, lane layout: dqt [A][L] = Σ_j dpre; the statistics and r of every (lane,
+// feature); io.dw_v [Dv][A] += Σ de tᵀ; io.sums[0], [1] += Σ de ----
+template <family_dist Dist, int CC, bool Exp>
+void md_dq(const family_lanes& lb, const family_dq_io& io) {
+  const std::int64_t L = CC * W, A = lb.P, Dv = lb.Dv, Ap = md_pad(A, W);
+  for (std::int64_t i = 0; i < A * L; ++i) io.dqt[i] = 0.0f;
+  md_empty_stats<CC>(lb);
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  constexpr bool keep = family_keeps_scores(Dist);
+  constexpr bool no_dz = Dist == family_dist::hardmax;  // one-hot: no gradient reaches the scores
+  const std::int64_t n = kmax - kmin;
+  const md_lane_scratch sc(lb, keep ? n : 0);
+  const family_params& fp = lb.fp;
+  // Pass 1 (distributions with statistics): per feature chunk, the scores of every key, the
+  // statistics, and r = Σ u dα / Σ u with dα = dout[c] v_j[c].
+  const bool whole = keep && lb.Fc >= Dv;  // S keeps every feature: pass 2 reads e from it
+  if (keep)
+    for (std::int64_t c0 = 0; c0 < Dv; c0 += lb.Fc) {
+      const std::int64_t fc = imin(lb.Fc, Dv - c0);
+      for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+        const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+        if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
+        for (std::int64_t jj = 0; jj < nb; ++jj)
+          md_lane_key<Exp, CC>(lb, j0 + jj, c0, fc, sc.S + (j0 - kmin + jj) * L, sc.fs, sc.T,
+                               fp.mask ? sc.mask + jj * L : nullptr);
+      }
+      for (std::int64_t f = 0; f < fc; ++f) {
+        const family_lanes lf = md_feature(lb, c0 + f);
+        const float* Sf = sc.S + f * sc.fs;
+        lane_stats<Dist, CC>(lf, Sf, n, kmin, sc.buf);
+        if (no_dz) continue;
+        const float* v = lb.v + c0 + f;
+        for (int c = 0; c < CC; ++c) {
+          const fam_stat st = load_stat<CC>(lf, c);
+          const vf dout = load(io.doutt + (c0 + f) * L + c * W);
+          vf num{}, den{};
+          for (std::int64_t jj = 0; jj < n; ++jj) {
+            const vf s = load(Sf + jj * L + c * W);
+            const vf u = fam_u<Dist>(s, fam_alpha<Dist>(fp, s, splati(std::int32_t(kmin + jj)), st), st);
+            num += u * dout * splat(v[(kmin + jj) * lb.vsn]), den += u;
+          }
+          store(lf.st.r + c * W, vselect(den > vf{}, num / vmax(den, splat(1e-30f)), vf{}));
+        }
+      }
+    }
+  if (no_dz) return;
+  // Pass 2, key by key: de of every feature, dt = W_vᵀ de, dqp += dt ⊙ (1 - t²), dW_v += de tᵀ.
+  for (std::int64_t i = 0; i < Dv * Ap; ++i) sc.dW[i] = 0.0f;
+  for (std::int64_t i = 0; i < L * Ap; ++i) sc.TT[i] = 0.0f;
+  vf sum_de{};
+  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+    if (fp.mask && !whole) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      const std::int64_t j = j0 + jj;
+      const float* E;
+      std::int64_t es;
+      if (whole) {
+        md_lane_tanh<Exp, CC>(lb, j, sc.T);
+        E = sc.S + (j - kmin) * L, es = sc.fs;
+      } else {
+        md_lane_key<Exp, CC>(lb, j, 0, Dv, sc.E, L, sc.T, fp.mask ? sc.mask + jj * L : nullptr);
+        E = sc.E, es = L;
+      }
+      const float* v = lb.v + j * lb.vsn;
+      bool any = false;
+      for (std::int64_t f = 0; f < Dv; ++f) {
+        const family_lanes lf = md_feature(lb, f);
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; ++c) {
+          const fam_stat st = load_stat<CC>(lf, c);
+          const vf s = load(E + f * es + c * W), a = fam_alpha<Dist>(fp, s, splati(std::int32_t(j)), st);
+          const vf de = fam_de<Dist>(s, a, load(io.doutt + f * L + c * W) * splat(v[f]), st);
+          store(sc.de + f * L + c * W, de);
+          sum_de += de;
+          any |= any_lane(de != vf{});
+        }
+      }
+      if (!any) continue;
+      gemm<fam_ops>(A, L, Dv, fp.w_v, 1, A, sc.de, L, sc.dT, L, false);  // dt = W_vᵀ de
+      for (std::int64_t a = 0; a < A; ++a)
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; ++c) {
+          const vf t = load(sc.T + a * L + c * W);
+          float* dq = io.dqt + a * L + c * W;
+          store(dq, load(dq) + load(sc.dT + a * L + c * W) * (splat(1.0f) - t * t));
+        }
+      for (std::int64_t a = 0; a < A; ++a)
+        for (std::int64_t x = 0; x < L; ++x) sc.TT[x * Ap + a] = sc.T[a * L + x];
+      gemm<fam_ops>(Dv, Ap, L, sc.de, L, 1, sc.TT, Ap, sc.dW, Ap, true);  // dW_v += de tᵀ
+    }
+  }
+  double sde = 0.0;
+  for (int x = 0; x < W; ++x) sde += double(sum_de[x]);
+  io.sums[0] += sde, io.sums[1] += sde;
+  for (std::int64_t f = 0; f < Dv; ++f)
+    for (std::int64_t a = 0; a < A; ++a) io.dw_v[f * A + a] += double(sc.dW[f * Ap + a]);
+}
+
+// ---- backward dk, dv, row layout (keys in lanes): dkt [A][ld] += Σ_i dpre, dvt [Dv][ld] +=
+// Σ_i α[c] dout_i[c]; statistics [row][Dv] ----
+template <family_dist Dist, bool Exp>
+void md_dkdv(const family_rows& pr) {
+  const std::int64_t ld = pr.ldk, nq = pr.nq, A = pr.P, Dv = pr.Dv;
+  const family_params& fp = pr.fp;
+  float* T = pr.scratch;
+  float* E = T + A * ld;
+  float* de = E + Dv * ld;
+  float* dT = de + Dv * ld;
+  float* mask = dT + A * ld;
+  constexpr bool no_dz = Dist == family_dist::hardmax;
+  if (fp.mask) fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const std::int64_t hi_r = imin(pr.hi[r], pr.j0 + pr.nb);
+    if (pr.lo[r] >= hi_r) continue;
+    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(hi_r));
+    const float* q = pr.q + r * pr.qsn;
+    for (std::int64_t a = 0; a < A; ++a) {
+      const vf qa = splat(q[a]);
+      for (std::int64_t y = 0; y < ld; y += W) store(T + a * ld + y, add_tanh<Exp>(qa, load(pr.kt + a * ld + y)));
+    }
+    gemm<fam_ops>(Dv, ld, A, fp.w_v, A, 1, T, ld, E, ld, false);  // e = W_v t
+    bool any = false;
+    for (std::int64_t f = 0; f < Dv; ++f) {
+      const std::int64_t o = (r)*Dv + f;
+      fam_stat st;
+      st.t = splat(pr.st.t[o]), st.lse = splat(pr.st.lse[o]), st.r = splat(pr.st.r[o]), st.cut = splati(pr.st.cut[o]);
+      const vf dout = splat(pr.dout[r * pr.dsn + f]);
+      for (std::int64_t y = 0; y < ld; y += W) {
+        const vi j = iota() + std::int32_t(pr.j0 + y);
+        vf s = load(E + f * ld + y);
+        if (fp.mask) s += load(mask + r * ld + y);
+        s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
+        const vf a = fam_alpha<Dist>(fp, s, j, st);
+        store(pr.dvt + f * ld + y, load(pr.dvt + f * ld + y) + a * dout);
+        if (no_dz) continue;
+        const vf d = fam_de<Dist>(s, a, dout * load(pr.vt + f * ld + y), st);
+        store(de + f * ld + y, d);
+        any |= any_lane(d != vf{});
+      }
+    }
+    if (!any) continue;
+    gemm<fam_ops>(A, ld, Dv, fp.w_v, 1, A, de, ld, dT, ld, false);  // dt = W_vᵀ de
+    for (std::int64_t a = 0; a < A; ++a)
+      for (std::int64_t y = 0; y < ld; y += W) {
+        const vf t = load(T + a * ld + y);
+        store(pr.dkt + a * ld + y, load(pr.dkt + a * ld + y) + load(dT + a * ld + y) * (splat(1.0f) - t * t));
+      }
+  }
+}
+
+template <class F>
+void with_md(const family_params& fp, F&& f) {
+  with_dist(fp.dist, [&](auto d) {
+    if (fp.additive_exp) f(d, std::true_type{});
+    else f(d, std::false_type{});
+  });
+}
+
+void md_forward_entry(const family_lanes& lb, float* ot) {
+  with_md(lb.fp, [&](auto d, auto e) { md_forward<decltype(d)::value, C, decltype(e)::value>(lb, ot); });
+}
+void md_dq_entry(const family_lanes& lb, const family_dq_io& io) {
+  with_md(lb.fp, [&](auto d, auto e) { md_dq<decltype(d)::value, C, decltype(e)::value>(lb, io); });
+}
+void md_dkdv_entry(const family_rows& pr) {
+  with_md(pr.fp, [&](auto d, auto e) { md_dkdv<decltype(d)::value, decltype(e)::value>(pr); });
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu
