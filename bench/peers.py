@@ -181,6 +181,7 @@ class TorchEagerFamilyPeer:
 
         q, k, v = rnd(c.B, c.Hq, c.Nq, c.D), rnd(c.B, c.Hkv, c.Nk, c.D), rnd(c.B, c.Hkv, c.Nk, c.Dv)
         A = int(fam.get("A", 64))
+        multi = score == "additive" and fam.get("multi_dim") == "1"  # w_v [Dv, A]: scores [.., n, Nk, Dv]
         params = {}
         if score in ("general", "biased_general", "activated_general"):
             params["W"] = rnd(c.D, c.D)
@@ -189,7 +190,7 @@ class TorchEagerFamilyPeer:
             if score == "activated_general":
                 params["b"] = rnd(1)
         if score == "additive":
-            params.update(W_q=rnd(A, c.D), W_k=rnd(A, c.D), b=rnd(A), w_v=rnd(A))
+            params.update(W_q=rnd(A, c.D), W_k=rnd(A, c.D), b=rnd(A), w_v=rnd(c.Dv, A) if multi else rnd(A))
         if score == "location":
             params["W_a"] = rnd(c.Nk, c.D)
         leaves = [q, k, v, *params.values()]
@@ -224,7 +225,8 @@ class TorchEagerFamilyPeer:
             if score == "additive":
                 wq = qc @ params["W_q"].T                       # [B, H, n, A]
                 wk = K @ params["W_k"].T + params["b"]          # [B, H, Nk, A]
-                return torch.tanh(wq.unsqueeze(-2) + wk.unsqueeze(-3)) @ params["w_v"]
+                t = torch.tanh(wq.unsqueeze(-2) + wk.unsqueeze(-3))  # [B, H, n, Nk, A]
+                return t @ params["w_v"].T if multi else t @ params["w_v"]
             if score == "cosine":
                 qn = torch.nn.functional.normalize(qc, dim=-1)
                 kn = torch.nn.functional.normalize(K, dim=-1)
@@ -244,6 +246,8 @@ class TorchEagerFamilyPeer:
         def weights(s, rows):
             if c.causal:
                 keep = torch.arange(c.Nk)[None, :] <= rows[:, None]
+                if multi:  # s is [B, H, n, Dv, Nk]
+                    keep = keep[:, None, :]
                 if dist == "identity" or (dist == "kernel" and score != "gaussian"):
                     s = s * keep
                 else:
@@ -278,7 +282,10 @@ class TorchEagerFamilyPeer:
                         qc, K, V, is_causal=c.causal, scale=scale if score == "scaled_dot" else 1.0)
                 else:
                     rows = torch.arange(i0, min(i0 + chunk, c.Nq))
-                    o = weights(scores(qc, K, rows), rows) @ V
+                    if multi:  # α [B, H, n, Dv, Nk] over keys per feature; out[c] = Σ_j α[c, j] v_j[c]
+                        o = torch.einsum("bhicj,bhjc->bhic", weights(scores(qc, K, rows).movedim(-1, -2), rows), V)
+                    else:
+                        o = weights(scores(qc, K, rows), rows) @ V
                 if backward:  # per chunk: the graph of one chunk at a time (sums of gradients)
                     o.backward(dout[:, :, i0:i0 + chunk], retain_graph=i0 + chunk < c.Nq)
                 else:

@@ -159,17 +159,21 @@ static inline std::int64_t family_lane_scratch_floats(std::int64_t L, std::int64
 static inline std::int64_t family_row_scratch_floats(std::int64_t rows, std::int64_t ldk) {
   return 4 * rows * ldk + 64;
 }
+// Multi-dimensional additive: keys per score GEMM of the lane layout, query rows per score GEMM
+// of the row layout.
+inline constexpr std::int64_t kMdKeys = 16;
+inline constexpr std::int64_t kMdRows = 8;
 static inline std::int64_t md_pad(std::int64_t n, std::int64_t w) { return (n + w - 1) / w * w; }
 // Multi-dimensional additive, P = A features, W floats per vector: a lane block whose keys span
 // nk with Fc features' scores kept at once, and a row-layout call.
 static inline std::int64_t family_md_lane_scratch_floats(std::int64_t L, std::int64_t W, std::int64_t nk, std::int64_t A,
                                                          std::int64_t Dv, std::int64_t Fc, family_dist d) {
   const std::int64_t keys = family_keeps_scores(d) ? nk : kLaneKeyBlock, Ap = md_pad(A, W);
-  return 2 * A * L + Fc * keys * L + 2 * Dv * L + L * Ap + Dv * Ap + kLaneKeyBlock * L + nk + kLaneKeyBlock + 64;
+  return (kMdKeys + 1) * A * L + Fc * keys * L + 2 * Dv * L + L * Ap + Dv * Ap + kLaneKeyBlock * L + nk + kLaneKeyBlock + 64;
 }
 static inline std::int64_t family_md_row_scratch_floats(std::int64_t rows, std::int64_t ldk, std::int64_t A,
                                                         std::int64_t Dv) {
-  return (2 * A + 2 * Dv + rows) * ldk + 64;
+  return (2 * A + 2 * Dv) * kMdRows * ldk + rows * ldk + 64;
 }
 
 struct family_table {

@@ -30,7 +30,7 @@ struct md_lane_scratch {
     const std::int64_t L = lb.L, A = lb.P, Dv = lb.Dv, Ap = md_pad(A, W);
     fs = keys * L;
     T = lb.scratch;
-    S = T + A * L;
+    S = T + A * kMdKeys * L;
     E = S + lb.Fc * fs;
     de = E + Dv * L;
     dT = de + Dv * L;
@@ -66,22 +66,34 @@ inline void md_lane_tanh(const family_lanes& lb, std::int64_t j, float* T) {
   }
 }
 
-// Scores of key j for features [c0, c0 + fc): S[c][L] (feature stride fs) = W_v t + mask, -inf
-// outside each lane's key range. T [A][L] receives t; mrow is the key's row of the mask tile.
+// Scores of keys [j0, j0 + nb) (nb <= kMdKeys) for features [c0, c0 + fc): S[c][jj·L + x]
+// (feature stride fs) = W_v t + mask, -inf outside each lane's key range — one GEMM over the nb
+// keys, so each feature's row of the output is nb·L contiguous floats. T [A][nb·L] receives t;
+// mask holds the keys' rows of the mask tile (or null).
 template <bool Exp, int CC>
-void md_lane_key(const family_lanes& lb, std::int64_t j, std::int64_t c0, std::int64_t fc, float* S, std::int64_t fs,
-                 float* T, const float* mrow) {
-  const std::int64_t L = CC * W, A = lb.P;
-  md_lane_tanh<Exp, CC>(lb, j, T);
-  gemm<fam_ops>(fc, L, A, lb.fp.w_v + c0 * A, A, 1, T, L, S, fs, false);
-  const vi jv = splati(std::int32_t(j));
+void md_lane_keys(const family_lanes& lb, std::int64_t j0, std::int64_t nb, std::int64_t c0, std::int64_t fc, float* S,
+                  std::int64_t fs, float* T, const float* mask) {
+  const std::int64_t L = CC * W, A = lb.P, N = nb * L;
+  for (std::int64_t a = 0; a < A; ++a) {
+    vf q[CC];
+    for (int c = 0; c < CC; ++c) q[c] = load(lb.qt + a * L + c * W);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      const vf kb = splat(lb.k[(j0 + jj) * lb.ksn + a]);
 #pragma GCC unroll 4
-  for (int c = 0; c < CC; ++c) {
-    const vi in = (jv >= loadi(lb.lo + c * W)) & (jv < loadi(lb.hi + c * W));
-    const vf m = mrow ? load(mrow + c * W) : vf{};
-    for (std::int64_t f = 0; f < fc; ++f) {
-      float* s = S + f * fs + c * W;
-      store(s, vselect(in, load(s) + m, splat(-kInf)));
+      for (int c = 0; c < CC; ++c) store(T + a * N + jj * L + c * W, add_tanh<Exp>(q[c], kb));
+    }
+  }
+  gemm<fam_ops>(fc, N, A, lb.fp.w_v + c0 * A, A, 1, T, N, S, fs, false);
+  for (std::int64_t jj = 0; jj < nb; ++jj) {
+    const vi jv = splati(std::int32_t(j0 + jj));
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const vi in = (jv >= loadi(lb.lo + c * W)) & (jv < loadi(lb.hi + c * W));
+      const vf m = mask ? load(mask + jj * L + c * W) : vf{};
+      for (std::int64_t f = 0; f < fc; ++f) {
+        float* s = S + f * fs + jj * L + c * W;
+        store(s, vselect(in, load(s) + m, splat(-kInf)));
+      }
     }
   }
 }
@@ -105,8 +117,9 @@ void md_forward(const family_lanes& lb, float* ot) {
     const std::int64_t fc = imin(Fc, Dv - c0);
     auto block_scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
       if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
-      for (std::int64_t jj = 0; jj < nb; ++jj)
-        md_lane_key<Exp, CC>(lb, j0 + jj, c0, fc, S + jj * L, sc.fs, sc.T, fp.mask ? sc.mask + jj * L : nullptr);
+      for (std::int64_t jj = 0; jj < nb; jj += kMdKeys)
+        md_lane_keys<Exp, CC>(lb, j0 + jj, imin(kMdKeys, nb - jj), c0, fc, S + jj * L, sc.fs, sc.T,
+                              fp.mask ? sc.mask + jj * L : nullptr);
     };
     if (keep) {
       for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
@@ -162,9 +175,9 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
       for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
         const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
         if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
-        for (std::int64_t jj = 0; jj < nb; ++jj)
-          md_lane_key<Exp, CC>(lb, j0 + jj, c0, fc, sc.S + (j0 - kmin + jj) * L, sc.fs, sc.T,
-                               fp.mask ? sc.mask + jj * L : nullptr);
+        for (std::int64_t jj = 0; jj < nb; jj += kMdKeys)
+          md_lane_keys<Exp, CC>(lb, j0 + jj, imin(kMdKeys, nb - jj), c0, fc, sc.S + (j0 - kmin + jj) * L, sc.fs, sc.T,
+                                fp.mask ? sc.mask + jj * L : nullptr);
       }
       for (std::int64_t f = 0; f < fc; ++f) {
         const family_lanes lf = md_feature(lb, c0 + f);
@@ -201,7 +214,7 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
         md_lane_tanh<Exp, CC>(lb, j, sc.T);
         E = sc.S + (j - kmin) * L, es = sc.fs;
       } else {
-        md_lane_key<Exp, CC>(lb, j, 0, Dv, sc.E, L, sc.T, fp.mask ? sc.mask + jj * L : nullptr);
+        md_lane_keys<Exp, CC>(lb, j, 1, 0, Dv, sc.E, L, sc.T, fp.mask ? sc.mask + jj * L : nullptr);
         E = sc.E, es = L;
       }
       const float* v = lb.v + j * lb.vsn;
@@ -240,53 +253,70 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
 }
 
 // ---- backward dk, dv, row layout (keys in lanes): dkt [A][ld] += Σ_i dpre, dvt [Dv][ld] +=
-// Σ_i α[c] dout_i[c]; statistics [row][Dv] ----
+// Σ_i α[c] dout_i[c]; statistics [row][Dv]. Query rows go in groups of kMdRows, so that the two
+// products (e = W_v t, dt = W_vᵀ de) run over kMdRows·ld columns at once. ----
 template <family_dist Dist, bool Exp>
 void md_dkdv(const family_rows& pr) {
-  const std::int64_t ld = pr.ldk, nq = pr.nq, A = pr.P, Dv = pr.Dv;
+  const std::int64_t ld = pr.ldk, nq = pr.nq, A = pr.P, Dv = pr.Dv, N = kMdRows * ld;
   const family_params& fp = pr.fp;
   float* T = pr.scratch;
-  float* E = T + A * ld;
-  float* de = E + Dv * ld;
-  float* dT = de + Dv * ld;
-  float* mask = dT + A * ld;
+  float* E = T + A * N;
+  float* de = E + Dv * N;
+  float* dT = de + Dv * N;
+  float* mask = dT + A * N;
   constexpr bool no_dz = Dist == family_dist::hardmax;
-  if (fp.mask) fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
-  for (std::int64_t r = 0; r < nq; ++r) {
-    const std::int64_t hi_r = imin(pr.hi[r], pr.j0 + pr.nb);
-    if (pr.lo[r] >= hi_r) continue;
-    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(hi_r));
-    const float* q = pr.q + r * pr.qsn;
-    for (std::int64_t a = 0; a < A; ++a) {
-      const vf qa = splat(q[a]);
-      for (std::int64_t y = 0; y < ld; y += W) store(T + a * ld + y, add_tanh<Exp>(qa, load(pr.kt + a * ld + y)));
-    }
-    gemm<fam_ops>(Dv, ld, A, fp.w_v, A, 1, T, ld, E, ld, false);  // e = W_v t
+  if (fp.mask) {
+    fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
+  }
+  std::int64_t rows[kMdRows];
+  for (std::int64_t r0 = 0; r0 < nq;) {
+    // The next rows that see a key of this block.
+    std::int64_t g = 0;
+    for (; r0 < nq && g < kMdRows; ++r0)
+      if (pr.lo[r0] < imin(pr.hi[r0], pr.j0 + pr.nb)) rows[g++] = r0;
+    if (g == 0) break;
+    const std::int64_t n = g * ld;
+    for (std::int64_t a = 0; a < A; ++a)
+      for (std::int64_t e = 0; e < g; ++e) {
+        const vf qa = splat(pr.q[rows[e] * pr.qsn + a]);
+        for (std::int64_t y = 0; y < ld; y += W) store(T + a * n + e * ld + y, add_tanh<Exp>(qa, load(pr.kt + a * ld + y)));
+      }
+    gemm<fam_ops>(Dv, n, A, fp.w_v, A, 1, T, n, E, n, false);  // e = W_v t
     bool any = false;
-    for (std::int64_t f = 0; f < Dv; ++f) {
-      const std::int64_t o = (r)*Dv + f;
-      fam_stat st;
-      st.t = splat(pr.st.t[o]), st.lse = splat(pr.st.lse[o]), st.r = splat(pr.st.r[o]), st.cut = splati(pr.st.cut[o]);
-      const vf dout = splat(pr.dout[r * pr.dsn + f]);
-      for (std::int64_t y = 0; y < ld; y += W) {
-        const vi j = iota() + std::int32_t(pr.j0 + y);
-        vf s = load(E + f * ld + y);
-        if (fp.mask) s += load(mask + r * ld + y);
-        s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
-        const vf a = fam_alpha<Dist>(fp, s, j, st);
-        store(pr.dvt + f * ld + y, load(pr.dvt + f * ld + y) + a * dout);
-        if (no_dz) continue;
-        const vf d = fam_de<Dist>(s, a, dout * load(pr.vt + f * ld + y), st);
-        store(de + f * ld + y, d);
-        any |= any_lane(d != vf{});
+    for (std::int64_t e = 0; e < g; ++e) {
+      const std::int64_t r = rows[e];
+      const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
+      for (std::int64_t f = 0; f < Dv; ++f) {
+        const std::int64_t o = r * Dv + f;
+        fam_stat st;
+        st.t = splat(pr.st.t[o]), st.lse = splat(pr.st.lse[o]), st.r = splat(pr.st.r[o]), st.cut = splati(pr.st.cut[o]);
+        const vf dout = splat(pr.dout[r * pr.dsn + f]);
+        for (std::int64_t y = 0; y < ld; y += W) {
+          const vi j = iota() + std::int32_t(pr.j0 + y);
+          vf s = load(E + f * n + e * ld + y);
+          if (fp.mask) s += load(mask + r * ld + y);
+          s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
+          const vf a = fam_alpha<Dist>(fp, s, j, st);
+          store(pr.dvt + f * ld + y, load(pr.dvt + f * ld + y) + a * dout);
+          if (no_dz) continue;
+          const vf d = fam_de<Dist>(s, a, dout * load(pr.vt + f * ld + y), st);
+          store(de + f * n + e * ld + y, d);
+          any |= any_lane(d != vf{});
+        }
       }
     }
     if (!any) continue;
-    gemm<fam_ops>(A, ld, Dv, fp.w_v, 1, A, de, ld, dT, ld, false);  // dt = W_vᵀ de
+    gemm<fam_ops>(A, n, Dv, fp.w_v, 1, A, de, n, dT, n, false);  // dt = W_vᵀ de
     for (std::int64_t a = 0; a < A; ++a)
       for (std::int64_t y = 0; y < ld; y += W) {
-        const vf t = load(T + a * ld + y);
-        store(pr.dkt + a * ld + y, load(pr.dkt + a * ld + y) + load(dT + a * ld + y) * (splat(1.0f) - t * t));
+        vf acc = load(pr.dkt + a * ld + y);
+        for (std::int64_t e = 0; e < g; ++e) {
+          const vf t = load(T + a * n + e * ld + y);
+          acc += load(dT + a * n + e * ld + y) * (splat(1.0f) - t * t);
+        }
+        store(pr.dkt + a * ld + y, acc);
       }
   }
 }

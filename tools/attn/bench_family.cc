@@ -66,7 +66,7 @@ family_inputs make_inputs(const family_bench_args& a, const workload& w, const s
       break;
     case score_kind::additive:
       in.W_q = random_tensor({a.A, w.D}, w.type, 7), in.W_k = random_tensor({a.A, w.D}, w.type, 8);
-      in.b = random_tensor({a.A}, w.type, 9), in.w_v = random_tensor({a.A}, w.type, 10);
+      in.b = random_tensor({a.A}, w.type, 9), in.w_v = a.multi_dim ? random_tensor({w.Dv, a.A}, w.type, 10) : random_tensor({a.A}, w.type, 10);
       o.score.W_q = in.W_q.view(), o.score.W_k = in.W_k.view(), o.score.b = in.b.view(), o.score.w_v = in.w_v.view();
       break;
     case score_kind::location: in.W_a = random_tensor({w.Nk, w.D}, w.type, 11), o.score.W_a = in.W_a.view(); break;
@@ -80,6 +80,7 @@ std::string peer_spec(const family_bench_args& a, const std::string& score, cons
   std::string s = fmt::format("family score={} dist={} A={} topk={} temperature={} bandwidth={} form={} activation={}",
                               score, dist, a.A, a.topk, a.temperature, a.bandwidth, a.gaussian_form, a.activation);
   if (a.scale) s += fmt::format(" scale={}", *a.scale);
+  if (a.multi_dim) s += " multi_dim=1";
   if (a.sigmoid_bias) s += fmt::format(" sigmoid_bias={}", *a.sigmoid_bias);
   return s;
 }

@@ -32,6 +32,7 @@ struct family_bench_args {
   std::optional<double> scale, sigmoid_bias;
   double temperature = 1.0, bandwidth = 1.0;
   std::int64_t topk = 8, A = 64;           // topk's k; the additive score's hidden size
+  bool multi_dim = false;                  // additive: w_v [Dv, A] (one distribution per value feature)
   std::vector<bool> passes{false};         // false: forward; true: forward + backward
   std::vector<int> threads{2};
   int reps = 3, warmup = 1;

@@ -593,6 +593,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->add_option("--family-path", f.family_path, "family: the path attn is timed on: automatic | core | fused | tiled | reference")
       ->check(CLI::IsMember({"automatic", "core", "fused", "tiled", "reference"}));
   s->add_option("--additive-hidden", f.A, "family: the additive score's hidden size A (default 64)");
+  s->add_flag("--multi-dimensional", f.multi_dim, "family: additive with w_v [Dv, A], one distribution per value feature");
   auto* peers = s->get_option("--peers");
   s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, &exit_code] {
     if (a->grid == "family" || !a->fam.score.empty() || !a->fam.distribution.empty()) {
