@@ -1,5 +1,7 @@
 """sparsemax and entmax15 attention against the `entmax` package (forward and backward)."""
 
+import math
+
 import pytest
 import torch
 from entmax import entmax15, sparsemax
@@ -43,3 +45,36 @@ def test_weights_against_entmax(dist, fn):
     alpha = attn.attention_weights(q, k, v, score="dot", distribution=dist)
     assert_close(alpha, fn(q @ k.transpose(-1, -2), dim=-1), 1e-12, "weights")
     assert (alpha == 0).any(), "sparse maps give exact zeros here"
+
+
+@pytest.mark.parametrize("dist", ["softmax", "sigmoid", "sparsemax", "entmax15"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_multidimensional_additive_fused_against_torch(dist, causal):
+    """Multi-dimensional additive attention (w_v [Dv, A]: one distribution per value feature) in
+    float32 on attn's fused kernels against the formula in PyTorch eager float64 (the `entmax`
+    package for the sparse maps): out and the gradients of q, k, v, W_q, W_k, b and w_v."""
+    B, H, Nq, Nk, D, Dv, A = 2, 3, 21, 37, 6, 5, 7
+    g = torch.Generator().manual_seed(11 + causal)
+    leaves64 = [torch.randn(*s, dtype=torch.float64, generator=g) for s in
+                ((B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv), (A, D), (A, D), (A,), (Dv, A))]
+    leaves64 = [t.float().double() for t in leaves64]  # values a float32 holds exactly
+    mine = [t.float().requires_grad_() for t in leaves64]
+    ref = [t.clone().requires_grad_() for t in leaves64]
+    q, k, v, Wq, Wk, b, wv = mine
+    out = at.attention_family(q, k, v, score="additive", W_q=Wq, W_k=Wk, b=b, w_v=wv, distribution=dist,
+                              is_causal=causal)
+    q, k, v, Wq, Wk, b, wv = ref
+    t = torch.tanh((q @ Wq.T).unsqueeze(-2) + (k @ Wk.T + b).unsqueeze(-3))  # [B, H, Nq, Nk, A]
+    s = (t @ wv.T).movedim(-1, -2)                                            # [B, H, Nq, Dv, Nk]
+    if causal:
+        keep = torch.arange(Nk)[None, :] <= torch.arange(Nq)[:, None]
+        s = s.masked_fill(~keep[:, None, :], float("-inf"))
+    fn = {"softmax": lambda x: torch.softmax(x, -1), "sigmoid": lambda x: torch.sigmoid(x - math.log(Nk)),
+          "sparsemax": lambda x: sparsemax(x, dim=-1), "entmax15": lambda x: entmax15(x, dim=-1)}[dist]
+    want = torch.einsum("bhicj,bhjc->bhic", fn(s), v)
+    assert_close(out.double(), want, 2e-5, f"{dist} out")
+    dout = torch.randn(want.shape, dtype=torch.float64, generator=g)
+    got = torch.autograd.grad(out, mine, dout.float())
+    exp = torch.autograd.grad(want, ref, dout)
+    for name, x, y in zip(("q", "k", "v", "W_q", "W_k", "b", "w_v"), got, exp):
+        assert_close(x.double(), y, 2e-4, f"{dist} d{name}")

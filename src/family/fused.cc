@@ -1,8 +1,9 @@
 // src/family/fused.cc — the fused f32 path of attention_family: the driver of the SIMD kernels
-// of src/cpu/family_kernels.h for every score but multi-dimensional additive — dot-product scores
-// (kernel_kind::dot), additive (Bahdanau) with one w_v (F = 1), location (a dot product with the
-// rows of W_a as the keys of every (b, hkv), dW_a the sum of their dk), box and triangle
-// (squared distances) — with every distribution.
+// of src/cpu/family_kernels.h for every score — dot-product scores (kernel_kind::dot), additive
+// (Bahdanau) with one w_v (F = 1) or multi-dimensional (w_v [Dv, A], F = Dv: the md_ kernels,
+// statistics per (row, feature)), location (a dot product with the rows of W_a as the keys of
+// every (b, hkv), dW_a the sum of their dk), box and triangle (squared distances) — with every
+// distribution.
 //
 // Inputs (fused_source): the score's float64 preparation (Qp, Kp, V of family_impl.h) converted
 // to f32 once or, for dot and scaled_dot, the user's q, k, v converted to f32 directly, so f32,
