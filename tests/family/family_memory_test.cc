@@ -44,6 +44,7 @@ void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 struct pair_case {
   score_kind score;
   distribution_kind dist;
+  bool multi_dim = false;  // additive with w_v [Dv, A]
 };
 
 class FamilyMemory : public ::testing::TestWithParam<pair_case> {};
@@ -52,10 +53,10 @@ TEST_P(FamilyMemory, StreamsWithoutAnNqByNkMatrix) {
 #ifdef ATTN_UNDER_ASAN
   GTEST_SKIP() << "peak memory is not measured under AddressSanitizer; run the release build";
 #endif
-  const auto [s, d] = GetParam();
+  const auto [s, d, md] = GetParam();
   const std::int64_t N = 32768, D = 8, Dv = 8;
   std::mt19937 rng(41);
-  family_case c(s, d, rng, 1, 1, 1, 4, 4, D, Dv);  // parameters sized for Nk = 4; resized below
+  family_case c(s, d, rng, 1, 1, 1, 4, 4, D, Dv, md);  // parameters sized for Nk = 4; resized below
   c.q = random_tensor({1, 1, N, D}, dtype::f32, rng);
   c.k = random_tensor({1, 1, N, c.Dk}, dtype::f32, rng);
   c.v = random_tensor({1, 1, N, Dv}, dtype::f32, rng);
@@ -79,7 +80,7 @@ TEST_P(FamilyMemory, StreamsWithoutAnNqByNkMatrix) {
   const double nqnk_f32 = double(N) * double(N) * 4.0 / (1024.0 * 1024.0);
   std::printf("[ memory ] %-17s x %-9s  Nq = Nk = %lld  path %-12s  peak RSS %.1f MiB (%.1f MiB above the start; "
               "one Nq x Nk float32 matrix: %.0f MiB)\n",
-              to_string(s).c_str(), to_string(d).c_str(), static_cast<long long>(N), r.path.c_str(), peak,
+              (to_string(s) + (md ? " (md)" : "")).c_str(), to_string(d).c_str(), static_cast<long long>(N), r.path.c_str(), peak,
               peak - before, nqnk_f32);
   EXPECT_LT(peak - before, 256.0) << "peak memory grew by " << peak - before << " MiB";
 }
@@ -94,13 +95,16 @@ std::vector<pair_case> streaming_pairs() {
     r.push_back({score_kind::scaled_dot, d});
   r.push_back({score_kind::additive, distribution_kind::sigmoid});
   r.push_back({score_kind::additive, distribution_kind::entmax15});
+  r.push_back({score_kind::additive, distribution_kind::sigmoid, true});
+  r.push_back({score_kind::additive, distribution_kind::entmax15, true});
   r.push_back({score_kind::gaussian, distribution_kind::kernel});
   return r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairs, FamilyMemory, ::testing::ValuesIn(streaming_pairs()),
                          [](const ::testing::TestParamInfo<pair_case>& i) {
-                           return to_string(i.param.score) + "_" + to_string(i.param.dist);
+                           return to_string(i.param.score) + (i.param.multi_dim ? "_md_" : "_") +
+                                  to_string(i.param.dist);
                          });
 
 }  // namespace
