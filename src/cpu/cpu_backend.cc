@@ -298,8 +298,7 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   return f;
 }
 
-void forward(const problem& p, const forward_outputs& o) {
-  if (p.B * p.Hq * p.Nq == 0) return;
+void forward_out(const problem& p, const forward_outputs& o) {
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
   const forward_plan plan = plan_forward(p, kt);
@@ -416,6 +415,66 @@ void forward(const problem& p, const forward_outputs& o) {
       finish(ls, b, m, l, ot);
     }
   }
+}
+
+// The [B, Hq, Nq, Nk] intermediate (qk_output) once forward_out has written lse: lane blocks of
+// the prefill width over f32 rows of q and k (bf16 and f16 widened), the kernels' own score
+// transform, e^{s - lse} for the probabilities; each lane block writes its own rows, in key
+// chunks of kQkKeys. Rows with a NaN or ±inf anywhere are redone by the front on the reference
+// (recompute_special_rows), as for out.
+constexpr std::int64_t kQkKeys = 4096;
+
+void qk_pass(const problem& p, const forward_outputs& o) {
+  const kernel_table& kt = select_kernels();
+  const int nt = std::max(1, p.num_threads);
+  const std::int64_t L = kt.lanes, nlb = ceil_div(p.Nq * p.group(), L), units = p.B * p.Hkv * nlb;
+  const rows_f32 Q = as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
+  const rows_f32 K = as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+  const rows_f32 V;  // not read
+  qk_io io;
+  switch (o.qk_mode) {
+    case qk_output::scaled: io.stage = qk_stage::scaled; break;
+    case qk_output::softcapped: io.stage = qk_stage::softcapped; break;
+    case qk_output::biased: io.stage = qk_stage::biased; break;
+    default: io.stage = qk_stage::probabilities;
+  }
+  const std::int64_t chunk = std::min<std::int64_t>(std::max<std::int64_t>(p.Nk, 1), kQkKeys);
+#pragma omp parallel num_threads(nt)
+  {
+    lane_setup ls(L, p.D);
+    ls.prescale = false;
+    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv)), lse = alloc_floats(L), out = alloc_floats(L * chunk);
+    bias_ctx bc;
+    bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+    const score_params sp = make_score_params(p, &bc, float(p.scale));
+    qk_io my = io;
+    my.lse = lse.get(), my.out = out.get(), my.ld = chunk;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < units; ++u) {
+      const std::int64_t lbi = u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+      ls.set(p, &Q, b, hkv, lbi);
+      bc.b = b, bc.valid = ls.nl;
+      for (std::int64_t x = 0; x < L; ++x) {
+        const double v = x < ls.nl ? load_as_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x]) : kNegInf;
+        lse.get()[x] = v == kNegInf ? kInfF : float(v);  // no key: every probability 0
+      }
+      lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
+      for (std::int64_t j0 = 0; j0 < p.Nk; j0 += chunk) {
+        lb.klo = j0, lb.khi = std::min(p.Nk, j0 + chunk);
+        kt.qk(lb, my);
+        const std::int64_t n = lb.khi - j0;
+        strided4 cols = o.qk;  // columns [j0, j0 + n)
+        cols.data = static_cast<char*>(cols.data) + j0 * cols.sx * std::int64_t(dtype_size(cols.type));
+        for (std::int64_t x = 0; x < ls.nl; ++x) store_row(cols, b, ls.h[x], ls.i[x], n, out.get() + x * chunk, 1, 1.0f);
+      }
+    }
+  }
+}
+
+void forward(const problem& p, const forward_outputs& o) {
+  if (p.B * p.Hq * p.Nq == 0) return;
+  forward_out(p, o);
+  if (o.qk_mode != qk_output::none && p.Nk > 0) qk_pass(p, o);
 }
 
 // ---- backward ----
@@ -683,7 +742,6 @@ std::string why_not(const problem& p, const backend_request& req) {
     if (p.k.type == dtype::i8 && (p.k_scale.data == nullptr || p.v_scale.data == nullptr))
       return "cpu: int8 K/V need their scales";
   }
-  if (!req.backward && req.qk != qk_output::none) return "cpu: qk output needs the reference";
   if (req.backward && req.dmask) return "cpu: the gradient of a float attn_mask needs the reference";
   return why_not_common(p);
 }

@@ -107,7 +107,7 @@ void dkdv_bf16(const dkdv_pair& pr, const bf16_dkdv_operands& in) {
 // The table of this ISA; the bf16 entries only where it has a bf16 dot product.
 template <class Dot>
 constexpr kernel_table make_table(const char* name) {
-  kernel_table t{name, W, C * W, W, forward_f32<Dot>, dq_f32, dkdv_f32, nullptr, nullptr, nullptr};
+  kernel_table t{name, W, C * W, W, forward_f32<Dot>, dq_f32, dkdv_f32, nullptr, nullptr, nullptr, qk_lanes<C>};
   if constexpr (Dot::available) t.forward_bf16 = forward_bf16<Dot>, t.dq_bf16 = dq_bf16<Dot>, t.dkdv_bf16 = dkdv_bf16<Dot>;
   return t;
 }

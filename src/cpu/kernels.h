@@ -124,6 +124,20 @@ struct dkdv_pair {
   std::int64_t ldq = 0, dqs = 0;
 };
 
+// The [Nq, Nk] intermediate of the forward (attention.h, qk_output), lane layout: for keys
+// [lb.klo, lb.khi) of every lane x < nl, out[x·ld + j - klo] =
+//   scaled         scale·q·k             (q unscaled in qt; score_params::scale applies)
+//   softcapped     after softcap         (= scaled without one)
+//   biased         + mask + ALiBi, -inf outside the lane's key range [lo, hi)
+//   probabilities  e^{biased - lse}      lse [L] the forward's (+inf for a row with no key)
+enum class qk_stage : int { scaled, softcapped, biased, probabilities };
+struct qk_io {
+  qk_stage stage = qk_stage::scaled;
+  const float* lse = nullptr;
+  float* out = nullptr;
+  std::int64_t ld = 0;
+};
+
 // Key-block sizes: the lane-layout kernels visit keys in blocks of kLaneKeyBlock; the row
 // layout packs kRowKeyBlock keys per task.
 inline constexpr std::int64_t kLaneKeyBlock = 128;
@@ -188,6 +202,8 @@ struct kernel_table {
   // Backward passes from bf16 operands, fp32 accumulation (likewise).
   void (*dq_bf16)(const lane_block&, const bf16_dq_operands&, const dq_io&);
   void (*dkdv_bf16)(const dkdv_pair&, const bf16_dkdv_operands&);
+  // The forward's [Nq, Nk] intermediate (qk_io) from f32 q and k rows (lanes == kernel_table::lanes).
+  void (*qk)(const lane_block&, const qk_io&);
 };
 
 static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }

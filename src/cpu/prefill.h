@@ -110,6 +110,42 @@ void forward_lanes(const lane_block& lb, const lane_operands<Ops>& op, const for
   }
 }
 
+// ---- the forward's [Nq, Nk] intermediate (qk_io), lane layout ----
+//   Sᵀ[j][lane] = k_j · qᵀ_lane, then the transform up to the stage asked for; written row-major
+// into io.out. Scratch: S, bias [kLaneKeyBlock][L].
+template <int CC>
+void qk_lanes(const lane_block& lb, const qk_io& io) {
+  const std::int64_t L = CC * W;
+  float* S = lb.scratch;
+  float* bias = S + kLaneKeyBlock * L;
+  const score_consts sc(lb.sp);
+  for (std::int64_t j0 = lb.klo; j0 < lb.khi; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, lb.khi - j0);
+    gemm<f32_operands>(nb, L, lb.D, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+    if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+#pragma GCC unroll 1
+    for (int c = 0; c < CC; ++c) {
+      const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
+      const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
+      const vf lse = io.stage == qk_stage::probabilities ? load(io.lse + c * W) : vf{};
+      for (std::int64_t jj = 0; jj < nb; ++jj) {
+        const vf qk = load(S + jj * L + c * W);
+        vf t{};
+        const vf s = transform(qk, sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, true);
+        vf r = s;
+        switch (io.stage) {
+          case qk_stage::scaled: r = qk * sc.scale; break;
+          case qk_stage::softcapped: r = sc.softcap ? sc.cap * t : qk * sc.scale; break;
+          case qk_stage::biased: break;
+          case qk_stage::probabilities: r = vexp(s - lse); break;
+        }
+        for (int x = 0; x < W && c * W + x < lb.nl; ++x) io.out[(c * W + x) * io.ld + j0 + jj - lb.klo] = r[x];
+      }
+    }
+  }
+}
+
 // ---- backward dq, lane layout (recompute from lse) ----
 //   p = e^{s - lse}, dp = dout·v_j, ds = p (dp - Δ) (· (1 - t²) with softcap), dqᵀ += Kᵀ dS
 // (the forward's p = e^{s - m'} with the final m and l folded into lse; Oᵀ += Vᵀ P gives

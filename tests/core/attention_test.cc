@@ -602,7 +602,7 @@ TEST(AttentionBackends, ReferenceIsAlwaysAvailableAndExplained) {
   ASSERT_FALSE(names.empty());
   EXPECT_EQ(names.back(), "reference");
   std::mt19937 rng(18);
-  auto [q, k, v] = make(rng, 1, 1, 1, 2, 2, 2, 2, dtype::f32);
+  auto [q, k, v] = make(rng, 1, 1, 1, 2, 2, 2, 2, dtype::f64);  // float64: what only the reference runs
   attention_options o;
   o.return_qk = qk_output::probabilities;
   EXPECT_NE(explain_backend(q, k, v, o).find("runs on reference"), std::string::npos);

@@ -128,9 +128,13 @@ TEST(options, explain_backend_is_the_selection_the_call_makes) {
     EXPECT_NE(explain_backend(q, q, q, o).find("ATTN_BACKEND = 'gpu' names no backend"), std::string::npos);
     EXPECT_THROW_MSG(attention(q, q, q, o), "attention: ATTN_BACKEND = 'gpu' names no backend");
   }
-  o.return_qk = qk_output::probabilities;
+  o.return_qk = qk_output::probabilities;  // the cpu backend returns the intermediates too
   const std::string qk = explain_backend(q, q, q, o);
-  EXPECT_NE(qk.find("cpu: qk output needs the reference; runs on reference"), std::string::npos) << qk;
+  EXPECT_NE(qk.find("runs on cpu"), std::string::npos) << qk;
+  EXPECT_EQ(attention(q, q, q, o).backend, "cpu");
+  const Tensor q64 = q.to(dtype::f64);
+  const std::string f64 = explain_backend(q64, q64, q64, o);
+  EXPECT_NE(f64.find("cpu: float64 inputs need the reference; runs on reference"), std::string::npos) << f64;
 }
 
 TEST(options, execution_threads_checked) {
