@@ -220,7 +220,7 @@ attention_result attention_with_kv_cache(const TensorView& q, const TensorView& 
 // Which backend `attention` (or `attention_backward` when `backward`) runs, with the same
 // selection the call makes (ATTN_BACKEND included), the path it takes inside that backend, and
 // for each backend tried before it why it was not eligible:
-//   "cpu: qk output needs the reference; runs on reference"    "runs on cpu (prefill, f32)"
+//   "cpu: float64 inputs need the reference; runs on reference"    "runs on cpu (prefill, f32)"
 // With `backward`, a float attn_mask counts as asking for its gradient.
 std::string explain_backend(const TensorView& q, const TensorView& k, const TensorView& v,
                             const attention_options& options = {}, bool backward = false,

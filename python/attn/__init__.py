@@ -306,8 +306,8 @@ def explain_backend(q, k, v, *, backward: bool = False, **options) -> str:
 
     Takes the options of :func:`attention` as keywords.
 
-    >>> attn.explain_backend(q, k, v, return_qk="probabilities")
-    'cpu: qk output needs the reference; runs on reference'
+    >>> attn.explain_backend(q.double(), k.double(), v.double())
+    'cpu: float64 inputs need the reference; runs on reference'
     """
     return _attn.explain_backend(_arg(q), _arg(k), _arg(v), _opts(**options), backward)
 

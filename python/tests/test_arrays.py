@@ -204,7 +204,9 @@ def test_linear_attention_numpy(rng):
 def test_explain_backend_and_backends():
     q = np.zeros((1, 1, 2, 4), np.float32)
     assert attn.backends()[-1] == "reference"
-    assert "reference" in attn.explain_backend(q, q, q, return_qk="probabilities")
+    assert "runs on cpu" in attn.explain_backend(q, q, q, return_qk="probabilities")
+    q64 = q.astype(np.float64)
+    assert "cpu: float64 inputs need the reference; runs on reference" in attn.explain_backend(q64, q64, q64)
 
 
 def test_plot_attention(tmp_path, rng):

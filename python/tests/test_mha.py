@@ -141,3 +141,22 @@ def test_dropout_refused_in_training():
         mine(x, x, x)
     mine.eval()
     assert mine(x, x, x)[0].shape == (L, N, E)
+
+
+@pytest.mark.parametrize("mask", ["none", "kpm", "attn2d", "both", "float", "causal"])
+@pytest.mark.parametrize("average", [True, False])
+def test_float32_weights_against_torch(mask, average):
+    """float32: the weights come from attn's cpu kernels (return_qk="probabilities"), not the
+    float64 reference; against torch's float32 MultiheadAttention within float32 rounding."""
+    ref, mine = pair(batch_first=True)
+    ref, mine = ref.float(), mine.float()
+    q, k, v = (t.float() for t in inputs(True))
+    kpm, am = masks(mask)
+    kpm = kpm.float() if kpm is not None and kpm.dtype == torch.float64 else kpm
+    am = am.float() if am is not None and am.dtype == torch.float64 else am
+    a, wa = ref(q, k, v, key_padding_mask=kpm, attn_mask=am, average_attn_weights=average)
+    b, wb = mine(q, k, v, key_padding_mask=kpm, attn_mask=am, average_attn_weights=average)
+    assert wb.dtype == torch.float32
+    assert_close(b, a, 2e-5, "output")
+    assert_close(wb, wa, 2e-5, "weights")
+    assert ((wb == 0) == (wa == 0)).all(), "masked keys weigh exactly 0"
