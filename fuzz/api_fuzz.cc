@@ -1,6 +1,6 @@
 // fuzz/api_fuzz.cc — the differential fuzzer of attn::attention and attention_backward: the
 // bytes choose shapes (GQA, 3-D or 4-D), dtype, options (causal and its alignment, windows, a
-// bool or float mask, softcap, scale, ALiBi, sinks, nonpad lengths) and values — some of them
+// bool or float mask, softcap, scale, ALiBi, sinks, nonpad lengths, an intermediate to return) and values — some of them
 // NaN or ±inf. The cpu backend and the reference run the call; both must agree with the float64
 // truth (the reference on float64 copies of the same values) within the dtype's tolerance, with
 // the same NaN/inf pattern, forward and backward (special values, attention.h). attn::error is a
@@ -136,6 +136,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::int64_t b = 0; b < B; ++b) n.data_as<std::int64_t>()[b] = in.upto(int(Nk));
     o.nonpad_kv_seqlen = n;
   }
+  // Last, so the corpus written before it keeps its meaning (no byte left: none).
+  const qk_output stages[] = {qk_output::none, qk_output::scaled, qk_output::softcapped, qk_output::biased,
+                              qk_output::probabilities};
+  o.return_qk = stages[in.upto(4)];
 
   if (std::getenv("ATTN_FUZZ_VERBOSE"))  // what a finding ran: rerun its artifact with this set
     std::fprintf(stderr, "%s B%ld Hq%ld Hkv%ld Nq%ld Nk%ld D%ld Dv%ld causal %d align %d window %ld %ld softcap %g scale %g mask %d alibi %d sinks %d nonpad %d\n",
@@ -206,6 +210,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const double lse_tol = lmax > 1024 ? INFINITY : 1e-5 * (1 + mag) / (1 + lmax);
   compare("cpu lse", cpu->lse, truth.lse, lse_tol > 1e-5 ? lse_tol : 1e-5);
   compare("reference lse", ref->lse, truth.lse, 1e-6);
+  if (o.return_qk != qk_output::none) {
+    // Scores carry float32's resolution of their largest term (mag) and the dtype's rounding;
+    // probabilities are weights, held as out is.
+    const std::vector<double> score_mag(std::size_t(truth.qk.numel()), mag);
+    if (o.return_qk == qk_output::probabilities) compare("cpu probabilities", cpu->qk, truth.qk, ctol);
+    else compare("cpu scores", cpu->qk, truth.qk, std::max(tol, 8 * std::ldexp(1.0, -24)), &score_mag);
+    o.return_qk = qk_output::none;  // the backward takes none
+  }
 
   if (o.attn_mask && o.attn_mask->type() != dtype::boolean) return 0;  // dmask: reference only
   const attention_grads gc = attention_backward(q, k, v, cpu->out, dout, cpu->lse, o, {.use_backend = backend::cpu, .num_threads = 1});

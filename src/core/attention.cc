@@ -411,18 +411,49 @@ bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t
 // One answer on every backend (special values, attention.h): a fast backend computes in
 // float32, so a row it leaves non-finite (NaN or +inf scores, overflow, NaN or inf in v) or
 // with lse = -inf although some key is visible (scores that overflowed to -inf) is computed
-// again by the float64 reference. One pass over out and lse; the rows redone are the rare ones.
+// again by the float64 reference. One pass over out and lse, on the call's threads (each row
+// read in its own dtype: at small shapes a serial, element-by-element scan cost a sixth of the
+// forward); the rows redone are the rare ones, in row order.
 void recompute_special_rows(const problem& p, const forward_outputs& fo) {
+  const std::int64_t nrows = p.B * p.Hq * p.Nq;
+  std::vector<char> special(std::size_t(nrows), 0);
+  const strided4& out = fo.out;
+  // The returned intermediate: NaN or +inf anywhere, or -inf where a score is not excluded (an
+  // overflow; scaled and softcapped scores are never excluded).
+  const strided4& qk = fo.qk;
+  const auto qk_finite = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+    if (fo.qk_mode == qk_output::none) return true;
+    const auto [lo, hi] = p.key_range(b, i);
+    for (std::int64_t j = 0; j < p.Nk; ++j) {
+      const double x = qk.type == dtype::f32 ? double(qk.ptr<float>(b, h, i, 0)[j * qk.sx]) : qk.load(b, h, i, j);
+      if (std::isnan(x) || x == -kNegInf) return false;
+      if (x != kNegInf || fo.qk_mode == qk_output::probabilities) continue;
+      if (fo.qk_mode != qk_output::biased || (j >= lo && j < hi && p.bias(b, h, i, j) != kNegInf)) return false;
+    }
+    return true;
+  };
+  const auto finite_row = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+    if (out.type == dtype::f32) {
+      const float* o = out.ptr<float>(b, h, i, 0);
+      float acc = 0.0f;  // x·0 is 0 for finite x, NaN for NaN and ±inf
+      for (std::int64_t d = 0; d < p.Dv; ++d) acc += o[d * out.sx] * 0.0f;
+      return acc == 0.0f;
+    }
+    for (std::int64_t d = 0; d < p.Dv; ++d)
+      if (!std::isfinite(out.load(b, h, i, d))) return false;
+    return true;
+  };
+#pragma omp parallel for num_threads(std::max(1, p.num_threads)) schedule(static)
+  for (std::int64_t row = 0; row < nrows; ++row) {
+    const std::int64_t i = row % p.Nq, h = row / p.Nq % p.Hq, b = row / p.Nq / p.Hq;
+    const double lse = fo.lse_type == dtype::f32 ? double(static_cast<const float*>(fo.lse)[row])
+                                                 : load_as_double(fo.lse, fo.lse_type, row);
+    special[std::size_t(row)] = std::isnan(lse) || lse == -kNegInf || (lse == kNegInf && !fully_masked(p, b, h, i)) ||
+                                !finite_row(b, h, i) || !qk_finite(b, h, i);
+  }
   std::vector<std::int64_t> rows;
-  for (std::int64_t b = 0; b < p.B; ++b)
-    for (std::int64_t h = 0; h < p.Hq; ++h)
-      for (std::int64_t i = 0; i < p.Nq; ++i) {
-        const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
-        const double lse = load_as_double(fo.lse, fo.lse_type, row);
-        bool special = std::isnan(lse) || lse == -kNegInf || (lse == kNegInf && !fully_masked(p, b, h, i));
-        for (std::int64_t d = 0; d < p.Dv && !special; ++d) special = !std::isfinite(fo.out.load(b, h, i, d));
-        if (special) rows.push_back(row);
-      }
+  for (std::int64_t row = 0; row < nrows; ++row)
+    if (special[std::size_t(row)]) rows.push_back(row);
   if (!rows.empty()) reference_forward_rows(p, fo, rows);
 }
 

@@ -420,8 +420,8 @@ void forward_out(const problem& p, const forward_outputs& o) {
 // The [B, Hq, Nq, Nk] intermediate (qk_output) once forward_out has written lse: lane blocks of
 // the prefill width over f32 rows of q and k (bf16 and f16 widened), the kernels' own score
 // transform, e^{s - lse} for the probabilities; each lane block writes its own rows, in key
-// chunks of kQkKeys. Rows with a NaN or ±inf anywhere are redone by the front on the reference
-// (recompute_special_rows), as for out.
+// chunks of kQkKeys. Rows the float32 scores leave non-finite where float64 would not (NaN, ±inf
+// of an overflow) are redone by the front on the reference (recompute_special_rows), as for out.
 constexpr std::int64_t kQkKeys = 4096;
 
 void qk_pass(const problem& p, const forward_outputs& o) {
@@ -441,12 +441,11 @@ void qk_pass(const problem& p, const forward_outputs& o) {
   const std::int64_t chunk = std::min<std::int64_t>(std::max<std::int64_t>(p.Nk, 1), kQkKeys);
 #pragma omp parallel num_threads(nt)
   {
-    lane_setup ls(L, p.D);
-    ls.prescale = false;
+    lane_setup ls(L, p.D);  // q pre-scaled, as the f32 forward's: the same scores, the same overflows
     fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv)), lse = alloc_floats(L), out = alloc_floats(L * chunk);
     bias_ctx bc;
     bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
-    const score_params sp = make_score_params(p, &bc, float(p.scale));
+    const score_params sp = make_score_params(p, &bc, 1.0f);
     qk_io my = io;
     my.lse = lse.get(), my.out = out.get(), my.ld = chunk;
 #pragma omp for schedule(dynamic, 1)
