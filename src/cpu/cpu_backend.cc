@@ -417,9 +417,10 @@ void forward_out(const problem& p, const forward_outputs& o) {
   }
 }
 
-// The [B, Hq, Nq, Nk] intermediate (qk_output) once forward_out has written lse: lane blocks of
-// the prefill width over f32 rows of q and k (bf16 and f16 widened), the kernels' own score
-// transform, e^{s - lse} for the probabilities; each lane block writes its own rows, in key
+// The [B, Hq, Nq, Nk] intermediate (qk_output) after forward_out: lane blocks of the prefill
+// width over f32 rows of q and k (bf16 and f16 widened), the kernels' own score transform, and
+// for the probabilities e^{s - lse} with the lse of a first pass over the same scores (with the
+// sink); each lane block writes its own rows, in key
 // chunks of kQkKeys. Rows the float32 scores leave non-finite where float64 would not (NaN, ±inf
 // of an overflow) are redone by the front on the reference (recompute_special_rows), as for out.
 constexpr std::int64_t kQkKeys = 4096;
@@ -442,7 +443,8 @@ void qk_pass(const problem& p, const forward_outputs& o) {
 #pragma omp parallel num_threads(nt)
   {
     lane_setup ls(L, p.D);  // q pre-scaled, as the f32 forward's: the same scores, the same overflows
-    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv)), lse = alloc_floats(L), out = alloc_floats(L * chunk);
+    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv)), lse = alloc_floats(L), stats = alloc_floats(2 * L),
+         out = alloc_floats(L * chunk);
     bias_ctx bc;
     bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
     const score_params sp = make_score_params(p, &bc, 1.0f);
@@ -453,11 +455,24 @@ void qk_pass(const problem& p, const forward_outputs& o) {
       const std::int64_t lbi = u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
       ls.set(p, &Q, b, hkv, lbi);
       bc.b = b, bc.valid = ls.nl;
-      for (std::int64_t x = 0; x < L; ++x) {
-        const double v = x < ls.nl ? load_as_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x]) : kNegInf;
-        lse.get()[x] = v == kNegInf ? kInfF : float(v);  // no key: every probability 0
-      }
       lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
+      if (io.stage == qk_stage::probabilities) {
+        // The lse of this pass's own scores (and the sink), so that a row's probabilities sum
+        // to 1 to float32 rounding even where the forward's kernel rounded a huge score otherwise.
+        float *m = stats.get(), *l = m + L;
+        std::fill(m, m + L, -kInfF), std::fill(l, l + L, 0.0f);
+        qk_io st = my;
+        st.stage = qk_stage::row_stats, st.m = m, st.l = l;
+        lb.klo = 0, lb.khi = p.Nk;
+        kt.qk(lb, st);
+        for (std::int64_t x = 0; x < L; ++x) {
+          if (x < ls.nl && !p.sinks.empty()) {
+            const float sink = float(p.sinks[std::size_t(ls.h[x])]), mx = std::max(m[x], sink);
+            l[x] = (m[x] == -kInfF ? 0.0f : l[x] * std::exp(m[x] - mx)) + std::exp(sink - mx), m[x] = mx;
+          }
+          lse.get()[x] = l[x] > 0.0f || std::isnan(l[x]) ? m[x] + std::log(l[x]) : kInfF;  // no key: every probability 0
+        }
+      }
       for (std::int64_t j0 = 0; j0 < p.Nk; j0 += chunk) {
         lb.klo = j0, lb.khi = std::min(p.Nk, j0 + chunk);
         kt.qk(lb, my);

@@ -129,11 +129,16 @@ struct dkdv_pair {
 //   scaled         scale·q·k             (q unscaled in qt; score_params::scale applies)
 //   softcapped     after softcap         (= scaled without one)
 //   biased         + mask + ALiBi, -inf outside the lane's key range [lo, hi)
-//   probabilities  e^{biased - lse}      lse [L] the forward's (+inf for a row with no key)
-enum class qk_stage : int { scaled, softcapped, biased, probabilities };
+//   probabilities  e^{biased - lse}      lse [L] (+inf for a row with no key)
+//   row_stats      nothing written: m [L], l [L] (the caller starts them at -inf, 0) take the
+//                  online max and Σ e^{s - m} of the biased scores, so that the probabilities
+//                  are those of the pass's own scores (the forward's may round differently)
+enum class qk_stage : int { scaled, softcapped, biased, probabilities, row_stats };
 struct qk_io {
   qk_stage stage = qk_stage::scaled;
   const float* lse = nullptr;
+  float* m = nullptr;
+  float* l = nullptr;
   float* out = nullptr;
   std::int64_t ld = 0;
 };

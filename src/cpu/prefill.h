@@ -128,6 +128,18 @@ void qk_lanes(const lane_block& lb, const qk_io& io) {
       const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
       const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
       const vf lse = io.stage == qk_stage::probabilities ? load(io.lse + c * W) : vf{};
+      if (io.stage == qk_stage::row_stats) {
+        vf m = load(io.m + c * W), l = load(io.l + c * W), t;
+        for (std::int64_t jj = 0; jj < nb; ++jj) {
+          const vf s = transform(load(S + jj * L + c * W), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                                 splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, true);
+          const vf mn = vmax(m, s), mu = mn == splat(-kInf) ? vf{} : mn;
+          l = l * vexp(m - mu) + vexp(s - mu);
+          m = mn;
+        }
+        store(io.m + c * W, m), store(io.l + c * W, l);
+        continue;
+      }
       for (std::int64_t jj = 0; jj < nb; ++jj) {
         const vf qk = load(S + jj * L + c * W);
         vf t{};
@@ -139,6 +151,7 @@ void qk_lanes(const lane_block& lb, const qk_io& io) {
           case qk_stage::softcapped: r = sc.softcap ? sc.cap * t : qk * sc.scale; break;
           case qk_stage::biased: break;
           case qk_stage::probabilities: r = vexp(s - lse); break;
+          case qk_stage::row_stats: break;
         }
         for (int x = 0; x < W && c * W + x < lb.nl; ++x) io.out[(c * W + x) * io.ld + j0 + jj - lb.klo] = r[x];
       }

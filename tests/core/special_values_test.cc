@@ -360,5 +360,30 @@ TEST(SpecialValues, CancellingQkTermsGiveTheFloat64GradientsWhateverTheLse) {
   EXPECT_EQ(attention_backward(qs, ks, ks, rs.out, rs.out, rs.lse).backend, "cpu");  // 0.5 · 30 · 30 = 450
 }
 
+// A returned intermediate is held to the same contract as out: q·k terms of 2e38, 2e38 and -2e38
+// sum to 2e38 (a finite float32), but float32 reaches +inf after the first two. That key lies
+// past the batch's nonpad length, so the forward never scores it (out and lse are ordinary) and
+// only the returned scores show the overflow; the row goes to the float64 reference (before, the
+// cpu backend returned +inf there).
+TEST(SpecialValues, ReturnedScoresOfAnOverflowingSumAreTheReferences) {
+  const Tensor q = Tensor::from_values({1, 1, 1, 3}, dtype::f32, {1e19, 1e19, 1e19});
+  const Tensor k = Tensor::from_values({1, 1, 2, 3}, dtype::f32, {0.5, 0.25, 0.125, 2e19, 2e19, -2e19});
+  const Tensor v = Tensor::from_values({1, 1, 2, 1}, dtype::f32, {1.0, 2.0});
+  const Tensor lens = Tensor::from_values({1}, dtype::i64, {1.0});
+  attention_options o;
+  o.scale = 1.0;
+  o.nonpad_kv_seqlen = lens;
+  for (qk_output stage : {qk_output::scaled, qk_output::softcapped, qk_output::biased, qk_output::probabilities}) {
+    o.return_qk = stage;
+    const attention_result rc = attention(q, k, v, o, {.use_backend = backend::cpu});
+    const attention_result rr = attention(q, k, v, o, {.use_backend = backend::reference});
+    EXPECT_EQ(rc.backend, "cpu");
+    EXPECT_TRUE(testing::all_close(rc.qk, rr.qk, 0)) << int(stage);
+    EXPECT_EQ(rc.out.get({0, 0, 0, 0}), 1.0);
+  }
+  o.return_qk = qk_output::scaled;
+  EXPECT_EQ(float(attention(q, k, v, o, {.use_backend = backend::cpu}).qk.get({0, 0, 0, 1})), 2e38f);
+}
+
 }  // namespace
 }  // namespace attn
