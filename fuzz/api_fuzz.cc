@@ -142,11 +142,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.return_qk = stages[in.upto(4)];
 
   if (std::getenv("ATTN_FUZZ_VERBOSE"))  // what a finding ran: rerun its artifact with this set
-    std::fprintf(stderr, "%s B%ld Hq%ld Hkv%ld Nq%ld Nk%ld D%ld Dv%ld causal %d align %d window %ld %ld softcap %g scale %g mask %d alibi %d sinks %d nonpad %d\n",
+    std::fprintf(stderr, "%s B%ld Hq%ld Hkv%ld Nq%ld Nk%ld D%ld Dv%ld causal %d align %d window %ld %ld softcap %g scale %g mask %d alibi %d sinks %d nonpad %d return_qk %d\n",
                  std::string(dtype_name(t)).c_str(), long(B), long(Hq), long(Hkv), long(Nq), long(Nk), long(D), long(Dv),
                  int(o.is_causal), int(o.alignment), long(o.window_left), long(o.window_right), o.softcap,
                  o.scale.value_or(-99), mask, int(o.alibi_slopes.has_value()), int(o.sinks.has_value()),
-                 int(o.nonpad_kv_seqlen.has_value()));
+                 int(o.nonpad_kv_seqlen.has_value()), int(o.return_qk));
   if (std::getenv("ATTN_FUZZ_DUMP")) {
     write_npy("/tmp/fuzz_q.npy", q), write_npy("/tmp/fuzz_k.npy", k), write_npy("/tmp/fuzz_v.npy", v);
     if (o.attn_mask) write_npy("/tmp/fuzz_mask.npy", *o.attn_mask);

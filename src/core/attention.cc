@@ -537,17 +537,24 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   }
   // A shifted mask: the lse of the shifted scores may be a large number whose shift-back leaves a
   // small one (1e19 - 9.85e18): it stays float64 until the shift is added, then is rounded once.
-  Tensor lse64;
+  Tensor lse64, qk64;
   if (store.shift.defined() && r.lse.type() != dtype::f64) {
     lse64 = Tensor::empty(r.lse.shape(), dtype::f64);
     fo.lse = lse64.data();
     fo.lse_type = dtype::f64;
+  }
+  // Likewise the biased scores: a score of the shifted mask (-1e19 beside a shift of 1e19) is
+  // past float16's range, and inf + shift cannot give the score back.
+  if (store.shift.defined() && options.return_qk == qk_output::biased && r.qk.type() != dtype::f64) {
+    qk64 = Tensor::empty(r.qk.shape(), dtype::f64);
+    fo.qk = as_bhnx(qk64, p.Hq);
   }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
   run_guarded(op, p, be, [&] { be.forward(p, fo); });
   if (&be != &reference_backend()) recompute_special_rows(p, fo);
   if (store.shift.defined()) unshift(p, store, fo);
   if (lse64.defined()) r.lse = lse64.to(r.lse.type());
+  if (qk64.defined()) r.qk = qk64.to(r.qk.type());
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;

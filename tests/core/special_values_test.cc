@@ -385,5 +385,31 @@ TEST(SpecialValues, ReturnedScoresOfAnOverflowingSumAreTheReferences) {
   EXPECT_EQ(float(attention(q, k, v, o, {.use_backend = backend::cpu}).qk.get({0, 0, 0, 1})), 2e38f);
 }
 
+// Biased scores under a shifted mask (|mask| past 1024: shifted by its row maximum, the shift
+// added back after the backend) are kept in float64 until the shift is back: a float mask of 1e19
+// beside an ALiBi bias of -1e19 leaves a score of q·k, but the shifted score -1e19 is past
+// float16's range, and -inf + 1e19 is -inf (api_fuzz, `fuzz/corpus/api/qk_biased_shift_past_float16`).
+TEST(SpecialValues, BiasedScoresOfAShiftedMaskKeepTheirValueInFloat16) {
+  const Tensor q = Tensor::from_values({1, 1, 2, 1}, dtype::f16, {1.5, -2.0});
+  const Tensor k = Tensor::from_values({1, 1, 1, 1}, dtype::f16, {0.75});
+  const Tensor v = Tensor::from_values({1, 1, 1, 1}, dtype::f16, {1.0});
+  const Tensor mask = Tensor::from_values({1, 1, 2, 1}, dtype::f32, {0.0, 1e19});
+  const Tensor slopes = Tensor::from_values({1}, dtype::f32, {1e19});
+  attention_options o;
+  o.scale = 1.0;
+  o.attn_mask = mask;
+  o.alibi_slopes = slopes;  // row 1 sees key 0 at distance 1: ALiBi's bias -1e19
+  o.return_qk = qk_output::biased;
+  // The float64 truth: -1.5 + 1e19 - 1e19 resolves the score only to 1e19's ulp (2048): 0.
+  const Tensor want = attention(q.to(dtype::f64), k.to(dtype::f64), v.to(dtype::f64), o).qk;
+  ASSERT_EQ(want.get({0, 0, 1, 0}), 0.0);
+  for (backend be : {backend::cpu, backend::reference}) {
+    const attention_result r = attention(q, k, v, o, {.use_backend = be});
+    EXPECT_EQ(r.qk.type(), dtype::f16);
+    EXPECT_EQ(r.qk.get({0, 0, 0, 0}), 1.125) << to_string(be);  // row 0: q·k, no bias
+    EXPECT_EQ(r.qk.get({0, 0, 1, 0}), 0.0) << to_string(be);    // was -inf: -1e19 stored in float16
+  }
+}
+
 }  // namespace
 }  // namespace attn
