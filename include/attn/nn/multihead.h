@@ -70,8 +70,8 @@ struct MultiHeadAttention {
     Tensor dquery, dkey, dvalue;  // shapes of the inputs (self-attention: sum all three)
   };
 
-  // need_weights returns the probabilities (computed on the float64 reference: for looking at
-  // small cases, not for speed).
+  // need_weights also returns the probabilities [B, H, Nq, Nk] (return_qk: from the same backend
+  // as the output, after its forward; an extra O(Nq·Nk) tensor, so for looking, not for speed).
   result forward(const Tensor& query, const Tensor& key, const Tensor& value, const masking_options& mask = {},
                  saved* s = nullptr, bool need_weights = false) const;
   // Accumulates every parameter gradient; returns the gradients of the three inputs.
