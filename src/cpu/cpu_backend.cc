@@ -141,16 +141,20 @@ void fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, 
       for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = 0.0f;
       continue;
     }
-    const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], 0);
-    for (std::int64_t jj = 0; jj < nb; ++jj) {
-      const std::int64_t j = j0 + jj;
-      float v;
-      if (j >= cols) v = -kInfF;  // padding columns (also outside key_range)
-      else if (c.p->mask == mask_kind::boolean) v = static_cast<const bool*>(m.data)[base + j * m.sx] ? 0.0f : -kInfF;
-      else if (m.type == dtype::f32) v = static_cast<const float*>(m.data)[base + j * m.sx];
-      else v = float(load_as_double(m.data, m.type, base + j * m.sx));
-      t[jj * ks] = v;
+    // Columns past the mask are padding (also outside key_range); one loop per kind and dtype,
+    // so the per-element work is a load and a store (this fill was half of a masked forward).
+    const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], j0), n = std::clamp<std::int64_t>(cols - j0, 0, nb);
+    if (n == 0) {
+    } else if (c.p->mask == mask_kind::boolean) {
+      const bool* s = static_cast<const bool*>(m.data) + base;
+      for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = s[jj * m.sx] ? 0.0f : -kInfF;
+    } else if (m.type == dtype::f32) {
+      const float* s = static_cast<const float*>(m.data) + base;
+      for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = s[jj * m.sx];
+    } else {
+      for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = float(load_as_double(m.data, m.type, base + jj * m.sx));
     }
+    for (std::int64_t jj = n; jj < nb; ++jj) t[jj * ks] = -kInfF;
   }
 }
 
