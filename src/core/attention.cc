@@ -424,8 +424,9 @@ void recompute_special_rows(const problem& p, const forward_outputs& fo) {
   const auto qk_finite = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
     if (fo.qk_mode == qk_output::none) return true;
     const auto [lo, hi] = p.key_range(b, i);
+    const float* row = qk.type == dtype::f32 ? qk.ptr<float>(b, h, i, 0) : nullptr;
     for (std::int64_t j = 0; j < p.Nk; ++j) {
-      const double x = qk.type == dtype::f32 ? double(qk.ptr<float>(b, h, i, 0)[j * qk.sx]) : qk.load(b, h, i, j);
+      const double x = row ? double(row[j * qk.sx]) : qk.load(b, h, i, j);
       if (std::isnan(x) || x == -kNegInf) return false;
       if (x != kNegInf || fo.qk_mode == qk_output::probabilities) continue;
       if (fo.qk_mode != qk_output::biased || (j >= lo && j < hi && p.bias(b, h, i, j) != kNegInf)) return false;

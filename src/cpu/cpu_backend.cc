@@ -144,11 +144,10 @@ void fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, 
     // Columns past the mask are padding (also outside key_range); one loop per kind and dtype,
     // so the per-element work is a load and a store (this fill was half of a masked forward).
     const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], j0), n = std::clamp<std::int64_t>(cols - j0, 0, nb);
-    if (n == 0) {
-    } else if (c.p->mask == mask_kind::boolean) {
+    if (n > 0 && c.p->mask == mask_kind::boolean) {
       const bool* s = static_cast<const bool*>(m.data) + base;
       for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = s[jj * m.sx] ? 0.0f : -kInfF;
-    } else if (m.type == dtype::f32) {
+    } else if (n > 0 && m.type == dtype::f32) {
       const float* s = static_cast<const float*>(m.data) + base;
       for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = s[jj * m.sx];
     } else {
@@ -424,8 +423,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
 // The [B, Hq, Nq, Nk] intermediate (qk_output) after forward_out: lane blocks of the prefill
 // width over f32 rows of q and k (bf16 and f16 widened), the kernels' own score transform, and
 // for the probabilities e^{s - lse} with the lse of a first pass over the same scores (with the
-// sink); each lane block writes its own rows, in key
-// chunks of kQkKeys. Rows the float32 scores leave non-finite where float64 would not (NaN, ±inf
+// sink); each lane block writes its own rows, in key chunks of kQkKeys. Rows the float32 scores leave non-finite where float64 would not (NaN, ±inf
 // of an overflow) are redone by the front on the reference (recompute_special_rows), as for out.
 constexpr std::int64_t kQkKeys = 4096;
 

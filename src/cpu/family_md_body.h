@@ -98,6 +98,19 @@ void md_lane_keys(const family_lanes& lb, std::int64_t j0, std::int64_t nb, std:
   }
 }
 
+// Scores of keys [j0, j0 + nb) (nb <= kLaneKeyBlock) for features [c0, c0 + fc) into S (key
+// j0 at S, feature stride sc.fs), kMdKeys keys per product, the block's mask tile filled once.
+template <bool Exp, int CC>
+void md_lane_block(const family_lanes& lb, const md_lane_scratch& sc, std::int64_t j0, std::int64_t nb, std::int64_t c0,
+                   std::int64_t fc, float* S) {
+  const family_params& fp = lb.fp;
+  const std::int64_t L = CC * W;
+  if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
+  for (std::int64_t jj = 0; jj < nb; jj += kMdKeys)
+    md_lane_keys<Exp, CC>(lb, j0 + jj, imin(kMdKeys, nb - jj), c0, fc, S + jj * L, sc.fs, sc.T,
+                          fp.mask ? sc.mask + jj * L : nullptr);
+}
+
 // ---- forward, lane layout: ot [Dv][L] ----
 template <family_dist Dist, int CC, bool Exp>
 void md_forward(const family_lanes& lb, float* ot) {
@@ -115,21 +128,15 @@ void md_forward(const family_lanes& lb, float* ot) {
   const family_params& fp = lb.fp;
   for (std::int64_t c0 = 0; c0 < Dv; c0 += Fc) {
     const std::int64_t fc = imin(Fc, Dv - c0);
-    auto block_scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
-      if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
-      for (std::int64_t jj = 0; jj < nb; jj += kMdKeys)
-        md_lane_keys<Exp, CC>(lb, j0 + jj, imin(kMdKeys, nb - jj), c0, fc, S + jj * L, sc.fs, sc.T,
-                              fp.mask ? sc.mask + jj * L : nullptr);
-    };
     if (keep) {
       for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
-        block_scores(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L);
+        md_lane_block<Exp, CC>(lb, sc, j0, imin(kLaneKeyBlock, kmax - j0), c0, fc, sc.S + (j0 - kmin) * L);
       for (std::int64_t f = 0; f < fc; ++f) lane_stats<Dist, CC>(md_feature(lb, c0 + f), sc.S + f * sc.fs, n, kmin, sc.buf);
     }
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
       const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
       float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
-      if (!keep) block_scores(j0, nb, S);
+      if (!keep) md_lane_block<Exp, CC>(lb, sc, j0, nb, c0, fc, S);
       for (std::int64_t f = 0; f < fc; ++f) {
         const family_lanes lf = md_feature(lb, c0 + f);
         const float* v = lb.v + c0 + f;
@@ -172,13 +179,8 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
   if (keep)
     for (std::int64_t c0 = 0; c0 < Dv; c0 += lb.Fc) {
       const std::int64_t fc = imin(lb.Fc, Dv - c0);
-      for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-        const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
-        if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
-        for (std::int64_t jj = 0; jj < nb; jj += kMdKeys)
-          md_lane_keys<Exp, CC>(lb, j0 + jj, imin(kMdKeys, nb - jj), c0, fc, sc.S + (j0 - kmin + jj) * L, sc.fs, sc.T,
-                                fp.mask ? sc.mask + jj * L : nullptr);
-      }
+      for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
+        md_lane_block<Exp, CC>(lb, sc, j0, imin(kLaneKeyBlock, kmax - j0), c0, fc, sc.S + (j0 - kmin) * L);
       for (std::int64_t f = 0; f < fc; ++f) {
         const family_lanes lf = md_feature(lb, c0 + f);
         const float* Sf = sc.S + f * sc.fs;
