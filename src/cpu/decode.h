@@ -11,7 +11,8 @@
 //   softmax in the mixed layout: a per-lane running max (equal over a row's KG lanes), one exp
 //     per score and per-lane partial sums of p — no scalar work per key;
 //   P·V: RG rows × CB output vectors accumulate in registers over the W keys of the block, each
-//     V vector loaded once per row group.
+//     V vector loaded once per row group; with bf16 pair operands (below) p is rounded to bf16
+//     and two V rows go into each bf16 dot (decode_pv_pairs), half the products of f32.
 // K/V rows are read through storage<T> (simd.h): bf16 as 32-bit words, even and odd elements
 // apart, so q and o are kept in that "native" order — a permutation of d applied to q once and
 // undone on o once. int8 rows (a quantised cache) are widened to f32 in the dots; their
@@ -24,7 +25,7 @@
 // lane_block::q_bf16) take the K words as they are, with q packed into words in memory order.
 // A short last block, or a head size that does not fill whole units, goes through a
 // zero-padded copy of the block. The rows a block ahead are prefetched, one line per line read
-// (the hardware prefetcher alone reaches about half the bandwidth here).
+// (into L2; the hardware prefetcher alone reaches about half the bandwidth here).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,14 @@
 
 namespace attn::detail::cpu {
 namespace {
+
+// Software prefetch of the K/V rows kDecodePrefetchBytes ahead of the block being read, one line
+// per line read, into L2 (prefetcht1): the fill buffers of L1 stay free for the block's own
+// loads, and a window twice that of an L1 prefetch fits. Measured on Zen 4 (Hq 32 / Hkv 8,
+// D 128, Nk 16384, bf16, 2 threads): 8 KiB into L1 4.0–4.4 ms, 16 KiB into L2 3.2–4.0 ms, in the
+// same runs; 32–64 KiB no better.
+constexpr std::int64_t kDecodePrefetchBytes = 16384;
+inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 
 // Scratch of the decode forward (floats, within lane_scratch_floats): per row group g,
 // per-lane vectors; per row, q and o.
@@ -89,7 +98,7 @@ inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int
       for (int x = 0; x < KG; ++x) {
         typename Ops::vword kv[KV];
         Ops::template load_keys<T>(kp + x * ks + u * E, kv);
-        __builtin_prefetch(pp + x * ks + u * E);
+        prefetch_l2(pp + x * ks + u * E);
 #pragma GCC unroll 2
         for (int e = 0; e < KV; ++e)
 #pragma GCC unroll 4
@@ -168,7 +177,7 @@ inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* 
   for (int x = 0; x < W; ++x, vp += vs, pp += vs) {
     vf vv[CB];
 #pragma GCC unroll 8
-    for (int u = 0; u < CB / U; ++u) storage<T>::get(vp + u * U * W, vv + u * U), __builtin_prefetch(pp + u * U * W);
+    for (int u = 0; u < CB / U; ++u) storage<T>::get(vp + u * U * W, vv + u * U), prefetch_l2(pp + u * U * W);
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
       const vf px = splat(pb[x / KG * W + r * KG + x % KG]);
@@ -181,6 +190,52 @@ inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* 
 #pragma GCC unroll 8
     for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
 }
+// The same with bf16 products (bf16 q, K and V on an ISA with a bf16 dot product): p is rounded
+// to bf16 (nearest even) in pairs of keys, as the prefill kernels round P, and each pair of V
+// rows (x, x + 1) becomes two vectors of words (v_x[d], v_{x+1}[d]) — the even d, then the odd
+// d: the native order of storage<uint16_t>, with no shuffle — that one bf16 dot per vector
+// multiplies by the row's broadcast pair (p_x, p_{x+1}). pw: [RG·W/2] words, word k =
+// bf16(pb[2k]) | bf16(pb[2k + 1]) << 16 (pairs are adjacent lanes of the mixed layout).
+template <int RG, int CB, class Ops>
+__attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const std::uint32_t* pw, const float* alpha,
+                            const std::uint16_t* vb, std::int64_t vs, std::int64_t c0, const std::uint16_t* vpf) {
+  constexpr int KG = W / RG;
+  static_assert(CB % 2 == 0 && KG % 2 == 0);
+  vf acc[RG][CB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf a = splat(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
+  }
+  const std::uint16_t* vp = vb + c0 * W;
+  const std::uint16_t* pp = vpf + c0 * W;
+  const vu lo16 = splatu(0xffffu), hi16 = splatu(0xffff0000u);
+#pragma GCC unroll 8
+  for (int x = 0; x < W; x += 2, vp += 2 * vs, pp += 2 * vs) {
+    vu vv[CB];
+#pragma GCC unroll 4
+    for (int u = 0; u < CB / 2; ++u) {
+      const vu a = loadu(reinterpret_cast<const std::uint32_t*>(vp + u * 2 * W));
+      const vu b = loadu(reinterpret_cast<const std::uint32_t*>(vp + vs + u * 2 * W));
+      vv[2 * u] = (a & lo16) | (b << 16);
+      vv[2 * u + 1] = (a >> 16) | (b & hi16);
+      prefetch_l2(pp + u * 2 * W);
+      prefetch_l2(pp + vs + u * 2 * W);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const vu px = splatu(pw[(x / KG * W + r * KG + x % KG) / 2]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) acc[r][c] = Ops::madd(acc[r][c], px, vv[c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
+}
+
 template <int RG, int CB, class T>
 inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb,
                            std::int64_t vs, std::int64_t c0, const T* vpf) {
@@ -190,11 +245,6 @@ inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, 
     decode_pv_tail<RG, CB - 1>(nv, o, Dvp, pb, alpha, vb, vs, c0, vpf);
   }
 }
-
-// Bytes of each of K and V prefetched ahead of the block being read (at least one block): far
-// enough ahead to cover the memory latency at full bandwidth, near enough that the lines are
-// still in L1 when the block is read. The window is not critical: 4–16 KiB all do both.
-constexpr std::int64_t kDecodePrefetchBytes = 8192;
 
 // Ops: the operand type of the q·k dots; T: the storage of the K/V rows read.
 template <int RG, class Ops, class T>
@@ -260,6 +310,7 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   vf s[RG];
   // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
   alignas(64) float ksb[W], vsb[W];
+  alignas(64) std::uint32_t pw[RG * W / 2];  // bf16 P·V: p in pairs
   vf ksm[RG], vsm[RG];
   for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
     const std::int64_t nb = imin(W, kr.kmax - j0);
@@ -323,6 +374,22 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
         for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
+      if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
+        typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
+        typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) {
+          const vq b = (vq)bf16_bits(load(st.pb + kg * W));
+          const vh w = __builtin_convertvector(b | b >> 16, vh);
+          __builtin_memcpy(pw + kg * W / 2, &w, sizeof w);
+        }
+        const std::uint16_t* vq0 = first ? vpf : vb;
+        for (; c0 + CB <= nv; c0 += CB) decode_pv_pairs<RG, CB, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+        if (nv - c0 == 2) decode_pv_pairs<RG, 2, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+        if (nv - c0 == 4) decode_pv_pairs<RG, 4, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+        if (nv - c0 == 6) decode_pv_pairs<RG, 6, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+        continue;
+      }
       for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
       if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
     }

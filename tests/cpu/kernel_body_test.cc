@@ -247,7 +247,8 @@ TEST(cpu_kernel_body, bf16_pair_decode_matches_f32) {
           const forward_result f32 = run_forward(c, false, false, sp);
           const forward_result widened = run_forward(c, true, false, sp), pairs = run_forward(c, true, true, sp);
           EXPECT_LT(rel_diff(widened.out, f32.out), 1e-5);
-          EXPECT_LT(rel_diff(pairs.out, f32.out), 1e-5);  // products exact; only the order of sums
+          // q·k products exact; p rounded to bf16 (nearest even, 2^-9 relative) for P·V, as in the prefill
+          EXPECT_LT(rel_diff(pairs.out, f32.out), 4e-3);
           EXPECT_LT(rel_diff(pairs.lse, f32.lse), 1e-5);
         }
 }
