@@ -274,8 +274,8 @@ struct forward_plan {
   std::int64_t lanes = 0, lane_blocks = 0, units = 0;  // L, blocks of L rows per (b, hkv), B·Hkv·blocks
   bool bf16_dots = false;  // bf16 inputs, even D, prefill-sized lane blocks: vdpbf16ps tiles
   bool k16 = false;        // decode reads bf16 key/value rows as they are (memory-bound: no f32 copy)
-  bool raw_q = false;      // bf16 q with bf16 K/V rows: q stays exact (unscaled) for the bf16
-                           // decode dots; the scores are scaled instead
+  bool raw_q = false;      // bf16 q with bf16 or int8 K/V rows: q stays exact (unscaled) for the
+                           // bf16 decode dots; the scores are scaled instead
   bool k8 = false;         // int8 K/V rows with per-row scales (serving), read in place by decode
   bool paged = false;      // K/V rows in pages through a block table (serving), read in place by decode
   std::int64_t nchunk = 1, chunk = 1;  // split-KV: key chunks per unit, keys per chunk
@@ -293,8 +293,8 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   f.bf16_dots = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && f.lanes == kt.lanes;
   f.k16 = f.lanes == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
           (p.v.sx == 1 || p.Dv <= 1);
-  f.raw_q = f.k16 && p.q.type == dtype::bf16;
   f.k8 = p.k.type == dtype::i8;
+  f.raw_q = (f.k16 || f.k8) && p.q.type == dtype::bf16;
   f.paged = p.page_table != nullptr;
   f.chunk = std::max<std::int64_t>(p.Nk, 1);
   if (f.units < kSplitUnits && p.Nk >= 2 * kSplitKeys) f.nchunk = ceil_div(p.Nk, kSplitKeys), f.chunk = kSplitKeys;
@@ -362,6 +362,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
           lb.kscale = static_cast<const float*>(p.k_scale.data) + (paged ? hkv * p.k_scale.sh : p.k_scale.offset(b, hkv, 0, 0));
           lb.vscale = static_cast<const float*>(p.v_scale.data) + (paged ? hkv * p.v_scale.sh : p.v_scale.offset(b, hkv, 0, 0));
           lb.kss = p.k_scale.sn, lb.vss = p.v_scale.sn;
+          lb.q_bf16 = raw_q;
         } else if (k16) {
           lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + kb, lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + vb;
           lb.q_bf16 = raw_q;

@@ -74,6 +74,16 @@ struct decode_layout {
   }
 };
 
+// The first element d of word w of a key row read as bf16 pairs (bf16_pair_operands::load_keys):
+// memory order for bf16 rows; for int8 rows, word i of vector e of unit u pairs d = u·4W + 4i + 2e
+// and d + 1.
+template <class T>
+constexpr std::int64_t pair_element(std::int64_t w) {
+  if constexpr (sizeof(T) == 2) return 2 * w;
+  const std::int64_t u = w / (2 * W), e = w % (2 * W) / W, i = w % W;
+  return u * 4 * W + 4 * i + 2 * e;
+}
+
 // Scores of keys kb[0, W) (row stride ks, storage T) for the RG rows q[r·qs ..] (words of Ops),
 // in the mixed layout. A unit is storage<T>::U·W elements of d: Ops::key_vectors<T> vectors of
 // words of K and of q.
@@ -196,11 +206,11 @@ inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* 
 // d: the native order of storage<uint16_t>, with no shuffle — that one bf16 dot per vector
 // multiplies by the row's broadcast pair (p_x, p_{x+1}). pw: [RG·W/2] words, word k =
 // bf16(pb[2k]) | bf16(pb[2k + 1]) << 16 (pairs are adjacent lanes of the mixed layout).
-template <int RG, int CB, class Ops>
+template <int RG, int CB, class Ops, class T>
 __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const std::uint32_t* pw, const float* alpha,
-                            const std::uint16_t* vb, std::int64_t vs, std::int64_t c0, const std::uint16_t* vpf) {
-  constexpr int KG = W / RG;
-  static_assert(CB % 2 == 0 && KG % 2 == 0);
+                                               const T* vb, std::int64_t vs, std::int64_t c0, const T* vpf) {
+  constexpr int KG = W / RG, U = storage<T>::U;
+  static_assert(CB % U == 0 && KG % 2 == 0);
   vf acc[RG][CB];
 #pragma GCC unroll 4
   for (int r = 0; r < RG; ++r) {
@@ -208,20 +218,28 @@ __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const
 #pragma GCC unroll 8
     for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
   }
-  const std::uint16_t* vp = vb + c0 * W;
-  const std::uint16_t* pp = vpf + c0 * W;
+  const T* vp = vb + c0 * W;
+  const T* pp = vpf + c0 * W;
   const vu lo16 = splatu(0xffffu), hi16 = splatu(0xffff0000u);
 #pragma GCC unroll 8
   for (int x = 0; x < W; x += 2, vp += 2 * vs, pp += 2 * vs) {
     vu vv[CB];
 #pragma GCC unroll 4
-    for (int u = 0; u < CB / 2; ++u) {
-      const vu a = loadu(reinterpret_cast<const std::uint32_t*>(vp + u * 2 * W));
-      const vu b = loadu(reinterpret_cast<const std::uint32_t*>(vp + vs + u * 2 * W));
-      vv[2 * u] = (a & lo16) | (b << 16);
-      vv[2 * u + 1] = (a >> 16) | (b & hi16);
-      prefetch_l2(pp + u * 2 * W);
-      prefetch_l2(pp + vs + u * 2 * W);
+    for (int u = 0; u < CB / U; ++u) {
+      if constexpr (U == 2) {  // bf16: the words of rows x and x + 1, even d then odd d
+        const vu a = loadu(reinterpret_cast<const std::uint32_t*>(vp + u * 2 * W));
+        const vu b = loadu(reinterpret_cast<const std::uint32_t*>(vp + vs + u * 2 * W));
+        vv[2 * u] = (a & lo16) | (b << 16);
+        vv[2 * u + 1] = (a >> 16) | (b & hi16);
+      } else {  // int8: both rows widened (exact), each native vector of d paired across the rows
+        vf a[U], b[U];
+        storage<T>::get(vp + u * U * W, a);
+        storage<T>::get(vp + vs + u * U * W, b);
+#pragma GCC unroll 4
+        for (int e = 0; e < U; ++e) vv[U * u + e] = pair_words(a[e], b[e]);
+      }
+      prefetch_l2(pp + u * U * W);
+      prefetch_l2(pp + vs + u * U * W);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
@@ -258,14 +276,17 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   const std::int64_t L = lb.L, nr = st.nr, Dp = st.Dp, Dvp = st.Dvp;
   for (std::int64_t g = 0; g < st.nrp; ++g) {
     const bool valid = g < nr;
-    if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
+    if constexpr (P == 2) {  // words of bf16 pairs in the order of the key words (q is exactly bf16: truncation is exact)
       auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
       const auto bits = [&](std::int64_t d) {
         std::uint32_t u = 0;
         if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
         return u >> 16;
       };
-      for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
+      for (std::int64_t w = 0; w < Dp / 2; ++w) {
+        const std::int64_t d = pair_element<T>(w);
+        qw[w] = bits(d) | bits(d + 1) << 16;
+      }
     } else {
       for (std::int64_t d = 0; d < Dp; ++d)
         st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
@@ -383,11 +404,13 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
           const vh w = __builtin_convertvector(b | b >> 16, vh);
           __builtin_memcpy(pw + kg * W / 2, &w, sizeof w);
         }
-        const std::uint16_t* vq0 = first ? vpf : vb;
+        const T* vq0 = first ? vpf : vb;
         for (; c0 + CB <= nv; c0 += CB) decode_pv_pairs<RG, CB, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
-        if (nv - c0 == 2) decode_pv_pairs<RG, 2, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+        if constexpr (U == 2) {  // nv is a multiple of U
+          if (nv - c0 == 2) decode_pv_pairs<RG, 2, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+          if (nv - c0 == 6) decode_pv_pairs<RG, 6, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
+        }
         if (nv - c0 == 4) decode_pv_pairs<RG, 4, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
-        if (nv - c0 == 6) decode_pv_pairs<RG, 6, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
         continue;
       }
       for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
@@ -407,7 +430,12 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
 void decode_group(const lane_block& lb, const forward_io& io) {
-  if (lb.k8) return decode_rows<RG, f32_operands, std::int8_t>(lb, io, lb.D % (4 * W) != 0 || lb.Dv % (4 * W) != 0);
+  if (lb.k8) {
+    const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
+    if constexpr (Dot::available)
+      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lb, io, false);
+    return decode_rows<RG, f32_operands, std::int8_t>(lb, io, !units);
+  }
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
     if constexpr (Dot::available)

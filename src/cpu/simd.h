@@ -119,6 +119,10 @@ inline vu bf16_bits(vf p) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// Two vectors of floats that bf16 holds exactly (small integers: widened int8) → words of bf16
+// pairs: low half a's lane, high half b's (truncation is exact for them).
+inline vu pair_words(vf a, vf b) { return ((vu)a >> 16) | ((vu)b & splatu(0xffff0000u)); }
+
 // How a stored element type becomes f32 vectors, a "unit" of U vectors at a time:
 //   float: W floats → one vector, in memory order;
 //   bf16:  2W bf16 read as W 32-bit words → two vectors, the even elements (word << 16) then

@@ -56,13 +56,21 @@ struct bf16_pair_operands {
     }
     return out;
   }
-  // Decode reads bf16 key rows as they are: W words (2W elements) per unit.
+  // Decode reads bf16 key rows as they are: W words (2W elements) per unit. int8 rows (4W
+  // elements per unit, widened in storage<int8_t>'s native order) become two vectors of words,
+  // exactly (|k| <= 127 is a bf16): word i of vector e pairs elements 4i + 2e and 4i + 2e + 1.
   template <class T>
-  static constexpr int key_vectors = 1;
+  static constexpr int key_vectors = sizeof(T) == 2 ? 1 : 2;
   template <class T>
   static void load_keys(const T* p, vword* out) {
-    static_assert(sizeof(T) == 2, "bf16 pairs read bf16 rows");
-    out[0] = loadu(reinterpret_cast<const std::uint32_t*>(p));
+    static_assert(sizeof(T) <= 2, "bf16 pairs read bf16 or int8 rows");
+    if constexpr (sizeof(T) == 2) {
+      out[0] = loadu(reinterpret_cast<const std::uint32_t*>(p));
+    } else {
+      vf f[4];
+      storage<T>::get(p, f);
+      out[0] = pair_words(f[0], f[1]), out[1] = pair_words(f[2], f[3]);
+    }
   }
 };
 

@@ -75,6 +75,9 @@ const int8_case kCases[] = {
     {"window_alibi_softcap", {50, 29}, 4, 3, 4, 2, 8, causal_alignment::after_past, 7, true, true, 5.0},
     {"prefill_many_rows", {45, 20}, 16, 20, 4, 2, 8, causal_alignment::top_left, -1, false, false, 0},
     {"split_kv_chunks", {4500}, 16, 1, 2, 1, 8, causal_alignment::bottom_right, -1, false, false, 0},
+    // Head sizes in whole units of 4W: with bf16 q, the bf16 dot products (int8 rows as exact bf16 pairs)
+    {"decode_d128_gqa4", {300, 17, 0, 2100}, 16, 1, 8, 2, 128, causal_alignment::bottom_right, -1, false, false, 0},
+    {"speculative_d64", {61, 9}, 8, 3, 4, 1, 64, causal_alignment::bottom_right, 20, true, true, 0},
 };
 
 void PrintTo(const int8_case& c, std::ostream* os) { *os << c.name; }
