@@ -18,13 +18,27 @@ paged (decode, one query per sequence):
   torch_gather      torch: gather the sequence's pages into a dense cache, then SDPA (GQA by
                     repeat_interleave) — what a PyTorch user does without a paged kernel
   torch_dense       torch SDPA on the dense cache (no gather)
-GB/s counts the K/V bytes one step must read.
+  attn_dense_int8   attn.attention_paged on an int8 cache quantised from the same K, V by
+                    attn.paged_kv_append (one scale per token and head), one page per sequence
+                    (the dense buffer, block_table [[b]])
+  ggml_f16          ggml_flash_attn_ext (ggml-python, ggml's CPU kernel, what llama.cpp runs) on
+                    an F16 cache of the same K, V; q in f32, GQA by ggml's broadcast, F32 precision
+  ggml_q8_0         the same on a Q8_0 cache (llama.cpp's --cache-type-k/v q8_0), quantised from
+                    the same K, V by ggml_quantize_chunk
+                    (the ggml graph is built once and holds only the attention node; a missing
+                    ggml-python prints "ggml: not run (<reason>)" and the rest runs)
+GB/s counts the K/V bytes one step must read, in each contender's own cache type (bf16: 2 bytes
+a value; int8: 1 byte a value + a float32 scale per token and head; f16: 2; q8_0: 34 bytes per
+32 values). max_abs_diff_vs_f32 compares each contender's output with attn.attention in float32
+on the same (bf16-rounded) q, K, V; out_max_abs is that output's largest magnitude.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import math
 import os
 import statistics
 import time
@@ -110,6 +124,80 @@ def varlen(a):
             "skipped": skipped}
 
 
+def ggml_decode(q, K, V, kind, threads):
+    """ggml_flash_attn_ext on a K/V cache of ggml type `kind` ("f16" or "q8_0") holding K, V.
+
+    ggml dims are innermost first: q [D, Nq, Hq, B] f32 (ggml's flash attention takes f32 q),
+    k/v [D, Nk, Hkv, B] — the memory of attn's [B, H, N, D]; GQA by ggml's broadcast (q head h
+    reads kv head h // (Hq / Hkv), as repeat_interleave), no mask, scale 1/sqrt(D), F32
+    precision. The graph is built once and holds only the attention node. Returns
+    (compute, output, free, detail): compute() runs the graph on `threads` threads, output()
+    reads the result back as float32 [B, Hq, Nq, D].
+    """
+    import ggml  # noqa: PLC0415 - optional (bench/setup_venv.sh); the caller reports its absence
+
+    B, Hq, Nq, D = q.shape
+    _, Hkv, Nk, Dv = V.shape
+    gtype = {"f16": ggml.GGML_TYPE_F16, "q8_0": ggml.GGML_TYPE_Q8_0}[kind]
+    ggml.ggml_cpu_init()  # ggml's f16 tables (idempotent)
+    kv_rows = Nk * Hkv * B
+    tensor_bytes = (4 * q.numel() + kv_rows * (ggml.ggml_row_size(gtype, D) + ggml.ggml_row_size(gtype, Dv))
+                    + 4 * B * Hq * Nq * Dv)
+    mem = tensor_bytes + 16 * ggml.ggml_tensor_overhead() + ggml.ggml_graph_overhead() + (1 << 20)
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=False))
+    if not ctx:
+        raise RuntimeError("ggml_init failed")
+    try:
+        gq = ggml.ggml_new_tensor_4d(ctx, ggml.GGML_TYPE_F32, D, Nq, Hq, B)
+        gk = ggml.ggml_new_tensor_4d(ctx, gtype, D, Nk, Hkv, B)
+        gv = ggml.ggml_new_tensor_4d(ctx, gtype, Dv, Nk, Hkv, B)
+
+        def fill(t, x):
+            x = np.ascontiguousarray(x.float().numpy())  # the same (bf16-rounded) values as attn's
+            if kind == "f16" and t is not gq:
+                raw = x.astype(np.float16)
+            elif t is not gq:  # q8_0: ggml's own quantiser, rows of the innermost dim
+                n = ggml.ggml_quantize_chunk(gtype, x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                             ggml.ggml_get_data(t), 0, x.size // x.shape[-1], x.shape[-1], None)
+                assert n == ggml.ggml_nbytes(t), (n, ggml.ggml_nbytes(t))
+                return
+            else:
+                raw = x
+            assert raw.nbytes == ggml.ggml_nbytes(t)
+            ctypes.memmove(ggml.ggml_get_data(t), raw.ctypes.data, raw.nbytes)
+
+        fill(gq, q)
+        fill(gk, K)
+        fill(gv, V)
+        out = ggml.ggml_flash_attn_ext(ctx, gq, gk, gv, None, 1.0 / math.sqrt(D), 0.0, 0.0)
+        ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_F32)
+        gf = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(gf, out)
+        plan = ggml.ggml_graph_plan(gf, threads, None)
+        work = (ctypes.c_uint8 * max(1, plan.work_size))()
+        plan.work_data = ctypes.cast(work, ctypes.POINTER(ctypes.c_uint8))
+    except BaseException:
+        ggml.ggml_free(ctx)
+        raise
+
+    def compute():
+        work  # noqa: B018 - the work buffer lives as long as this closure
+        ggml.ggml_graph_compute(gf, ctypes.byref(plan))
+
+    def output():  # ggml's result is [Dv, Hq, Nq, B] innermost first: numpy [B, Nq, Hq, Dv]
+        n = B * Nq * Hq * Dv
+        o = np.frombuffer((ctypes.c_float * n).from_address(ggml.ggml_get_data(out)), np.float32)
+        return torch.from_numpy(o.reshape(B, Nq, Hq, Dv).transpose(0, 2, 1, 3).copy())
+
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        v = version("ggml-python")
+    except Exception:  # noqa: BLE001
+        v = "?"
+    return compute, output, lambda: ggml.ggml_free(ctx), f"ggml-python {v}, K/V {kind.upper()}, Q F32, prec F32"
+
+
 def paged(a):
     rng = np.random.default_rng(a.seed)
     dt, B, Hq, Hkv, D, N, P = DTYPES[a.dtype], a.batch, a.hq, a.hkv, a.d, a.nk, a.page
@@ -133,20 +221,62 @@ def paged(a):
         vd = vp[order].transpose(1, 2).reshape(B, Hkv, N, D)
         return F.scaled_dot_product_attention(q, kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1))
 
+    # int8 cache, one page per sequence: the dense head-major buffer [B, Hkv, N, D] seen as pages
+    # [B, N, Hkv, D] (scales [B, Hkv, N] as [B, N, Hkv]), quantised from K, V by paged_kv_append.
+    k8 = np.zeros((B, Hkv, N, D), np.int8)
+    v8 = np.zeros_like(k8)
+    ks = np.zeros((B, Hkv, N), np.float32)
+    vs = np.zeros_like(ks)
+    k8v, v8v, ksv, vsv = k8.transpose(0, 2, 1, 3), v8.transpose(0, 2, 1, 3), ks.transpose(0, 2, 1), vs.transpose(0, 2, 1)
+    table8 = torch.arange(B, dtype=torch.int64).reshape(B, 1)
+    attn.paged_kv_append(k8v, v8v, table8, torch.zeros(B, dtype=torch.int64), K, V, k_scales=ksv, v_scales=vsv)
+
+    def attn_dense_int8(threads=a.threads):
+        return attn.attention_paged(q, k8v, v8v, table8, lens, k_scales=ksv, v_scales=vsv, num_threads=threads)
+
     Kr, Vr = K.repeat_interleave(g, 1), V.repeat_interleave(g, 1)
     contenders = [
         ("attn_paged", lambda: attn.attention_paged(q, kpv, vpv, order, lens, num_threads=a.threads)),
         ("attn_dense", lambda: attn.attention(q, K, V, num_threads=a.threads)),
+        ("attn_dense_int8", attn_dense_int8),
         ("torch_gather", torch_gather),
         ("torch_dense", lambda: F.scaled_dot_product_attention(q, Kr, Vr)),
     ]
+    values = 2 * B * Hkv * N * D
+    kv_bytes = {n: values * K.element_size() for n, _ in contenders}
+    kv_bytes["attn_dense_int8"] = values + 2 * B * Hkv * N * 4
+    outputs = {"attn_paged": lambda: attn.attention_paged(q, kpv, vpv, order, lens),
+               "attn_dense": lambda: attn.attention(q, K, V), "attn_dense_int8": attn_dense_int8,
+               "torch_gather": torch_gather, "torch_dense": lambda: F.scaled_dot_product_attention(q, Kr, Vr)}
+
+    skipped, frees, details = {}, [], {}
+    for kind, per_value in (("f16", 2.0), ("q8_0", 34 / 32)):
+        name = "ggml_" + kind
+        try:
+            compute, output, free, details[name] = ggml_decode(q, K, V, kind, a.threads)
+        except Exception as e:  # noqa: BLE001 — reported, not hidden
+            skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            continue
+        frees.append(free)
+        contenders.append((name, compute))
+        outputs[name] = lambda compute=compute, output=output: (compute(), output())[1]
+        kv_bytes[name] = values * per_value
+
     ref = attn.attention(q, K, V)
     diff = max((attn.attention_paged(q, kpv, vpv, order, lens).float() - ref.float()).abs().max().item(),
                (torch_gather().float() - ref.float()).abs().max().item())
-    med = run_rounds(contenders, a.reps, a.warmup)
-    kv_bytes = 2 * B * Hkv * N * D * K.element_size()
-    return {"mode": "paged", "page": P, "nk": N, "kv_mib": kv_bytes / 2**20, "max_abs_diff": diff,
-            "results": {n: {"ms": t * 1e3, "gbps": kv_bytes / t / 1e9} for n, t in med.items()}}
+    ref32 = attn.attention(q.float(), K.float(), V.float())
+    diffs = {n: (f().float() - ref32).abs().max().item() for n, f in outputs.items()}
+    try:
+        med = run_rounds(contenders, a.reps, a.warmup)
+    finally:
+        for free in frees:
+            free()
+    return {"mode": "paged", "page": P, "nk": N, "kv_mib": kv_bytes["attn_paged"] / 2**20, "max_abs_diff": diff,
+            "max_abs_diff_vs_f32": diffs, "out_max_abs": ref32.abs().max().item(),
+            "results": {n: {"ms": t * 1e3, "gbps": kv_bytes[n] / t / 1e9, "kv_mib": kv_bytes[n] / 2**20}
+                        for n, t in med.items()},
+            "ggml": details, "skipped": skipped}
 
 
 def main():
@@ -178,9 +308,9 @@ def main():
     unit = "gflops" if a.mode == "varlen" else "gbps"
     base = r["results"]["attn_" + ("varlen" if a.mode == "varlen" else "paged")]["ms"]
     for name, x in r["results"].items():
-        print(f"  {name:14s} {x['ms']:10.2f} ms  {x[unit]:8.2f} {unit}  {x['ms'] / base:5.2f}x attn's time")
+        print(f"  {name:15s} {x['ms']:10.2f} ms  {x[unit]:8.2f} {unit}  {x['ms'] / base:5.2f}x attn's time")
     for name, why in r.get("skipped", {}).items():
-        print(f"  {name:14s} not run: {why}")
+        print(f"  {name:15s} {'ggml: ' if name.startswith('ggml_') else ''}not run ({why})")
 
 
 if __name__ == "__main__":
