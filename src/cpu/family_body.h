@@ -322,13 +322,34 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
 
 inline bool elementwise(const family_params& fp) { return fp.score != family_score::dot; }
 
+template <int CC>
+void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask);
+
 // S[jj][x] (row stride L) = s of key j0 + jj for lane x; G likewise act'(z) (when not null).
 template <int CC>
 void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
   const std::int64_t L = CC * W;
-  const family_params& fp = lb.fp;
-  if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
+  if (elementwise(lb.fp)) with_terms(lb.fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
   else gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  lane_transform<CC>(lb, j0, nb, S, G, mask);
+}
+
+// The same for dot scores on bf16 pair operands (j0 and nb even): z = zscale · (q·k).
+template <class Ops, int CC>
+void lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask) {
+  const std::int64_t L = CC * W;
+  gemm<Ops>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
+  if (lb.zscale != 1.0f)
+    for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
+  lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
+}
+
+// Scores S (raw z) of keys [j0, j0 + nb) → s = act(z + bias) + mask, -inf outside each lane's
+// key range; G = act'(z) when not null.
+template <int CC>
+void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
+  const std::int64_t L = CC * W;
+  const family_params& fp = lb.fp;
   if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, mask, 1, L);
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
   bool ranged = false;
@@ -580,30 +601,44 @@ void set_empty_stats(const family_lanes& lb) {
 }
 
 // ---- forward, lane layout ----
-template <family_dist Dist, int CC>
+// Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_lanes::qtw, kw, vw):
+// the key range then starts on an even key and ends on one past an odd key (the zero key), the
+// keys no lane sees getting s = -inf and α = 0 like any key outside a lane's range, and α is
+// rounded to bf16 in pairs of keys for Oᵀ += Vᵀ A, as the core op's prefill rounds P.
+template <class Ops, family_dist Dist, int CC>
 void fam_forward(const family_lanes& lb, float* ot) {
+  constexpr bool pairs = Ops::kPack == 2;
   const std::int64_t L = CC * W;
   for (std::int64_t i = 0; i < lb.Dv * L; ++i) ot[i] = 0.0f;
   set_empty_stats<CC>(lb);
   std::int64_t kmin, kmax;
   fam_range(lb, kmin, kmax);
   if (kmin >= kmax) return;
+  if constexpr (pairs) kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
+  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
+    if constexpr (pairs) lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
+    else lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
+  };
   if (keep) {
-    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
-      lane_scores<CC>(lb, j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L, nullptr, sc.mask);
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) scores(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L);
     lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
   }
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
-    if (!keep) lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
+    if (!keep) scores(j0, nb, S);
     lane_alpha<Dist, CC>(lb, S, j0, nb);
-    if (lb.alpha)
-      for (std::int64_t x = 0; x < lb.nl; ++x)
-        for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
-    gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
+    if constexpr (pairs) {  // dP's room (unused by the forward) holds α as words [nb/2][L]
+      const auto* aw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.dP));
+      gemm<Ops>(lb.Dv, L, nb / 2, lb.vw + j0 / 2 * lb.vwss, 1, lb.vwss, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
+    } else {
+      if (lb.alpha)
+        for (std::int64_t x = 0; x < lb.nl; ++x)
+          for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
+      gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
+    }
   }
 }
 
@@ -783,7 +818,11 @@ void with_dist(family_dist d, F&& f) {
 }
 
 void fam_forward_entry(const family_lanes& lb, float* ot) {
-  with_dist(lb.fp.dist, [&](auto d) { fam_forward<decltype(d)::value, C>(lb, ot); });
+  with_dist(lb.fp.dist, [&](auto d) { fam_forward<fam_ops, decltype(d)::value, C>(lb, ot); });
+}
+template <class Dot>
+void fam_forward_bf16_entry(const family_lanes& lb, float* ot) {
+  with_dist(lb.fp.dist, [&](auto d) { fam_forward<bf16_pair_operands<Dot>, decltype(d)::value, C>(lb, ot); });
 }
 void fam_dq_entry(const family_lanes& lb, const family_dq_io& io) {
   with_dist(lb.fp.dist, [&](auto d) { fam_dq<decltype(d)::value, C>(lb, io); });
@@ -805,9 +844,13 @@ void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
 namespace attn::detail::cpu {
 namespace {
 
+// Dot: the ISA's bf16 dot product (simd.h: no_bf16_dot where there is none; then no forward_bf16).
+template <class Dot = no_bf16_dot>
 constexpr family_table make_family_table(const char* name) {
+  void (*forward_bf16)(const family_lanes&, float*) = nullptr;
+  if constexpr (Dot::available) forward_bf16 = fam_forward_bf16_entry<Dot>;
   return {name,           W,           C * W,          fam_forward_entry, fam_dq_entry, fam_dkdv_entry,
-          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry};
+          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16};
 }
 
 }  // namespace

@@ -98,6 +98,16 @@ struct family_lanes {
   // sigmoid and identity); the statistics hold Dv·L entries, feature-major ([Dv][L]); alpha, if
   // set, receives α of lane x, key j, feature c at alpha[x·alpha_ld + j·Dv + c].
   std::int64_t Fc = 0;
+  // forward_bf16 (dot scores of bfloat16 inputs, P even): the operands as words of two bf16,
+  // low half first — the lanes' queries qtw [P/2][L], key j's words at kw + j·kwsn (with a zero
+  // key at j = Nk), values by pairs of keys: word (j', d) at vw[j'·vwss + d] = v[2j'][d] |
+  // v[2j' + 1][d] << 16 (zero past the last key). z = zscale · (q·k), products exact, α rounded
+  // to bf16 for the product with V.
+  const std::uint32_t* qtw = nullptr;
+  const std::uint32_t* kw = nullptr;
+  const std::uint32_t* vw = nullptr;
+  std::int64_t kwsn = 0, vwss = 0;
+  float zscale = 1.0f;
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
@@ -177,7 +187,7 @@ static inline std::int64_t family_md_row_scratch_floats(std::int64_t rows, std::
 }
 
 struct family_table {
-  const char* name;  // "generic", "avx2", "avx512"
+  const char* name;  // "generic", "avx2", "avx512", "avx512bf16"
   int W;             // floats per vector
   int lanes;         // L of a lane block
   void (*forward)(const family_lanes&, float* ot);
@@ -190,13 +200,17 @@ struct family_table {
   void (*md_forward)(const family_lanes&, float* ot);
   void (*md_dq)(const family_lanes&, const family_dq_io&);
   void (*md_dkdv)(const family_rows&);
+  // The forward of dot scores on bf16 pair operands (family_lanes::qtw, kw, vw), every
+  // distribution; null where the ISA has no bf16 dot product.
+  void (*forward_bf16)(const family_lanes&, float* ot);
 };
 
 const family_table& family_generic();
 const family_table& family_avx2();
 const family_table& family_avx512();
+const family_table& family_avx512bf16();
 
-// The table for this CPU (isa.cc; ATTN_CPU_ISA caps it; avx512bf16 runs the avx512 one).
+// The table for this CPU (isa.cc; ATTN_CPU_ISA caps it).
 const family_table& select_family_kernels();
 
 }  // namespace attn::detail::cpu

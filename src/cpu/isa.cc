@@ -81,11 +81,12 @@ const rowwise_table& select_rowwise() {
   }
 }
 
-// The fused family kernels have no bf16 dot product either: avx512bf16 runs the avx512 ones.
 const family_table& select_family_kernels() {
   switch (capped_level()) {
+#if ATTN_CPU_MAX_LEVEL >= 3
+    case 3: return family_avx512bf16();
+#endif
 #if ATTN_CPU_MAX_LEVEL >= 2
-    case 3:
     case 2: return family_avx512();
 #endif
 #if ATTN_CPU_MAX_LEVEL >= 1

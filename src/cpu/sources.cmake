@@ -3,7 +3,8 @@
 # decode.h; simd_avx512bf16.h for the last level); the driver and the runtime dispatch (isa.cc)
 # are built for baseline x86-64. The row-wise kernels (rowwise.h: GELU, LayerNorm) are a
 # second table built the same way from rowwise_body.h, and the fused family kernels
-# (family_kernels.h, driven by src/family/fused.cc) a third, from family_body.h.
+# (family_kernels.h, driven by src/family/fused.cc) a third, from family_body.h (its
+# avx512bf16 level adds the bf16 forward of dot scores).
 # ATTN_CPU_MAX_LEVEL (0 generic, 1 avx2, 2 avx512, 3 avx512bf16; default 3) leaves the levels
 # above it out of a build (isa.cc then never picks them): fuzz/ builds up to avx2, for build time.
 if(NOT DEFINED ATTN_CPU_MAX_LEVEL)
@@ -23,10 +24,12 @@ set(ATTN_ISA_FLAGS_avx512bf16 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx5
 foreach(isa IN LISTS ATTN_CPU_LEVELS)
   target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc)
   set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc PROPERTIES COMPILE_OPTIONS "${ATTN_ISA_FLAGS_${isa}}")
-  if(NOT isa STREQUAL "avx512bf16")  # no bf16 dot product in the row-wise and family kernels
-    foreach(table rowwise family)
-      target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc)
-      set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc PROPERTIES COMPILE_OPTIONS "${ATTN_ISA_FLAGS_${isa}}")
-    endforeach()
+  set(tables family)
+  if(NOT isa STREQUAL "avx512bf16")  # no bf16 dot product in the row-wise kernels
+    list(APPEND tables rowwise)
   endif()
+  foreach(table IN LISTS tables)
+    target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc)
+    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc PROPERTIES COMPILE_OPTIONS "${ATTN_ISA_FLAGS_${isa}}")
+  endforeach()
 endforeach()

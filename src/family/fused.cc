@@ -85,6 +85,53 @@ std::vector<float> load_f32(const strided4& s, std::int64_t B, std::int64_t H, s
   return r;
 }
 
+// bf16 operands of the forward_bf16 kernel (family_kernels.h: family_lanes::qtw, kw, vw), from
+// bfloat16 views [B, H, N, X] (any strides), X even: rows of X/2 words, element 2w in the low
+// half of word w, with `pad` zero rows after each (b, h)'s N.
+std::vector<std::uint32_t> load_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                                      std::int64_t pad, int nt) {
+  const std::int64_t Xw = X / 2, Np = N + pad;
+  std::vector<std::uint32_t> r(std::size_t(B * H * Np * Xw), 0u);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t row = 0; row < B * H * N; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+    std::uint32_t* o = r.data() + ((b * H + h) * Np + n) * Xw;
+    for (std::int64_t w = 0; w < Xw; ++w) o[w] = std::uint32_t(p[2 * w * s.sx]) | std::uint32_t(p[(2 * w + 1) * s.sx]) << 16;
+  }
+  return r;
+}
+// Values by pairs of keys: [B·H][⌈(N + 1)/2⌉][X] words, word (j', d) = v[2j'][d] | v[2j'+1][d] << 16
+// (zero past the last key).
+std::vector<std::uint32_t> load_value_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                            std::int64_t X, int nt) {
+  const std::int64_t Np = N / 2 + 1;
+  std::vector<std::uint32_t> r(std::size_t(B * H * Np * X), 0u);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t row = 0; row < B * H * Np; ++row) {
+    const std::int64_t jp = row % Np, h = row / Np % H, b = row / Np / H;
+    std::uint32_t* o = r.data() + row * X;
+    for (std::int64_t half = 0; half < 2; ++half) {
+      const std::int64_t j = 2 * jp + half;
+      if (j >= N) break;
+      const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
+      for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << (16 * half);
+    }
+  }
+  return r;
+}
+// Every element of a bfloat16 view finite (exponent bits not all ones).
+bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
+  std::int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
+  for (std::int64_t row = 0; row < B * H * N; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) bad += (p[x * s.sx] & 0x7f80u) == 0x7f80u;
+  }
+  return bad == 0;
+}
+
 // Row (b, h, n) of `s` from the X floats src[x * ss], times mul.
 void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
              std::int64_t ss, double mul) {
@@ -202,10 +249,23 @@ struct fused_inputs {
     return K.data() + (b * fp.Hkv + hkv) * kstride;
   }
 
-  fused_inputs(const fproblem& fp, const fused_source& src)
+  // The bf16 forward (forward_bf16): words of q rows [B·Hq·Nq][P/2], keys [B·Hkv][Nk + 1][P/2]
+  // (a zero key at Nk), values by key pairs [B·Hkv][Nk/2 + 1][Dv]; z = zscale·(q·k).
+  bool pairs = false;
+  std::vector<std::uint32_t> Qw, Kw, Vw;
+  float zscale = 1.0f;
+
+  fused_inputs(const fproblem& fp, const fused_source& src, bool forward = false)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
+    if (forward && bf16_forward(fp, src, nt)) {
+      pairs = true, zscale = float(src.scale);
+      Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, nt);
+      Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1, nt);
+      Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+      return;
+    }
     load(fp, src, nt);
     kstride = fp.Nk * fp.Pq;
     if (fp.kernel == kernel_kind::location) K = to_f32(fp.W_a, nt), kstride = 0;
@@ -216,6 +276,17 @@ struct fused_inputs {
   }
 
  private:
+  // Dot scores of bfloat16 q, k, v (the user's tensors, direct) with an even head size, on an ISA
+  // with a bf16 dot product; V finite (the key pairs may put a key no row sees beside the first
+  // one a row sees: its α = 0 must not meet an inf). ATTN_FAMILY_BF16=0 keeps f32 products.
+  static bool bf16_forward(const fproblem& fp, const fused_source& src, int nt) {
+    const char* env = std::getenv("ATTN_FAMILY_BF16");
+    if (env && std::string_view(env) == "0") return false;
+    return select_family_kernels_bf16() && src.direct && fp.F == 1 && fp.kernel == kernel_kind::dot &&
+           src.q.type == dtype::bf16 && src.k.type == dtype::bf16 && src.v.type == dtype::bf16 && fp.Pq % 2 == 0 &&
+           fp.Pq == fp.Pk && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+  }
+  static bool select_family_kernels_bf16() { return cpu::select_family_kernels().forward_bf16 != nullptr; }
   // ATTN_FAMILY_ADDITIVE=tanh keeps tanh(a + b) for every block (for comparisons and tests).
   static bool additive_exp_allowed() {
     const char* env = std::getenv("ATTN_FAMILY_ADDITIVE");
@@ -279,14 +350,20 @@ struct lane_state {
     for (std::int64_t x = 0; x < L; ++x) {
       if (x >= nl) {
         lo[x] = hi[x] = 0, h[x] = i[x] = 0;
-        for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = 0.0f;
+        for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = 0.0f;  // zero floats, or zero words [P/2][L]
         continue;
       }
       const std::int64_t rr = lbi * L + x;
       i[x] = rr / in.G, h[x] = hkv * in.G + rr % in.G;
       const auto [a, e] = fp.p.key_range(b, i[x]);
       lo[x] = std::int32_t(a), hi[x] = std::int32_t(e);
-      const float* q = in.kq() + ((b * fp.Hq + h[x]) * fp.Nq + i[x]) * P;
+      const std::int64_t qrow = (b * fp.Hq + h[x]) * fp.Nq + i[x];
+      if (in.pairs) {  // words [P/2][L] in qt's room
+        auto* qw = reinterpret_cast<std::uint32_t*>(qt.get());
+        for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = in.Qw[std::size_t(qrow * (P / 2) + w)];
+        continue;
+      }
+      const float* q = in.kq() + qrow * P;
       for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = q[d];
     }
     mc.b = b, mc.valid = nl;
@@ -294,7 +371,8 @@ struct lane_state {
     std::int64_t kmin = fp.Nk, kmax = 0;
     for (std::int64_t x = 0; x < nl; ++x)
       if (lo[x] < hi[x]) kmin = std::min<std::int64_t>(kmin, lo[x]), kmax = std::max<std::int64_t>(kmax, hi[x]);
-    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0);
+    // (+2: the bf16 forward widens the range to whole key pairs)
+    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0) + (in.pairs ? 2 : 0);
     std::int64_t Fc = F;
     if (cpu::family_keeps_scores(prm.dist)) {
       Fc = std::clamp<std::int64_t>(kMdScoreFloats / std::max<std::int64_t>(span * L, 1), 1, F);
@@ -308,8 +386,15 @@ struct lane_state {
     cpu::family_lanes lb;
     lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
     lb.qt = qt.get();
-    lb.k = in.keys(fp, b, hkv), lb.ksn = P;
-    lb.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv, lb.vsn = fp.Dv;
+    if (in.pairs) {
+      lb.qtw = reinterpret_cast<const std::uint32_t*>(qt.get());
+      lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + 1) * (P / 2), lb.kwsn = P / 2;
+      lb.vw = in.Vw.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * fp.Dv, lb.vwss = fp.Dv;
+      lb.zscale = in.zscale;
+    } else {
+      lb.k = in.keys(fp, b, hkv), lb.ksn = P;
+      lb.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv, lb.vsn = fp.Dv;
+    }
     lb.lo = lo.data(), lb.hi = hi.data();
     lb.fp = prm;
     lb.st = {t.get(), lse.get(), cut.data(), r.get()};
@@ -329,7 +414,7 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
 }
 
 const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out) {
-  const fused_inputs in(fp, src);
+  const fused_inputs in(fp, src, true);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(out, fp.B, fp.Hq, fp.Nq, fp.Dv);
     return in.kt.name;
@@ -343,11 +428,11 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
     for (std::int64_t u = 0; u < in.units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
       const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
-      (fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
+      (in.pairs ? in.kt.forward_bf16 : fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
       for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
     }
   }
-  return in.kt.name;
+  return in.pairs ? "avx512bf16, bf16 products" : in.kt.name;  // forward_bf16 is that table's alone
 }
 
 const char* fused_weights(const fproblem& fp, const fused_source& src, const strided4& w) {

@@ -6,6 +6,7 @@
 // the choice of path and its refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -339,6 +340,47 @@ TEST(FamilyFused, LowerPrecisionInputs) {
     }
 }
 
+// bf16 inputs of dot scores (dot, scaled_dot) take bf16 products on an ISA with a bf16 dot
+// product (q·k exact, α rounded to bf16 for the product with V): every distribution, every
+// mask kind (windows make rows start on odd keys), GQA, key ranges over several key blocks, odd
+// Nk, against the reference on the rounded inputs and against the same call with f32 products
+// (ATTN_FAMILY_BF16=0); threads give the same bits.
+TEST(FamilyFused, Bf16ProductsMatchReference) {
+  bool saw_pairs = false;
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(61);
+    for (distribution_kind d : kFused)
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 9, 17, 33}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 300, 61, 133}[std::size_t((mask + int(d)) % 5)];
+        const bool gqa = mask % 2;
+        family_case c(mask % 3 ? score_kind::scaled_dot : score_kind::dot, d, rng, 2, gqa ? 4 : 2, gqa ? 2 : 2, Nq,
+                      Nk, mask == 4 ? 64 : 8, 5);
+        if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+        const std::string what = isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " +
+                                 std::to_string(Nq) + " Nk " + std::to_string(Nk);
+        SCOPED_TRACE(what);
+        const execution e{.path = family_path::fused, .num_threads = 2};
+        const family_result got = attention_family(q, k, v, c.opt, e);
+        saw_pairs |= got.path.find("bf16 products") != std::string::npos;
+        if (isa == "avx512bf16") EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+        const family_result ref = attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
+        EXPECT_TRUE(all_close(got.out, ref.out, tolerance_for(dtype::bf16))) << got.path;
+        EXPECT_TRUE(same_bits(attention_family(q, k, v, c.opt, {.path = family_path::fused, .num_threads = 1}).out, got.out));
+        setenv("ATTN_FAMILY_BF16", "0", 1);
+        const family_result f32 = attention_family(q, k, v, c.opt, e);
+        unsetenv("ATTN_FAMILY_BF16");
+        EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+        EXPECT_TRUE(all_close(got.out, f32.out, tolerance_for(dtype::bf16)));
+      }
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) EXPECT_TRUE(saw_pairs);
+}
+
 // With v the identity (Dv = Nk), out_i is α_i itself: the fused path's zeros must be exactly
 // the reference's on well-separated scores.
 TEST(FamilyFused, SameSupportAsReference) {
@@ -459,7 +501,12 @@ TEST(FamilyFused, DirectRouteIsThePreparedRouteOnTheUsersViews) {
       g.opt.score.kind = score_kind::general, g.opt.score.scale.reset(), g.opt.score.W = g.W.view();
       const result prepared = run(g, q, k, v, dout, family_path::automatic);
       ASSERT_EQ(prepared.fwd.path.rfind("fused", 0), 0u);
-      EXPECT_TRUE(same_bits(got.fwd.out, prepared.fwd.out)) << "out";
+      // bf16 inputs of a dot score take bf16 products where the ISA has them (α rounded to
+      // bf16 for the product with V); the prepared route (general) multiplies in f32.
+      if (got.fwd.path.find("bf16 products") != std::string::npos)
+        EXPECT_TRUE(all_close(got.fwd.out, prepared.fwd.out, tolerance_for(t))) << "out, bf16 products";
+      else
+        EXPECT_TRUE(same_bits(got.fwd.out, prepared.fwd.out)) << "out";
       EXPECT_TRUE(same_bits(got.g.dq, prepared.g.dq)) << "dq";
       EXPECT_TRUE(same_bits(got.g.dk, prepared.g.dk)) << "dk";
       EXPECT_TRUE(same_bits(got.g.dv, prepared.g.dv)) << "dv";
