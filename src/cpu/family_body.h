@@ -714,19 +714,30 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
 
 // ---- backward dk, dv, row layout ----
 //   S = Q Kᵀ, dP = dO Vᵀ; α, dz from the saved row statistics; dVᵀ += dOᵀ α, dKᵀ += Qᵀ dz
-template <family_dist Dist>
+// Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_rows::qw …): S, dP,
+// dv and dk multiply bf16 pairs, α and dz rounded to bf16 for the last two; dq stays f32.
+template <class Ops, family_dist Dist>
 void fam_dkdv(const family_rows& pr) {
-  const std::int64_t ld = pr.ldk, nq = pr.nq;
+  constexpr bool pairs = Ops::kPack == 2;
+  const std::int64_t ld = pr.ldk, nq = pr.nq, nqp = (nq + 1) / 2;
   const family_params& fp = pr.fp;
   float* S = pr.scratch;
   float* dP = S + nq * ld;
   float* mask = dP + nq * ld;
+  auto* packed = reinterpret_cast<typename Ops::word*>(mask + nq * ld);  // bf16: α, then dz, as words [nqp][ld]
   // hardmax (zero gradient) and box: dv alone (no gradient reaches the scores; sigmoid's single
   // pass still sums de)
   const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
-  if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
-  else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
-  if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
+  if constexpr (pairs) {
+    gemm<Ops>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
+    if (pr.zscale != 1.0f)
+      for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
+    if (!no_dz) gemm<Ops>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);
+  } else {
+    if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
+    else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
+    if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
+  }
   if (fp.mask) {
     fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
     for (std::int64_t r = 0; r < nq; ++r)
@@ -753,7 +764,11 @@ void fam_dkdv(const family_rows& pr) {
       sum_de += de, sum_dz += dz;
     }
   }
-  gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  if constexpr (pairs) {
+    gemm<Ops>(pr.Dv, ld, nqp, pr.don, 1, pr.Dv, Ops::pack_rows(S, nq, ld, packed), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  } else {
+    gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  }
   if (no_dz) return;
   if (pr.dq) {
     gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
@@ -761,8 +776,14 @@ void fam_dkdv(const family_rows& pr) {
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;
   }
-  if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
-  else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+  if constexpr (pairs) {  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
+    if (pr.zscale != 1.0f)
+      for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));
+    gemm<Ops>(pr.P, ld, nqp, pr.qn, 1, pr.P, Ops::pack_rows(dP, nq, ld, packed), ld, pr.dkt, ld, true);
+  } else {
+    if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
+    else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+  }
 }
 
 // ---- hardmax and top-k: the kept keys of every lane (for the sparse backward) ----
@@ -828,7 +849,11 @@ void fam_dq_entry(const family_lanes& lb, const family_dq_io& io) {
   with_dist(lb.fp.dist, [&](auto d) { fam_dq<decltype(d)::value, C>(lb, io); });
 }
 void fam_dkdv_entry(const family_rows& pr) {
-  with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<decltype(d)::value>(pr); });
+  with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<fam_ops, decltype(d)::value>(pr); });
+}
+template <class Dot>
+void fam_dkdv_bf16_entry(const family_rows& pr) {
+  with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<bf16_pair_operands<Dot>, decltype(d)::value>(pr); });
 }
 
 void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
@@ -848,9 +873,10 @@ namespace {
 template <class Dot = no_bf16_dot>
 constexpr family_table make_family_table(const char* name) {
   void (*forward_bf16)(const family_lanes&, float*) = nullptr;
-  if constexpr (Dot::available) forward_bf16 = fam_forward_bf16_entry<Dot>;
+  void (*dkdv_bf16)(const family_rows&) = nullptr;
+  if constexpr (Dot::available) forward_bf16 = fam_forward_bf16_entry<Dot>, dkdv_bf16 = fam_dkdv_bf16_entry<Dot>;
   return {name,           W,           C * W,          fam_forward_entry, fam_dq_entry, fam_dkdv_entry,
-          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16};
+          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16, dkdv_bf16};
 }
 
 }  // namespace

@@ -154,6 +154,20 @@ struct family_rows {
   std::int64_t dqs = 0, Pp = 0;
   const float* kr = nullptr;
   double* sums = nullptr;
+  // dkdv_bf16 (dot scores of bfloat16 inputs, P and Dv even): the operands of S, dP, dv and dk as
+  // words of two bf16, low half first — query rows qw [nq][P/2] (row stride qwsn), dout rows dow
+  // [nq][Dv/2] (dwsn), query rows by pairs qn [⌈nq/2⌉][P] (word (r', d) = q[2r'][d] |
+  // q[2r' + 1][d] << 16, a zero row past an odd nq) and dout rows likewise don [⌈nq/2⌉][Dv], the
+  // key block transposed ktw [P/2][ldk] and vtw [Dv/2][ldk] (zero past nb). z = zscale·(q·k);
+  // α and dz are rounded to bf16 for the products that take them; dq stays an f32 product.
+  const std::uint32_t* qw = nullptr;
+  const std::uint32_t* dow = nullptr;
+  const std::uint32_t* qn = nullptr;
+  const std::uint32_t* don = nullptr;
+  const std::uint32_t* ktw = nullptr;
+  const std::uint32_t* vtw = nullptr;
+  std::int64_t qwsn = 0, dwsn = 0;
+  float zscale = 1.0f;
 };
 
 // Scratch, in floats. `static` for the reason given in kernels.h.
@@ -203,6 +217,9 @@ struct family_table {
   // The forward of dot scores on bf16 pair operands (family_lanes::qtw, kw, vw), every
   // distribution; null where the ISA has no bf16 dot product.
   void (*forward_bf16)(const family_lanes&, float* ot);
+  // The dk/dv (and single-pass dq) row-layout pass of dot scores on bf16 pair operands
+  // (family_rows::qw …); null where the ISA has no bf16 dot product.
+  void (*dkdv_bf16)(const family_rows&);
 };
 
 const family_table& family_generic();

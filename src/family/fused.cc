@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string_view>
 
@@ -249,21 +250,28 @@ struct fused_inputs {
     return K.data() + (b * fp.Hkv + hkv) * kstride;
   }
 
-  // The bf16 forward (forward_bf16): words of q rows [B·Hq·Nq][P/2], keys [B·Hkv][Nk + 1][P/2]
-  // (a zero key at Nk), values by key pairs [B·Hkv][Nk/2 + 1][Dv]; z = zscale·(q·k).
+  // bf16 products (forward_bf16, dkdv_bf16): words of q rows [B·Hq·Nq][P/2], keys [B·Hkv][Nk + 1][P/2]
+  // (a zero key at Nk); forward: values by key pairs [B·Hkv][Nk/2 + 1][Dv]; backward: query rows
+  // by pairs [B·Hq][Nq/2 + 1][P] and value rows [B·Hkv][Nk][Dv/2]; z = zscale·(q·k).
+  enum class use { f32, forward_pairs, backward_pairs };
   bool pairs = false;
-  std::vector<std::uint32_t> Qw, Kw, Vw;
+  std::vector<std::uint32_t> Qw, Kw, Vw, Qn, Vd;
   float zscale = 1.0f;
 
-  fused_inputs(const fproblem& fp, const fused_source& src, bool forward = false)
+  fused_inputs(const fproblem& fp, const fused_source& src, use u = use::f32)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
-    if (forward && bf16_forward(fp, src, nt)) {
+    if (u != use::f32) {
       pairs = true, zscale = float(src.scale);
       Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, nt);
       Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1, nt);
-      Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+      if (u == use::forward_pairs) {
+        Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+      } else {
+        Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
+        Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 0, nt);
+      }
       return;
     }
     load(fp, src, nt);
@@ -276,17 +284,26 @@ struct fused_inputs {
   }
 
  private:
+
+ public:
   // Dot scores of bfloat16 q, k, v (the user's tensors, direct) with an even head size, on an ISA
-  // with a bf16 dot product; V finite (the key pairs may put a key no row sees beside the first
-  // one a row sees: its α = 0 must not meet an inf). ATTN_FAMILY_BF16=0 keeps f32 products.
-  static bool bf16_forward(const fproblem& fp, const fused_source& src, int nt) {
+  // with a bf16 dot product. ATTN_FAMILY_BF16=0 keeps f32 products.
+  static bool bf16_products(const fproblem& fp, const fused_source& src) {
     const char* env = std::getenv("ATTN_FAMILY_BF16");
     if (env && std::string_view(env) == "0") return false;
-    return select_family_kernels_bf16() && src.direct && fp.F == 1 && fp.kernel == kernel_kind::dot &&
-           src.q.type == dtype::bf16 && src.k.type == dtype::bf16 && src.v.type == dtype::bf16 && fp.Pq % 2 == 0 &&
-           fp.Pq == fp.Pk && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+    return cpu::select_family_kernels().forward_bf16 != nullptr && src.direct && fp.F == 1 &&
+           fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 && src.k.type == dtype::bf16 &&
+           src.v.type == dtype::bf16 && fp.Pq % 2 == 0 && fp.Pq == fp.Pk;
   }
-  static bool select_family_kernels_bf16() { return cpu::select_family_kernels().forward_bf16 != nullptr; }
+  // The forward: V finite too (the key pairs may put a key no row sees beside the first one a
+  // row sees: its α = 0 must not meet an inf).
+  static use forward_use(const fproblem& fp, const fused_source& src) {
+    return bf16_products(fp, src) && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))
+               ? use::forward_pairs
+               : use::f32;
+  }
+
+ private:
   // ATTN_FAMILY_ADDITIVE=tanh keeps tanh(a + b) for every block (for comparisons and tests).
   static bool additive_exp_allowed() {
     const char* env = std::getenv("ATTN_FAMILY_ADDITIVE");
@@ -414,7 +431,7 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
 }
 
 const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out) {
-  const fused_inputs in(fp, src, true);
+  const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src));
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(out, fp.B, fp.Hq, fp.Nq, fp.Dv);
     return in.kt.name;
@@ -476,6 +493,10 @@ struct row_pass {
   mask_ctx mc;
   cpu::family_params prm;
 
+  // bf16 products (in.pairs): dout rows as words [B·Hq·Nq][Dv/2] and by pairs of rows [B·Hq][Nq/2 + 1][Dv]
+  const std::uint32_t* dOw = nullptr;
+  const std::uint32_t* dOn = nullptr;
+
   row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
@@ -492,16 +513,34 @@ struct row_pass {
   void key_block(std::int64_t b, std::int64_t hkv, std::int64_t kb, const fused_grad_sink& sink, float* dq,
                  double* sums) {
     const std::int64_t G = in.G, j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
-    const std::int64_t ld = ceil_div(nb, W) * W;
-    const float* K = in.keys(fp, b, hkv);
-    const float* V = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
-    for (std::int64_t d = 0; d < P; ++d)
-      for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
-    for (std::int64_t d = 0; d < Dv; ++d)
-      for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
+    const std::int64_t ld = ceil_div(nb, W) * W, bh = b * fp.Hkv + hkv;
+    std::uint32_t* ktw = reinterpret_cast<std::uint32_t*>(kt);
+    std::uint32_t* vtw = reinterpret_cast<std::uint32_t*>(vt);
+    const std::uint32_t* Kw = in.pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
+    const float* K = in.pairs ? nullptr : in.keys(fp, b, hkv);
+    const auto key = [&](std::int64_t j, std::int64_t d) {  // f32 element d of key j
+      if (!in.pairs) return K[j * P + d];
+      const std::uint32_t w = Kw[j * (P / 2) + d / 2], u = d % 2 ? w & 0xffff0000u : w << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    };
+    if (in.pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
+      const std::uint32_t* Vd = in.Vd.data() + bh * fp.Nk * (Dv / 2);
+      for (std::int64_t w = 0; w < P / 2; ++w)
+        for (std::int64_t x = 0; x < ld; ++x) ktw[w * ld + x] = x < nb ? Kw[(j0 + x) * (P / 2) + w] : 0u;
+      for (std::int64_t w = 0; w < Dv / 2; ++w)
+        for (std::int64_t x = 0; x < ld; ++x) vtw[w * ld + x] = x < nb ? Vd[(j0 + x) * (Dv / 2) + w] : 0u;
+    } else {
+      const float* V = in.V.data() + bh * fp.Nk * Dv;
+      for (std::int64_t d = 0; d < P; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) kt[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
+      for (std::int64_t d = 0; d < Dv; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
+    }
     if (dq)
       for (std::int64_t x = 0; x < ld; ++x)
-        for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? K[(j0 + x) * P + d] : 0.0f;
+        for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? key(j0 + x, d) : 0.0f;
     std::fill(dkt, dkt + P * ld, 0.0f);
     std::fill(dvt, dvt + Dv * ld, 0.0f);
     for (std::int64_t g = 0; g < G; ++g) {
@@ -520,8 +559,8 @@ struct row_pass {
         const std::int64_t r0 = (b * fp.Hq + h) * fp.Nq + i0;
         cpu::family_rows pr;
         pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
-        pr.q = in.kq() + r0 * P, pr.qsn = P;
-        pr.dout = dO + r0 * Dv, pr.dsn = Dv;
+        if (!in.pairs) pr.q = in.kq() + r0 * P, pr.dout = dO + r0 * Dv;  // (bf16 products: the words below)
+        pr.qsn = P, pr.dsn = Dv;
         pr.lo = lo.data(), pr.hi = hi.data();
         pr.fp = prm;
         const std::int64_t so = r0 * fp.F;  // statistics [row][F]
@@ -529,7 +568,14 @@ struct row_pass {
         pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
         pr.scratch = scratch.get();
         if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums;
-        (fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
+        if (in.pairs) {  // query blocks start on even rows: row pair i0/2 onwards
+          const std::int64_t rp = (b * fp.Hq + h) * (fp.Nq / 2 + 1) + i0 / 2;
+          pr.qw = in.Qw.data() + r0 * (P / 2), pr.qwsn = P / 2;
+          pr.dow = dOw + r0 * (Dv / 2), pr.dwsn = Dv / 2;
+          pr.qn = in.Qn.data() + rp * P, pr.don = dOn + rp * Dv;
+          pr.ktw = ktw, pr.vtw = vtw, pr.zscale = in.zscale;
+        }
+        (in.pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
       }
     }
     for (std::int64_t x = 0; x < nb; ++x) {
@@ -589,7 +635,9 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
 namespace {
 const char* backward_impl(const fproblem& fp, const fused_source& src, const strided4& dout,
                           const fused_grad_sink& sink, grad_acc& acc) {
-  const fused_inputs in(fp, src);
+  // bf16 products: the single pass (its row-layout kernel is the only one with them), dout bf16 too.
+  const bool pairs = single_pass(fp) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 && fused_inputs::bf16_products(fp, src);
+  const fused_inputs in(fp, src, pairs ? fused_inputs::use::backward_pairs : fused_inputs::use::f32);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
@@ -598,7 +646,9 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     return in.kt.name;
   }
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO = load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+  const std::vector<float> dO = pairs ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+  std::vector<std::uint32_t> dOw, dOn;
+  if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
   std::vector<float> T(std::size_t(nst), kInfF), LSE(std::size_t(nst), kInfF), Rr(std::size_t(nst), 0.0f);
   std::vector<std::int32_t> CUT(std::size_t(nst), -1);
@@ -613,6 +663,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 #pragma omp parallel num_threads(nt)
     {
       row_pass rp(fp, in, dO.data(), stats, true);
+      rp.dOw = dOw.data(), rp.dOn = dOn.data();
       fbuf dq = alloc_floats(G * fp.Nq * rp.Pp);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < units; ++u) {
@@ -626,7 +677,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     }
     for (std::int64_t u = 0; u < units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
     if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
-    return in.kt.name;
+    return pairs ? "avx512bf16, bf16 products" : in.kt.name;  // dkdv_bf16 is that table's alone
   }
 
   if (const std::int64_t K = sparse_keep(fp)) {

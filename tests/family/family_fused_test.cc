@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "cpu/kernels.h"
 #include "family_util.h"
@@ -366,7 +367,9 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
         const execution e{.path = family_path::fused, .num_threads = 2};
         const family_result got = attention_family(q, k, v, c.opt, e);
         saw_pairs |= got.path.find("bf16 products") != std::string::npos;
-        if (isa == "avx512bf16") EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+        if (isa == "avx512bf16") {
+          EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+        }
         const family_result ref = attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
         EXPECT_TRUE(all_close(got.out, ref.out, tolerance_for(dtype::bf16))) << got.path;
         EXPECT_TRUE(same_bits(attention_family(q, k, v, c.opt, {.path = family_path::fused, .num_threads = 1}).out, got.out));
@@ -378,7 +381,56 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
       }
   }
   const std::vector<std::string> all = isas();
-  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) EXPECT_TRUE(saw_pairs);
+  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {
+    EXPECT_TRUE(saw_pairs);
+  }
+}
+
+// The single-pass backward (sigmoid, identity; B·Hkv >= 8) of bf16 dot scores takes bf16
+// products too (S, dP, dv and dk; α and dz rounded to bf16 for the last two): gradients against
+// the reference on the rounded inputs and against f32 products, masks, GQA, odd sizes, threads.
+TEST(FamilyFused, Bf16ProductsBackwardMatchReference) {
+  bool saw_pairs = false;
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(67);
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::identity})
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 65, 9, 17, 70}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{5, 300, 33, 1, 133}[std::size_t(mask)];
+        const bool gqa = mask % 2;
+        family_case c(mask % 3 ? score_kind::scaled_dot : score_kind::dot, d, rng, 2, gqa ? 8 : 4, 4, Nq, Nk,
+                      mask == 4 ? 64 : 8, mask == 2 ? 6 : 10);
+        if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::bf16, rng);
+        const std::string what = isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " +
+                                 std::to_string(Nq) + " Nk " + std::to_string(Nk);
+        SCOPED_TRACE(what);
+        const execution e{.path = family_path::fused, .num_threads = 2};
+        const family_grads got = attention_family_backward(q, k, v, dout, c.opt, e);
+        saw_pairs |= got.path.find("bf16 products") != std::string::npos;
+        if (isa == "avx512bf16") {
+          EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+        }
+        const family_grads ref = attention_family_backward(f64(q), f64(k), f64(v), f64(dout), c.opt, {.path = family_path::reference});
+        for (const auto& [name, a, b] : {std::tuple{"dq", &got.dq, &ref.dq}, {"dk", &got.dk, &ref.dk}, {"dv", &got.dv, &ref.dv}})
+          EXPECT_TRUE(all_close(*a, *b, 2 * tolerance_for(dtype::bf16))) << name << " " << got.path;
+        const family_grads one = attention_family_backward(q, k, v, dout, c.opt, {.path = family_path::fused, .num_threads = 1});
+        EXPECT_TRUE(same_bits(one.dq, got.dq) && same_bits(one.dk, got.dk) && same_bits(one.dv, got.dv));
+        setenv("ATTN_FAMILY_BF16", "0", 1);
+        const family_grads f32 = attention_family_backward(q, k, v, dout, c.opt, e);
+        unsetenv("ATTN_FAMILY_BF16");
+        EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+        EXPECT_TRUE(all_close(got.dk, f32.dk, 2 * tolerance_for(dtype::bf16)));
+        EXPECT_TRUE(all_close(got.dv, f32.dv, 2 * tolerance_for(dtype::bf16)));
+      }
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {
+    EXPECT_TRUE(saw_pairs);
+  }
 }
 
 // With v the identity (Dv = Nk), out_i is α_i itself: the fused path's zeros must be exactly
