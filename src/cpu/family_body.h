@@ -714,8 +714,8 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
 
 // ---- backward dk, dv, row layout ----
 //   S = Q Kᵀ, dP = dO Vᵀ; α, dz from the saved row statistics; dVᵀ += dOᵀ α, dKᵀ += Qᵀ dz
-// Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_rows::qw …): S, dP,
-// dv and dk multiply bf16 pairs, α and dz rounded to bf16 for the last two; dq stays f32.
+// Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_rows::qw …): every
+// product on bf16 pairs, α and dz rounded to bf16 for the products that take them.
 template <class Ops, family_dist Dist>
 void fam_dkdv(const family_rows& pr) {
   constexpr bool pairs = Ops::kPack == 2;
@@ -771,7 +771,18 @@ void fam_dkdv(const family_rows& pr) {
   }
   if (no_dz) return;
   if (pr.dq) {
-    gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
+    if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
+      typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
+      typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
+      for (std::int64_t i = 0; i < nq * ld; i += W) {
+        const vq b = (vq)bf16_bits(load(dP + i));
+        const vh w = __builtin_convertvector(b | b >> 16, vh);
+        __builtin_memcpy(packed + i / 2, &w, sizeof w);
+      }
+      gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
+    } else {
+      gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
+    }
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;

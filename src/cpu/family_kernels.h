@@ -158,9 +158,11 @@ struct family_rows {
   // words of two bf16, low half first — query rows qw [nq][P/2] (row stride qwsn), dout rows dow
   // [nq][Dv/2] (dwsn), query rows by pairs qn [⌈nq/2⌉][P] (word (r', d) = q[2r'][d] |
   // q[2r' + 1][d] << 16, a zero row past an odd nq) and dout rows likewise don [⌈nq/2⌉][Dv], the
-  // key block transposed ktw [P/2][ldk] and vtw [Dv/2][ldk] (zero past nb). z = zscale·(q·k);
-  // α and dz are rounded to bf16 for the products that take them; dq stays an f32 product.
+  // key block transposed ktw [P/2][ldk] and vtw [Dv/2][ldk] (zero past nb), and for the single
+  // pass its keys by pairs krw [ldk/2][Pp] (word (x', d) = k[2x'][d] | k[2x' + 1][d] << 16).
+  // z = zscale·(q·k); α and dz are rounded to bf16 for the products that take them.
   const std::uint32_t* qw = nullptr;
+  const std::uint32_t* krw = nullptr;
   const std::uint32_t* dow = nullptr;
   const std::uint32_t* qn = nullptr;
   const std::uint32_t* don = nullptr;

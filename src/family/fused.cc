@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string_view>
 
@@ -518,13 +517,6 @@ struct row_pass {
     std::uint32_t* vtw = reinterpret_cast<std::uint32_t*>(vt);
     const std::uint32_t* Kw = in.pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
     const float* K = in.pairs ? nullptr : in.keys(fp, b, hkv);
-    const auto key = [&](std::int64_t j, std::int64_t d) {  // f32 element d of key j
-      if (!in.pairs) return K[j * P + d];
-      const std::uint32_t w = Kw[j * (P / 2) + d / 2], u = d % 2 ? w & 0xffff0000u : w << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    };
     if (in.pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
       const std::uint32_t* Vd = in.Vd.data() + bh * fp.Nk * (Dv / 2);
       for (std::int64_t w = 0; w < P / 2; ++w)
@@ -538,9 +530,19 @@ struct row_pass {
       for (std::int64_t d = 0; d < Dv; ++d)
         for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
     }
-    if (dq)
+    if (dq && in.pairs) {  // keys by pairs: krw [ld/2][Pp]
+      auto* krw = reinterpret_cast<std::uint32_t*>(kr.get());
+      const auto half = [&](std::int64_t j, std::int64_t d) -> std::uint32_t {
+        if (j >= j0 + nb || d >= P) return 0u;
+        const std::uint32_t w = Kw[j * (P / 2) + d / 2];
+        return d % 2 ? w >> 16 : w & 0xffffu;
+      };
+      for (std::int64_t x = 0; x < ld / 2; ++x)
+        for (std::int64_t d = 0; d < Pp; ++d) krw[x * Pp + d] = half(j0 + 2 * x, d) | half(j0 + 2 * x + 1, d) << 16;
+    } else if (dq) {
       for (std::int64_t x = 0; x < ld; ++x)
-        for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? key(j0 + x, d) : 0.0f;
+        for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? K[(j0 + x) * P + d] : 0.0f;
+    }
     std::fill(dkt, dkt + P * ld, 0.0f);
     std::fill(dvt, dvt + Dv * ld, 0.0f);
     for (std::int64_t g = 0; g < G; ++g) {
@@ -573,7 +575,7 @@ struct row_pass {
           pr.qw = in.Qw.data() + r0 * (P / 2), pr.qwsn = P / 2;
           pr.dow = dOw + r0 * (Dv / 2), pr.dwsn = Dv / 2;
           pr.qn = in.Qn.data() + rp * P, pr.don = dOn + rp * Dv;
-          pr.ktw = ktw, pr.vtw = vtw, pr.zscale = in.zscale;
+          pr.ktw = ktw, pr.vtw = vtw, pr.krw = reinterpret_cast<const std::uint32_t*>(kr.get()), pr.zscale = in.zscale;
         }
         (in.pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
       }
