@@ -168,6 +168,25 @@ inline void decode_softmax(const decode_layout& st, const score_consts& sc, std:
 }
 
 
+// The P·V accumulators of RG rows × CB output vectors from o (row stride Dvp), each row times α_r,
+// and back.
+template <int RG, int CB>
+inline void pv_begin(vf (&acc)[RG][CB], const float* o, std::int64_t Dvp, const float* alpha, std::int64_t c0) {
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf a = splat(alpha[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
+  }
+}
+template <int RG, int CB>
+inline void pv_end(const vf (&acc)[RG][CB], float* o, std::int64_t Dvp, std::int64_t c0) {
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
+}
+
 // O[r][c0·W, (c0 + CB)·W) = α_r O + Σ_x p[r][x] v_x for the RG rows at o (row stride Dvp).
 template <int RG, int CB, class T>
 inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb, std::int64_t vs,
@@ -175,12 +194,7 @@ inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* 
   constexpr int KG = W / RG, U = storage<T>::U;
   static_assert(CB % U == 0);
   vf acc[RG][CB];
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r) {
-    const vf a = splat(alpha[r]);
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
-  }
+  pv_begin(acc, o, Dvp, alpha, c0);
   const T* vp = vb + c0 * W;
   const T* pp = vpf + c0 * W;
 #pragma GCC unroll 16
@@ -195,10 +209,7 @@ inline void decode_pv(float* o, std::int64_t Dvp, const float* pb, const float* 
       for (int c = 0; c < CB; ++c) acc[r][c] += px * vv[c];
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
+  pv_end(acc, o, Dvp, c0);
 }
 // The same with bf16 products (bf16 q, K and V on an ISA with a bf16 dot product): p is rounded
 // to bf16 (nearest even) in pairs of keys, as the prefill kernels round P, and each pair of V
@@ -212,12 +223,7 @@ __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const
   constexpr int KG = W / RG, U = storage<T>::U;
   static_assert(CB % U == 0 && KG % 2 == 0);
   vf acc[RG][CB];
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r) {
-    const vf a = splat(alpha[r]);
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) acc[r][c] = load(o + r * Dvp + (c0 + c) * W) * a;
-  }
+  pv_begin(acc, o, Dvp, alpha, c0);
   const T* vp = vb + c0 * W;
   const T* pp = vpf + c0 * W;
   const vu lo16 = splatu(0xffffu), hi16 = splatu(0xffff0000u);
@@ -248,10 +254,7 @@ __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const
       for (int c = 0; c < CB; ++c) acc[r][c] = Ops::madd(acc[r][c], px, vv[c]);
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) store(o + r * Dvp + (c0 + c) * W, acc[r][c]);
+  pv_end(acc, o, Dvp, c0);
 }
 
 template <int RG, int CB, class T>
