@@ -74,16 +74,6 @@ struct decode_layout {
   }
 };
 
-// The first element d of word w of a key row read as bf16 pairs (bf16_pair_operands::load_keys):
-// memory order for bf16 rows; for int8 rows, word i of vector e of unit u pairs d = u·4W + 4i + 2e
-// and d + 1.
-template <class T>
-constexpr std::int64_t pair_element(std::int64_t w) {
-  if constexpr (sizeof(T) == 2) return 2 * w;
-  const std::int64_t u = w / (2 * W), e = w % (2 * W) / W, i = w % W;
-  return u * 4 * W + 4 * i + 2 * e;
-}
-
 // Scores of keys kb[0, W) (row stride ks, storage T) for the RG rows q[r·qs ..] (words of Ops),
 // in the mixed layout. A unit is storage<T>::U·W elements of d: Ops::key_vectors<T> vectors of
 // words of K and of q.
@@ -237,10 +227,10 @@ __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const
         const vu b = loadu(reinterpret_cast<const std::uint32_t*>(vp + vs + u * 2 * W));
         vv[2 * u] = (a & lo16) | (b << 16);
         vv[2 * u + 1] = (a >> 16) | (b & hi16);
-      } else {  // int8: both rows widened (exact), each native vector of d paired across the rows
+      } else {  // int8: both rows widened (exact) in memory order, each vector of d paired across the rows
         vf a[U], b[U];
-        storage<T>::get(vp + u * U * W, a);
-        storage<T>::get(vp + vs + u * U * W, b);
+        Ops::dot::template widen_int8<U>(vp + u * U * W, a);
+        Ops::dot::template widen_int8<U>(vp + vs + u * U * W, b);
 #pragma GCC unroll 4
         for (int e = 0; e < U; ++e) vv[U * u + e] = pair_words(a[e], b[e]);
       }
@@ -273,23 +263,23 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
   constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
   constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
   constexpr bool q8 = __is_same(T, std::int8_t);
+  // The order of d in the P·V accumulators: storage<T>'s native order, or memory order where
+  // int8 rows are paired for bf16 products (decode_pv_pairs).
+  constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
   const decode_layout st(lb, RG, U * W);
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
   const std::int64_t L = lb.L, nr = st.nr, Dp = st.Dp, Dvp = st.Dvp;
   for (std::int64_t g = 0; g < st.nrp; ++g) {
     const bool valid = g < nr;
-    if constexpr (P == 2) {  // words of bf16 pairs in the order of the key words (q is exactly bf16: truncation is exact)
+    if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
       auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
       const auto bits = [&](std::int64_t d) {
         std::uint32_t u = 0;
         if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
         return u >> 16;
       };
-      for (std::int64_t w = 0; w < Dp / 2; ++w) {
-        const std::int64_t d = pair_element<T>(w);
-        qw[w] = bits(d) | bits(d + 1) << 16;
-      }
+      for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
     } else {
       for (std::int64_t d = 0; d < Dp; ++d)
         st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
@@ -426,7 +416,7 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
     for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
     io.l[g] = l;
     io.m[g] = st.mvec[x0];
-    for (std::int64_t d = 0; d < lb.Dv; ++d) io.ot[d * L + g] = st.orow[g * Dvp + storage<T>::native(d)];
+    for (std::int64_t d = 0; d < lb.Dv; ++d) io.ot[d * L + g] = st.orow[g * Dvp + (pv_memory_order ? d : storage<T>::native(d))];
   }
 }
 

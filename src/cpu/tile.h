@@ -39,6 +39,7 @@ struct f32_operands {
 template <class Dot>
 struct bf16_pair_operands {
   static_assert(Dot::available, "bf16 pair operands need the ISA's bf16 dot product");
+  using dot = Dot;
   using word = std::uint32_t;
   using vword = vu;
   static constexpr int kPack = 2;
@@ -57,8 +58,9 @@ struct bf16_pair_operands {
     return out;
   }
   // Decode reads bf16 key rows as they are: W words (2W elements) per unit. int8 rows (4W
-  // elements per unit, widened in storage<int8_t>'s native order) become two vectors of words,
-  // exactly (|k| <= 127 is a bf16): word i of vector e pairs elements 4i + 2e and 4i + 2e + 1.
+  // elements per unit) are widened in memory order and packed by the ISA into two vectors of
+  // words (Dot::pack_pairs), exactly (|k| <= 127 is a bf16): word w pairs elements 2w, 2w + 1
+  // in both cases.
   template <class T>
   static constexpr int key_vectors = sizeof(T) == 2 ? 1 : 2;
   template <class T>
@@ -68,8 +70,8 @@ struct bf16_pair_operands {
       out[0] = loadu(reinterpret_cast<const std::uint32_t*>(p));
     } else {
       vf f[4];
-      storage<T>::get(p, f);
-      out[0] = pair_words(f[0], f[1]), out[1] = pair_words(f[2], f[3]);
+      Dot::template widen_int8<4>(p, f);
+      out[0] = Dot::pack_pairs(f[0], f[1]), out[1] = Dot::pack_pairs(f[2], f[3]);
     }
   }
 };

@@ -42,6 +42,16 @@ struct portable_bf16_dot {
     const vf t = acc + ahi * bhi;
     return t + alo * blo;
   }
+  template <int n>
+  static void widen_int8(const std::int8_t* p, vf* out) {
+    for (int i = 0; i < n * W; ++i) out[i / W][i % W] = float(p[i]);
+  }
+  static vu pack_pairs(vf lo, vf hi) {  // word w = (x[2w], x[2w + 1]) of lo ‖ hi
+    const vu a = bf16_bits(lo), b = bf16_bits(hi);
+    vu r;
+    for (int w = 0; w < W; ++w) r[w] = 2 * w < W ? a[2 * w] | a[2 * w + 1] << 16 : b[2 * w - W] | b[2 * w - W + 1] << 16;
+    return r;
+  }
 };
 
 constexpr kernel_table kTable = make_table<portable_bf16_dot>("test");
