@@ -252,8 +252,10 @@ struct fused_inputs {
   // bf16 products (forward_bf16, dkdv_bf16): words of q rows [B·Hq·Nq][P/2], keys [B·Hkv][Nk + 1][P/2]
   // (a zero key at Nk); forward: values by key pairs [B·Hkv][Nk/2 + 1][Dv]; backward: query rows
   // by pairs [B·Hq][Nq/2 + 1][P] and value rows [B·Hkv][Nk][Dv/2]; z = zscale·(q·k).
-  enum class use { f32, forward_pairs, backward_pairs };
-  bool pairs = false;
+  // backward_pairs: the words of the row-layout pass alone (single pass); backward_pairs_f32: those
+  // and the f32 inputs of the dq pass (two passes).
+  enum class use { f32, forward_pairs, backward_pairs, backward_pairs_f32 };
+  bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   std::vector<std::uint32_t> Qw, Kw, Vw, Qn, Vd;
   float zscale = 1.0f;
 
@@ -262,16 +264,18 @@ struct fused_inputs {
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
     if (u != use::f32) {
-      pairs = true, zscale = float(src.scale);
+      zscale = float(src.scale);
       Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, nt);
       Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1, nt);
       if (u == use::forward_pairs) {
+        pairs = true;
         Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
       } else {
+        row_pairs = true;
         Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
         Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 0, nt);
       }
-      return;
+      if (u != use::backward_pairs_f32) return;
     }
     load(fp, src, nt);
     kstride = fp.Nk * fp.Pq;
@@ -492,7 +496,7 @@ struct row_pass {
   mask_ctx mc;
   cpu::family_params prm;
 
-  // bf16 products (in.pairs): dout rows as words [B·Hq·Nq][Dv/2] and by pairs of rows [B·Hq][Nq/2 + 1][Dv]
+  // bf16 products (in.row_pairs): dout rows as words [B·Hq·Nq][Dv/2] and by pairs of rows [B·Hq][Nq/2 + 1][Dv]
   const std::uint32_t* dOw = nullptr;
   const std::uint32_t* dOn = nullptr;
 
@@ -515,9 +519,9 @@ struct row_pass {
     const std::int64_t ld = ceil_div(nb, W) * W, bh = b * fp.Hkv + hkv;
     std::uint32_t* ktw = reinterpret_cast<std::uint32_t*>(kt);
     std::uint32_t* vtw = reinterpret_cast<std::uint32_t*>(vt);
-    const std::uint32_t* Kw = in.pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
-    const float* K = in.pairs ? nullptr : in.keys(fp, b, hkv);
-    if (in.pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
+    const std::uint32_t* Kw = in.row_pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
+    const float* K = in.row_pairs ? nullptr : in.keys(fp, b, hkv);
+    if (in.row_pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
       const std::uint32_t* Vd = in.Vd.data() + bh * fp.Nk * (Dv / 2);
       for (std::int64_t w = 0; w < P / 2; ++w)
         for (std::int64_t x = 0; x < ld; ++x) ktw[w * ld + x] = x < nb ? Kw[(j0 + x) * (P / 2) + w] : 0u;
@@ -530,7 +534,7 @@ struct row_pass {
       for (std::int64_t d = 0; d < Dv; ++d)
         for (std::int64_t x = 0; x < ld; ++x) vt[d * ld + x] = x < nb ? V[(j0 + x) * Dv + d] : 0.0f;
     }
-    if (dq && in.pairs) {  // keys by pairs: krw [ld/2][Pp]
+    if (dq && in.row_pairs) {  // keys by pairs: krw [ld/2][Pp]
       auto* krw = reinterpret_cast<std::uint32_t*>(kr.get());
       const auto half = [&](std::int64_t j, std::int64_t d) -> std::uint32_t {
         if (j >= j0 + nb || d >= P) return 0u;
@@ -561,7 +565,7 @@ struct row_pass {
         const std::int64_t r0 = (b * fp.Hq + h) * fp.Nq + i0;
         cpu::family_rows pr;
         pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
-        if (!in.pairs) pr.q = in.kq() + r0 * P, pr.dout = dO + r0 * Dv;  // (bf16 products: the words below)
+        if (!in.row_pairs) pr.q = in.kq() + r0 * P, pr.dout = dO + r0 * Dv;  // (bf16 products: the words below)
         pr.qsn = P, pr.dsn = Dv;
         pr.lo = lo.data(), pr.hi = hi.data();
         pr.fp = prm;
@@ -570,14 +574,14 @@ struct row_pass {
         pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
         pr.scratch = scratch.get();
         if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums;
-        if (in.pairs) {  // query blocks start on even rows: row pair i0/2 onwards
+        if (in.row_pairs) {  // query blocks start on even rows: row pair i0/2 onwards
           const std::int64_t rp = (b * fp.Hq + h) * (fp.Nq / 2 + 1) + i0 / 2;
           pr.qw = in.Qw.data() + r0 * (P / 2), pr.qwsn = P / 2;
           pr.dow = dOw + r0 * (Dv / 2), pr.dwsn = Dv / 2;
           pr.qn = in.Qn.data() + rp * P, pr.don = dOn + rp * Dv;
           pr.ktw = ktw, pr.vtw = vtw, pr.krw = reinterpret_cast<const std::uint32_t*>(kr.get()), pr.zscale = in.zscale;
         }
-        (in.pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
+        (in.row_pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
       }
     }
     for (std::int64_t x = 0; x < nb; ++x) {
@@ -637,9 +641,13 @@ const char* fused_backward(const fproblem& fp, const fused_source& src, const st
 namespace {
 const char* backward_impl(const fproblem& fp, const fused_source& src, const strided4& dout,
                           const fused_grad_sink& sink, grad_acc& acc) {
-  // bf16 products: the single pass (its row-layout kernel is the only one with them), dout bf16 too.
-  const bool pairs = single_pass(fp) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 && fused_inputs::bf16_products(fp, src);
-  const fused_inputs in(fp, src, pairs ? fused_inputs::use::backward_pairs : fused_inputs::use::f32);
+  // bf16 products (dout bf16 too) in the row-layout pass: the single pass, or the dk/dv pass of
+  // the two (their dq pass multiplies in f32). The sparse hardmax/top-k backward has no such pass.
+  using use = fused_inputs::use;
+  const bool single = single_pass(fp);
+  const bool pairs = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
+                     fused_inputs::bf16_products(fp, src);
+  const fused_inputs in(fp, src, !pairs ? use::f32 : single ? use::backward_pairs : use::backward_pairs_f32);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
@@ -648,7 +656,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     return in.kt.name;
   }
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO = pairs ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+  const std::vector<float> dO = pairs && single ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   std::vector<std::uint32_t> dOw, dOn;
   if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
@@ -829,13 +837,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 #pragma omp parallel num_threads(nt)
   {
     row_pass rp(fp, in, dO.data(), stats, false);
+    rp.dOw = dOw.data(), rp.dOn = dOn.data();
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
       const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
       rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
     }
   }
-  return in.kt.name;
+  return pairs ? "avx512bf16, bf16 products in dk/dv" : in.kt.name;
 }
 
 }  // namespace

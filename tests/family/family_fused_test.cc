@@ -386,21 +386,24 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
   }
 }
 
-// The single-pass backward (sigmoid, identity; B·Hkv >= 8) of bf16 dot scores takes bf16
-// products too (S, dP, dv and dk; α and dz rounded to bf16 for the last two): gradients against
-// the reference on the rounded inputs and against f32 products, masks, GQA, odd sizes, threads.
+// The backward of bf16 dot scores takes bf16 products in its row-layout pass: the whole single
+// pass (sigmoid, identity; B·Hkv >= 8), the dk/dv pass of the two passes (the other
+// distributions, and sigmoid with fewer (b, hkv)); α and dz rounded to bf16 for the products that
+// take them. Gradients against the reference on the rounded inputs and against f32 products,
+// masks, GQA, odd sizes, threads.
 TEST(FamilyFused, Bf16ProductsBackwardMatchReference) {
   bool saw_pairs = false;
   for (const std::string& isa : isas()) {
     isa_scope scope(isa.c_str());
     std::mt19937 rng(67);
-    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::identity})
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::identity, distribution_kind::softmax,
+                                distribution_kind::sparsemax, distribution_kind::entmax15})
       for (int mask = 0; mask < 5; ++mask) {
         const std::int64_t Nq = std::vector<std::int64_t>{1, 65, 9, 17, 70}[std::size_t(mask)];
         const std::int64_t Nk = std::vector<std::int64_t>{5, 300, 33, 1, 133}[std::size_t(mask)];
         const bool gqa = mask % 2;
-        family_case c(mask % 3 ? score_kind::scaled_dot : score_kind::dot, d, rng, 2, gqa ? 8 : 4, 4, Nq, Nk,
-                      mask == 4 ? 64 : 8, mask == 2 ? 6 : 10);
+        family_case c(mask % 3 ? score_kind::scaled_dot : score_kind::dot, d, rng, 2, gqa ? 8 : 4, mask == 3 ? 2 : 4,
+                      Nq, Nk, mask == 4 ? 64 : 8, mask == 2 ? 6 : 10);
         if (d == distribution_kind::sigmoid && mask == 4) c.opt.distribution.sigmoid_bias = -0.5;
         apply_mask(c, mask, rng);
         const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
@@ -423,6 +426,7 @@ TEST(FamilyFused, Bf16ProductsBackwardMatchReference) {
         const family_grads f32 = attention_family_backward(q, k, v, dout, c.opt, e);
         unsetenv("ATTN_FAMILY_BF16");
         EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+        EXPECT_TRUE(all_close(got.dq, f32.dq, 2 * tolerance_for(dtype::bf16)));
         EXPECT_TRUE(all_close(got.dk, f32.dk, 2 * tolerance_for(dtype::bf16)));
         EXPECT_TRUE(all_close(got.dv, f32.dv, 2 * tolerance_for(dtype::bf16)));
       }
