@@ -6,11 +6,11 @@
 // Decode-shaped calls (few lane blocks, many keys) split the keys into fixed chunks merged in
 // chunk order afterwards (split-KV), so every thread has work.
 // Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)): every gradient
-// element has exactly one writer. Fused (B·Hkv >= kFusedMinUnits, f32 products): one task per
-// (b, hkv) walks its key blocks in order; per block it computes dk/dv over every query row of
-// the group and adds dS·K to dq — five products per score instead of seven, one exp. Two passes
-// (fewer (b, hkv), and bf16 dot products): dq over lane blocks (like the forward), then dk/dv
-// over key blocks, summed over the query rows of every head of the group.
+// element has exactly one writer. Fused (B·Hkv >= kFusedMinUnits): one task per (b, hkv) walks
+// its key blocks in order; per block it computes dk/dv over every query row of the group and
+// adds dS·K to dq (an f32 product, also beside bf16 dot products) — five products per score
+// instead of seven, one exp. Two passes (fewer (b, hkv)): dq over lane blocks (like the
+// forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
 //
 // Precision: fp32 arithmetic. bf16 inputs on the avx512bf16 level multiply bf16 operands with
 // fp32 accumulation (vdpbf16ps); P and dS are rounded to bf16 for the products that consume
@@ -506,11 +506,12 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
   backward_plan b;
   b.bf16_dots = kt.dq_bf16 && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 2 == 0 && p.Dv % 2 == 0 &&
                 lanes_for(p, kt) == kt.lanes;
-  // The fused pass multiplies in f32 (bf16 dot products keep the two passes).
-  b.fused = !b.bf16_dots && p.B * p.Hkv >= kFusedMinUnits;
+  // With bf16 dot products the fused pass multiplies S, dP, dV and dK in bf16 pairs and
+  // dq += dS·(scale·K) in f32 (dS unrounded).
+  b.fused = p.B * p.Hkv >= kFusedMinUnits;
   // ATTN_CPU_BACKWARD=fused|two_pass forces a schedule (tests walk both; bisecting a wrong
   // gradient); read on every call, like ATTN_CPU_ISA.
-  if (const char* e = std::getenv("ATTN_CPU_BACKWARD"); e && !b.bf16_dots) {
+  if (const char* e = std::getenv("ATTN_CPU_BACKWARD")) {
     if (std::strcmp(e, "fused") == 0) b.fused = true;
     if (std::strcmp(e, "two_pass") == 0) b.fused = false;
   }
@@ -527,7 +528,8 @@ void backward(const problem& p, const backward_io& io) {
   const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   const rows_f32 dO = dp ? rows_f32{} : as_rows(io.dout, p.B, p.Hq, p.Nq, p.Dv, nt);
-  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, true, true, false) : nullptr;
+  // (the packed K/V of the dq pass; the fused schedule has none)
+  std::unique_ptr<bf16_pack> pack = dp && !fused ? std::make_unique<bf16_pack>(p, nt, true, true, true, false) : nullptr;
   const float scale = float(p.scale);
 
   // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
@@ -646,8 +648,9 @@ void backward(const problem& p, const backward_io& io) {
       const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
       if (fused)
         for (std::int64_t x = 0; x < nb; ++x) {
-          const float* k = K.row(b, hkv, j0 + x);
-          for (std::int64_t d = 0; d < ldq; ++d) krows[x * ldq + d] = d < p.D ? k[d] * scale : 0.0f;
+          const float* k = dp ? nullptr : K.row(b, hkv, j0 + x);
+          for (std::int64_t d = 0; d < ldq; ++d)
+            krows[x * ldq + d] = d >= p.D ? 0.0f : (dp ? bf16_to_f32(bits(p.k, b, hkv, j0 + x, d)) : k[d]) * scale;
         }
       if (dp) {
         for (std::int64_t d = 0; d < p.D; d += 2)
