@@ -8,7 +8,7 @@
 // Backward (FlashAttention-2 recompute from the lse, Δ = rowsum(dout∘out)): every gradient
 // element has exactly one writer. Fused (B·Hkv >= kFusedMinUnits): one task per (b, hkv) walks
 // its key blocks in order; per block it computes dk/dv over every query row of the group and
-// adds dS·K to dq (an f32 product, also beside bf16 dot products) — five products per score
+// adds dS·K to dq (in bf16 pairs beside the bf16 dot products) — five products per score
 // instead of seven, one exp. Two passes (fewer (b, hkv)): dq over lane blocks (like the
 // forward), then dk/dv over key blocks, summed over the query rows of every head of the group.
 //
@@ -506,8 +506,8 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
   backward_plan b;
   b.bf16_dots = kt.dq_bf16 && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 2 == 0 && p.Dv % 2 == 0 &&
                 lanes_for(p, kt) == kt.lanes;
-  // With bf16 dot products the fused pass multiplies S, dP, dV and dK in bf16 pairs and
-  // dq += dS·(scale·K) in f32 (dS unrounded).
+  // With bf16 dot products the fused pass multiplies all five products in bf16 pairs (dq =
+  // scale · Σ dS K, dS rounded to bf16 in key pairs, as for dK).
   b.fused = p.B * p.Hkv >= kFusedMinUnits;
   // ATTN_CPU_BACKWARD=fused|two_pass forces a schedule (tests walk both; bisecting a wrong
   // gradient); read on every call, like ATTN_CPU_ISA.
@@ -646,12 +646,17 @@ void backward(const problem& p, const backward_io& io) {
       const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
       const std::int64_t j0 = kb * kRowKeyBlock, nb = std::min(kRowKeyBlock, p.Nk - j0);
       const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
-      if (fused)
+      if (fused && dp) {  // the block's keys by pairs, unscaled (dq is scaled when stored)
+        auto* krw = reinterpret_cast<std::uint32_t*>(krows);
+        const auto key = [&](std::int64_t x, std::int64_t d) -> std::uint16_t { return x < nb && d < p.D ? bits(p.k, b, hkv, j0 + x, d) : 0; };
+        for (std::int64_t x = 0; x < ld / 2; ++x)
+          for (std::int64_t d = 0; d < ldq; ++d) krw[x * ldq + d] = word(key(2 * x, d), key(2 * x + 1, d));
+      } else if (fused) {
         for (std::int64_t x = 0; x < nb; ++x) {
-          const float* k = dp ? nullptr : K.row(b, hkv, j0 + x);
-          for (std::int64_t d = 0; d < ldq; ++d)
-            krows[x * ldq + d] = d >= p.D ? 0.0f : (dp ? bf16_to_f32(bits(p.k, b, hkv, j0 + x, d)) : k[d]) * scale;
+          const float* k = K.row(b, hkv, j0 + x);
+          for (std::int64_t d = 0; d < ldq; ++d) krows[x * ldq + d] = d < p.D ? k[d] * scale : 0.0f;
         }
+      }
       if (dp) {
         for (std::int64_t d = 0; d < p.D; d += 2)
           for (std::int64_t x = 0; x < ld; ++x)
@@ -691,7 +696,7 @@ void backward(const problem& p, const backward_io& io) {
           pr.sp = sp;
           pr.dalibi = io.dalibi ? &dalibi_part[std::size_t(t * G + g)] : nullptr;
           pr.scratch = scratch.get();
-          if (fused) pr.krows = krows, pr.dq = dq_rows(b, hkv, g, i0), pr.ldq = ldq, pr.dqs = dqs;
+          if (fused) pr.krows = krows, pr.krw = reinterpret_cast<const std::uint32_t*>(krows), pr.dq = dq_rows(b, hkv, g, i0), pr.ldq = ldq, pr.dqs = dqs;
           if (!dp) {
             kt.dkdv(pr);
             continue;
@@ -726,9 +731,14 @@ void backward(const problem& p, const backward_io& io) {
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) std::fill(dq_rows(b, hkv, g, i), dq_rows(b, hkv, g, i) + p.D, 0.0f);
         for (std::int64_t kb = 0; kb < nkb; ++kb) key_block(u * nkb + kb);
-        if (!dq_direct)
-          for (std::int64_t g = 0; g < G; ++g)
-            for (std::int64_t i = 0; i < p.Nq; ++i) store_row(io.dq, b, hkv * G + g, i, p.D, dq_rows(b, hkv, g, i), 1, 1.0f);
+        const float dq_scale = dp ? scale : 1.0f;  // bf16 pairs: dq = scale · Σ dS K
+        for (std::int64_t g = 0; g < G; ++g)
+          for (std::int64_t i = 0; i < p.Nq; ++i) {
+            float* r = dq_rows(b, hkv, g, i);
+            if (!dq_direct) store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, dq_scale);
+            else if (dp)
+              for (std::int64_t d = 0; d < p.D; ++d) r[d] *= scale;
+          }
       }
     }
   }

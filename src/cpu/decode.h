@@ -389,14 +389,8 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
       if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
-        typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
-        typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) {
-          const vq b = (vq)bf16_bits(load(st.pb + kg * W));
-          const vh w = __builtin_convertvector(b | b >> 16, vh);
-          __builtin_memcpy(pw + kg * W / 2, &w, sizeof w);
-        }
+        for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, load(st.pb + kg * W));
         const T* vq0 = first ? vpf : vb;
         for (; c0 + CB <= nv; c0 += CB) decode_pv_pairs<RG, CB, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
         if constexpr (U == 2) {  // nv is a multiple of U

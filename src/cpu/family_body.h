@@ -772,13 +772,7 @@ void fam_dkdv(const family_rows& pr) {
   if (no_dz) return;
   if (pr.dq) {
     if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
-      typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
-      typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
-      for (std::int64_t i = 0; i < nq * ld; i += W) {
-        const vq b = (vq)bf16_bits(load(dP + i));
-        const vh w = __builtin_convertvector(b | b >> 16, vh);
-        __builtin_memcpy(packed + i / 2, &w, sizeof w);
-      }
+      for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
       gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
     } else {
       gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K

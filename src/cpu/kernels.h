@@ -118,8 +118,11 @@ struct dkdv_pair {
   float* scratch = nullptr;            // row_scratch_floats(...) floats, 64-byte aligned
   // Fused backward (dq in the same pass): dq row r at dq + r·dqs, ldq columns, += dS · krows,
   // where krows [nb][ldq] holds the key block's rows times scale, zero-padded to ldq (a multiple
-  // of W). An f32 product for every operand type (dS is f32 before any packing). Null: no dq.
+  // of W), an f32 product; with bf16 pair operands instead += dS · K on bf16 pairs, dS rounded to
+  // bf16 in key pairs and krw [ldk/2][ldq] the block's keys by pairs, unscaled (word (x', d) =
+  // k[2x'][d] | k[2x' + 1][d] << 16, zero past nb and D): the caller scales dq. Null dq: no dq.
   const float* krows = nullptr;
+  const std::uint32_t* krw = nullptr;
   float* dq = nullptr;
   std::int64_t ldq = 0, dqs = 0;
 };

@@ -212,7 +212,7 @@ void dq_lanes(const lane_block& lb, const lane_operands<Ops>& op, const dq_io& i
 
 // ---- backward dk, dv (and dq when fused), row layout: one query block against one key block ----
 //   S = Q Kᵀ, dP = dO Vᵀ, P = e^{s' - lse} (s' the transformed score), dS = P (dP - Δ),
-//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS,  fused: dQ += dS (scale·K)
+//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS,  fused: dQ += dS (scale·K) (bf16 pairs: dS K, scaled by the caller)
 
 // What the row-layout pass multiplies, in words of Ops.
 template <class Ops>
@@ -281,7 +281,15 @@ void dkdv_rows(const dkdv_pair& pr, const row_operands<Ops>& op) {
   const typename Ops::word* dsw = Ops::pack_rows(dP, nq, ld, packed + nqs * ld);
   gemm<Ops>(pr.Dv, ld, nqs, op.dout_steps, 1, op.dout_ss, pw, ld, pr.dvt, ld, true);
   gemm<Ops>(pr.D, ld, nqs, op.q_steps, 1, op.q_ss, dsw, ld, pr.dkt, ld, true);
-  if (pr.dq) gemm<f32_operands>(nq, pr.ldq, pr.nb, dP, ld, 1, pr.krows, pr.ldq, pr.dq, pr.dqs, true);
+  if (pr.dq) {
+    if constexpr (P == 2) {  // dS in key pairs [nq][ld/2] (in bias's room, free now) · K by key pairs
+      auto* dsk = reinterpret_cast<std::uint32_t*>(bias);
+      for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(dsk + i / 2, load(dP + i));
+      gemm<Ops>(nq, pr.ldq, ld / 2, dsk, ld / 2, 1, pr.krw, pr.ldq, pr.dq, pr.dqs, true);
+    } else {
+      gemm<f32_operands>(nq, pr.ldq, pr.nb, dP, ld, 1, pr.krows, pr.ldq, pr.dq, pr.dqs, true);
+    }
+  }
 }
 
 }  // namespace

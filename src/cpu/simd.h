@@ -119,6 +119,16 @@ inline vu bf16_bits(vf p) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// W floats → W/2 words of bf16 pairs of adjacent lanes (word w = bf16(v[2w]) | bf16(v[2w + 1])
+// << 16, nearest even) stored at out.
+inline void store_lane_pairs(std::uint32_t* out, vf v) {
+  typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
+  typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
+  const vq b = (vq)bf16_bits(v);
+  const vh w = __builtin_convertvector(b | b >> 16, vh);
+  __builtin_memcpy(out, &w, sizeof w);
+}
+
 // Two vectors of floats that bf16 holds exactly (small integers: widened int8) → words of bf16
 // pairs: low half a's lane, high half b's (truncation is exact for them).
 inline vu pair_words(vf a, vf b) { return ((vu)a >> 16) | ((vu)b & splatu(0xffff0000u)); }

@@ -24,7 +24,9 @@ struct avx512bf16_dot {
   template <int n>
   static void widen_int8(const std::int8_t* p, vf* out) {
     for (int i = 0; i < n; ++i)
-      out[i] = (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * W))));
+      // (the maskz form: GCC 12's unmasked one reads an undefined vector and warns)
+      out[i] = __builtin_convertvector(
+          (vi)_mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * W))), vf);
   }
 };
 
