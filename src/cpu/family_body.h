@@ -644,24 +644,34 @@ void fam_forward(const family_lanes& lb, float* ot) {
 
 // ---- backward dq, lane layout ----
 //   dP = V doutᵀ; r = Σ u dP / Σ u; dS = w (dP - r) act'; dqᵀ += Kᵀ dS
-template <family_dist Dist, int CC>
+// Ops: f32, or bf16 pairs for dot scores of bf16 inputs (family_lanes::qtw, kw, vrw, kpw and
+// io.douttw; act the identity): key ranges widened to whole pairs as in the forward, dS rounded
+// to bf16 for dqᵀ += Kᵀ dS.
+template <class Ops, family_dist Dist, int CC>
 void fam_dq(const family_lanes& lb, const family_dq_io& io) {
+  constexpr bool pairs = Ops::kPack == 2;
   const std::int64_t L = CC * W;
   for (std::int64_t i = 0; i < lb.P * L; ++i) io.dqt[i] = 0.0f;
   set_empty_stats<CC>(lb);
   std::int64_t kmin, kmax;
   fam_range(lb, kmin, kmax);
   if (kmin >= kmax) return;
+  if constexpr (pairs) kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;
   const family_params& fp = lb.fp;
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
-  const bool need_g = fp.act != family_act::identity;
+  const bool need_g = !pairs && fp.act != family_act::identity;
   // No gradient reaches the scores through the one-hot (hardmax) or the box indicator: the pass
   // only finds the row statistics (sigmoid still sums de for dsigmoid_bias).
   const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
   auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
-    lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
-    if (!no_dz) gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+    if constexpr (pairs) {
+      lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
+      if (!no_dz) gemm<Ops>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
+    } else {
+      lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
+      if (!no_dz) gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+    }
   };
   if (keep) {
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
@@ -706,9 +716,14 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     double a = 0.0, b = 0.0, dh = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
-    if (elementwise(fp))
+    if constexpr (pairs) {  // dqᵀ += Kᵀ dS, dS as words [nb/2][L] in G's room (no act′ here)
+      const auto* dsw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.G));
+      gemm<Ops>(lb.P, L, nb / 2, lb.kpw + j0 / 2 * lb.kpwss, 1, lb.kpwss, dsw, L, io.dqt, L, true);
+    } else if (elementwise(fp)) {
       with_terms(fp, [&](const auto& tm) { elem_lane_grad<CC>(lb, tm, j0, nb, S, io.dqt, io.dw_v, sc.buf); });
-    else gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
+    } else {
+      gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
+    }
   }
 }
 
@@ -851,7 +866,11 @@ void fam_forward_bf16_entry(const family_lanes& lb, float* ot) {
   with_dist(lb.fp.dist, [&](auto d) { fam_forward<bf16_pair_operands<Dot>, decltype(d)::value, C>(lb, ot); });
 }
 void fam_dq_entry(const family_lanes& lb, const family_dq_io& io) {
-  with_dist(lb.fp.dist, [&](auto d) { fam_dq<decltype(d)::value, C>(lb, io); });
+  with_dist(lb.fp.dist, [&](auto d) { fam_dq<fam_ops, decltype(d)::value, C>(lb, io); });
+}
+template <class Dot>
+void fam_dq_bf16_entry(const family_lanes& lb, const family_dq_io& io) {
+  with_dist(lb.fp.dist, [&](auto d) { fam_dq<bf16_pair_operands<Dot>, decltype(d)::value, C>(lb, io); });
 }
 void fam_dkdv_entry(const family_rows& pr) {
   with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<fam_ops, decltype(d)::value>(pr); });
@@ -879,9 +898,11 @@ template <class Dot = no_bf16_dot>
 constexpr family_table make_family_table(const char* name) {
   void (*forward_bf16)(const family_lanes&, float*) = nullptr;
   void (*dkdv_bf16)(const family_rows&) = nullptr;
-  if constexpr (Dot::available) forward_bf16 = fam_forward_bf16_entry<Dot>, dkdv_bf16 = fam_dkdv_bf16_entry<Dot>;
+  void (*dq_bf16)(const family_lanes&, const family_dq_io&) = nullptr;
+  if constexpr (Dot::available)
+    forward_bf16 = fam_forward_bf16_entry<Dot>, dkdv_bf16 = fam_dkdv_bf16_entry<Dot>, dq_bf16 = fam_dq_bf16_entry<Dot>;
   return {name,           W,           C * W,          fam_forward_entry, fam_dq_entry, fam_dkdv_entry,
-          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16, dkdv_bf16};
+          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16, dkdv_bf16, dq_bf16};
 }
 
 }  // namespace

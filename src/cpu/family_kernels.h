@@ -108,6 +108,11 @@ struct family_lanes {
   const std::uint32_t* vw = nullptr;
   std::int64_t kwsn = 0, vwss = 0;
   float zscale = 1.0f;
+  // dq_bf16 also: value j's words (pairs along Dv, a zero row at Nk) at vrw + j·vrwsn, and keys
+  // by pairs: word (j', d) = k[2j'][d] | k[2j' + 1][d] << 16 at kpw[j'·kpwss + d].
+  const std::uint32_t* vrw = nullptr;
+  const std::uint32_t* kpw = nullptr;
+  std::int64_t vrwsn = 0, kpwss = 0;
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
@@ -118,6 +123,7 @@ struct family_dq_io {
   float* dqt = nullptr;
   double* sums = nullptr;
   double* dw_v = nullptr;  // additive: [P] (multi-dimensional [Dv][P]) += Σ dz tanh(qp + kp) over the block
+  const std::uint32_t* douttw = nullptr;  // dq_bf16: doutt as words [Dv/2][L]
 };
 
 // The kept keys of a lane block (hardmax, top-k: at most kmax = k per row, α zero elsewhere):
@@ -222,6 +228,8 @@ struct family_table {
   // The dk/dv (and single-pass dq) row-layout pass of dot scores on bf16 pair operands
   // (family_rows::qw …); null where the ISA has no bf16 dot product.
   void (*dkdv_bf16)(const family_rows&);
+  // The dq pass (lane layout, with the row statistics) of dot scores on bf16 pair operands.
+  void (*dq_bf16)(const family_lanes&, const family_dq_io&);
 };
 
 const family_table& family_generic();

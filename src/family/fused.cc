@@ -254,9 +254,10 @@ struct fused_inputs {
   // by pairs [B·Hq][Nq/2 + 1][P] and value rows [B·Hkv][Nk][Dv/2]; z = zscale·(q·k).
   // backward_pairs: the words of the row-layout pass alone (single pass); backward_pairs_f32: those
   // and the f32 inputs of the dq pass (two passes).
-  enum class use { f32, forward_pairs, backward_pairs, backward_pairs_f32 };
+  // backward_pairs_all: the words of both passes (two passes, K and V finite).
+  enum class use { f32, forward_pairs, backward_pairs, backward_pairs_f32, backward_pairs_all };
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
-  std::vector<std::uint32_t> Qw, Kw, Vw, Qn, Vd;
+  std::vector<std::uint32_t> Qw, Kw, Vw, Qn, Vd, Kn;
   float zscale = 1.0f;
 
   fused_inputs(const fproblem& fp, const fused_source& src, use u = use::f32)
@@ -273,7 +274,8 @@ struct fused_inputs {
       } else {
         row_pairs = true;
         Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
-        Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 0, nt);
+        Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
+        if (u == use::backward_pairs_all) pairs = true, Kn = load_value_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt);
       }
       if (u != use::backward_pairs_f32) return;
     }
@@ -409,7 +411,11 @@ struct lane_state {
     if (in.pairs) {
       lb.qtw = reinterpret_cast<const std::uint32_t*>(qt.get());
       lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + 1) * (P / 2), lb.kwsn = P / 2;
-      lb.vw = in.Vw.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * fp.Dv, lb.vwss = fp.Dv;
+      if (!in.Vw.empty()) lb.vw = in.Vw.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * fp.Dv, lb.vwss = fp.Dv;
+      if (!in.Kn.empty()) {  // the backward's dq pass
+        lb.vrw = in.Vd.data() + (b * fp.Hkv + hkv) * (fp.Nk + 1) * (fp.Dv / 2), lb.vrwsn = fp.Dv / 2;
+        lb.kpw = in.Kn.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * P, lb.kpwss = P;
+      }
       lb.zscale = in.zscale;
     } else {
       lb.k = in.keys(fp, b, hkv), lb.ksn = P;
@@ -522,7 +528,7 @@ struct row_pass {
     const std::uint32_t* Kw = in.row_pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
     const float* K = in.row_pairs ? nullptr : in.keys(fp, b, hkv);
     if (in.row_pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
-      const std::uint32_t* Vd = in.Vd.data() + bh * fp.Nk * (Dv / 2);
+      const std::uint32_t* Vd = in.Vd.data() + bh * (fp.Nk + 1) * (Dv / 2);
       for (std::int64_t w = 0; w < P / 2; ++w)
         for (std::int64_t x = 0; x < ld; ++x) ktw[w * ld + x] = x < nb ? Kw[(j0 + x) * (P / 2) + w] : 0u;
       for (std::int64_t w = 0; w < Dv / 2; ++w)
@@ -647,7 +653,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const bool single = single_pass(fp);
   const bool pairs = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
                      fused_inputs::bf16_products(fp, src);
-  const fused_inputs in(fp, src, !pairs ? use::f32 : single ? use::backward_pairs : use::backward_pairs_f32);
+  // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
+  const use u = !pairs ? use::f32
+                : single ? use::backward_pairs
+                : bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, std::max(1, fp.p.num_threads)) &&
+                          bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))
+                    ? use::backward_pairs_all
+                    : use::backward_pairs_f32;
+  const fused_inputs in(fp, src, u);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
@@ -656,7 +669,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     return in.kt.name;
   }
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO = pairs && single ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+  const std::vector<float> dO = pairs && (single || in.pairs) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   std::vector<std::uint32_t> dOw, dOn;
   if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
@@ -809,12 +822,17 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     for (std::int64_t u = 0; u < in.units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
       const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
+      auto* douttw = reinterpret_cast<std::uint32_t*>(doutt.get());  // bf16 products: words [Dv/2][L]
       for (std::int64_t x = 0; x < L; ++x) {
-        const float* d = x < ls.nl ? dO.data() + ls.row(fp, b, x) * Dv : nullptr;
-        for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = d ? d[y] : 0.0f;
+        const std::int64_t r = x < ls.nl ? ls.row(fp, b, x) : -1;
+        if (in.pairs)
+          for (std::int64_t w = 0; w < Dv / 2; ++w) douttw[w * L + x] = r >= 0 ? dOw[std::size_t(r * (Dv / 2) + w)] : 0u;
+        else
+          for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = r >= 0 ? dO[std::size_t(r * Dv + y)] : 0.0f;
       }
-      const cpu::family_dq_io io{doutt.get(), dqt.get(), sums.data() + 3 * u, additive ? dwv.data() + u * nw : nullptr};
-      (F > 1 ? in.kt.md_dq : in.kt.dq)(lb, io);
+      cpu::family_dq_io io{doutt.get(), dqt.get(), sums.data() + 3 * u, additive ? dwv.data() + u * nw : nullptr};
+      io.douttw = douttw;
+      (in.pairs ? in.kt.dq_bf16 : F > 1 ? in.kt.md_dq : in.kt.dq)(lb, io);
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x);
         put_row(sink.dq, b, ls.h[x], ls.i[x], P, dqt.get() + x, L, sink.dq_scale);
@@ -844,7 +862,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
     }
   }
-  return pairs ? "avx512bf16, bf16 products in dk/dv" : in.kt.name;
+  return in.pairs ? "avx512bf16, bf16 products" : pairs ? "avx512bf16, bf16 products in dk/dv" : in.kt.name;
 }
 
 }  // namespace
