@@ -41,7 +41,7 @@ inline vf transform(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos, 
   }
   if (c.bias) s += bias;
   if (c.alibi) s -= slope * key_distance(pos, j);
-  if (ranged) s = (j >= lo) & (j < hi) ? s : splat(-kInf);
+  if (ranged) s = ((j >= lo) & (j < hi)) ? s : splat(-kInf);
   return s;
 }
 

@@ -44,7 +44,11 @@ struct portable_bf16_dot {
   }
   template <int n>
   static void widen_int8(const std::int8_t* p, vf* out) {
-    for (int i = 0; i < n * W; ++i) out[i / W][i % W] = float(p[i]);
+    for (int v = 0; v < n; ++v) {
+      vf x{};
+      for (int l = 0; l < W; ++l) x[l] = float(p[v * W + l]);
+      out[v] = x;
+    }
   }
   static vu pack_pairs(vf lo, vf hi) {  // word w = (x[2w], x[2w + 1]) of lo ‖ hi
     const vu a = bf16_bits(lo), b = bf16_bits(hi);

@@ -619,7 +619,9 @@ TEST(FamilyFused, SinglePassSigmoidBackward) {
           EXPECT_TRUE(same_bits(many.g.dk, got.g.dk)) << what << " threads " << t;
           EXPECT_TRUE(same_bits(many.g.dv, got.g.dv)) << what << " threads " << t;
           EXPECT_EQ(many.g.dsigmoid_bias, got.g.dsigmoid_bias) << what << " threads " << t;
-          if (got.g.db.defined()) EXPECT_TRUE(same_bits(many.g.db, got.g.db)) << what << " threads " << t;
+          if (got.g.db.defined()) {
+            EXPECT_TRUE(same_bits(many.g.db, got.g.db)) << what << " threads " << t;
+          }
         }
       }
   }
@@ -648,8 +650,9 @@ TEST(FamilyFused, WeightsFromTheFusedKernels) {
         const auto g = got.to_vector(), w = want.to_vector();
         for (std::size_t x = 0; x < g.size(); ++x) {
           ASSERT_NEAR(g[x], w[x], 2e-5 * (1 + std::abs(w[x]))) << what << " at " << x;
-          if (d != distribution_kind::softmax && d != distribution_kind::sigmoid)
+          if (d != distribution_kind::softmax && d != distribution_kind::sigmoid) {
             ASSERT_EQ(g[x] == 0.0, w[x] == 0.0) << what << " at " << x;
+          }
         }
         // out = α v, against the fused forward.
         const auto out = attention_family(q, k, v, c.opt, {.path = family_path::fused}).out.to_vector();
@@ -695,8 +698,12 @@ TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
       EXPECT_EQ(one.g.dq.to_vector(), many.g.dq.to_vector()) << what;
       EXPECT_EQ(one.g.dk.to_vector(), many.g.dk.to_vector()) << what;
       EXPECT_EQ(one.g.dv.to_vector(), many.g.dv.to_vector()) << what;
-      if (s != score_kind::triangle) EXPECT_EQ(one.g.db.to_vector(), many.g.db.to_vector()) << what;
-      if (s == score_kind::activated_general) EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
+      if (s != score_kind::triangle) {
+        EXPECT_EQ(one.g.db.to_vector(), many.g.db.to_vector()) << what;
+      }
+      if (s == score_kind::activated_general) {
+        EXPECT_EQ(one.g.dW.to_vector(), many.g.dW.to_vector()) << what;
+      }
       EXPECT_EQ(one.g.dbandwidth, many.g.dbandwidth) << what;
       if (s == score_kind::additive) {
         EXPECT_EQ(one.g.dW_q.to_vector(), many.g.dW_q.to_vector()) << what;
