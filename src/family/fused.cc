@@ -249,9 +249,10 @@ struct fused_inputs {
     return K.data() + (b * fp.Hkv + hkv) * kstride;
   }
 
-  // bf16 products (forward_bf16, dkdv_bf16): words of q rows [B·Hq·Nq][P/2], keys [B·Hkv][Nk + 1][P/2]
-  // (a zero key at Nk); forward: values by key pairs [B·Hkv][Nk/2 + 1][Dv]; backward: query rows
-  // by pairs [B·Hq][Nq/2 + 1][P] and value rows [B·Hkv][Nk][Dv/2]; z = zscale·(q·k).
+  // bf16 products (forward_bf16, dq_bf16, dkdv_bf16): words of q rows [B·Hq·Nq][P/2], keys
+  // [B·Hkv][Nk + 1][P/2] (a zero key at Nk); forward: values by key pairs [B·Hkv][Nk/2 + 1][Dv];
+  // backward: query rows by pairs [B·Hq][Nq/2 + 1][P], value rows [B·Hkv][Nk + 1][Dv/2] and, for
+  // the dq pass, keys by pairs [B·Hkv][Nk/2 + 1][P]; z = zscale·(q·k).
   // backward_pairs: the words of the row-layout pass alone (single pass); backward_pairs_f32: those
   // and the f32 inputs of the dq pass (two passes).
   // backward_pairs_all: the words of both passes (two passes, K and V finite).
@@ -288,9 +289,6 @@ struct fused_inputs {
     }
   }
 
- private:
-
- public:
   // Dot scores of bfloat16 q, k, v (the user's tensors, direct) with an even head size, on an ISA
   // with a bf16 dot product. ATTN_FAMILY_BF16=0 keeps f32 products.
   static bool bf16_products(const fproblem& fp, const fused_source& src) {
