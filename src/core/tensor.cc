@@ -6,10 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <new>
 #include <numeric>
 
 #include "attn/error.h"
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 namespace attn {
 
@@ -322,10 +327,22 @@ Tensor Tensor::empty(Shape shape, dtype t) {
     n = checked_mul(n, s, shape, "elements");
   }
   const std::int64_t bytes = checked_mul(std::max<std::int64_t>(n, 1), std::int64_t(dtype_size(t)), shape, "bytes");
-  std::byte* mem = new (std::nothrow) std::byte[std::size_t(bytes)];
+  // 64-byte aligned (a cache line, an AVX-512 vector); a buffer of kHugeMin bytes or more (a KV
+  // cache, a weight matrix) is aligned to 2 MiB and asks the kernel for transparent huge pages,
+  // which it gives where THP is in `madvise` mode (the usual default): reading one in the order a
+  // kernel walks it (a head's rows, a page of a paged cache) then misses the TLB once per 2 MiB
+  // rather than once per 4 KiB. Measured: paged bf16 decode (Hq 32 / Hkv 8, D 128, Nk 16384,
+  // 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md).
+  constexpr std::size_t kHuge = std::size_t(2) << 20, kHugeMin = 4 * kHuge;
+  const std::size_t align = std::size_t(bytes) >= kHugeMin ? kHuge : 64;
+  const std::size_t size = (std::size_t(bytes) + align - 1) / align * align;
+  void* mem = std::aligned_alloc(align, size);
   if (!mem)
     throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
-  r.storage_ = std::shared_ptr<std::byte[]>(mem);
+#ifdef __linux__
+  if (align == kHuge) madvise(mem, size, MADV_HUGEPAGE);  // a hint: refused (THP off, an old kernel) changes nothing
+#endif
+  r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem), [](std::byte* m) { std::free(m); });
   r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
   return r;
 }

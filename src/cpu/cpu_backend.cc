@@ -34,6 +34,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -53,6 +55,11 @@ constexpr float kInfF = std::numeric_limits<float>::infinity();
 // kSplitKeys keys. Both constants, never the thread count, decide the partition.
 constexpr std::int64_t kSplitUnits = 32;
 constexpr std::int64_t kSplitKeys = 2048;
+// Decode reads every kv head of a task together (forward_plan::heads) when one head's rows lie in
+// runs shorter than this (a page of 16 bf16 rows of D 128 is 4 KiB): read one head at a time, such
+// runs cost 35–50 % of the bandwidth; runs this long (a page of 256 such rows) do not, and the
+// interleaved heads' state (q, o, m, l of every head) would crowd L1.
+constexpr std::int64_t kHeadRunBytes = 65536;
 // Query rows per row-layout block in the dk/dv pass.
 constexpr std::int64_t kRowQueryBlock = 64;
 // The fused backward (one pass: dq, dk, dv) runs one task per (b, hkv), so it is chosen only
@@ -278,8 +285,18 @@ struct forward_plan {
                            // bf16 decode dots; the scores are scaled instead
   bool k8 = false;         // int8 K/V rows with per-row scales (serving), read in place by decode
   bool paged = false;      // K/V rows in pages through a block table (serving), read in place by decode
+  // Decode reading K/V in place from rows whose heads interleave (a page of every head, or a
+  // token-major cache): one task runs every kv head of a (b, lane block, key chunk), block by
+  // block (kernel_table::decode_heads), so the rows of a key block are read together rather than
+  // one head's slice of each at a time. ATTN_DECODE_HEADS=0 keeps one head per task.
+  bool heads = false;
   std::int64_t nchunk = 1, chunk = 1;  // split-KV: key chunks per unit, keys per chunk
 };
+
+bool decode_heads_allowed() {
+  const char* e = std::getenv("ATTN_DECODE_HEADS");
+  return !(e && std::string_view(e) == "0");
+}
 
 // Paged or int8 K/V (set only by the serving ops) are read in place, by the decode kernel alone:
 // every lane block has at most lanes_small rows, however many rows a (b, hkv) has.
@@ -296,8 +313,15 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   f.k8 = p.k.type == dtype::i8;
   f.raw_q = (f.k16 || f.k8) && p.q.type == dtype::bf16;
   f.paged = p.page_table != nullptr;
+  {
+    const std::int64_t row_bytes = p.k.sn * std::int64_t(dtype_size(p.k.type));
+    const bool interleaved = p.k.sh < p.k.sn;  // a token's rows of every head side by side
+    const bool short_runs = f.paged && p.page_size * row_bytes < kHeadRunBytes;  // a head's rows of a page
+    f.heads = (f.k16 || f.k8 || f.paged) && p.Hkv > 1 && (interleaved || short_runs) && decode_heads_allowed();
+  }
   f.chunk = std::max<std::int64_t>(p.Nk, 1);
-  if (f.units < kSplitUnits && p.Nk >= 2 * kSplitKeys) f.nchunk = ceil_div(p.Nk, kSplitKeys), f.chunk = kSplitKeys;
+  const std::int64_t tasks = f.heads ? f.units / p.Hkv : f.units;
+  if (tasks < kSplitUnits && p.Nk >= 2 * kSplitKeys) f.nchunk = ceil_div(p.Nk, kSplitKeys), f.chunk = kSplitKeys;
   return f;
 }
 
@@ -326,65 +350,91 @@ void forward_out(const problem& p, const forward_outputs& o) {
     }
   };
 
+  // Tasks: (unit, chunk), or with plan.heads (b, lane block, chunk) running every kv head.
+  const std::int64_t nh = plan.heads ? p.Hkv : 1, tasks = units / nh * nchunk;
+  // Floats of one head's scratch, 64-byte aligned.
+  const std::int64_t scratch_floats = (lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L) + 15) / 16 * 16;
 #pragma omp parallel num_threads(nt)
   {
-    lane_setup ls(L, p.D);
-    fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
+    // Per head of a task: its lane positions and qᵀ, scratch, (m, l, oᵀ), mask context, block.
+    std::vector<lane_setup> lss;
+    lss.reserve(std::size_t(nh));
+    for (std::int64_t h = 0; h < nh; ++h) lss.emplace_back(L, p.D);
+    fbuf scratch = alloc_floats(nh * scratch_floats);
     std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0);
-    fbuf mlo = alloc_floats(per);
-    float *m = mlo.get(), *l = m + L, *ot = l + L;
-    bias_ctx bc;
-    bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
-    // q is pre-scaled on the f32 path; the bf16 path scales the scores.
-    const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f);
-    ls.prescale = !raw_q;
+    fbuf mlo = alloc_floats(nh * per);
+    std::vector<bias_ctx> bcs(static_cast<std::size_t>(nh));
+    std::vector<lane_block> lbs(static_cast<std::size_t>(nh));
+    std::vector<forward_io> ios(static_cast<std::size_t>(nh));
+    std::vector<std::int64_t> us(static_cast<std::size_t>(nh));
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t t = 0; t < units * nchunk; ++t) {
-      const std::int64_t c = t % nchunk, u = t / nchunk;
-      const std::int64_t lbi = nlb - 1 - u % nlb;  // later query blocks see more keys (causal): start them first
-      const std::int64_t hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-      ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
-      bc.b = b, bc.valid = ls.nl;
-      for (std::int64_t x = 0; x < L; ++x) {
-        const bool sink = !p.sinks.empty() && x < ls.nl && c == 0;
-        m[x] = sink ? float(p.sinks[ls.h[x]]) : -kInfF;
-        l[x] = sink ? 1.0f : 0.0f;
-      }
-      std::fill(ot, ot + p.Dv * L, 0.0f);
-      lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
-      lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
-      if (kv_in_place) {  // rows of (b, hkv) from element 0 of their first page (paged), or of the view
-        const std::int64_t kb = paged ? hkv * p.k.sh : p.k.offset(b, hkv, 0, 0);
-        const std::int64_t vb = paged ? hkv * p.v.sh : p.v.offset(b, hkv, 0, 0);
-        lb.ksn = p.k.sn, lb.vsn = p.v.sn;
-        if (k8) {
-          lb.k8 = static_cast<const std::int8_t*>(p.k.data) + kb, lb.v8 = static_cast<const std::int8_t*>(p.v.data) + vb;
-          lb.kscale = static_cast<const float*>(p.k_scale.data) + (paged ? hkv * p.k_scale.sh : p.k_scale.offset(b, hkv, 0, 0));
-          lb.vscale = static_cast<const float*>(p.v_scale.data) + (paged ? hkv * p.v_scale.sh : p.v_scale.offset(b, hkv, 0, 0));
-          lb.kss = p.k_scale.sn, lb.vss = p.v_scale.sn;
-          lb.q_bf16 = raw_q;
-        } else if (k16) {
-          lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + kb, lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + vb;
-          lb.q_bf16 = raw_q;
-        } else {
-          lb.k = static_cast<const float*>(p.k.data) + kb, lb.v = static_cast<const float*>(p.v.data) + vb;
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t c = t % nchunk, w = t / nchunk;
+      for (std::int64_t hh = 0; hh < nh; ++hh) {
+        // unit u = (b·Hkv + hkv)·nlb + lane block index, as without plan.heads
+        const std::int64_t u = plan.heads ? (w / nlb * p.Hkv + hh) * nlb + w % nlb : w;
+        const std::int64_t lbi = nlb - 1 - u % nlb;  // later query blocks see more keys (causal): start them first
+        const std::int64_t hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+        lane_setup& ls = lss[std::size_t(hh)];
+        bias_ctx& bc = bcs[std::size_t(hh)];
+        float *m = mlo.get() + hh * per, *l = m + L, *ot = l + L;
+        us[std::size_t(hh)] = u;
+        ios[std::size_t(hh)] = forward_io{m, l, ot};
+        // q is pre-scaled on the f32 path; the bf16 path scales the scores.
+        ls.prescale = !raw_q;
+        ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
+        bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+        bc.b = b, bc.valid = ls.nl;
+        const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f);
+        for (std::int64_t x = 0; x < L; ++x) {
+          const bool sink = !p.sinks.empty() && x < ls.nl && c == 0;
+          m[x] = sink ? float(p.sinks[ls.h[x]]) : -kInfF;
+          l[x] = sink ? 1.0f : 0.0f;
         }
-        if (paged) {
-          lb.pages = p.page_table + b * p.max_pages, lb.page_size = p.page_size;
-          lb.kps = p.page_stride.k, lb.vps = p.page_stride.v;
-          lb.ksps = p.page_stride.k_scale, lb.vsps = p.page_stride.v_scale;
+        std::fill(ot, ot + p.Dv * L, 0.0f);
+        lane_block& lb = lbs[std::size_t(hh)];
+        lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get() + hh * scratch_floats);
+        lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
+        if (kv_in_place) {  // rows of (b, hkv) from element 0 of their first page (paged), or of the view
+          const std::int64_t kb = paged ? hkv * p.k.sh : p.k.offset(b, hkv, 0, 0);
+          const std::int64_t vb = paged ? hkv * p.v.sh : p.v.offset(b, hkv, 0, 0);
+          lb.ksn = p.k.sn, lb.vsn = p.v.sn;
+          if (k8) {
+            lb.k8 = static_cast<const std::int8_t*>(p.k.data) + kb, lb.v8 = static_cast<const std::int8_t*>(p.v.data) + vb;
+            lb.kscale = static_cast<const float*>(p.k_scale.data) + (paged ? hkv * p.k_scale.sh : p.k_scale.offset(b, hkv, 0, 0));
+            lb.vscale = static_cast<const float*>(p.v_scale.data) + (paged ? hkv * p.v_scale.sh : p.v_scale.offset(b, hkv, 0, 0));
+            lb.kss = p.k_scale.sn, lb.vss = p.v_scale.sn;
+            lb.q_bf16 = raw_q;
+          } else if (k16) {
+            lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + kb, lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + vb;
+            lb.q_bf16 = raw_q;
+          } else {
+            lb.k = static_cast<const float*>(p.k.data) + kb, lb.v = static_cast<const float*>(p.v.data) + vb;
+          }
+          if (paged) {
+            lb.pages = p.page_table + b * p.max_pages, lb.page_size = p.page_size;
+            lb.kps = p.page_stride.k, lb.vps = p.page_stride.v;
+            lb.ksps = p.page_stride.k_scale, lb.vsps = p.page_stride.v_scale;
+          }
         }
       }
-      if (dp) {
-        pack_lane_words(p.q, b, ls, p.D, qp.data());
+      if (nh > 1) {
+        kt.decode_heads(lbs.data(), ios.data(), int(nh));
+      } else if (dp) {
+        const std::int64_t u = us[0], hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
+        pack_lane_words(p.q, b, lss[0], p.D, qp.data());
         const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
         bf16_operands op{qp.data(), pack->k.data() + base * p.D, p.D, pack->vp.data() + base / 2 * p.Dv};
-        kt.forward_bf16(lb, op, forward_io{m, l, ot});
+        kt.forward_bf16(lbs[0], op, ios[0]);
       } else {
-        kt.forward(lb, forward_io{m, l, ot});
+        kt.forward(lbs[0], ios[0]);
       }
-      if (nchunk == 1) finish(ls, b, m, l, ot);
-      else std::copy(m, m + per, part.get() + t * per);
+      for (std::int64_t hh = 0; hh < nh; ++hh) {
+        const std::int64_t u = us[std::size_t(hh)], b = u / nlb / p.Hkv;
+        const forward_io& io = ios[std::size_t(hh)];
+        if (nchunk == 1) finish(lss[std::size_t(hh)], b, io.m, io.l, io.ot);
+        else std::copy(io.m, io.m + per, part.get() + (u * nchunk + c) * per);
+      }
     }
   }
   if (nchunk == 1) return;
@@ -788,9 +838,9 @@ std::string describe(const problem& p, const backend_request& req) {
                      bp.bf16_dots ? " with bf16 dot products when dout is bf16" : "");
   }
   else if (fp.lanes == kt.lanes_small)
-    s += fmt::format("decode ({} rows per pass{}), {}{}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
+    s += fmt::format("decode ({} rows per pass{}), {}{}{}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
                      type, fp.k8 ? ", int8 K/V dequantised in place" : fp.k16 || fp.paged ? ", K/V read in place" : "",
-                     fp.paged ? ", paged" : "");
+                     fp.paged ? ", paged" : "", fp.heads ? ", every kv head per task" : "");
   else
     s += fmt::format("prefill{}, {}{}", fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "", type,
                      fp.bf16_dots ? " with bf16 dot products" : "");

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "cpu/scores.h"
@@ -257,76 +258,112 @@ inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, 
   }
 }
 
+// The decode forward of one lane block, a block of W keys at a time: the constructor sets up
+// the state (q in the kernel's order, m, l, o), step() reads the next block, finish() writes
+// m, l and oᵀ. decode_rows runs one lane block to its end; decode_heads interleaves the lane
+// blocks of several heads block by block (the rows of one key block of every head are read
+// together: contiguous in a token-major cache or a page of all heads).
 // Ops: the operand type of the q·k dots; T: the storage of the K/V rows read.
 template <int RG, class Ops, class T>
-void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
-  constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
-  constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
-  constexpr bool q8 = __is_same(T, std::int8_t);
+struct decode_run {
+  static constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
+  static constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
+  static constexpr bool q8 = __is_same(T, std::int8_t);
   // The order of d in the P·V accumulators: storage<T>'s native order, or memory order where
   // int8 rows are paired for bf16 products (decode_pv_pairs).
-  constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
-  const decode_layout st(lb, RG, U * W);
-  const score_consts sc(lb.sp);
-  const lane_range kr(lb);
-  const std::int64_t L = lb.L, nr = st.nr, Dp = st.Dp, Dvp = st.Dvp;
-  for (std::int64_t g = 0; g < st.nrp; ++g) {
-    const bool valid = g < nr;
-    if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
-      auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
-      const auto bits = [&](std::int64_t d) {
-        std::uint32_t u = 0;
-        if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
-        return u >> 16;
-      };
-      for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
-    } else {
-      for (std::int64_t d = 0; d < Dp; ++d)
-        st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
-    }
-    for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
-    const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
-    for (int x = 0; x < KG; ++x) {
-      st.mvec[x0 + x] = valid ? io.m[g] : -kInf;
-      st.lacc[x0 + x] = valid && x == 0 ? io.l[g] : 0.0f;
-      st.pos[x0 + x] = valid ? lb.pos[g] : 0;
-      st.lo[x0 + x] = valid ? lb.lo[g] : 0;
-      st.hi[x0 + x] = valid ? lb.hi[g] : 0;
-      st.slope[x0 + x] = valid && lb.sp.alibi ? lb.slope[g] : 0.0f;
-    }
-  }
-  const auto* qwords = reinterpret_cast<const typename Ops::word*>(st.qr);
-  const std::int64_t qs = Dp / P;  // words per q row
+  static constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
+
+  const lane_block& lb;
+  const forward_io& io;
+  bool copy_all;
+  decode_layout st;
+  score_consts sc;
+  lane_range kr;
+  std::int64_t L, nr, Dp, Dvp;
+  const typename Ops::word* qwords;
+  std::int64_t qs;  // words per q row
   // The stored rows: f32, bf16 (also read as f32 through the padded copy when T is float) or int8.
-  const bool b16 = lb.k16 != nullptr;
-  const std::int64_t esize = q8 ? 1 : b16 ? 2 : 4;
-  const char* kbase = q8 ? reinterpret_cast<const char*>(lb.k8)
-                         : b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
-  const char* vbase = q8 ? reinterpret_cast<const char*>(lb.v8)
-                         : b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
-  const auto elem_f32 = [&](const char* base, std::int64_t i) {
+  bool b16;
+  std::int64_t esize;
+  const char* kbase;
+  const char* vbase;
+  const std::int64_t* pages;
+  std::int64_t psz;
+  int pshift;
+  bool whole_blocks;  // a block that starts at a multiple of W lies in one page
+  std::int64_t nu, nv, pf_keys;
+  std::int64_t next;  // the first key of the next block
+
+  // heads: the lane blocks interleaved with this one (the prefetch distance, in bytes of all of
+  // them, stays kDecodePrefetchBytes).
+  decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads)
+      : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
+        Dvp(st.Dvp) {
+    for (std::int64_t g = 0; g < st.nrp; ++g) {
+      const bool valid = g < nr;
+      if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
+        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+        const auto bits = [&](std::int64_t d) {
+          std::uint32_t u = 0;
+          if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
+          return u >> 16;
+        };
+        for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
+      } else {
+        for (std::int64_t d = 0; d < Dp; ++d)
+          st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+      }
+      for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
+      const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
+      for (int x = 0; x < KG; ++x) {
+        st.mvec[x0 + x] = valid ? io.m[g] : -kInf;
+        st.lacc[x0 + x] = valid && x == 0 ? io.l[g] : 0.0f;
+        st.pos[x0 + x] = valid ? lb.pos[g] : 0;
+        st.lo[x0 + x] = valid ? lb.lo[g] : 0;
+        st.hi[x0 + x] = valid ? lb.hi[g] : 0;
+        st.slope[x0 + x] = valid && lb.sp.alibi ? lb.slope[g] : 0.0f;
+      }
+    }
+    qwords = reinterpret_cast<const typename Ops::word*>(st.qr);
+    qs = Dp / P;
+    b16 = lb.k16 != nullptr;
+    esize = q8 ? 1 : b16 ? 2 : 4;
+    kbase = q8 ? reinterpret_cast<const char*>(lb.k8)
+               : b16 ? reinterpret_cast<const char*>(lb.k16) : reinterpret_cast<const char*>(lb.k);
+    vbase = q8 ? reinterpret_cast<const char*>(lb.v8)
+               : b16 ? reinterpret_cast<const char*>(lb.v16) : reinterpret_cast<const char*>(lb.v);
+    // A power-of-two page size (the usual case) shifts and masks instead of dividing.
+    pages = lb.pages;
+    psz = pages ? lb.page_size : 1;
+    pshift = (psz & (psz - 1)) == 0 ? __builtin_ctzll(std::uint64_t(psz)) : -1;
+    whole_blocks = psz % W == 0;
+    nu = Dp / (U * W), nv = Dvp / W;
+    const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
+    pf_keys = imax(W, kDecodePrefetchBytes / heads / row_bytes) / W * W;
+    next = kr.kmin;
+  }
+
+  float elem_f32(const char* base, std::int64_t i) const {
     return b16 ? bf16_scalar(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
-  };
+  }
   // Element offset of row j (row stride sn, page stride ps): dense, or through the block table.
-  // A power-of-two page size (the usual case) shifts and masks instead of dividing.
-  const std::int64_t* pages = lb.pages;
-  const std::int64_t psz = pages ? lb.page_size : 1;
-  const int pshift = (psz & (psz - 1)) == 0 ? __builtin_ctzll(std::uint64_t(psz)) : -1;
-  const bool whole_blocks = psz % W == 0;  // a block that starts at a multiple of W lies in one page
-  const auto row_off = [&](std::int64_t j, std::int64_t sn, std::int64_t ps) {
+  std::int64_t row_off(std::int64_t j, std::int64_t sn, std::int64_t ps) const {
     if (!pages) return j * sn;
     if (pshift >= 0) return pages[j >> pshift] * ps + (j & (psz - 1)) * sn;
     return pages[j / psz] * ps + j % psz * sn;
-  };
-  const std::int64_t nu = Dp / (U * W), nv = Dvp / W;
-  const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
-  const std::int64_t pf_keys = imax(W, kDecodePrefetchBytes / row_bytes) / W * W;
-  vf s[RG];
-  // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
-  alignas(64) float ksb[W], vsb[W];
-  alignas(64) std::uint32_t pw[RG * W / 2];  // bf16 P·V: p in pairs
-  vf ksm[RG], vsm[RG];
-  for (std::int64_t j0 = kr.kmin; j0 < kr.kmax; j0 += W) {
+  }
+
+  bool done() const { return next >= kr.kmax; }
+
+  // Reads the next block of keys.
+  void step() {
+    vf s[RG];
+    // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
+    alignas(64) float ksb[W], vsb[W];
+    alignas(64) std::uint32_t pw[RG * W / 2];  // bf16 P·V: p in pairs
+    vf ksm[RG], vsm[RG];
+    const std::int64_t j0 = next;
+    next += W;
     const std::int64_t nb = imin(W, kr.kmax - j0);
     const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
     const T* kb = reinterpret_cast<const T*>(kbase + row_off(j0, lb.ksn, lb.kps) * esize);
@@ -403,40 +440,67 @@ void decode_rows(const lane_block& lb, const forward_io& io, bool copy_all) {
       for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
       if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
     }
+
   }
-  for (std::int64_t g = 0; g < nr; ++g) {
-    const std::int64_t x0 = g / RG * W + g % RG * KG;
-    float l = 0.0f;
-    for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
-    io.l[g] = l;
-    io.m[g] = st.mvec[x0];
-    for (std::int64_t d = 0; d < lb.Dv; ++d) io.ot[d * L + g] = st.orow[g * Dvp + (pv_memory_order ? d : storage<T>::native(d))];
+
+  void finish() const {
+    for (std::int64_t g = 0; g < nr; ++g) {
+      const std::int64_t x0 = g / RG * W + g % RG * KG;
+      float l = 0.0f;
+      for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
+      io.l[g] = l;
+      io.m[g] = st.mvec[x0];
+      for (std::int64_t d = 0; d < lb.Dv; ++d)
+        io.ot[d * L + g] = st.orow[g * Dvp + (pv_memory_order ? d : storage<T>::native(d))];
+    }
   }
+};
+
+// The lane blocks lbs[0, n) (every one of the same shape and storage) to their ends: one at a
+// time (n = 1), or interleaved block by block.
+template <int RG, class Ops, class T>
+void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_all) {
+  if (n == 1) {
+    decode_run<RG, Ops, T> r(lbs[0], ios[0], copy_all, 1);
+    while (!r.done()) r.step();
+    return r.finish();
+  }
+  std::vector<decode_run<RG, Ops, T>> rs;
+  rs.reserve(std::size_t(n));
+  for (int h = 0; h < n; ++h) rs.emplace_back(lbs[h], ios[h], copy_all, n);
+  for (bool more = true; more;) {
+    more = false;
+    for (auto& r : rs)
+      if (!r.done()) r.step(), more = more || !r.done();
+  }
+  for (const auto& r : rs) r.finish();
 }
 
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
-void decode_group(const lane_block& lb, const forward_io& io) {
+void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
+  const lane_block& lb = lbs[0];
   if (lb.k8) {
     const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
     if constexpr (Dot::available)
-      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lb, io, false);
-    return decode_rows<RG, f32_operands, std::int8_t>(lb, io, !units);
+      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
+    return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units);
   }
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
     if constexpr (Dot::available)
-      if (lb.q_bf16) return decode_rows<RG, bf16_pair_operands<Dot>, std::uint16_t>(lb, io, false);
-    return decode_rows<RG, f32_operands, std::uint16_t>(lb, io, false);
+      if (lb.q_bf16) return decode_rows<RG, bf16_pair_operands<Dot>, std::uint16_t>(lbs, ios, n, false);
+    return decode_rows<RG, f32_operands, std::uint16_t>(lbs, ios, n, false);
   }
-  decode_rows<RG, f32_operands, float>(lb, io, b16 || lb.D % W != 0 || lb.Dv % W != 0);
+  decode_rows<RG, f32_operands, float>(lbs, ios, n, b16 || lb.D % W != 0 || lb.Dv % W != 0);
 }
 
+// n lane blocks of one shape (rows, storage, head size): decode_rows.
 template <class Dot>
-void decode_forward(const lane_block& lb, const forward_io& io) {
-  if (lb.nl >= 3) return decode_group<4, Dot>(lb, io);
-  if (lb.nl == 2) return decode_group<2, Dot>(lb, io);
-  decode_group<1, Dot>(lb, io);
+void decode_forward(const lane_block* lbs, const forward_io* ios, int n) {
+  if (lbs[0].nl >= 3) return decode_group<4, Dot>(lbs, ios, n);
+  if (lbs[0].nl == 2) return decode_group<2, Dot>(lbs, ios, n);
+  decode_group<1, Dot>(lbs, ios, n);
 }
 
 }  // namespace

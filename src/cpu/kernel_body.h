@@ -47,7 +47,13 @@ lane_operands<f32_operands> f32_lane_operands(const lane_block& lb) {
 template <class Dot>
 void forward_f32(const lane_block& lb, const forward_io& io) {
   if (lb.L == C * W) return forward_lanes<f32_operands, C>(lb, f32_lane_operands(lb), io, nullptr);
-  decode_forward<Dot>(lb, io);
+  decode_forward<Dot>(&lb, &io, 1);
+}
+
+// The decode forward of n lane blocks of lanes_small rows, interleaved key block by key block.
+template <class Dot>
+void decode_heads(const lane_block* lbs, const forward_io* ios, int n) {
+  decode_forward<Dot>(lbs, ios, n);
 }
 
 void dq_f32(const lane_block& lb, const dq_io& io) {
@@ -107,7 +113,7 @@ void dkdv_bf16(const dkdv_pair& pr, const bf16_dkdv_operands& in) {
 // The table of this ISA; the bf16 entries only where it has a bf16 dot product.
 template <class Dot>
 constexpr kernel_table make_table(const char* name) {
-  kernel_table t{name, W, C * W, W, forward_f32<Dot>, dq_f32, dkdv_f32, nullptr, nullptr, nullptr, qk_lanes<C>};
+  kernel_table t{name, W, C * W, W, forward_f32<Dot>, dq_f32, dkdv_f32, nullptr, nullptr, nullptr, qk_lanes<C>, decode_heads<Dot>};
   if constexpr (Dot::available) t.forward_bf16 = forward_bf16<Dot>, t.dq_bf16 = dq_bf16<Dot>, t.dkdv_bf16 = dkdv_bf16<Dot>;
   return t;
 }

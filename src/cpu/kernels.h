@@ -212,6 +212,10 @@ struct kernel_table {
   void (*dkdv_bf16)(const dkdv_pair&, const bf16_dkdv_operands&);
   // The forward's [Nq, Nk] intermediate (qk_io) from f32 q and k rows (lanes == kernel_table::lanes).
   void (*qk)(const lane_block&, const qk_io&);
+  // The decode forward (lanes == lanes_small) of n lane blocks of one shape and storage, e.g.
+  // the heads of a (b, key chunk): their key blocks interleaved, so that the rows of one block
+  // of every head are read together; each result as forward's.
+  void (*decode_heads)(const lane_block* lbs, const forward_io* ios, int n);
 };
 
 static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }

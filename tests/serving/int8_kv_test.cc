@@ -277,5 +277,62 @@ TEST(Int8Errors, BadScalesAndInputsByMessage) {
                    "paged_kv_append: k_new/v_new have dtypes int64/float32; int8 pages quantise one float dtype");
 }
 
+// Decode that reads every kv head of a task together (pages whose head runs are short; a
+// token-major dense cache) gives the bits of one head at a time (ATTN_DECODE_HEADS=0): the same
+// blocks in the same order for each head, for every ISA level, float32, bfloat16 and int8
+// pages, head sizes on and off the SIMD width, GQA 4 and split-KV. Both also equal the dense op.
+struct env_scope {
+  const char* name;
+  env_scope(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~env_scope() { unsetenv(name); }
+};
+
+TEST(DecodeHeads, InterleavedHeadsGiveTheBitsOfOneHeadAtATime) {
+  const std::int64_t B = 2, Hkv = 4, Hq = 16, ps = 16;
+  const std::vector<std::int64_t> lens{4200, 77};
+  const std::int64_t max_pages = (lens[0] + ps - 1) / ps;
+  for (const std::string& isa : isas())
+    for (const dtype type : {dtype::f32, dtype::bf16, dtype::i8})
+      for (const std::int64_t D : {128, 40}) {
+        SCOPED_TRACE(fmt::format("{} {} D {}", isa, dtype_name(type), D));
+        const isa_scope scope(isa);
+        std::mt19937 rng(41);
+        std::vector<std::int64_t> order(std::size_t(B * max_pages));
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        const bool q8 = type == dtype::i8;
+        const Shape s{B * max_pages, ps, Hkv, D};
+        const Tensor kp = q8 ? random_int8(s, rng) : random_tensor(s, type, rng);
+        const Tensor vp = q8 ? random_int8(s, rng) : random_tensor(s, type, rng);
+        const Tensor ks = q8 ? random_tensor({B * max_pages, ps, Hkv}, dtype::f32, rng, 0.001, 0.03) : Tensor();
+        const Tensor vs = q8 ? random_tensor({B * max_pages, ps, Hkv}, dtype::f32, rng, 0.001, 0.03) : Tensor();
+        const Tensor q = random_tensor({B, Hq, 2, D}, q8 ? dtype::bf16 : type, rng);
+        const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, order), index_tensor({B}, lens), ks, vs};
+        attention_options o;
+        o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+        const attention_result heads = attention_paged(q, cache, o);
+        attention_result one;
+        {
+          const env_scope off("ATTN_DECODE_HEADS", "0");
+          one = attention_paged(q, cache, o);
+        }
+        EXPECT_TRUE(all_close(heads.out, one.out, 0, 0));
+        EXPECT_TRUE(all_close(heads.lse, one.lse, 0, 0));
+        if (q8) continue;
+        // A token-major dense cache [B, Nk, Hkv, D] (the first sequence's pages in order) read
+        // through its [B, Hkv, Nk, D] view, against a head-major copy of the same values.
+        const std::int64_t Nk = 3000;
+        const Tensor kt = random_tensor({1, Nk, Hkv, D}, type, rng), vt = random_tensor({1, Nk, Hkv, D}, type, rng);
+        const TensorView kv = kt.view().permute({0, 2, 1, 3}), vv = vt.view().permute({0, 2, 1, 3});
+        const Tensor q1 = random_tensor({1, Hq, 1, D}, type, rng);
+        if (type == dtype::bf16)
+          EXPECT_NE(explain_backend(q1, kv, vv).find("every kv head per task"), std::string::npos) << explain_backend(q1, kv, vv);
+        const attention_result a = attention(q1, kv, vv);
+        const attention_result b = attention(q1, Tensor::copy_of(kv), Tensor::copy_of(vv));
+        EXPECT_TRUE(all_close(a.out, b.out, 0, 0));
+        EXPECT_TRUE(all_close(a.lse, b.lse, 0, 0));
+      }
+}
+
 }  // namespace
 }  // namespace attn

@@ -18,6 +18,10 @@
 #include <thread>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's reduce/cast intrinsics start from _mm512_undefined_*, which -Wuninitialized flags
 // inside the header: a known false positive.
@@ -208,8 +212,15 @@ probe_result probe_dram_read(int threads, std::size_t bytes) {
   threads = std::max(1, threads);
   const std::size_t chunk = (bytes / std::size_t(threads)) / 4096 * 4096;
   if (chunk == 0) return {0, k.isa};
-  auto* raw = static_cast<std::byte*>(std::aligned_alloc(4096, chunk * threads));
+  // In transparent huge pages where the kernel gives them, as attn's tensors of this size are
+  // (Tensor::empty): the probe reads memory mapped as the kernels' operands are.
+  constexpr std::size_t kHuge = std::size_t(2) << 20;
+  const std::size_t size = (chunk * threads + kHuge - 1) / kHuge * kHuge;
+  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kHuge, size));
   if (!raw) return {0, k.isa};
+#ifdef __linux__
+  madvise(raw, size, MADV_HUGEPAGE);
+#endif
   std::unique_ptr<std::byte, decltype(&std::free)> buf(raw, &std::free);
   // First touch by the thread that reads the chunk (pages land on its memory node).
   timed_parallel(threads, [&](int t) {
