@@ -41,6 +41,7 @@
 
 #include "core/common.h"
 #include "core/problem.h"
+#include "cpu/bf16_words.h"
 #include "cpu/buffers.h"
 #include "cpu/kernels.h"
 
@@ -235,37 +236,22 @@ std::uint16_t bits(const strided4& t, std::int64_t b, std::int64_t h, std::int64
 }
 std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32_t(hi) << 16; }
 
-// Keys and values of every (b, hkv) for the AVX512_BF16 kernels, packed once per call: rows
-// [Nk'][D|Dv] and key pairs [Nk'/2][D|Dv] (Nk' = Nk rounded up to even, the extra key zero);
-// only the layouts asked for.
+// Keys and values of every (b, hkv) for the AVX512_BF16 kernels, packed once per call
+// (bf16_words.h): rows [Nk'][D|Dv] (as words, D and Dv even) and key pairs [Nk'/2][D|Dv]
+// (Nk' = Nk rounded up to even, the extra key zero); only the layouts asked for.
 struct bf16_pack {
-  std::vector<std::uint16_t> k, v;
-  std::vector<std::uint32_t> kp, vp;
+  std::vector<std::uint32_t> k, v, kp, vp;
   std::int64_t nk2 = 0;
 
   bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs) : nk2((p.Nk + 1) / 2 * 2) {
-    const std::int64_t n = p.B * p.Hkv * nk2;
-    if (k_rows) k.assign(std::size_t(n * p.D), 0);
-    if (v_rows) v.assign(std::size_t(n * p.Dv), 0);
-    if (k_pairs) kp.assign(std::size_t(n / 2 * p.D), 0);
-    if (v_pairs) vp.assign(std::size_t(n / 2 * p.Dv), 0);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (std::int64_t r = 0; r < n / 2; ++r) {
-      const std::int64_t jp = r % (nk2 / 2), hkv = r / (nk2 / 2) % p.Hkv, b = r / (nk2 / 2) / p.Hkv;
-      for (std::int64_t e = 0; e < 2 && 2 * jp + e < p.Nk; ++e) {
-        const std::int64_t j = 2 * jp + e, row = 2 * r + e;
-        for (std::int64_t d = 0; d < p.D; ++d) {
-          const std::uint16_t x = bits(p.k, b, hkv, j, d);
-          if (k_rows) k[std::size_t(row * p.D + d)] = x;
-          if (k_pairs) kp[std::size_t(r * p.D + d)] |= std::uint32_t(x) << (16 * e);
-        }
-        for (std::int64_t d = 0; d < p.Dv; ++d) {
-          const std::uint16_t x = bits(p.v, b, hkv, j, d);
-          if (v_rows) v[std::size_t(row * p.Dv + d)] = x;
-          if (v_pairs) vp[std::size_t(r * p.Dv + d)] |= std::uint32_t(x) << (16 * e);
-        }
-      }
-    }
+    if (k_rows) k = bf16_row_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2, nt);
+    if (v_rows) v = bf16_row_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, nt);
+    if (k_pairs) kp = bf16_pair_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
+    if (v_pairs) vp = bf16_pair_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
+  }
+  // Row 0 of the (b, hkv) whose first packed row is `base`, as the kernels' bf16 rows.
+  static const std::uint16_t* rows(const std::vector<std::uint32_t>& w, std::int64_t base, std::int64_t X) {
+    return reinterpret_cast<const std::uint16_t*>(w.data() + base * X / 2);
   }
 };
 
@@ -424,7 +410,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         const std::int64_t u = us[0], hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
         pack_lane_words(p.q, b, lss[0], p.D, qp.data());
         const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
-        bf16_operands op{qp.data(), pack->k.data() + base * p.D, p.D, pack->vp.data() + base / 2 * p.Dv};
+        bf16_operands op{qp.data(), bf16_pack::rows(pack->k, base, p.D), p.D, pack->vp.data() + base / 2 * p.Dv};
         kt.forward_bf16(lbs[0], op, ios[0]);
       } else {
         kt.forward(lbs[0], ios[0]);
@@ -647,8 +633,8 @@ void backward(const problem& p, const backward_io& io) {
           pack_lane_words(p.q, b, ls, p.D, qp.data());
           pack_lane_words(io.dout, b, ls, p.Dv, dop.data());
           const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
-          kt.dq_bf16(lb, bf16_dq_operands{qp.data(), dop.data(), pack->k.data() + base * p.D,
-                                          pack->v.data() + base * p.Dv, pack->kp.data() + base / 2 * p.D},
+          kt.dq_bf16(lb, bf16_dq_operands{qp.data(), dop.data(), bf16_pack::rows(pack->k, base, p.D),
+                                          bf16_pack::rows(pack->v, base, p.Dv), pack->kp.data() + base / 2 * p.D},
                      dio);
         } else {
           kt.dq(lb, dio);

@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "core/common.h"
+#include "cpu/bf16_words.h"
 #include "cpu/buffers.h"
 #include "cpu/family_kernels.h"
 #include "family/family_impl.h"
@@ -85,52 +86,18 @@ std::vector<float> load_f32(const strided4& s, std::int64_t B, std::int64_t H, s
   return r;
 }
 
-// bf16 operands of the forward_bf16 kernel (family_kernels.h: family_lanes::qtw, kw, vw), from
-// bfloat16 views [B, H, N, X] (any strides), X even: rows of X/2 words, element 2w in the low
-// half of word w, with `pad` zero rows after each (b, h)'s N.
+// bf16 operands of the bf16 kernels (family_kernels.h: family_lanes::qtw, kw, vw), from bfloat16
+// views [B, H, N, X] (any strides), X even (cpu/bf16_words.h): rows of X/2 words with `pad` zero
+// rows after each (b, h)'s N; values by pairs of keys, [B·H][⌊N/2⌋ + 1][X] words.
 std::vector<std::uint32_t> load_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                                       std::int64_t pad, int nt) {
-  const std::int64_t Xw = X / 2, Np = N + pad;
-  std::vector<std::uint32_t> r(std::size_t(B * H * Np * Xw), 0u);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t row = 0; row < B * H * N; ++row) {
-    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
-    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
-    std::uint32_t* o = r.data() + ((b * H + h) * Np + n) * Xw;
-    for (std::int64_t w = 0; w < Xw; ++w) o[w] = std::uint32_t(p[2 * w * s.sx]) | std::uint32_t(p[(2 * w + 1) * s.sx]) << 16;
-  }
-  return r;
+  return cpu::bf16_row_words(s, B, H, N, X, N + pad, nt);
 }
-// Values by pairs of keys: [B·H][⌈(N + 1)/2⌉][X] words, word (j', d) = v[2j'][d] | v[2j'+1][d] << 16
-// (zero past the last key).
 std::vector<std::uint32_t> load_value_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                             std::int64_t X, int nt) {
-  const std::int64_t Np = N / 2 + 1;
-  std::vector<std::uint32_t> r(std::size_t(B * H * Np * X), 0u);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t row = 0; row < B * H * Np; ++row) {
-    const std::int64_t jp = row % Np, h = row / Np % H, b = row / Np / H;
-    std::uint32_t* o = r.data() + row * X;
-    for (std::int64_t half = 0; half < 2; ++half) {
-      const std::int64_t j = 2 * jp + half;
-      if (j >= N) break;
-      const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
-      for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << (16 * half);
-    }
-  }
-  return r;
+  return cpu::bf16_pair_words(s, B, H, N, X, N / 2 + 1, nt);
 }
-// Every element of a bfloat16 view finite (exponent bits not all ones).
-bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
-  std::int64_t bad = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
-  for (std::int64_t row = 0; row < B * H * N; ++row) {
-    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
-    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
-    for (std::int64_t x = 0; x < X; ++x) bad += (p[x * s.sx] & 0x7f80u) == 0x7f80u;
-  }
-  return bad == 0;
-}
+using cpu::bf16_all_finite;
 
 // Row (b, h, n) of `s` from the X floats src[x * ss], times mul.
 void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,

@@ -1,0 +1,50 @@
+// src/cpu/bf16_words.cc — bf16_words.h.
+#include "cpu/bf16_words.h"
+
+#include <cstddef>
+
+namespace attn::detail::cpu {
+
+std::vector<std::uint32_t> bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                          std::int64_t X, std::int64_t Np, int nt) {
+  const std::int64_t Xw = X / 2;
+  std::vector<std::uint32_t> r(std::size_t(B * H * Np * Xw), 0u);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t row = 0; row < B * H * N; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+    std::uint32_t* o = r.data() + ((b * H + h) * Np + n) * Xw;
+    for (std::int64_t w = 0; w < Xw; ++w) o[w] = std::uint32_t(p[2 * w * s.sx]) | std::uint32_t(p[(2 * w + 1) * s.sx]) << 16;
+  }
+  return r;
+}
+
+std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                           std::int64_t X, std::int64_t Npairs, int nt) {
+  std::vector<std::uint32_t> r(std::size_t(B * H * Npairs * X), 0u);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t row = 0; row < B * H * Npairs; ++row) {
+    const std::int64_t jp = row % Npairs, h = row / Npairs % H, b = row / Npairs / H;
+    std::uint32_t* o = r.data() + row * X;
+    for (std::int64_t half = 0; half < 2; ++half) {
+      const std::int64_t j = 2 * jp + half;
+      if (j >= N) break;
+      const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
+      for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << (16 * half);
+    }
+  }
+  return r;
+}
+
+bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
+  std::int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
+  for (std::int64_t row = 0; row < B * H * N; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+    for (std::int64_t x = 0; x < X; ++x) bad += (p[x * s.sx] & 0x7f80u) == 0x7f80u;
+  }
+  return bad == 0;
+}
+
+}  // namespace attn::detail::cpu

@@ -1,0 +1,27 @@
+// src/cpu/bf16_words.h — bfloat16 views [B, H, N, X] (any strides) packed into the 32-bit words
+// the bf16 dot-product kernels take (vdpbf16ps multiplies pairs), and the finiteness check those
+// paths need; one copy for the core op's driver (cpu_backend.cc) and the family's (fused.cc).
+// Built for baseline x86-64 (bf16_words.cc), threaded with OpenMP over rows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/problem.h"
+
+namespace attn::detail::cpu {
+
+// Pairs along a row: [B·H][Np][X/2] words, word w of row n = s[n][2w] | s[n][2w + 1] << 16
+// (the bits of rows [N, Np) zero). X even. Read as uint16 this is the rows [Np][X] themselves.
+std::vector<std::uint32_t> bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                          std::int64_t X, std::int64_t Np, int nt);
+
+// Pairs across two rows (keys j, j + 1): [B·H][Npairs][X] words, word (j', x) =
+// s[2j'][x] | s[2j' + 1][x] << 16 (rows at or past N zero). Npairs >= ceil(N / 2).
+std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                           std::int64_t X, std::int64_t Npairs, int nt);
+
+// Every element of the bfloat16 view finite (exponent bits not all ones).
+bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);
+
+}  // namespace attn::detail::cpu
