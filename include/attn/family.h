@@ -198,6 +198,9 @@ family_result topk_attention(const TensorView& q, const TensorView& k, const Ten
 //   elu_plus_one  φ(x) = elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise  (> 0: the denominator is
 //                 positive whenever a key is left)
 //   relu          φ(x) = max(x, 0)                                       (φ'(0) = 0)
+//   identity      φ(x) = x: without normalize, out_i = Σ_j (q_i·k_j) v_j — the family's identity
+//                 distribution over dot scores (attention_family takes this route for it);
+//                 with normalize the denominator q_i·Σ_j k_j may be any sign, or 0
 // A row whose denominator is 0 (no key left, or relu features with no overlap) gives out = 0 and
 // zero gradients. Masks: is_causal with alignment top_left or bottom_right (after_past = top_left)
 // and nonpad_kv_seqlen (padding) — the ones that keep every row's keys a prefix [0, hi_i) with
@@ -205,7 +208,7 @@ family_result topk_attention(const TensorView& q, const TensorView& k, const Ten
 // this algorithm never forms). GQA, 3-D and 4-D layouts as for attn::attention; q and k share D.
 // It is a function of its own, not a score × distribution: the family's kernels visit every
 // (query, key) pair, which is what linear attention exists to avoid (docs/FAMILY.md).
-enum class feature_map { elu_plus_one, relu };
+enum class feature_map { elu_plus_one, relu, identity };
 
 struct linear_attention_options : masking_options {
   feature_map phi = feature_map::elu_plus_one;

@@ -76,7 +76,7 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
 // buffer.permute({0, 2, 1, 3}), page_size = capacity, block_table [B, 1] = b.
 struct paged_kv_view {
   TensorArg k_pages, v_pages, block_table, seq_lens;
-  TensorArg k_scales, v_scales;
+  TensorArg k_scales{}, v_scales{};  // int8 pages only
 };
 
 // Attention of q against the first seq_lens[b] keys of each sequence, read from the pages in

@@ -365,7 +365,7 @@ def attention_weights(q, k, v, *, score: str = "scaled_dot", distribution: str =
 
 def linear_attention(q, k, v, *, feature_map: str = "elu_plus_one", normalize: bool = True, **params):
     """Linear attention (Katharopoulos et al. 2020): ``out_i = Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j)``
-    in O(N·D·Dv), never forming the weights; ``feature_map`` "elu_plus_one" or "relu";
+    in O(N·D·Dv), never forming the weights; ``feature_map`` "elu_plus_one", "relu" or "identity";
     ``normalize=False`` keeps the numerator alone. Masks: is_causal, alignment,
     nonpad_kv_seqlen (attn_mask and window are refused); path ("reference": the float64
     oracle), num_threads, q_num_heads, kv_num_heads.

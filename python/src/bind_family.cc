@@ -74,7 +74,7 @@ nb::object family_weights_py(nb::handle q, nb::handle k, nb::handle v, nb::dict 
   return to_python(w, kind(kind_));
 }
 
-// linear_attention: the masking keys, feature_map (elu_plus_one | relu), normalize, path, num_threads.
+// linear_attention: the masking keys, feature_map (elu_plus_one | relu | identity), normalize, path, num_threads.
 linear_attention_options read_linear(option_reader& r) {
   linear_attention_options o;
   read_masking(r, o);

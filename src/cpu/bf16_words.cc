@@ -47,4 +47,30 @@ bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int
   return bad == 0;
 }
 
+bool view_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
+  if (s.type == dtype::bf16) return bf16_all_finite(s, B, H, N, X, nt);
+  std::int64_t bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
+  for (std::int64_t row = 0; row < B * H * N; ++row) {
+    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+    switch (s.type) {
+      case dtype::f32: {
+        const float* p = s.ptr<float>(b, h, n, 0);
+        for (std::int64_t x = 0; x < X; ++x) bad += !(p[x * s.sx] * 0.0f == 0.0f);  // NaN and ±inf give NaN
+        break;
+      }
+      case dtype::f64: {
+        const double* p = s.ptr<double>(b, h, n, 0);
+        for (std::int64_t x = 0; x < X; ++x) bad += !(p[x * s.sx] * 0.0 == 0.0);
+        break;
+      }
+      default: {  // float16: exponent bits all ones
+        const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+        for (std::int64_t x = 0; x < X; ++x) bad += (p[x * s.sx] & 0x7c00u) == 0x7c00u;
+      }
+    }
+  }
+  return bad == 0;
+}
+
 }  // namespace attn::detail::cpu

@@ -1,6 +1,7 @@
 // src/cpu/bf16_words.h — bfloat16 views [B, H, N, X] (any strides) packed into the 32-bit words
-// the bf16 dot-product kernels take (vdpbf16ps multiplies pairs), and the finiteness check those
-// paths need; one copy for the core op's driver (cpu_backend.cc) and the family's (fused.cc).
+// the bf16 dot-product kernels take (vdpbf16ps multiplies pairs), and the finiteness checks of
+// views the drivers need; one copy for the core op's driver (cpu_backend.cc) and the family's
+// (fused.cc, front.cc).
 // Built for baseline x86-64 (bf16_words.cc), threaded with OpenMP over rows.
 #pragma once
 
@@ -23,5 +24,7 @@ std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, st
 
 // Every element of the bfloat16 view finite (exponent bits not all ones).
 bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);
+// The same for a view of any float dtype (float16, bfloat16, float32, float64).
+bool view_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);
 
 }  // namespace attn::detail::cpu

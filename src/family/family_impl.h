@@ -111,6 +111,16 @@ void reference_backward(const fproblem& fp, const std::vector<double>& dout, std
 
 // ---- fused f32 path (fused.cc; kernels in src/cpu/family_kernels.h) ----
 // Why the fused kernels cannot run this prepared problem with inputs of `type` (empty: they can).
+// Linear attention with an unnormalised output times `scale` (linear.cc; linear_attention is
+// scale 1): the family's identity distribution over dot and scaled_dot scores runs on it, by
+// associativity (Σ_j (q_i·k_j) v_j = q_iᵀ Σ_j k_j v_jᵀ). op names the caller in messages.
+linear_attention_result linear_scaled(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const linear_attention_options& options, double scale, const execution& exec);
+linear_attention_grads linear_scaled_backward(const char* op, const TensorView& q, const TensorView& k,
+                                              const TensorView& v, const TensorView& dout,
+                                              const linear_attention_options& options, double scale,
+                                              const execution& exec);
+
 std::string fused_why_not(const fproblem& fp, dtype type);
 // Where the fused path reads its inputs: the float64 preparation fp.Qp, fp.Kp, fp.V, or — for a
 // score whose preparation is only a scale (score_def::fused_direct: dot, scaled_dot) — the

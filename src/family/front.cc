@@ -12,16 +12,19 @@
 //   reference  as tiled, with the reference kernels (the oracle)
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attn/error.h"
 #include "attn/family.h"
 #include "core/common.h"
+#include "cpu/bf16_words.h"
 #include "family/family_impl.h"
 #include "family/scores/score.h"
 
@@ -192,6 +195,28 @@ fused_source prepare_direct(call& C, const TensorView& q, const TensorView& k, c
   return {true, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(v, c.Hkv), C.st.scale};
 }
 
+// The identity distribution over dot and scaled_dot scores, where the path was not asked for,
+// every row's keys are a prefix (no attn_mask, no window) and q, k, v are finite: linear
+// attention with φ = identity (linear.cc), by associativity — Σ_j (q_i·k_j) v_j = q_iᵀ Σ_j k_j v_jᵀ,
+// O(N·D·Dv) where the pairwise kernels are O(Nq·Nk·D). A NaN or ±inf goes to the pairwise
+// kernels, whose special values follow the family's contract pair by pair.
+bool by_associativity(const call& C, const family_options& o, const TensorView& q, const TensorView& k,
+                      const TensorView& v) {
+  const score_call& c = C.c;
+  if (!C.automatic || C.fp.dist != distribution_kind::identity || !C.def->fused_direct) return false;
+  if (o.attn_mask || o.window_left >= 0 || o.window_right >= 0) return false;
+  const int nt = std::max(1, C.fp.p.num_threads);
+  return cpu::view_all_finite(as_bhnx(q, c.Hq), c.B, c.Hq, c.Nq, c.D, nt) &&
+         cpu::view_all_finite(as_bhnx(k, c.Hkv), c.B, c.Hkv, c.Nk, c.Dk, nt) &&
+         cpu::view_all_finite(as_bhnx(v, c.Hkv), c.B, c.Hkv, c.Nk, c.Dv, nt);
+}
+linear_attention_options identity_linear_options(const family_options& o) {
+  linear_attention_options lo;
+  static_cast<masking_options&>(lo) = o;
+  lo.phi = feature_map::identity, lo.normalize = false;
+  return lo;
+}
+
 // The options of attn::attention on the core route: the masks, and the score's scale.
 attention_options core_options(const family_options& o, double scale) {
   attention_options ao;
@@ -213,6 +238,13 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   validate("attention_family", q, k, v, options, exec, C);
   const score_call& c = C.c;
   family_result r;
+  if (by_associativity(C, options, q, k, v)) {
+    linear_attention_result l =
+        linear_scaled("attention_family", q, k, v, identity_linear_options(options), C.st.scale, exec);
+    r.out = std::move(l.out);
+    r.path = fmt::format("{}: identity by associativity, q·(Kᵀv)", l.path);
+    return r;
+  }
   if (C.path == family_path::core) {
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
     const attention_result a = attention(in.q, in.k, in.v, core_options(options, in.scale), exec);
@@ -248,6 +280,13 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
   if (!is_floating(dout.type())) fail(op, fmt::format("dout has dtype {}, expected a float dtype", dtype_name(dout.type())));
 
   family_grads g;
+  if (by_associativity(C, options, q, k, v)) {
+    linear_attention_grads l =
+        linear_scaled_backward(op, q, k, v, dout, identity_linear_options(options), C.st.scale, exec);
+    g.dq = std::move(l.dq), g.dk = std::move(l.dk), g.dv = std::move(l.dv);
+    g.path = fmt::format("{}: identity by associativity, q·(Kᵀv)", l.path);
+    return g;
+  }
   if (C.path == family_path::core) {
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
     const attention_options ao = core_options(options, in.scale);

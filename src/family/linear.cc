@@ -26,20 +26,28 @@
 
 #include "attn/family.h"
 #include "core/common.h"
+#include "family/family_impl.h"
 #include "family/scores/score.h"
 
 namespace attn {
 namespace detail::family {
 namespace {
 
-double phi(feature_map f, double x) { return f == feature_map::relu ? (x > 0.0 ? x : 0.0) : x > 0.0 ? x + 1.0 : std::exp(x); }
-double dphi(feature_map f, double x) { return x > 0.0 ? 1.0 : f == feature_map::relu ? 0.0 : std::exp(x); }
+double phi(feature_map f, double x) {
+  if (f == feature_map::identity) return x;
+  return f == feature_map::relu ? (x > 0.0 ? x : 0.0) : x > 0.0 ? x + 1.0 : std::exp(x);
+}
+double dphi(feature_map f, double x) {
+  if (f == feature_map::identity) return 1.0;
+  return x > 0.0 ? 1.0 : f == feature_map::relu ? 0.0 : std::exp(x);
+}
 
 struct lin_call {
   problem p;
   problem_storage store;
   feature_map f = feature_map::elu_plus_one;
   bool normalize = true;
+  double scale = 1.0;  // unnormalised only: out = scale · num (the family's scaled_dot × identity)
   int rank = 4;
   dtype type = dtype::f32;
   bool reference = false;
@@ -48,7 +56,7 @@ struct lin_call {
 void validate(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
               const linear_attention_options& o, const execution& exec, lin_call& L) {
   const int fi = int(o.phi);
-  if (fi < 0 || fi > int(feature_map::relu)) fail(op, fmt::format("feature map {} is not a feature_map", fi));
+  if (fi < 0 || fi > int(feature_map::identity)) fail(op, fmt::format("feature map {} is not a feature_map", fi));
   if (o.attn_mask)
     fail(op, "takes no attn_mask: linear attention never forms the Nq x Nk scores a mask would apply to (padding: "
              "nonpad_kv_seqlen; causal: is_causal)");
@@ -97,7 +105,7 @@ std::vector<double> reference_forward(const lin_call& L) {
     const std::int64_t hi = key_end(p, b, i), hk = h / p.group();
     const double sum = row_weights(L, b, h, i, hi, s);
     if (L.normalize && sum == 0.0) return;  // no mass: out = 0
-    const double div = L.normalize ? sum : 1.0;
+    const double div = L.normalize ? sum : 1.0 / L.scale;
     for (std::int64_t j = 0; j < hi; ++j)
       for (std::int64_t x = 0; x < p.Dv; ++x) out[std::size_t(row * p.Dv + x)] += s[std::size_t(j)] / div * p.v.load(b, hk, j, x);
   });
@@ -118,7 +126,7 @@ void reference_backward(const lin_call& L, const std::vector<double>& dout, std:
     const std::int64_t hi = key_end(p, b, i), hk = h / p.group();
     const double sum = row_weights(L, b, h, i, hi, s);
     if (L.normalize && sum == 0.0) return;
-    const double div = L.normalize ? sum : 1.0;
+    const double div = L.normalize ? sum : 1.0 / L.scale;
     const double* dO = dout.data() + row * Dv;
     da.assign(std::size_t(hi), 0.0), ds.assign(std::size_t(hi), 0.0);
     double r = 0.0;
@@ -130,7 +138,7 @@ void reference_backward(const lin_call& L, const std::vector<double>& dout, std:
       }
       da[std::size_t(j)] = t, r += s[std::size_t(j)] / div * t;
     }
-    for (std::int64_t j = 0; j < hi; ++j) ds[std::size_t(j)] = L.normalize ? (da[std::size_t(j)] - r) / div : da[std::size_t(j)];
+    for (std::int64_t j = 0; j < hi; ++j) ds[std::size_t(j)] = L.normalize ? (da[std::size_t(j)] - r) / div : da[std::size_t(j)] / div;
     for (std::int64_t d = 0; d < D; ++d) {
       const double qd = p.q.load(b, h, i, d), a = phi(L.f, qd);
       double dA = 0.0;
@@ -213,7 +221,7 @@ void fast_forward(const lin_call& L, const strided4& out) {
             add_key(D, Dv, hb.K.data() + cur * D, hb.V.data() + cur * Dv, hb.S.data(), hb.z.data());
           const T den = query(D, Dv, hb.Q.data() + i * D, hb.S.data(), hb.z.data(), num.data());
           for (std::int64_t x = 0; x < Dv; ++x)
-            o[std::size_t(x)] = !L.normalize ? double(num[std::size_t(x)])
+            o[std::size_t(x)] = !L.normalize ? double(num[std::size_t(x)]) * L.scale
                                 : den != T(0)  ? double(num[std::size_t(x)] / den)
                                                : 0.0;
           store_row(out, b, h, i, Dv, o.data());
@@ -255,7 +263,8 @@ void fast_backward(const lin_call& L, const strided4& dout, const strided4& dq, 
           const T* g = dO.data() + i * Dv;
           T* gn = dnum.data() + i * Dv;
           if (!L.normalize) {
-            for (std::int64_t x = 0; x < Dv; ++x) gn[x] = g[x];
+            const T sc = T(L.scale);
+            for (std::int64_t x = 0; x < Dv; ++x) gn[x] = g[x] * sc;
           } else {
             const T den = query(D, Dv, a, hb.S.data(), hb.z.data(), num.data());
             if (den != T(0)) {
@@ -324,10 +333,13 @@ using detail::problem;
 using detail::strided4;
 using detail::as_bhnx;
 
-linear_attention_result linear_attention(const TensorView& q, const TensorView& k, const TensorView& v,
-                                         const linear_attention_options& options, const execution& exec) {
+namespace detail::family {
+
+linear_attention_result linear_scaled(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const linear_attention_options& options, double scale, const execution& exec) {
   lin_call L;
-  validate("linear_attention", q, k, v, options, exec, L);
+  validate(op, q, k, v, options, exec, L);
+  L.scale = scale;
   const problem& p = L.p;
   linear_attention_result r;
   if (L.reference) {
@@ -342,12 +354,13 @@ linear_attention_result linear_attention(const TensorView& q, const TensorView& 
   return r;
 }
 
-linear_attention_grads linear_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                                 const TensorView& dout, const linear_attention_options& options,
-                                                 const execution& exec) {
-  const char* op = "linear_attention_backward";
+linear_attention_grads linear_scaled_backward(const char* op, const TensorView& q, const TensorView& k,
+                                              const TensorView& v, const TensorView& dout,
+                                              const linear_attention_options& options, double scale,
+                                              const execution& exec) {
   lin_call L;
   validate(op, q, k, v, options, exec, L);
+  L.scale = scale;
   const problem& p = L.p;
   const Shape os = L.rank == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
   if (dout.shape() != os)
@@ -371,6 +384,19 @@ linear_attention_grads linear_attention_backward(const TensorView& q, const Tens
   if (L.type == dtype::f64) fast_backward<double>(L, sdo, sdq, sdk, sdv), g.path = "linear (f64)";
   else fast_backward<float>(L, sdo, sdq, sdk, sdv), g.path = "linear (f32)";
   return g;
+}
+
+}  // namespace detail::family
+
+linear_attention_result linear_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                                         const linear_attention_options& options, const execution& exec) {
+  return linear_scaled("linear_attention", q, k, v, options, 1.0, exec);
+}
+
+linear_attention_grads linear_attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                                 const TensorView& dout, const linear_attention_options& options,
+                                                 const execution& exec) {
+  return linear_scaled_backward("linear_attention_backward", q, k, v, dout, options, 1.0, exec);
 }
 
 }  // namespace attn

@@ -22,8 +22,9 @@ constexpr std::array kGaussianFormNames = {enum_name{gaussian_form::sigma, "sigm
 static_assert(detail::names_cover(kGaussianFormNames, gaussian_form::width), "a gaussian_form has no name");
 
 constexpr std::array kFeatureMapNames = {enum_name{feature_map::elu_plus_one, "elu_plus_one"},
-                                         enum_name{feature_map::relu, "relu"}};
-static_assert(detail::names_cover(kFeatureMapNames, feature_map::relu), "a feature_map has no name");
+                                         enum_name{feature_map::relu, "relu"},
+                                         enum_name{feature_map::identity, "identity"}};
+static_assert(detail::names_cover(kFeatureMapNames, feature_map::identity), "a feature_map has no name");
 
 constexpr std::array kActivationNames = {enum_name{score_activation::tanh, "tanh"},
                                          enum_name{score_activation::relu, "relu"},

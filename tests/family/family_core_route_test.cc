@@ -117,7 +117,7 @@ TEST(FamilyNames, EveryEnumeratorRoundTrips) {
   round_trips(score_kind::triangle, to_string, parse_score_kind);
   round_trips(distribution_kind::identity, to_string, parse_distribution_kind);
   round_trips(gaussian_form::width, to_string, parse_gaussian_form);
-  round_trips(feature_map::relu, to_string, parse_feature_map);
+  round_trips(feature_map::identity, to_string, parse_feature_map);
   round_trips(score_activation::sigmoid, to_string, parse_score_activation);
   round_trips(hardmax_gradient::straight_through, to_string, parse_hardmax_gradient);
   EXPECT_EQ(to_string(score_kind(99)), "score_kind(99)");

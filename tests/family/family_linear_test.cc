@@ -40,10 +40,11 @@ TEST(LinearAttention, PrefixSumsMatchTheReference) {
   std::mt19937 rng(41);
   std::uniform_int_distribution<int> n(0, 7), d(1, 5);
   int cases = 0;
-  for (feature_map f : {feature_map::elu_plus_one, feature_map::relu})
+  for (feature_map f : {feature_map::elu_plus_one, feature_map::relu, feature_map::identity})
     for (bool norm : {true, false})
       for (int mask = 0; mask < 4; ++mask)  // none; causal top-left; causal bottom-right + padding; padding
         for (int rep = 0; rep < 4; ++rep) {
+          if (f == feature_map::identity && norm) continue;  // a denominator of any sign: no f32 bound
           const std::int64_t Hkv = 1 + rep % 2, Hq = Hkv * (1 + rep / 2);
           lin_case c(rng, 1 + rep % 2, Hq, Hkv, rep == 0 ? 1 : n(rng), n(rng), d(rng), d(rng));
           c.o.phi = f, c.o.normalize = norm;
@@ -76,7 +77,7 @@ TEST(LinearAttention, PrefixSumsMatchTheReference) {
           EXPECT_TRUE(all_close(g32.dv, gref.dv, 1e-4)) << what;
           ++cases;
         }
-  EXPECT_EQ(cases, 64);
+  EXPECT_EQ(cases, 80);
 }
 
 // The reference itself, on a case worked by hand: one query, two keys, D = Dv = 1, relu.
@@ -104,7 +105,7 @@ TEST(LinearAttention, WorkedExample) {
 
 TEST(LinearAttention, FiniteDifferences) {
   std::mt19937 rng(42);
-  for (feature_map f : {feature_map::elu_plus_one, feature_map::relu})
+  for (feature_map f : {feature_map::elu_plus_one, feature_map::relu, feature_map::identity})
     for (bool norm : {true, false})
       for (bool causal : {false, true})
         for (const execution& e : {execution{}, kRef}) {
@@ -176,6 +177,63 @@ TEST(LinearAttention, RefusesWhatItCannotCompute) {
                    "linear_attention_backward: dout has shape [1, 2, 3, 3], expected [1, 2, 3, 2]");
   const Tensor k5 = random_tensor({1, 1, 4, 5}, dtype::f64, rng);
   EXPECT_THROW_MSG(linear_attention(c.q, k5, c.v), "linear_attention: k has head size 5");
+}
+
+// The family's identity distribution over dot and scaled_dot scores takes linear attention with
+// φ = identity where the call leaves the path automatic: equal to the family's float64 reference
+// and to its pairwise kernels (path fused), forward and every gradient, with causal alignments,
+// padding and GQA, in float32, bfloat16 and float64. An attn_mask, a window or a NaN keeps the
+// pairwise kernels.
+TEST(LinearAttention, FamilyIdentityByAssociativity) {
+  std::mt19937 rng(44);
+  for (score_kind sk : {score_kind::dot, score_kind::scaled_dot})
+    for (dtype t : {dtype::f32, dtype::bf16, dtype::f64})
+      for (int mask = 0; mask < 4; ++mask) {  // none; causal top-left; causal bottom-right + padding; padding
+        lin_case c(rng, 2, 4, 2, 9, 11, 5, 3);
+        family_options o;
+        o.score.kind = sk, o.distribution.kind = distribution_kind::identity;
+        if (sk == score_kind::scaled_dot && mask % 2) o.score.scale = 0.7;  // else 1/sqrt(D)
+        if (mask == 1 || mask == 2) o.is_causal = true;
+        if (mask == 2) o.alignment = causal_alignment::bottom_right;
+        if (mask >= 2) c.pad(4), o.nonpad_kv_seqlen = c.lens.view();
+        const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = c.dout.to(t);
+        const std::string what = to_string(sk) + " " + std::string(dtype_name(t)) + " mask " + std::to_string(mask);
+        const family_result r = attention_family(q, k, v, o);
+        const family_grads g = attention_family_backward(q, k, v, dout, o);
+        EXPECT_NE(r.path.find("identity by associativity"), std::string::npos) << what << ": " << r.path;
+        EXPECT_NE(g.path.find("identity by associativity"), std::string::npos) << what << ": " << g.path;
+        const family_result ref = attention_family(q, k, v, o, {.path = family_path::reference});
+        const family_grads gref = attention_family_backward(q, k, v, dout, o, {.path = family_path::reference});
+        const double tol = tolerance_for(t) * 4;
+        EXPECT_TRUE(all_close(r.out, ref.out, tol)) << what;
+        EXPECT_TRUE(all_close(g.dq, gref.dq, tol)) << what;
+        EXPECT_TRUE(all_close(g.dk, gref.dk, tol)) << what;
+        EXPECT_TRUE(all_close(g.dv, gref.dv, tol)) << what;
+        if (t == dtype::f64) continue;  // the pairwise kernels run f32 and bf16
+        const family_result fz = attention_family(q, k, v, o, {.path = family_path::fused});
+        EXPECT_EQ(fz.path.rfind("fused", 0), 0u) << fz.path;
+        EXPECT_TRUE(all_close(r.out, fz.out, tol)) << what;
+      }
+  // What keeps the pairwise kernels: a window, an attn_mask, a NaN (where the NaN reaches, the
+  // pairwise kernels and the reference agree).
+  lin_case c(rng, 1, 2, 1, 5, 6, 4, 3);
+  const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32);
+  Tensor v = c.v.to(dtype::f32);
+  family_options o;
+  o.score.kind = score_kind::scaled_dot, o.distribution.kind = distribution_kind::identity;
+  o.window_left = 2;
+  EXPECT_EQ(attention_family(q, k, v, o).path.rfind("fused", 0), 0u);
+  o.window_left = -1;
+  const Tensor m = random_bool({1, 1, 5, 6}, rng);
+  o.attn_mask = m.view();
+  EXPECT_EQ(attention_family(q, k, v, o).path.rfind("fused", 0), 0u);
+  o.attn_mask.reset();
+  o.is_causal = true;
+  v.set({0, 0, 3, 1}, NAN);
+  const family_result r = attention_family(q, k, v, o);
+  EXPECT_EQ(r.path.rfind("fused", 0), 0u) << r.path;
+  EXPECT_TRUE(any_nan(r.out));
+  EXPECT_TRUE(all_close(r.out, attention_family(q, k, v, o, {.path = family_path::reference}).out, 1e-5));
 }
 
 }  // namespace

@@ -201,7 +201,9 @@ TEST_P(NnCoAttention, PaddingGetsNoWeightAndChangesNothing) {
       double sum = 0;
       for (std::int64_t i = 0; i < 4; ++i) {
         const double p = xw.rank() == 3 ? xw.get({b, q, i}) : xw.get({b, i});
-        if (i >= std::int64_t(xl.get({b}))) EXPECT_EQ(p, 0.0) << b << ", " << q << ", " << i;
+        if (i >= std::int64_t(xl.get({b}))) {
+          EXPECT_EQ(p, 0.0) << b << ", " << q << ", " << i;
+        }
         sum += p;
       }
       const bool real_row = xw.rank() == 2 || q < std::int64_t(yl.get({b}));

@@ -424,9 +424,9 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--family-path", a->family_path, "automatic | core | fused | tiled | reference")
       ->check(CLI::IsMember({"automatic", "core", "fused", "tiled", "reference"}));
   s->add_option("--linear", a->linear,
-                "linear attention with feature map elu_plus_one | relu (runs attn::linear_attention; masks: --causal, "
+                "linear attention with feature map elu_plus_one | relu | identity (runs attn::linear_attention; masks: --causal, "
                 "--alignment, --nonpad-kv-seqlen)")
-      ->check(CLI::IsMember({"elu_plus_one", "relu"}));
+      ->check(CLI::IsMember({"elu_plus_one", "relu", "identity"}));
   s->add_flag("--linear-unnormalised", a->linear_unnormalised,
               "--linear: the numerator alone, sum_j phi(q).phi(k_j) v_j (no division)");
   s->add_option("--dW", a->dW, "write the gradient of W");
