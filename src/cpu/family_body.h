@@ -889,6 +889,7 @@ void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
 }  // namespace attn::detail::cpu
 
 #include "cpu/family_md_body.h"
+#include "cpu/family_linear_body.h"
 
 namespace attn::detail::cpu {
 namespace {
@@ -902,7 +903,8 @@ constexpr family_table make_family_table(const char* name) {
   if constexpr (Dot::available)
     forward_bf16 = fam_forward_bf16_entry<Dot>, dkdv_bf16 = fam_dkdv_bf16_entry<Dot>, dq_bf16 = fam_dq_bf16_entry<Dot>;
   return {name,           W,           C * W,          fam_forward_entry, fam_dq_entry, fam_dkdv_entry,
-          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16, dkdv_bf16, dq_bf16};
+          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16, dkdv_bf16, dq_bf16,
+          lin_forward_entry, lin_backward_entry};
 }
 
 }  // namespace

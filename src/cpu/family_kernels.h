@@ -208,6 +208,33 @@ static inline std::int64_t family_md_row_scratch_floats(std::int64_t rows, std::
   return (2 * A + 2 * Dv) * kMdRows * ldk + rows * ldk + 64;
 }
 
+// Linear attention of one query head on f32 rows (src/family/linear.cc drives it; the kernels are
+// family_linear_body.h): a = φ(q) Q [Nq][D], b = φ(k) K [Nk][D], v V [Nk][Dvp] (Dv padded with
+// zeros to Dvp, a multiple of W); query i sees keys [0, hi[i]) (hi non-decreasing);
+// out_i = Sᵀa_i / a_i·z (normalize; 0 where the denominator is 0) or scale · Sᵀa_i.
+// Scratch S [D][Dvp], z [D].
+struct family_linear {
+  std::int64_t Nq = 0, Nk = 0, D = 0, Dvp = 0;
+  const float* Q = nullptr;
+  const float* K = nullptr;
+  const float* V = nullptr;
+  const std::int64_t* hi = nullptr;
+  bool normalize = true;
+  float scale = 1.0f;
+  float* S = nullptr;
+  float* z = nullptr;
+};
+// The backward's outputs and scratch: dq [Nq][D] receives dφq; dK [Nk][D], dV [Nk][Dvp]
+// accumulate dφk and dv (+=, over the query heads of a group); dnum [Nq][Dvp], dden [Nq], num [Dvp].
+struct family_linear_grads {
+  float* dq = nullptr;
+  float* dK = nullptr;
+  float* dV = nullptr;
+  float* dnum = nullptr;
+  float* dden = nullptr;
+  float* num = nullptr;
+};
+
 struct family_table {
   const char* name;  // "generic", "avx2", "avx512", "avx512bf16"
   int W;             // floats per vector
@@ -230,6 +257,10 @@ struct family_table {
   void (*dkdv_bf16)(const family_rows&);
   // The dq pass (lane layout, with the row statistics) of dot scores on bf16 pair operands.
   void (*dq_bf16)(const family_lanes&, const family_dq_io&);
+  // Linear attention of one query head (family_linear): out [Nq][Dvp]; the backward from
+  // dout [Nq][Dvp].
+  void (*linear_forward)(const family_linear&, float* out);
+  void (*linear_backward)(const family_linear&, const float* dout, const family_linear_grads&);
 };
 
 const family_table& family_generic();

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
@@ -26,6 +27,7 @@
 
 #include "attn/family.h"
 #include "core/common.h"
+#include "cpu/family_kernels.h"
 #include "family/family_impl.h"
 #include "family/scores/score.h"
 
@@ -324,6 +326,129 @@ void fast_backward(const lin_call& L, const strided4& dout, const strided4& dq, 
   }
 }
 
+// ---- the float32 path: the SIMD kernels of the family table (cpu/family_linear_body.h) ----
+
+// Rows [0, N) of head h of x as f32 rows of ld floats (zero past X), φ applied where f is given.
+void f32_rows(const strided4& x, std::int64_t b, std::int64_t h, std::int64_t N, std::int64_t X, std::int64_t ld,
+              const feature_map* f, float* out) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    float* o = out + n * ld;
+    switch (x.type) {
+      case dtype::f32: {
+        const float* p = x.ptr<float>(b, h, n, 0);
+        for (std::int64_t d = 0; d < X; ++d) o[d] = p[d * x.sx];
+        break;
+      }
+      case dtype::bf16: {
+        const std::uint16_t* p = x.ptr<std::uint16_t>(b, h, n, 0);
+        for (std::int64_t d = 0; d < X; ++d) o[d] = bf16_to_f32(p[d * x.sx]);
+        break;
+      }
+      default:
+        for (std::int64_t d = 0; d < X; ++d) o[d] = float(x.load(b, h, n, d));
+    }
+    if (f && *f != feature_map::identity)
+      for (std::int64_t d = 0; d < X; ++d) o[d] = float(phi(*f, o[d]));
+    for (std::int64_t d = X; d < ld; ++d) o[d] = 0.0f;
+  }
+}
+
+// Row (b, h, n) of x from the X floats src, each times mul (mul applies in float).
+void f32_store(const strided4& x, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
+               float mul) {
+  switch (x.type) {
+    case dtype::f32: {
+      float* p = x.ptr<float>(b, h, n, 0);
+      for (std::int64_t d = 0; d < X; ++d) p[d * x.sx] = src[d] * mul;
+      break;
+    }
+    case dtype::bf16: {
+      std::uint16_t* p = x.ptr<std::uint16_t>(b, h, n, 0);
+      for (std::int64_t d = 0; d < X; ++d) p[d * x.sx] = f32_to_bf16(src[d] * mul);
+      break;
+    }
+    default:
+      for (std::int64_t d = 0; d < X; ++d) x.store(b, h, n, d, double(src[d] * mul));
+  }
+}
+
+// g ⊙ φ'(x) for row (b, h, n) of x, in place: the chain rule through φ (nothing for identity).
+void times_dphi(const lin_call& L, const strided4& x, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X,
+                float* g) {
+  if (L.f == feature_map::identity) return;
+  for (std::int64_t d = 0; d < X; ++d) g[d] = float(double(g[d]) * dphi(L.f, x.load(b, h, n, d)));
+}
+
+std::int64_t padded(std::int64_t n, int W) { return (n + W - 1) / W * W; }
+
+void f32_forward(const lin_call& L, const strided4& out) {
+  const problem& p = L.p;
+  const cpu::family_table& kt = cpu::select_family_kernels();
+  const std::int64_t D = p.D, Dv = p.Dv, Dvp = padded(std::max<std::int64_t>(Dv, 1), kt.W), G = p.group();
+  const std::int64_t tasks = p.B * p.Hkv;
+#pragma omp parallel num_threads(p.num_threads)
+  {
+    std::vector<float> K(static_cast<std::size_t>(p.Nk * D)), V(static_cast<std::size_t>(p.Nk * Dvp)), Q(static_cast<std::size_t>(p.Nq * D)),
+        O(static_cast<std::size_t>(p.Nq * Dvp)), S(static_cast<std::size_t>(D * Dvp)), z(static_cast<std::size_t>(D));
+    std::vector<std::int64_t> hi(static_cast<std::size_t>(p.Nq));
+#pragma omp for schedule(static)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
+      f32_rows(p.k, b, hk, p.Nk, D, D, &L.f, K.data());
+      f32_rows(p.v, b, hk, p.Nk, Dv, Dvp, nullptr, V.data());
+      for (std::int64_t i = 0; i < p.Nq; ++i) hi[static_cast<std::size_t>(i)] = key_end(p, b, i);
+      for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        f32_rows(p.q, b, h, p.Nq, D, D, &L.f, Q.data());
+        cpu::family_linear a{p.Nq, p.Nk, D, Dvp, Q.data(), K.data(), V.data(), hi.data(), L.normalize, float(L.scale),
+                             S.data(), z.data()};
+        kt.linear_forward(a, O.data());
+        for (std::int64_t i = 0; i < p.Nq; ++i) f32_store(out, b, h, i, Dv, O.data() + i * Dvp, 1.0f);
+      }
+    }
+  }
+}
+
+void f32_backward(const lin_call& L, const strided4& dout, const strided4& dq, const strided4& dk,
+                  const strided4& dv) {
+  const problem& p = L.p;
+  const cpu::family_table& kt = cpu::select_family_kernels();
+  const std::int64_t D = p.D, Dv = p.Dv, Dvp = padded(std::max<std::int64_t>(Dv, 1), kt.W), G = p.group();
+  const std::int64_t tasks = p.B * p.Hkv;
+#pragma omp parallel num_threads(p.num_threads)
+  {
+    std::vector<float> K(static_cast<std::size_t>(p.Nk * D)), V(static_cast<std::size_t>(p.Nk * Dvp)), Q(static_cast<std::size_t>(p.Nq * D)),
+        dO(static_cast<std::size_t>(p.Nq * Dvp)), S(static_cast<std::size_t>(D * Dvp)), z(static_cast<std::size_t>(D)), dQ(static_cast<std::size_t>(p.Nq * D)),
+        dK(static_cast<std::size_t>(p.Nk * D)), dV(static_cast<std::size_t>(p.Nk * Dvp)), dnum(static_cast<std::size_t>(p.Nq * Dvp)),
+        dden(static_cast<std::size_t>(p.Nq)), num(static_cast<std::size_t>(Dvp));
+    std::vector<std::int64_t> hi(static_cast<std::size_t>(p.Nq));
+#pragma omp for schedule(static)
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
+      f32_rows(p.k, b, hk, p.Nk, D, D, &L.f, K.data());
+      f32_rows(p.v, b, hk, p.Nk, Dv, Dvp, nullptr, V.data());
+      std::fill(dK.begin(), dK.end(), 0.0f), std::fill(dV.begin(), dV.end(), 0.0f);
+      for (std::int64_t i = 0; i < p.Nq; ++i) hi[static_cast<std::size_t>(i)] = key_end(p, b, i);
+      for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+        f32_rows(p.q, b, h, p.Nq, D, D, &L.f, Q.data());
+        f32_rows(dout, b, h, p.Nq, Dv, Dvp, nullptr, dO.data());
+        cpu::family_linear a{p.Nq, p.Nk, D, Dvp, Q.data(), K.data(), V.data(), hi.data(), L.normalize, float(L.scale),
+                             S.data(), z.data()};
+        kt.linear_backward(a, dO.data(), {dQ.data(), dK.data(), dV.data(), dnum.data(), dden.data(), num.data()});
+        for (std::int64_t i = 0; i < p.Nq; ++i) {
+          float* g = dQ.data() + i * D;
+          times_dphi(L, p.q, b, h, i, D, g);
+          f32_store(dq, b, h, i, D, g, 1.0f);
+        }
+      }
+      for (std::int64_t j = 0; j < p.Nk; ++j) {
+        times_dphi(L, p.k, b, hk, j, D, dK.data() + j * D);
+        f32_store(dk, b, hk, j, D, dK.data() + j * D, 1.0f);
+        f32_store(dv, b, hk, j, Dv, dV.data() + j * Dvp, 1.0f);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace detail::family
 
@@ -350,7 +475,7 @@ linear_attention_result linear_scaled(const char* op, const TensorView& q, const
   r.out = empty_bhnx(p.B, p.Hq, p.Nq, p.Dv, L.rank, L.type);
   const strided4 out = as_bhnx(r.out, p.Hq);
   if (L.type == dtype::f64) fast_forward<double>(L, out), r.path = "linear (f64)";
-  else fast_forward<float>(L, out), r.path = "linear (f32)";
+  else f32_forward(L, out), r.path = fmt::format("linear (f32, {})", cpu::select_family_kernels().name);
   return r;
 }
 
@@ -382,7 +507,7 @@ linear_attention_grads linear_scaled_backward(const char* op, const TensorView& 
   const strided4 sdo = as_bhnx(dout, p.Hq), sdq = as_bhnx(g.dq, p.Hq), sdk = as_bhnx(g.dk, p.Hkv),
                  sdv = as_bhnx(g.dv, p.Hkv);
   if (L.type == dtype::f64) fast_backward<double>(L, sdo, sdq, sdk, sdv), g.path = "linear (f64)";
-  else fast_backward<float>(L, sdo, sdq, sdk, sdv), g.path = "linear (f32)";
+  else f32_backward(L, sdo, sdq, sdk, sdv), g.path = fmt::format("linear (f32, {})", cpu::select_family_kernels().name);
   return g;
 }
 
