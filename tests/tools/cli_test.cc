@@ -193,7 +193,7 @@ TEST(Cli, RunFamilyMembersAndLinearAttention) {
                            {" --linear-unnormalised", "attn run: --linear-unnormalised needs --linear"},
                            {" --gaussian-form width", "attn run: --gaussian-form needs --score gaussian"},
                            {" --score cosine --gaussian-form width", "attn run: --gaussian-form width needs --score gaussian (got cosine)"},
-                           {" --linear gelu", "--linear: gelu not in {elu_plus_one,relu}"}}) {
+                           {" --linear gelu", "--linear: gelu not in {elu_plus_one,relu,identity}"}}) {
     r = sh(base + " --k " + f("k3") + args);
     EXPECT_EQ(r.code, 2) << args;
     EXPECT_NE(r.out.find(msg), std::string::npos) << args << ": " << r.out;
