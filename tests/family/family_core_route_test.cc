@@ -45,7 +45,7 @@ TEST(FamilyCoreRoute, StridedAndThreeDimensionalInputsMatchContiguous) {
   std::mt19937 rng(43);
   for (dtype t : {dtype::f32, dtype::f64, dtype::bf16})
     for (score_kind s : {score_kind::dot, score_kind::scaled_dot, score_kind::general, score_kind::cosine,
-                         score_kind::gaussian}) {
+                         score_kind::gaussian, score_kind::location}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + to_string(s));
       family_case c(s, distribution_kind::softmax, rng, 2, 4, 2, 9, 11, 8, 5);
       c.opt.is_causal = true;
@@ -79,6 +79,11 @@ TEST(FamilyCoreRoute, StridedAndThreeDimensionalInputsMatchContiguous) {
       ASSERT_EQ(g3.dW.defined(), s == score_kind::general);
       if (s == score_kind::general) {
         EXPECT_TRUE(all_close(g3.dW, gwant.dW, 1e-12)) << "3-D dW";
+      }
+      ASSERT_EQ(g3.dW_a.defined(), s == score_kind::location);
+      if (s == score_kind::location) {
+        EXPECT_TRUE(all_close(g3.dW_a, gwant.dW_a, 1e-12)) << "3-D dW_a";
+        EXPECT_TRUE(all_close(g.dW_a, gwant.dW_a, 1e-12)) << "strided dW_a";
       }
       EXPECT_NEAR(g3.dtemperature, gwant.dtemperature, 1e-12 * (1 + std::abs(gwant.dtemperature)));
       EXPECT_NEAR(g3.dbandwidth, gwant.dbandwidth, 1e-12 * (1 + std::abs(gwant.dbandwidth)));

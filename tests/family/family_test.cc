@@ -232,6 +232,9 @@ TEST(FamilyGradient, EveryDistribution) {
   }
   fd_case(score_kind::gaussian, distribution_kind::kernel, family_path::tiled, rng);
   fd_case(score_kind::additive, distribution_kind::entmax15, family_path::tiled, rng, 1);
+  // identity over dot scores by associativity (automatic: linear attention with φ = identity)
+  fd_case(score_kind::scaled_dot, distribution_kind::identity, family_path::automatic, rng);
+  fd_case(score_kind::dot, distribution_kind::identity, family_path::automatic, rng);
 }
 
 TEST(FamilyGradient, MultiDimensional) {
