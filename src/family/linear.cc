@@ -380,29 +380,47 @@ void times_dphi(const lin_call& L, const strided4& x, std::int64_t b, std::int64
 }
 
 std::int64_t padded(std::int64_t n, int W) { return (n + W - 1) / W * W; }
+std::vector<float> floats(std::int64_t n) { return std::vector<float>(static_cast<std::size_t>(n), 0.0f); }
+
+// One thread's rows of a (batch, kv head) and of its query heads, as the kernels take them.
+struct f32_head {
+  const lin_call& L;
+  const problem& p;
+  const cpu::family_table& kt;
+  std::int64_t D, Dv, Dvp;
+  std::vector<float> K, V, Q, S, z;
+  std::vector<std::int64_t> hi;
+  explicit f32_head(const lin_call& L_)
+      : L(L_), p(L_.p), kt(cpu::select_family_kernels()), D(p.D), Dv(p.Dv),
+        Dvp(padded(std::max<std::int64_t>(p.Dv, 1), kt.W)), K(floats(p.Nk * D)), V(floats(p.Nk * Dvp)),
+        Q(floats(p.Nq * D)), S(floats(D * Dvp)), z(floats(D)), hi(static_cast<std::size_t>(p.Nq)) {}
+  // φ(k), v and each query's keys of (b, hk).
+  void load_kv(std::int64_t b, std::int64_t hk) {
+    f32_rows(p.k, b, hk, p.Nk, D, D, &L.f, K.data());
+    f32_rows(p.v, b, hk, p.Nk, Dv, Dvp, nullptr, V.data());
+    for (std::int64_t i = 0; i < p.Nq; ++i) hi[static_cast<std::size_t>(i)] = key_end(p, b, i);
+  }
+  // φ(q) of query head h; the kernels' operands.
+  cpu::family_linear load_q(std::int64_t b, std::int64_t h) {
+    f32_rows(p.q, b, h, p.Nq, D, D, &L.f, Q.data());
+    return {p.Nq, p.Nk, D, Dvp, Q.data(), K.data(), V.data(), hi.data(), L.normalize, float(L.scale), S.data(), z.data()};
+  }
+};
 
 void f32_forward(const lin_call& L, const strided4& out) {
   const problem& p = L.p;
-  const cpu::family_table& kt = cpu::select_family_kernels();
-  const std::int64_t D = p.D, Dv = p.Dv, Dvp = padded(std::max<std::int64_t>(Dv, 1), kt.W), G = p.group();
-  const std::int64_t tasks = p.B * p.Hkv;
+  const std::int64_t G = p.group(), tasks = p.B * p.Hkv;
 #pragma omp parallel num_threads(p.num_threads)
   {
-    std::vector<float> K(static_cast<std::size_t>(p.Nk * D)), V(static_cast<std::size_t>(p.Nk * Dvp)), Q(static_cast<std::size_t>(p.Nq * D)),
-        O(static_cast<std::size_t>(p.Nq * Dvp)), S(static_cast<std::size_t>(D * Dvp)), z(static_cast<std::size_t>(D));
-    std::vector<std::int64_t> hi(static_cast<std::size_t>(p.Nq));
+    f32_head w(L);
+    std::vector<float> O = floats(p.Nq * w.Dvp);
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
-      f32_rows(p.k, b, hk, p.Nk, D, D, &L.f, K.data());
-      f32_rows(p.v, b, hk, p.Nk, Dv, Dvp, nullptr, V.data());
-      for (std::int64_t i = 0; i < p.Nq; ++i) hi[static_cast<std::size_t>(i)] = key_end(p, b, i);
+      w.load_kv(b, hk);
       for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        f32_rows(p.q, b, h, p.Nq, D, D, &L.f, Q.data());
-        cpu::family_linear a{p.Nq, p.Nk, D, Dvp, Q.data(), K.data(), V.data(), hi.data(), L.normalize, float(L.scale),
-                             S.data(), z.data()};
-        kt.linear_forward(a, O.data());
-        for (std::int64_t i = 0; i < p.Nq; ++i) f32_store(out, b, h, i, Dv, O.data() + i * Dvp, 1.0f);
+        w.kt.linear_forward(w.load_q(b, h), O.data());
+        for (std::int64_t i = 0; i < p.Nq; ++i) f32_store(out, b, h, i, p.Dv, O.data() + i * w.Dvp, 1.0f);
       }
     }
   }
@@ -411,29 +429,22 @@ void f32_forward(const lin_call& L, const strided4& out) {
 void f32_backward(const lin_call& L, const strided4& dout, const strided4& dq, const strided4& dk,
                   const strided4& dv) {
   const problem& p = L.p;
-  const cpu::family_table& kt = cpu::select_family_kernels();
-  const std::int64_t D = p.D, Dv = p.Dv, Dvp = padded(std::max<std::int64_t>(Dv, 1), kt.W), G = p.group();
-  const std::int64_t tasks = p.B * p.Hkv;
+  const std::int64_t D = p.D, G = p.group(), tasks = p.B * p.Hkv;
 #pragma omp parallel num_threads(p.num_threads)
   {
-    std::vector<float> K(static_cast<std::size_t>(p.Nk * D)), V(static_cast<std::size_t>(p.Nk * Dvp)), Q(static_cast<std::size_t>(p.Nq * D)),
-        dO(static_cast<std::size_t>(p.Nq * Dvp)), S(static_cast<std::size_t>(D * Dvp)), z(static_cast<std::size_t>(D)), dQ(static_cast<std::size_t>(p.Nq * D)),
-        dK(static_cast<std::size_t>(p.Nk * D)), dV(static_cast<std::size_t>(p.Nk * Dvp)), dnum(static_cast<std::size_t>(p.Nq * Dvp)),
-        dden(static_cast<std::size_t>(p.Nq)), num(static_cast<std::size_t>(Dvp));
-    std::vector<std::int64_t> hi(static_cast<std::size_t>(p.Nq));
+    f32_head w(L);
+    const std::int64_t Dvp = w.Dvp;
+    std::vector<float> dO = floats(p.Nq * Dvp), dQ = floats(p.Nq * D), dK = floats(p.Nk * D), dV = floats(p.Nk * Dvp),
+                       dnum = floats(p.Nq * Dvp), dden = floats(p.Nq), num = floats(Dvp);
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t b = t / p.Hkv, hk = t % p.Hkv;
-      f32_rows(p.k, b, hk, p.Nk, D, D, &L.f, K.data());
-      f32_rows(p.v, b, hk, p.Nk, Dv, Dvp, nullptr, V.data());
+      w.load_kv(b, hk);
       std::fill(dK.begin(), dK.end(), 0.0f), std::fill(dV.begin(), dV.end(), 0.0f);
-      for (std::int64_t i = 0; i < p.Nq; ++i) hi[static_cast<std::size_t>(i)] = key_end(p, b, i);
       for (std::int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        f32_rows(p.q, b, h, p.Nq, D, D, &L.f, Q.data());
-        f32_rows(dout, b, h, p.Nq, Dv, Dvp, nullptr, dO.data());
-        cpu::family_linear a{p.Nq, p.Nk, D, Dvp, Q.data(), K.data(), V.data(), hi.data(), L.normalize, float(L.scale),
-                             S.data(), z.data()};
-        kt.linear_backward(a, dO.data(), {dQ.data(), dK.data(), dV.data(), dnum.data(), dden.data(), num.data()});
+        const cpu::family_linear a = w.load_q(b, h);
+        f32_rows(dout, b, h, p.Nq, p.Dv, Dvp, nullptr, dO.data());
+        w.kt.linear_backward(a, dO.data(), {dQ.data(), dK.data(), dV.data(), dnum.data(), dden.data(), num.data()});
         for (std::int64_t i = 0; i < p.Nq; ++i) {
           float* g = dQ.data() + i * D;
           times_dphi(L, p.q, b, h, i, D, g);
@@ -443,7 +454,7 @@ void f32_backward(const lin_call& L, const strided4& dout, const strided4& dq, c
       for (std::int64_t j = 0; j < p.Nk; ++j) {
         times_dphi(L, p.k, b, hk, j, D, dK.data() + j * D);
         f32_store(dk, b, hk, j, D, dK.data() + j * D, 1.0f);
-        f32_store(dv, b, hk, j, Dv, dV.data() + j * Dvp, 1.0f);
+        f32_store(dv, b, hk, j, p.Dv, dV.data() + j * Dvp, 1.0f);
       }
     }
   }
