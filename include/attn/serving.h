@@ -96,6 +96,19 @@ struct paged_kv_view {
 attention_result attention_paged(const TensorView& q, const paged_kv_view& cache,
                                  const attention_options& options = {}, const execution& exec = {});
 
+// A batch whose sequences bring different numbers of new tokens — decode steps beside prefill
+// chunks, as a scheduler mixes them — packed as q [total_q, Hq, D] with cu_seqlens_q (int64
+// [B + 1], every length <= max_seqlen_q; a length of 0 is a sequence with nothing to compute),
+// against the paged cache of the same B sequences. Each sequence is what attention_paged gives it
+// with its own Nq (query i at key position seq_lens[b] - Nq_b + i under bottom_right). Returns
+// out [total_q, Hq, Dv] and lse [Hq, total_q] as attention_varlen does. The sequences run grouped
+// by Nq: one attention_paged call per distinct Nq (all the decode steps in one).
+//
+//   auto r = attn::attention_paged_varlen(q_packed, cu_q, max_q, cache, opt);  // r.out [total_q, Hq, Dv]
+varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_seqlens_q, std::int64_t max_seqlen_q,
+                                     const paged_kv_view& cache, const attention_options& options = {},
+                                     const execution& exec = {});
+
 // Writes k_new [B, Hkv, Nnew, D] / v_new [B, Hkv, Nnew, Dv] (dtype of the pages; any float dtype
 // for int8 pages, which it quantises: scale = max|row| / 127, value = round(x / scale), a zero
 // row gets scale 0; a non-finite value is an attn::error and nothing is written) at positions

@@ -28,7 +28,7 @@ __version__: str = _attn.__version__
 __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "attention", "attention_backward",
     "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
-    "VarlenGrads", "attention_paged", "paged_kv_append", "explain_backend", "backends", "attention_family",
+    "VarlenGrads", "attention_paged", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
     "t5_relative_bias", "t5_relative_bias_backward", "t5_relative_buckets", "plot_attention",
     "__version__",
@@ -286,6 +286,31 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
                                            None if v_scales is None else _arg(v_scales), o, _EXT)
     out = _result(out, kind)
     return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
+
+
+def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages, block_table, seq_lens, *,
+                           k_scales=None, v_scales=None, is_causal: bool = False,
+                           alignment: str = "bottom_right", scale: Optional[float] = None,
+                           window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                           sinks=None, return_lse: bool = False, backend: str = "automatic",
+                           num_threads: int = 0, **extra):
+    """:func:`attention_paged` for a batch whose sequences bring different numbers of new tokens
+    (decode steps beside prefill chunks): ``q [total_q, Hq, D]`` packed with int64
+    ``cu_seqlens_q [B + 1]`` (every length <= ``max_seqlen_q``), against the paged cache of the same
+    B sequences. Sequence b's queries are its newest ``Nq_b`` tokens. Returns ``out [total_q, Hq,
+    Dv]`` — or, with return_lse, a :class:`VarlenResult` whose lse is ``[Hq, total_q]``.
+
+    >>> out = attn.attention_paged_varlen(q, cu, 16, K, V, table, lens, is_causal=True)
+    """
+    kind = _kind_of(q)
+    o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                      num_threads, extra)
+    out, lse, used = _attn.attention_paged_varlen(_arg(q), _arg(cu_seqlens_q), int(max_seqlen_q),
+                                                  _arg(k_pages), _arg(v_pages), _arg(block_table),
+                                                  _arg(seq_lens), None if k_scales is None else _arg(k_scales),
+                                                  None if v_scales is None else _arg(v_scales), o, _EXT)
+    out = _result(out, kind)
+    return VarlenResult(out, _result(lse, kind), used) if return_lse else out
 
 
 def paged_kv_append(k_pages, v_pages, block_table, seq_lens, k_new, v_new, *, k_scales=None,

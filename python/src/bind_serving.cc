@@ -79,6 +79,17 @@ nb::tuple attention_paged_py(nb::handle q, nb::handle k_pages, nb::handle v_page
   return nb::make_tuple(to_python(r.out, kind(kind_)), to_python(r.lse, kind(kind_)), r.backend);
 }
 
+nb::tuple attention_paged_varlen_py(nb::handle q, nb::handle cu_q, std::int64_t max_q, nb::handle k_pages,
+                                    nb::handle v_pages, nb::handle block_table, nb::handle seq_lens, nb::handle k_scales,
+                                    nb::handle v_scales, nb::dict opts, int kind_) {
+  const char* op = "attention_paged_varlen";
+  const TensorView tq = array_arg(q, op, "q"), tcq = array_arg(cu_q, op, "cu_seqlens_q");
+  const paged_kv_view c = read_cache(op, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales, false);
+  const options_pair o = read_options(op, opts);
+  const varlen_result r = without_gil([&] { return attention_paged_varlen(tq, tcq, max_q, c, o.o, o.e); });
+  return nb::make_tuple(to_python(r.out, kind(kind_)), to_python(r.lse, kind(kind_)), r.backend);
+}
+
 void paged_kv_append_py(nb::handle k_pages, nb::handle v_pages, nb::handle block_table, nb::handle seq_lens,
                         nb::handle k_scales, nb::handle v_scales, nb::handle k_new, nb::handle v_new) {
   const char* op = "paged_kv_append";
@@ -103,6 +114,10 @@ void bind_serving(nb::module_& m) {
   m.def("attention_paged", &attention_paged_py, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
         nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("k_scales").none(), nb::arg("v_scales").none(),
         nb::arg("opts"), nb::arg("kind"), "-> (out, lse, backend)");
+  m.def("attention_paged_varlen", &attention_paged_varlen_py, nb::arg("q"), nb::arg("cu_seqlens_q"),
+        nb::arg("max_seqlen_q"), nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("block_table"), nb::arg("seq_lens"),
+        nb::arg("k_scales").none(), nb::arg("v_scales").none(), nb::arg("opts"), nb::arg("kind"),
+        "-> (out, lse, backend)");
   m.def("paged_kv_append", &paged_kv_append_py, nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("block_table"),
         nb::arg("seq_lens"), nb::arg("k_scales").none(), nb::arg("v_scales").none(), nb::arg("k_new"),
         nb::arg("v_new"));

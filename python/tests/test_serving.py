@@ -123,6 +123,33 @@ def test_paged_equals_dense_per_sequence():
         np.testing.assert_allclose(out[b:b + 1], want, atol=1e-5)
 
 
+def test_paged_varlen_mixed_batch_against_torch_sdpa():
+    """Decode steps and prefill chunks in one call: each sequence against torch SDPA (float64 math
+    backend) on its own keys, causal bottom-right; GQA 2."""
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, L, D = 4, 4, 2, 24, 16
+    K = rng.standard_normal((B, Hkv, L, D))
+    V = rng.standard_normal((B, Hkv, L, D))
+    kp, vp, table = paged_from_dense(K, V, 4, rng)
+    lens = np.array([24, 9, 13, 1], dtype=np.int64)
+    nq = [1, 5, 0, 1]
+    q = rng.standard_normal((sum(nq), Hq, D))
+    cu = cu_of(nq)
+    r = attn.attention_paged_varlen(q, cu, 5, kp, vp, table, lens, is_causal=True, return_lse=True)
+    assert r.out.shape == (sum(nq), Hq, D) and r.lse.shape == (Hq, sum(nq))
+    for b in range(B):  # float64 on the CPU: SDPA's math backend
+        if nq[b] == 0:
+            continue
+        qb = torch.from_numpy(q[cu[b]:cu[b + 1]]).permute(1, 0, 2)  # [Hq, n, D]
+        kb = torch.from_numpy(K[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
+        vb = torch.from_numpy(V[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
+        want = sdpa_bottom_right(qb, kb, vb, True)
+        got = torch.from_numpy(np.ascontiguousarray(r.out[cu[b]:cu[b + 1]])).permute(1, 0, 2)
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    with pytest.raises(ValueError, match="cu_seqlens_q has B \\+ 1 = 3 entries"):
+        attn.attention_paged_varlen(q, cu_of([1, 6]), 6, kp, vp, table, lens)
+
+
 def test_paged_append_decodes_like_dense_and_int8_is_close():
     rng = np.random.default_rng(3)
     B, Hq, Hkv, D, steps, page = 2, 4, 2, 32, 11, 4

@@ -57,6 +57,25 @@ attention_options for_sequence(const attention_options& o, std::int64_t b) {
   return r;
 }
 
+std::vector<std::int64_t> read_cu_seqlens(const char* op, const char* name, const TensorView& t, std::int64_t total,
+                                          std::int64_t max_seqlen) {
+  std::vector<std::int64_t> cu = read_index(op, name, t, 1, "[B + 1]");
+  if (cu.empty()) fail(op, fmt::format("{} has 0 entries, expected B + 1 >= 1", name));
+  if (cu[0] != 0) fail(op, fmt::format("{}[0] = {}, expected 0", name, cu[0]));
+  for (std::size_t b = 1; b < cu.size(); ++b) {
+    if (cu[b] < cu[b - 1])
+      fail(op, fmt::format("{}[{}] = {} is less than {}[{}] = {}; cumulative lengths must not decrease", name, b,
+                           cu[b], name, b - 1, cu[b - 1]));
+    if (cu[b] - cu[b - 1] > max_seqlen)
+      fail(op, fmt::format("sequence {} has length {} ({}[{}] - {}[{}]), more than max_seqlen = {}", b - 1,
+                           cu[b] - cu[b - 1], name, b, name, b - 1, max_seqlen));
+  }
+  if (cu.back() != total)
+    fail(op, fmt::format("{}[{}] = {} but the packed tensor has {} tokens; the last entry must be the total", name,
+                         cu.size() - 1, cu.back(), total));
+  return cu;
+}
+
 TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n) {
   auto* base = static_cast<std::byte*>(t.data());
   if (base) base += r0 * t.stride(0) * std::int64_t(dtype_size(t.type()));

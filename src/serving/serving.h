@@ -24,6 +24,11 @@ void check_serving_options(const char* op, const attention_options& o, std::int6
                            std::int64_t Hkv);
 attention_options for_sequence(const attention_options& o, std::int64_t b);
 
+// cu_seqlens: int64 [B + 1], 0 at the front, non-decreasing, `total` at the back, every
+// length <= max_seqlen (attn::error naming op and `name` otherwise).
+std::vector<std::int64_t> read_cu_seqlens(const char* op, const char* name, const TensorView& t, std::int64_t total,
+                                          std::int64_t max_seqlen);
+
 // Rows [r0, r0 + n) of a token-major [T, H, X] view as the core op's [1, H, n, X] (no copy).
 TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n);
 

@@ -4,4 +4,5 @@ target_sources(attn PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/serving.cc
   ${CMAKE_CURRENT_LIST_DIR}/varlen.cc
   ${CMAKE_CURRENT_LIST_DIR}/paged.cc
+  ${CMAKE_CURRENT_LIST_DIR}/paged_varlen.cc
 )

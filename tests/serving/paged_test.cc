@@ -203,5 +203,73 @@ TEST(PagedErrors, BadTablesByMessage) {
                    "paged_kv_append: block_table[1, 1] = 9 is outside [0, num_pages = 4)");
 }
 
+// A mixed batch — decode steps, prefill chunks, a sequence with nothing new — packed with
+// cu_seqlens_q equals attention_paged on each sequence alone with its own Nq (out and lse), with
+// causal bottom-right alignment, ALiBi [B, Hq], sinks, GQA and shuffled shared pages, f32 and bf16.
+TEST(PagedVarlen, MixedBatchEqualsEachSequenceAlone) {
+  const std::vector<std::int64_t> nq{1, 3, 0, 1, 7, 1}, lens{9, 20, 4, 1, 33, 16};
+  const std::int64_t B = 6, Hq = 4, Hkv = 2, D = 8, Dv = 8, ps = 4, max_pages = 10;
+  for (const dtype type : {dtype::f32, dtype::bf16}) {
+    SCOPED_TRACE(dtype_name(type));
+    std::mt19937 rng(37);
+    std::int64_t used = 0;
+    for (std::int64_t L : lens) used += (L + ps - 1) / ps;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(used + 2));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::int64_t> table(std::size_t(B * max_pages), 0), cu{0};
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
+      cu.push_back(cu.back() + nq[std::size_t(b)]);
+    }
+    table[std::size_t(3 * max_pages)] = table[0];  // sequence 3 shares sequence 0's first page
+    const std::int64_t total = cu.back();
+    const Tensor kp = random_tensor({used + 2, ps, Hkv, D}, type, rng), vp = random_tensor({used + 2, ps, Hkv, Dv}, type, rng);
+    const Tensor q = random_tensor({total, Hq, D}, type, rng);
+    const Tensor tab = index_tensor({B, max_pages}, table), lt = index_tensor({B}, lens);
+    attention_options o;
+    o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+    o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);
+    o.sinks = random_tensor({Hq}, dtype::f64, rng);
+    const varlen_result r = attention_paged_varlen(q, index_tensor({B + 1}, cu), 7, {kp, vp, tab, lt}, o);
+    const auto reshaped = [](const TensorView& v, Shape s) { return Tensor::copy_of(Tensor::copy_of(v).view().reshape(s)); };
+    ASSERT_EQ(r.out.shape(), (Shape{total, Hq, Dv}));
+    ASSERT_EQ(r.lse.shape(), (Shape{Hq, total}));
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t n = nq[std::size_t(b)], c0 = cu[std::size_t(b)];
+      if (n == 0) continue;
+      SCOPED_TRACE(fmt::format("sequence {} (Nq {}, {} keys)", b, n, lens[std::size_t(b)]));
+      const Tensor qb = reshaped(q.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, D});
+      std::vector<std::int64_t> row(table.begin() + b * max_pages, table.begin() + (b + 1) * max_pages);
+      attention_options ob = o;
+      ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1));
+      const attention_result want = attention_paged(
+          qb, {kp, vp, index_tensor({1, max_pages}, row), index_tensor({1}, {lens[std::size_t(b)]})}, ob);
+      const Tensor got = reshaped(r.out.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, Dv});
+      const Tensor got_lse = reshaped(r.lse.view().slice(1, c0, c0 + n), {1, Hq, n});
+      EXPECT_TRUE(all_close(got, want.out, testing::tolerance_for(type)));
+      EXPECT_TRUE(all_close(got_lse, want.lse, testing::tolerance_for(type)));
+    }
+  }
+}
+
+TEST(PagedVarlen, BadInputsByMessage) {
+  const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
+  const Tensor table = index_tensor({2, 2}, {0, 3, 1, 2}), lens = index_tensor({2}, {3, 2});
+  const Tensor q = Tensor::zeros({3, 2, 4}, dtype::f32);
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 1, {kp, vp, table, lens}),
+                   "attention_paged_varlen: sequence 1 has length 2 (cu_seqlens_q[2] - cu_seqlens_q[1]), more than max_seqlen = 1");
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 2}), 4, {kp, vp, table, lens}),
+                   "cu_seqlens_q[2] = 2 but the packed tensor has 3 tokens");
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({2}, {0, 3}), 4, {kp, vp, table, lens}),
+                   "cu_seqlens_q has B + 1 = 2 entries but block_table has shape [2, 2] and seq_lens [2]");
+  EXPECT_THROW_MSG(attention_paged_varlen(Tensor::zeros({1, 3, 2, 4}, dtype::f32), index_tensor({2}, {0, 1}), 4,
+                                          {kp, vp, table, lens}),
+                   "attention_paged_varlen: q has shape [1, 3, 2, 4], expected [total_q, Hq, D]");
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, index_tensor({2}, {9, 2})}),
+                   "attention_paged: seq_lens[0] = 9 is beyond the block table's capacity 4");
+}
+
 }  // namespace
 }  // namespace attn

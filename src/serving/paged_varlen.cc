@@ -1,0 +1,127 @@
+// src/serving/paged_varlen.cc — attention_paged_varlen (include/attn/serving.h): a batch whose
+// sequences bring different numbers of new tokens (decode steps beside prefill chunks, as an
+// engine's scheduler mixes them), packed as q [total_q, Hq, D] with cu_seqlens_q, against a
+// paged KV cache.
+//
+// The sequences are grouped by their number of queries n; each group is one attention_paged
+// call on q [Bg, Hq, n, D] (a view of the packed rows when the group is one sequence, else a
+// gathered copy: q is the small operand), the group's rows of the block table and seq_lens, and
+// of ALiBi [B, Hq]. So every decode step of the batch (n = 1) runs in one call, in parallel
+// across sequences and heads, and the K/V pages are read in place as attention_paged reads them.
+// Groups run in increasing n; the outputs and lse are scattered back to the packed rows.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <vector>
+
+#include "attn/serving.h"
+#include "core/common.h"
+#include "serving/serving.h"
+
+namespace attn {
+
+namespace {
+
+// Element (i0, i1, i2[, i3]) of a view as a byte address.
+std::byte* at(const TensorView& t, std::initializer_list<std::int64_t> idx) {
+  std::int64_t off = 0;
+  int d = 0;
+  for (std::int64_t i : idx) off += i * t.stride(d++);
+  return static_cast<std::byte*>(t.data()) + off * std::int64_t(dtype_size(t.type()));
+}
+
+Tensor index_tensor(const std::vector<std::int64_t>& v, Shape shape) {
+  Tensor t = Tensor::empty(std::move(shape), dtype::i64);
+  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(std::int64_t));
+  return t;
+}
+
+}  // namespace
+
+varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_seqlens_q, std::int64_t max_seqlen_q,
+                                     const paged_kv_view& cache, const attention_options& options,
+                                     const execution& exec) {
+  using namespace detail;
+  const char* op = "attention_paged_varlen";
+  if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
+  if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
+  if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
+  const std::vector<std::int64_t> cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
+  const std::int64_t B = std::int64_t(cu.size()) - 1, Hq = q.size(1), D = q.size(2);
+  const std::vector<std::int64_t> table = read_index(op, "block_table", cache.block_table, 2, "[B, max_pages]");
+  const std::vector<std::int64_t> lens = read_index(op, "seq_lens", cache.seq_lens, 1, "[B]");
+  if (cache.block_table.size(0) != B || std::int64_t(lens.size()) != B)
+    fail(op, fmt::format("cu_seqlens_q has B + 1 = {} entries but block_table has shape {} and seq_lens {}", B + 1,
+                         shape_str(cache.block_table.shape()), shape_str(cache.seq_lens.shape())));
+  if (cache.v_pages.rank() != 4)
+    fail(op, fmt::format("v_pages has shape {}, expected [num_pages, page_size, Hkv, Dv]",
+                         shape_str(cache.v_pages.shape())));
+  const std::int64_t max_pages = cache.block_table.size(1), Dv = cache.v_pages.size(3);
+  const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;
+  if (alibi_rows && options.alibi_slopes->size(0) != B)
+    fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] or [B, Hq] = [{}, {}]",
+                         shape_str(options.alibi_slopes->shape()), B, Hq));
+
+  // Sequences by number of queries (n > 0), in increasing n.
+  std::map<std::int64_t, std::vector<std::int64_t>> groups;
+  for (std::int64_t b = 0; b < B; ++b)
+    if (const std::int64_t n = cu[std::size_t(b + 1)] - cu[std::size_t(b)]; n > 0) groups[n].push_back(b);
+
+  const std::size_t qs = dtype_size(q.type());
+  varlen_result r;
+  r.out = Tensor::empty({q.size(0), Hq, Dv}, q.type());
+  const dtype lse_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
+  r.lse = Tensor::full({Hq, q.size(0)}, lse_type, -std::numeric_limits<double>::infinity());
+  for (const auto& [n, seqs] : groups) {
+    const std::int64_t Bg = std::int64_t(seqs.size());
+    Tensor qg;
+    TensorView qv;
+    if (Bg == 1) {
+      qv = token_rows(q, cu[std::size_t(seqs[0])], n);
+    } else {
+      qg = Tensor::empty({Bg, Hq, n, D}, q.type());
+      for (std::int64_t g = 0; g < Bg; ++g)
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::int64_t h = 0; h < Hq; ++h)
+            for (std::int64_t x = 0; x < D; ++x)
+              std::memcpy(at(qg.view(), {g, h, i, x}), at(q, {cu[std::size_t(seqs[std::size_t(g)])] + i, h, x}), qs);
+      qv = qg.view();
+    }
+    std::vector<std::int64_t> tg(static_cast<std::size_t>(Bg * max_pages)), lg(static_cast<std::size_t>(Bg));
+    for (std::int64_t g = 0; g < Bg; ++g) {
+      const std::int64_t b = seqs[std::size_t(g)];
+      std::copy_n(table.begin() + b * max_pages, max_pages, tg.begin() + g * max_pages);
+      lg[std::size_t(g)] = lens[std::size_t(b)];
+    }
+    const Tensor table_g = index_tensor(tg, {Bg, max_pages}), lens_g = index_tensor(lg, {Bg});
+    const paged_kv_view cg{cache.k_pages, cache.v_pages, table_g, lens_g, cache.k_scales, cache.v_scales};
+    attention_options og = options;
+    if (alibi_rows) {
+      Tensor slopes = Tensor::empty({Bg, Hq}, options.alibi_slopes->type());
+      for (std::int64_t g = 0; g < Bg; ++g)
+        for (std::int64_t h = 0; h < Hq; ++h)
+          std::memcpy(at(slopes.view(), {g, h}), at(*options.alibi_slopes, {seqs[std::size_t(g)], h}),
+                      dtype_size(slopes.type()));
+      og.alibi_slopes = std::move(slopes);
+    }
+    const attention_result a = attention_paged(qv, cg, og, exec);
+    if (r.backend.empty()) r.backend = a.backend;
+    const std::size_t os = dtype_size(a.out.type());
+    for (std::int64_t g = 0; g < Bg; ++g) {
+      const std::int64_t row0 = cu[std::size_t(seqs[std::size_t(g)])];
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          if (Dv > 0) std::memcpy(at(r.out.view(), {row0 + i, h, 0}), at(a.out.view(), {g, h, i, 0}), std::size_t(Dv) * os);
+          r.lse.view().set({h, row0 + i}, a.lse.view().get({g, h, i}));
+        }
+    }
+  }
+  if (r.backend.empty()) r.backend = "none (no queries)";
+  return r;
+}
+
+}  // namespace attn
