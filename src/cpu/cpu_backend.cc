@@ -828,6 +828,18 @@ std::string why_not(const problem& p, const backend_request& req) {
   return why_not_common(p);
 }
 
+// How decode reads int8 K/V rows, in words: with q and the weights as int16 (decode.h,
+// int8_as_int16: bf16 q, whole units of d, D <= 512, unless ATTN_DECODE_INT8=widen; a non-finite
+// q, known only when the kernel runs, keeps the widened rows), or widened to bf16 or f32.
+const char* int8_decode_words(const problem& p, const kernel_table& kt, const forward_plan& fp) {
+  const char* e = std::getenv("ATTN_DECODE_INT8");
+  const bool widen = e && std::strcmp(e, "widen") == 0;
+  const bool units = p.D % (4 * kt.W) == 0 && p.Dv % (4 * kt.W) == 0;
+  if (kt.int16_decode && fp.raw_q && units && p.D <= 512 && !widen)
+    return ", int8 K/V read in place, q and weights as int16 (int16 dot products)";
+  return ", int8 K/V dequantised in place";
+}
+
 // What forward() / backward() will do for this problem, in words (explain_backend).
 std::string describe(const problem& p, const backend_request& req) {
   const kernel_table& kt = select_kernels();
@@ -841,7 +853,7 @@ std::string describe(const problem& p, const backend_request& req) {
   }
   else if (fp.lanes == kt.lanes_small)
     s += fmt::format("decode ({} rows per pass{}), {}{}{}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",
-                     type, fp.k8 ? ", int8 K/V dequantised in place" : fp.k16 || fp.paged ? ", K/V read in place" : "",
+                     type, fp.k8 ? int8_decode_words(p, kt, fp) : fp.k16 || fp.paged ? ", K/V read in place" : "",
                      fp.paged ? ", paged" : "", fp.heads > 1 ? fmt::format(", {} kv heads per task", fp.heads) : std::string());
   else
     s += fmt::format("prefill{}, {}{}", fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "", type,

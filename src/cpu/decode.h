@@ -28,7 +28,11 @@
 // (into L2; the hardware prefetcher alone reaches about half the bandwidth here).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -51,7 +55,7 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 // per-lane vectors; per row, q and o.
 struct decode_layout {
   std::int64_t nr, ng, nrp, D, Dv, Dp, Dvp;
-  float *qr, *orow, *mvec, *lacc, *pb, *alpha, *bias, *biasm, *kpad, *vpad;
+  float *qr, *orow, *mvec, *lacc, *qsc, *pb, *alpha, *wsc, *bias, *biasm, *kpad, *vpad;
   std::int32_t *pos, *lo, *hi;
   float* slope;
   decode_layout(const lane_block& lb, int RG, int unit) : nr(lb.nl), D(lb.D), Dv(lb.Dv) {
@@ -66,8 +70,10 @@ struct decode_layout {
     lo = reinterpret_cast<std::int32_t*>(f), f += ng * W;
     hi = reinterpret_cast<std::int32_t*>(f), f += ng * W;
     slope = f, f += ng * W;
+    qsc = f, f += ng * W;         // [ng][W] scales of int16 q rows (int16_pair_operands), mixed layout
     pb = f, f += RG * W;          // [RG][W] p of the current block and row group
     alpha = f, f += W;            // [RG] rescale factors
+    wsc = f, f += W;              // [RG] scales of the int16 weights of the block (decode_pv_int16)
     bias = f, f += lb.L * W;      // [L][W] mask of the block
     biasm = f, f += nrp * W;      // [ng][RG][W] the same, mixed layout
     kpad = f, f += W * Dp;        // [W][Dp] a padded copy of the block (f32 or bf16)
@@ -106,8 +112,13 @@ inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int
           for (int r = 0; r < RG; ++r) acc[r * KG + x] = Ops::madd(acc[r * KG + x], kv[e], qv[r][e]);
       }
     }
-    transpose_add(acc);
-    s[kg] = acc[0];
+    if constexpr (Ops::kInt) {  // int32 sums of int16 products: added as integers, converted once
+      transpose_add_int(acc);
+      s[kg] = __builtin_convertvector((vi)acc[0], vf);
+    } else {
+      transpose_add(acc);
+      s[kg] = acc[0];
+    }
   }
 }
 
@@ -248,6 +259,67 @@ __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const
   pv_end(acc, o, Dvp, c0);
 }
 
+// int8 V rows with int16 weights (int16_pair_operands): w = p·scale_v of the block, quantised
+// per row to int16 with a power-of-two scale wsc[r] (decode_run::quantise_weights), and each
+// pair of V rows (x, x + 1) widened to int16 and interleaved into words (v_x[d], v_{x+1}[d]) —
+// the d of a 32-value unit in the order of int16_pv_position — so that one vpdpwssd per vector
+// multiplies by the row's broadcast pair (w_x, w_{x+1}). The int32 sums of the block are exact;
+// O = α O + wsc · sums, once per block.
+template <int RG, int CB, class Dot>
+__attribute__((noinline)) void decode_pv_int16(float* o, std::int64_t Dvp, const std::uint32_t* pw, const float* alpha,
+                                               const float* wsc, const std::int8_t* vb, std::int64_t vs, std::int64_t c0,
+                                               const std::int8_t* vpf) {
+  constexpr int KG = W / RG;
+  static_assert(CB % 2 == 0 && KG % 2 == 0);
+  vi acc[RG][CB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) acc[r][c] = vi{};
+  const std::int8_t* vp = vb + c0 * W;
+  const std::int8_t* pp = vpf + c0 * W;
+#pragma GCC unroll 8
+  for (int x = 0; x < W; x += 2, vp += 2 * vs, pp += 2 * vs) {
+    vu vv[CB];
+#pragma GCC unroll 4
+    for (int u = 0; u < CB / 2; ++u) {  // a unit: 2W values of d, two vectors of pairs
+      const vu a = Dot::widen_int8_words(vp + u * 2 * W), b = Dot::widen_int8_words(vp + vs + u * 2 * W);
+      vv[2 * u] = Dot::interleave_lo(a, b);
+      vv[2 * u + 1] = Dot::interleave_hi(a, b);
+      if (u % 2 == 0) prefetch_l2(pp + u * 2 * W), prefetch_l2(pp + vs + u * 2 * W);  // one line per 4W bytes
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const vu px = splatu(pw[(x / KG * W + r * KG + x % KG) / 2]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_int16(acc[r][c], px, vv[c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf a = splat(alpha[r]), ws = splat(wsc[r]);
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) {
+      float* oc = o + r * Dvp + (c0 + c) * W;
+      store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
+    }
+  }
+}
+// Where d of a V row lands in the accumulators of decode_pv_int16: in each unit of 2W values,
+// vector 0 holds the low four of every eight d, vector 1 the high four (vpunpck[lh]wd).
+inline std::int64_t int16_pv_position(std::int64_t d) {
+  const std::int64_t u = d / (2 * W), e = d % (2 * W), i = e / 8, t = e % 8;
+  return u * 2 * W + (t / 4) * W + 4 * i + t % 4;
+}
+// W int32 lanes (|v| <= 32767) → W/2 words of int16 pairs of adjacent lanes at out.
+inline void store_lane_pairs_i16(std::uint32_t* out, vi v) {
+  typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
+  typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
+  const vq b = (vq)(v & splati(0xffff));
+  const vh w = __builtin_convertvector(b | b >> 16, vh);
+  __builtin_memcpy(out, &w, sizeof w);
+}
+
 template <int RG, int CB, class T>
 inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, const float* alpha, const T* vb,
                            std::int64_t vs, std::int64_t c0, const T* vpf) {
@@ -269,9 +341,15 @@ struct decode_run {
   static constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
   static constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
   static constexpr bool q8 = __is_same(T, std::int8_t);
-  // The order of d in the P·V accumulators: storage<T>'s native order, or memory order where
-  // int8 rows are paired for bf16 products (decode_pv_pairs).
+  static constexpr bool i16 = Ops::kInt;  // int8 rows, q and w quantised to int16 (decode_pv_int16)
+  // The order of d in the P·V accumulators: storage<T>'s native order, memory order where int8
+  // rows are paired for bf16 products (decode_pv_pairs), or decode_pv_int16's.
   static constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
+  static std::int64_t pv_position(std::int64_t d) {
+    if constexpr (i16) return int16_pv_position(d);
+    else if constexpr (pv_memory_order) return d;
+    else return storage<T>::native(d);
+  }
 
   const lane_block& lb;
   const forward_io& io;
@@ -301,7 +379,21 @@ struct decode_run {
         Dvp(st.Dvp) {
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
-      if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
+      if constexpr (i16) {  // int16 pairs in memory order, scaled by a power of two: |q·f| < 2^15
+        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+        float mx = 0.0f;
+        for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
+        int e = 0;
+        std::frexp(mx, &e);  // mx < 2^e
+        const float f = mx > 0.0f ? std::ldexp(1.0f, 15 - e) : 0.0f;
+        const auto word = [&](std::int64_t d) {
+          const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
+          return std::uint32_t(std::uint16_t(std::int16_t(std::clamp(x, -32767.0f, 32767.0f))));
+        };
+        for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = word(d) | word(d + 1) << 16;
+        const float scale = mx > 0.0f ? std::ldexp(1.0f, e - 15) : 0.0f;
+        for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
+      } else if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
         auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
         const auto bits = [&](std::int64_t d) {
           std::uint32_t u = 0;
@@ -354,6 +446,37 @@ struct decode_run {
   }
 
   bool done() const { return next >= kr.kmax; }
+
+  // w = p·scale_v of the row group (st.pb, mixed layout) → int16 pairs in pw and per row a
+  // power-of-two scale in st.wsc: w·f rounds to an integer below 2^15 in magnitude, f = 2^(14−E)
+  // for the row's largest |w| in [2^E, 2^(E+1)) (|w| < 2^-112: f = 2^126, such weights round to 0
+  // beside any larger one of the cache's scale). A row with a non-finite w gets a NaN scale, so
+  // its output is NaN as in the float paths (the front recomputes such rows).
+  void quantise_weights(std::uint32_t* pw) const {
+    vf w[RG];
+    vf mx = vf{}, z = vf{};
+#pragma GCC unroll 4
+    for (int kg = 0; kg < RG; ++kg) {
+      w[kg] = load(st.pb + kg * W);
+      mx = vmax(mx, (vf)((vi)w[kg] & splati(0x7fffffff)));
+      z += w[kg] * 0.0f;  // NaN where w is NaN or ±inf
+    }
+    mx = group_max<KG / 2>(mx);
+    z = group_sum<KG / 2>(z);
+    vi E = ((vi)mx >> 23) & splati(0xff);
+    E = E < splati(15) ? splati(15) : E;
+    const vf f = (vf)((splati(268) - E) << 23), deq = (vf)((E - splati(14)) << 23) + z;
+    const vf magic = splat(12582912.0f);  // 1.5·2^23: adding and subtracting it rounds to an integer
+#pragma GCC unroll 4
+    for (int kg = 0; kg < RG; ++kg) {
+      vi iw = __builtin_convertvector((w[kg] * f + magic) - magic, vi);
+      iw = iw < splati(-32767) ? splati(-32767) : iw;
+      iw = iw > splati(32767) ? splati(32767) : iw;
+      store_lane_pairs_i16(pw + kg * W / 2, iw);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) st.wsc[r] = deq[r * KG];
+  }
 
   // Reads the next block of keys.
   void step() {
@@ -416,15 +539,27 @@ struct decode_run {
     for (std::int64_t g = 0; g < st.ng; ++g) {
       const bool first = g == 0;  // later row groups read the block from L1
       decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
-      if constexpr (q8)
+      if constexpr (i16) {
+        const vf qsm = load(st.qsc + g * W);
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg] * qsm;
+      } else if constexpr (q8) {
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg];
+      }
       decode_softmax<RG>(st, sc, g, s, j0, nb);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
+      if constexpr (i16) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
+        quantise_weights(pw);
+        const T* vq0 = first ? vpf : vb;
+        for (; c0 + CB <= nv; c0 += CB) decode_pv_int16<RG, CB, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0);
+        if (nv - c0 == 4) decode_pv_int16<RG, 4, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0);
+        continue;
+      }
       if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, load(st.pb + kg * W));
@@ -451,7 +586,7 @@ struct decode_run {
       io.l[g] = l;
       io.m[g] = st.mvec[x0];
       for (std::int64_t d = 0; d < lb.Dv; ++d)
-        io.ot[d * L + g] = st.orow[g * Dvp + (pv_memory_order ? d : storage<T>::native(d))];
+        io.ot[d * L + g] = st.orow[g * Dvp + pv_position(d)];
     }
   }
 };
@@ -476,12 +611,34 @@ void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_
   for (const auto& r : rs) r.finish();
 }
 
+// Whether the int8 rows of lbs[0, n) take int16 q and weights (int16_pair_operands): an ISA
+// with the int16 dot product, q exactly bf16 and finite (a NaN or ±inf in q keeps the float
+// path, which propagates it), sums of D products that fit in int32 (D·128·32767 < 2^31), unless
+// ATTN_DECODE_INT8=widen asks for the bf16 products of widened rows (to compare the two).
+template <class Dot>
+bool int8_as_int16(const lane_block* lbs, int n) {
+  if constexpr (!Dot::int16) {
+    return false;
+  } else {
+    const char* e = std::getenv("ATTN_DECODE_INT8");  // read on every call, as the tests switch it
+    const bool widen = e && std::strcmp(e, "widen") == 0;
+    if (widen || !lbs[0].q_bf16 || lbs[0].D > 512) return false;
+    for (int h = 0; h < n; ++h)
+      for (std::int64_t d = 0; d < lbs[h].D; ++d)
+        for (std::int64_t g = 0; g < lbs[h].nl; ++g)
+          if (!std::isfinite(lbs[h].qt[d * lbs[h].L + g])) return false;
+    return true;
+  }
+}
+
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
 void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
   const lane_block& lb = lbs[0];
   if (lb.k8) {
     const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
+    if constexpr (Dot::int16)
+      if (units && int8_as_int16<Dot>(lbs, n)) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
     if constexpr (Dot::available)
       if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
     return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units);

@@ -3,7 +3,8 @@
 //   generic  baseline x86-64 (SSE2, 4 floats per vector)     runs anywhere
 //   avx2     AVX2 + FMA + F16C (8 floats)
 //   avx512   AVX-512 F/BW/VL/DQ (16 floats)
-//   avx512bf16  the same plus AVX512_BF16 dot products for the bf16 forward
+//   avx512bf16  the same plus AVX512_BF16 dot products for the bf16 forward (and AVX512_VNNI,
+//               which every such CPU has, for the int16 dots of the int8 KV decode)
 // ATTN_CPU_ISA=<level> caps the level (read on every call so tests can walk every path); a
 // build with ATTN_CPU_MAX_LEVEL below 3 (src/cpu/sources.cmake) has no kernels above it.
 #include <algorithm>
@@ -28,7 +29,7 @@ int detected_level() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return __builtin_cpu_supports("avx512bf16") ? 3 : 2;
+      return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni") ? 3 : 2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
     return 0;
   }();

@@ -223,6 +223,32 @@ inline void transpose_add(vf* v) {
   }
 }
 
+// The same over int32 lanes carried in float vectors (the int16 pair dots of decode.h): the
+// shuffles move bits, the adds are integer adds.
+template <int H, int... X>
+inline vf fold_int_impl(vf a, vf b, std::integer_sequence<int, X...>) {
+  return (vf)((vi)shuffle2<fold_index(X, H, 0)...>(a, b) + (vi)shuffle2<fold_index(X, H, 1)...>(a, b));
+}
+template <int N = W>
+inline void transpose_add_int(vf* v) {
+  if constexpr (N > 1) {
+#pragma GCC unroll 16
+    for (int i = 0; i < N / 2; ++i) v[i] = fold_int_impl<N / 2>(v[i], v[i + N / 2], std::make_integer_sequence<int, W>{});
+    transpose_add_int<N / 2>(v);
+  }
+}
+
+// Lane-wise sum within groups of 2H lanes (then H/2, ...): every lane gets its group's sum
+// (NaN and ±inf propagate, unlike a max).
+template <int H>
+inline vf group_sum(vf v) {
+  if constexpr (H == 0) {
+    return v;
+  } else {
+    return group_sum<H / 2>(v + xor_lanes<H>(v, std::make_integer_sequence<int, W>{}));
+  }
+}
+
 // Lane-wise max within groups of 2H lanes (then H/2, ...): every lane gets its group's max.
 template <int H>
 inline vf group_max(vf v) {
@@ -242,6 +268,7 @@ inline vf group_max(vf v) {
 // (simd_avx512bf16.h).
 struct no_bf16_dot {
   static constexpr bool available = false;
+  static constexpr bool int16 = false;  // no int16 pair dot product either (decode.h)
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
-// src/cpu/simd_avx512bf16.h — the bf16 dot product of the avx512bf16 level, the only
-// intrinsic of the cpu kernels: vdpbf16ps multiplies the two bf16 of each 32-bit word of a by
-// those of b and adds both products to the fp32 lane of acc (32 products per instruction, no
-// conversion of the operands). Included by kernels_avx512bf16.cc alone, after simd.h.
+// src/cpu/simd_avx512bf16.h — the dot products of the avx512bf16 level, the only intrinsics of
+// the cpu kernels: vdpbf16ps multiplies the two bf16 of each 32-bit word of a by those of b and
+// adds both products to the fp32 lane of acc (32 products per instruction, no conversion of the
+// operands); vpdpwssd (AVX512_VNNI, which every CPU with AVX512_BF16 has) does the same for
+// pairs of int16 into int32 lanes — the int8 KV decode (decode.h, int16_pair_operands).
+// Included by kernels_avx512bf16.cc and family_avx512bf16.cc, after simd.h.
 #pragma once
 
 #include <immintrin.h>
@@ -28,6 +30,22 @@ struct avx512bf16_dot {
       out[i] = __builtin_convertvector(
           (vi)_mm512_maskz_cvtepi8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i * W))), vf);
   }
+
+  // int16 pairs (decode of an int8 cache): acc + a.lo·b.lo + a.hi·b.hi in each int32 lane
+  // (vpdpwssd; no saturation, exact while the sums fit in 31 bits).
+  static constexpr bool int16 = true;
+  static vi dot_int16(vi acc, vu a, vu b) {
+    return (vi)_mm512_dpwssd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+  }
+  // 2W int8 values → W words of int16 pairs in memory order (vpmovsxbw): word w = (p[2w], p[2w + 1]).
+  static vu widen_int8_words(const std::int8_t* p) {
+    return (vu)_mm512_maskz_cvtepi8_epi16(~__mmask32(0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Words of rows a and b (int16 each, memory order) → pairs (a[d], b[d]) of the d in the low
+  // (lo) and high (hi) four of every eight (vpunpcklwd / vpunpckhwd, within 128-bit lanes):
+  // lane j of lo holds d = 8·(j / 4) + j % 4, of hi d + 4 (int16_pv_position).
+  static vu interleave_lo(vu a, vu b) { return (vu)_mm512_unpacklo_epi16((__m512i)a, (__m512i)b); }
+  static vu interleave_hi(vu a, vu b) { return (vu)_mm512_unpackhi_epi16((__m512i)a, (__m512i)b); }
 };
 
 }  // namespace

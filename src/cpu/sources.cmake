@@ -21,7 +21,7 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/isa.cc PROPERTIES
 set(ATTN_ISA_FLAGS_generic "-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx2 "-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx512 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
-set(ATTN_ISA_FLAGS_avx512bf16 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
+set(ATTN_ISA_FLAGS_avx512bf16 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx512vnni;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 foreach(isa IN LISTS ATTN_CPU_LEVELS)
   target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc)
   set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc PROPERTIES COMPILE_OPTIONS "${ATTN_ISA_FLAGS_${isa}}")

@@ -22,6 +22,7 @@ struct f32_operands {
   using word = float;
   using vword = vf;
   static constexpr int kPack = 1;  // elements of the reduction axis per word
+  static constexpr bool kInt = false;  // int32 accumulators (int16_pair_operands) or fp32
   static vword broadcast(word a) { return splat(a); }
   static vword load_words(const word* p) { return load(p); }
   static vf madd(vf acc, vword a, vword b) { return acc + a * b; }
@@ -43,6 +44,7 @@ struct bf16_pair_operands {
   using word = std::uint32_t;
   using vword = vu;
   static constexpr int kPack = 2;
+  static constexpr bool kInt = false;
   static vword broadcast(word a) { return splatu(a); }
   static vword load_words(const word* p) { return loadu(p); }
   static vf madd(vf acc, vword a, vword b) { return Dot::dot_pairs(acc, a, b); }
@@ -73,6 +75,29 @@ struct bf16_pair_operands {
       Dot::template widen_int8<4>(p, f);
       out[0] = Dot::pack_pairs(f[0], f[1]), out[1] = Dot::pack_pairs(f[2], f[3]);
     }
+  }
+};
+
+// Decode of an int8 cache with q quantised to int16 (decode.h): a word is two int16 adjacent
+// on the reduction axis; dot = a.lo·b.lo + a.hi·b.hi into int32 lanes (Dot::dot_int16), the
+// accumulators carried as the bits of float vectors until decode.h converts their sums. int8
+// key rows are widened to int16 words in memory order (exact).
+template <class Dot>
+struct int16_pair_operands {
+  static_assert(Dot::int16, "int16 pair operands need the ISA's int16 dot product");
+  using dot = Dot;
+  using word = std::uint32_t;
+  using vword = vu;
+  static constexpr int kPack = 2;
+  static constexpr bool kInt = true;
+  static vword load_words(const word* p) { return loadu(p); }
+  static vf madd(vf acc, vword a, vword b) { return (vf)Dot::dot_int16((vi)acc, a, b); }
+  template <class T>
+  static constexpr int key_vectors = 2;
+  template <class T>
+  static void load_keys(const T* p, vword* out) {
+    static_assert(sizeof(T) == 1, "int16 pairs read int8 rows");
+    out[0] = Dot::widen_int8_words(p), out[1] = Dot::widen_int8_words(p + 2 * W);
   }
 };
 

@@ -30,6 +30,12 @@ struct isa_scope {
   ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
 };
 
+struct env_scope {
+  const char* name;
+  env_scope(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~env_scope() { unsetenv(name); }
+};
+
 std::vector<std::string> isas() {
   int n = 0;
   const char* const* names = detail::cpu::available_isas(&n);
@@ -246,6 +252,129 @@ TEST(Int8Append, QuantisesWithinHalfAStepAndBoundsTheError) {
   EXPECT_GT(worst, 0.0);   // quantisation changed something: the test can fail
 }
 
+// With bf16 q on an ISA with int16 dot products (avx512bf16: AVX512_VNNI), decode reads int8
+// rows with q and the weights p·scale_v as int16 (decode.h, int8_as_int16): as close to the
+// float64 reference on the dequantised cache as the bf16 products of widened rows
+// (ATTN_DECODE_INT8=widen) — the output, bf16, is rounded to bf16 either way — with lse (f32)
+// within 2e-5, on row groups of 4, 2 and 1, head sizes of 1 to 4 units, pages that straddle
+// blocks, speculative rows and empty sequences; the same bits for any thread count; a NaN or
+// ±inf in q or in a scale gives what the float path gives.
+struct int16_case {
+  const char* name;
+  std::vector<std::int64_t> lens;
+  std::int64_t page_size, Nq, Hq, Hkv, D;
+};
+
+const int16_case kInt16Cases[] = {
+    {"gqa4_d128_page16", {300, 1, 0, 2100}, 16, 1, 8, 2, 128},
+    {"gqa2_d64_page5", {77, 40}, 5, 1, 4, 2, 64},
+    {"mha_d192_page16", {500}, 16, 1, 2, 2, 192},
+    {"speculative3_gqa4_d256_page8", {130, 64}, 8, 3, 4, 1, 256},
+};
+
+// max |got − want| over max |want| (both finite).
+double relative_error(const TensorView& got, const TensorView& want) {
+  const auto g = to_vector(got), w = to_vector(want);
+  double e = 0, m = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) e = std::max(e, std::fabs(g[i] - w[i])), m = std::max(m, std::fabs(w[i]));
+  return m > 0 ? e / m : e;
+}
+
+TEST(Int8Int16, AsCloseToTheReferenceAsWidenedRows) {
+  for (const int16_case& c : kInt16Cases) {
+    std::mt19937 rng(43);
+    const std::int64_t B = std::int64_t(c.lens.size()), ps = c.page_size;
+    std::int64_t max_pages = 0;
+    for (std::int64_t L : c.lens) max_pages = std::max(max_pages, (L + ps - 1) / ps);
+    const std::int64_t num_pages = B * max_pages;
+    std::vector<std::int64_t> table(static_cast<std::size_t>(num_pages));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    const Tensor kp = random_int8({num_pages, ps, c.Hkv, c.D}, rng), vp = random_int8({num_pages, ps, c.Hkv, c.D}, rng);
+    const Tensor ks = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+    const Tensor vs = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+    Tensor q = random_tensor({B, c.Hq, c.Nq, c.D}, dtype::bf16, rng, -2, 2);
+    const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, c.lens), ks, vs};
+    attention_options o;
+    o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+    const auto reference = [&](const Tensor& qq) {
+      std::vector<attention_result> want;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t L = c.lens[std::size_t(b)];
+        want.push_back(attention(Tensor::copy_of(qq.view().slice(0, b, b + 1), dtype::f64),
+                                 dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vs, table, max_pages, b, L), o));
+      }
+      return want;
+    };
+    const std::vector<attention_result> want = reference(q);
+    for (const std::string& isa : isas()) {
+      SCOPED_TRACE(fmt::format("{} isa {}", c.name, isa));
+      const isa_scope scope(isa);
+      const bool int16 = detail::cpu::select_kernels().int16_decode;
+      const attention_result r = attention_paged(q, cache, o, {.num_threads = 2});
+      attention_result w;
+      {
+        const env_scope widen("ATTN_DECODE_INT8", "widen");
+        w = attention_paged(q, cache, o, {.num_threads = 2});
+      }
+      double e16 = 0, ew = 0, l16 = 0;
+      for (std::int64_t b = 0; b < B; ++b) {
+        if (c.lens[std::size_t(b)] == 0) continue;
+        const Tensor got = Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64);
+        e16 = std::max(e16, relative_error(got, want[std::size_t(b)].out));
+        ew = std::max(ew, relative_error(Tensor::copy_of(w.out.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].out));
+        const Tensor lse = Tensor::copy_of(r.lse.view().slice(0, b, b + 1), dtype::f64);
+        EXPECT_TRUE(all_close(lse, want[std::size_t(b)].lse, 2e-5));
+        l16 = std::max(l16, relative_error(lse, want[std::size_t(b)].lse));
+      }
+      std::printf("%s %s: max error / max |out|: %.3g (default), %.3g (widened rows); lse %.3g\n", c.name, isa.c_str(),
+                  e16, ew, l16);
+      EXPECT_LT(ew, 4e-3);  // bf16 output: 2^-9 relative, and p rounded to bf16
+      EXPECT_LT(e16, 4e-3);
+      if (int16) {
+        EXPECT_LT(e16, ew * 1.25);  // int16 weights: 2^-15 of the block's largest, below the output's rounding
+        EXPECT_FALSE(all_close(r.out, w.out, 0, 0));  // the int16 path ran
+      } else {
+        EXPECT_TRUE(all_close(r.out, w.out, 0, 0));  // no int16 path: the default is the widened rows
+      }
+      const attention_result one = attention_paged(q, cache, o, {.num_threads = 1});
+      EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
+    }
+    // A NaN in one row of q and +inf in another; then a NaN value scale and an inf key scale
+    // (of tokens every row sees: the first page of sequence 0): the float path's answer.
+    if (c.lens[0] < 2) continue;
+    Tensor qn = Tensor::copy_of(q);
+    qn.set({0, 1, 0, 5}, NAN);
+    qn.set({B - 1, 0, c.Nq - 1, 3}, INFINITY);
+    const Tensor vs2 = Tensor::copy_of(vs), ks2 = Tensor::copy_of(ks);
+    vs2.set({table[0], 0, 0}, NAN);
+    ks2.set({table[0], 1, c.Hkv - 1}, INFINITY);
+    const paged_kv_view bad{kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, c.lens), ks2, vs2};
+    for (const std::string& isa : isas()) {
+      SCOPED_TRACE(fmt::format("{} non-finite, isa {}", c.name, isa));
+      const isa_scope scope(isa);
+      for (const bool scales : {false, true}) {
+        const paged_kv_view& cv = scales ? bad : cache;
+        const Tensor& qq = scales ? q : qn;
+        const attention_result r = attention_paged(qq, cv, o, {.num_threads = 2});
+        attention_result w;
+        {
+          const env_scope widen("ATTN_DECODE_INT8", "widen");
+          w = attention_paged(qq, cv, o, {.num_threads = 2});
+        }
+        const auto g = to_vector(r.out), f = to_vector(w.out);
+        std::int64_t nonfinite = 0;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          EXPECT_EQ(std::isnan(g[i]), std::isnan(f[i])) << "at " << i << (scales ? " (scales)" : " (q)");
+          EXPECT_EQ(std::isinf(g[i]), std::isinf(f[i])) << "at " << i;
+          nonfinite += !std::isfinite(g[i]);
+        }
+        EXPECT_GT(nonfinite, 0);
+      }
+    }
+  }
+}
+
 TEST(Int8Errors, BadScalesAndInputsByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::i8), vp = Tensor::zeros({4, 2, 1, 4}, dtype::i8);
   const Tensor sc = Tensor::zeros({4, 2, 1}, dtype::f32);
@@ -282,12 +411,6 @@ TEST(Int8Errors, BadScalesAndInputsByMessage) {
 // head at a time (ATTN_DECODE_HEADS=1): the same blocks in the same order for each head, for
 // every ISA level, float32, bfloat16 and int8 pages, head sizes on and off the SIMD width, GQA 4
 // and split-KV.
-struct env_scope {
-  const char* name;
-  env_scope(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~env_scope() { unsetenv(name); }
-};
-
 TEST(DecodeHeads, InterleavedHeadsGiveTheBitsOfOneHeadAtATime) {
   const std::int64_t B = 2, Hkv = 4, Hq = 16, ps = 16;
   const std::vector<std::int64_t> lens{4200, 77};
