@@ -228,18 +228,43 @@ void with_terms(const family_params& fp, F&& f) {
   f(additive_terms<false>{fp.w_v});
 }
 
-// Lane layout: S[jj][L] = z of key j0 + jj for the lanes' queries qt [P][L].
+// Lane layout: S[jj][L] = z of key j0 + jj for the lanes' queries qt [P][L]. Two keys × CC
+// vectors of lanes at a time: 2·CC independent sums (one sum alone waits on its adds' latency),
+// each over x in order, as one at a time would.
 template <int CC, class T>
 void elem_lane_scores(const family_lanes& lb, const T& tm, std::int64_t j0, std::int64_t nb, float* S) {
   const std::int64_t L = CC * W;
-  for (std::int64_t jj = 0; jj < nb; ++jj) {
-    const float* kj = lb.k + (j0 + jj) * lb.ksn;
+  std::int64_t jj = 0;
+  for (; jj + 2 <= nb; jj += 2) {
+    const float* k0 = lb.k + (j0 + jj) * lb.ksn;
+    const float* k1 = k0 + lb.ksn;
+    vf a0[CC], a1[CC];
 #pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      vf acc{};
-      for (std::int64_t x = 0; x < lb.P; ++x) acc += tm.term(x, load(lb.qt + x * L + c * W), splat(kj[x]));
-      store(S + jj * L + c * W, acc);
+    for (int c = 0; c < CC; ++c) a0[c] = a1[c] = vf{};
+    for (std::int64_t x = 0; x < lb.P; ++x) {
+      const vf b0 = splat(k0[x]), b1 = splat(k1[x]);
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) {
+        const vf a = load(lb.qt + x * L + c * W);
+        a0[c] += tm.term(x, a, b0);
+        a1[c] += tm.term(x, a, b1);
+      }
     }
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(S + jj * L + c * W, a0[c]), store(S + (jj + 1) * L + c * W, a1[c]);
+  }
+  for (; jj < nb; ++jj) {
+    const float* kj = lb.k + (j0 + jj) * lb.ksn;
+    vf acc[CC];
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) acc[c] = vf{};
+    for (std::int64_t x = 0; x < lb.P; ++x) {
+      const vf b = splat(kj[x]);
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) acc[c] += tm.term(x, load(lb.qt + x * L + c * W), b);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) store(S + jj * L + c * W, acc[c]);
   }
 }
 
@@ -259,19 +284,24 @@ void elem_lane_grad(const family_lanes& lb, const T& tm, std::int64_t j0, std::i
   }
   for (std::int64_t x = 0; x < lb.P; ++x) {
     vf dwx{};
+    vf qx[CC], g[CC], h[CC];  // CC independent sums over the live keys, each in key order
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) qx[c] = load(lb.qt + x * L + c * W), g[c] = h[c] = vf{};
+    for (std::int64_t e = 0; e < nlive; ++e) {
+      const std::int64_t jj = live[e];
+      const vf kx = splat(lb.k[(j0 + jj) * lb.ksn + x]);
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) {
+        vf gw{};
+        const vf d = load(dz + jj * L + c * W), ga = tm.grad(x, qx[c], kx, &gw);
+        g[c] += d * ga;
+        if constexpr (T::weighted) h[c] += d * gw;
+      }
+    }
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
-      const vf qx = load(lb.qt + x * L + c * W);
-      vf g{}, h{};
-      for (std::int64_t e = 0; e < nlive; ++e) {
-        const std::int64_t jj = live[e];
-        vf gw{};
-        const vf d = load(dz + jj * L + c * W), ga = tm.grad(x, qx, splat(lb.k[(j0 + jj) * lb.ksn + x]), &gw);
-        g += d * ga;
-        if constexpr (T::weighted) h += d * gw;
-      }
-      store(dqt + x * L + c * W, load(dqt + x * L + c * W) + splat(tm.scale(x)) * g);
-      dwx += h;
+      store(dqt + x * L + c * W, load(dqt + x * L + c * W) + splat(tm.scale(x)) * g[c]);
+      dwx += h[c];
     }
     if constexpr (T::weighted) {
       double sum = 0.0;
@@ -287,7 +317,18 @@ void elem_row_scores(const family_rows& pr, const T& tm, float* S) {
   const std::int64_t ld = pr.ldk;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     const float* qr = pr.q + r * pr.qsn;
-    for (std::int64_t y = 0; y < ld; y += W) {
+    std::int64_t y = 0;
+    for (; y + 4 * W <= ld; y += 4 * W) {  // four vectors of keys: four independent sums, each over x in order
+      vf acc[4] = {};
+      for (std::int64_t x = 0; x < pr.P; ++x) {
+        const vf a = splat(qr[x]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) acc[c] += tm.term(x, a, load(pr.kt + x * ld + y + c * W));
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) store(S + r * ld + y + c * W, acc[c]);
+    }
+    for (; y < ld; y += W) {
       vf acc{};
       for (std::int64_t x = 0; x < pr.P; ++x) acc += tm.term(x, splat(qr[x]), load(pr.kt + x * ld + y));
       store(S + r * ld + y, acc);
@@ -307,8 +348,26 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
     for (std::int64_t y = 0; y < ld; y += W) any |= any_lane(load(dz + r * ld + y) != vf{});
     if (any) live[nlive++] = std::int32_t(r);
   }
-  for (std::int64_t x = 0; x < pr.P; ++x)
-    for (std::int64_t y = 0; y < ld; y += W) {
+  for (std::int64_t x = 0; x < pr.P; ++x) {
+    const vf fx = splat(T::kb * tm.scale(x));
+    std::int64_t y = 0;
+    for (; y + 4 * W <= ld; y += 4 * W) {  // four vectors of keys: four independent sums over the live rows, in order
+      vf kx[4], g[4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) kx[c] = load(pr.kt + x * ld + y + c * W), g[c] = vf{};
+      for (std::int64_t e = 0; e < nlive; ++e) {
+        const std::int64_t r = live[e];
+        const vf a = splat(pr.q[r * pr.qsn + x]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          vf gw;
+          g[c] += load(dz + r * ld + y + c * W) * tm.grad(x, a, kx[c], &gw);
+        }
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) store(pr.dkt + x * ld + y + c * W, load(pr.dkt + x * ld + y + c * W) + fx * g[c]);
+    }
+    for (; y < ld; y += W) {
       const vf kx = load(pr.kt + x * ld + y);
       vf g{};
       for (std::int64_t e = 0; e < nlive; ++e) {
@@ -316,8 +375,9 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
         vf gw;
         g += load(dz + r * ld + y) * tm.grad(x, splat(pr.q[r * pr.qsn + x]), kx, &gw);
       }
-      store(pr.dkt + x * ld + y, load(pr.dkt + x * ld + y) + splat(T::kb * tm.scale(x)) * g);
+      store(pr.dkt + x * ld + y, load(pr.dkt + x * ld + y) + fx * g);
     }
+  }
 }
 
 inline bool elementwise(const family_params& fp) { return fp.score != family_score::dot; }
