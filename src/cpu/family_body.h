@@ -382,6 +382,110 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
 
 inline bool elementwise(const family_params& fp) { return fp.score != family_score::dot; }
 
+// ---- box scores from products: only the side of h² matters ----
+// The box kernel reads z = ‖q − k‖² only through 1{z ≤ h²}. Its scores come from the products of
+// the register tile, z' = ‖q‖² + ‖k‖² − 2 q·k in f32, which errs by at most (2P + 4)·u·T (T =
+// ‖q‖² + ‖k‖², u = 2^-24); the differences' own f32 sum errs by at most (P + 3)·u·‖q − k‖² ≤
+// 2(P + 3)·u·T. Where |z' − h²| exceeds the sum of both (with margin: (4P + 20)·u·T), z' and the
+// differences lie on the same side of h², so the kernel gives the differences' K; a vector of
+// lanes with any pair closer to h² (or a NaN or ±inf) is recomputed by differences. One product
+// per term instead of a difference and a product, on the tile rather than a sum per pair.
+inline bool box_by_products(const family_params& fp) {
+  return fp.score == family_score::distance && fp.act == family_act::box && fp.bias == 0.0f;
+}
+inline vf box_tolerance(std::int64_t P) { return splat(float(4 * P + 20) * 0x1p-24f); }
+inline vi box_uncertain(vf z, vf T, vf h2, vf tol) {
+  const vf d = z - h2;
+  const vf ad = (vf)((vi)d & splati(0x7fffffff));
+  return ~(ad > tol * T);  // NaN or ±inf: uncertain
+}
+// Whether any lane of m is set: an or-tree of lane shuffles (no scalar test per lane).
+template <int H>
+inline vi or_lanes(vi m) {
+  if constexpr (H == 0) return m;
+  else return or_lanes<H / 2>(m | (vi)xor_lanes<H>((vf)m, std::make_integer_sequence<int, W>{}));
+}
+inline bool any_set(vi m) { return or_lanes<W / 2>(m)[0] != 0; }
+// Σ_x p[x]² for P contiguous floats.
+inline float sum_squares(const float* p, std::int64_t P) {
+  vf acc{};
+  std::int64_t x = 0;
+  for (; x + W <= P; x += W) acc += load(p + x) * load(p + x);
+  float s = 0.0f;
+  for (int l = 0; l < W; ++l) s += acc[l];
+  for (; x < P; ++x) s += p[x] * p[x];
+  return s;
+}
+
+// Lane layout: S[jj][L] as elem_lane_scores<distance_terms> would give it, up to the side of h².
+template <int CC>
+void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
+  const std::int64_t L = CC * W;
+  gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  vf qn[CC];
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) qn[c] = vf{};
+  for (std::int64_t x = 0; x < lb.P; ++x)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) qn[c] += load(lb.qt + x * L + c * W) * load(lb.qt + x * L + c * W);
+  const vf h2 = splat(lb.fp.h * lb.fp.h), tol = box_tolerance(lb.P);
+  const distance_terms tm;
+  for (std::int64_t jj = 0; jj < nb; ++jj) {
+    const float* kj = lb.k + (j0 + jj) * lb.ksn;
+    const vf kn = splat(sum_squares(kj, lb.P));
+    vi any{}, un[CC];
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      float* sj = S + jj * L + c * W;
+      const vf z = qn[c] + kn - splat(2.0f) * load(sj);
+      un[c] = box_uncertain(z, qn[c] + kn, h2, tol);
+      any |= un[c];
+      store(sj, z);
+    }
+    if (!any_set(any)) continue;
+    for (int c = 0; c < CC; ++c) {
+      if (!any_set(un[c])) continue;
+      vf acc{};
+      for (std::int64_t x = 0; x < lb.P; ++x) acc += tm.term(x, load(lb.qt + x * L + c * W), splat(kj[x]));
+      store(S + jj * L + c * W, acc);
+    }
+  }
+}
+
+// Row layout: S[r][y] as elem_row_scores<distance_terms> would give it, up to the side of h².
+inline void box_row_scores(const family_rows& pr, float* S) {
+  const std::int64_t ld = pr.ldk;
+  gemm<fam_ops>(pr.nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
+  alignas(64) float kn[kRowKeyBlock + 64];  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W)
+  for (std::int64_t y = 0; y < ld; y += W) {
+    vf a{};
+    for (std::int64_t x = 0; x < pr.P; ++x) a += load(pr.kt + x * ld + y) * load(pr.kt + x * ld + y);
+    store(kn + y, a);
+  }
+  const vf h2 = splat(pr.fp.h * pr.fp.h), tol = box_tolerance(pr.P);
+  const distance_terms tm;
+  for (std::int64_t r = 0; r < pr.nq; ++r) {
+    const float* qr = pr.q + r * pr.qsn;
+    const vf qn = splat(sum_squares(qr, pr.P));
+    vi any{};
+    for (std::int64_t y = 0; y < ld; y += W) {
+      float* sr = S + r * ld + y;
+      const vf T = qn + load(kn + y);
+      const vf z = T - splat(2.0f) * load(sr);
+      any |= box_uncertain(z, T, h2, tol);
+      store(sr, z);
+    }
+    if (!any_set(any)) continue;
+    for (std::int64_t y = 0; y < ld; y += W) {
+      const vf T = qn + load(kn + y);
+      if (!any_set(box_uncertain(load(S + r * ld + y), T, h2, tol))) continue;
+      vf acc{};
+      for (std::int64_t x = 0; x < pr.P; ++x) acc += tm.term(x, splat(qr[x]), load(pr.kt + x * ld + y));
+      store(S + r * ld + y, acc);
+    }
+  }
+}
+
 template <int CC>
 void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask);
 
@@ -389,7 +493,8 @@ void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, fl
 template <int CC>
 void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
   const std::int64_t L = CC * W;
-  if (elementwise(lb.fp)) with_terms(lb.fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
+  if (box_by_products(lb.fp)) box_lane_scores<CC>(lb, j0, nb, S);
+  else if (elementwise(lb.fp)) with_terms(lb.fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
   else gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   lane_transform<CC>(lb, j0, nb, S, G, mask);
 }
@@ -809,7 +914,8 @@ void fam_dkdv(const family_rows& pr) {
       for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
     if (!no_dz) gemm<Ops>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);
   } else {
-    if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
+    if (box_by_products(fp)) box_row_scores(pr, S);
+    else if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
     else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
     if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   }

@@ -313,6 +313,52 @@ TEST(FamilyFused, KernelDistributionOfBoxAndTriangle) {
   }
 }
 
+// Box scores come from the products of the register tile where they lie clearly on one side of
+// h², from the differences elsewhere (family_body.h, box_by_products). Queries of norm ≈ 1000 and
+// keys at h·(1 ± 0.01) from one of them: the products alone err by up to ≈ 4·D·2^-24·2·10^6 ≈ 8,
+// far beyond the margin of 0.03 around h² = 1.44, so without the fallback many pairs would land
+// on the wrong side; the kernel gives the reference's K (forward, and dv from the dk/dv pass).
+TEST(FamilyFused, BoxNearTheBandwidthWithLargeNorms) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(77);
+    std::normal_distribution<double> n01(0.0, 1.0);
+    const std::int64_t Nq = 37, Nk = 150, D = 16;
+    family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, 3);
+    const double h = c.opt.score.bandwidth;
+    std::vector<double> center(static_cast<std::size_t>(D));
+    double cn = 0;
+    for (double& x : center) x = n01(rng), cn += x * x;
+    for (double& x : center) x *= 1000.0 / std::sqrt(cn);
+    for (std::int64_t hq = 0; hq < 2; ++hq)
+      for (std::int64_t i = 0; i < Nq; ++i)
+        for (std::int64_t d = 0; d < D; ++d)
+          c.q.set({0, hq, i, d}, double(float(center[std::size_t(d)] + 0.3 * n01(rng))));
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      std::vector<double> u(static_cast<std::size_t>(D));
+      double un = 0;
+      for (double& x : u) x = n01(rng), un += x * x;
+      const double r = h * (j % 2 ? 1.01 : 0.99) / std::sqrt(un);
+      for (std::int64_t d = 0; d < D; ++d)  // about h from query j % Nq of head 0
+        c.k.set({0, 0, j, d}, double(float(c.q.get({0, 0, j % Nq, d}) + r * u[std::size_t(d)])));
+    }
+    const auto [got, ref] = run_vs_reference(c, rng, family_path::fused, 2);
+    expect_close(got, ref, 2e-4, isa + " box near h");
+    // Some pairs are inside the support and some just outside: the test can tell sides apart.
+    std::int64_t inside = 0;
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      double d2 = 0;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double e = c.q.get({0, 0, j % Nq, d}) - c.k.get({0, 0, j, d});
+        d2 += e * e;
+      }
+      inside += d2 <= h * h;
+    }
+    EXPECT_GT(inside, 40);
+    EXPECT_LT(inside, 110);
+  }
+}
+
 TEST(FamilyFused, EmptyShapes) {
   std::mt19937 rng(5);
   for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {3, 0}, {0, 0}})
