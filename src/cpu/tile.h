@@ -37,16 +37,23 @@ struct f32_operands {
   }
 };
 
+// What the operand types of two 16-bit values per 32-bit word share.
 template <class Dot>
-struct bf16_pair_operands {
-  static_assert(Dot::available, "bf16 pair operands need the ISA's bf16 dot product");
+struct pair_word_operands {
   using dot = Dot;
   using word = std::uint32_t;
   using vword = vu;
   static constexpr int kPack = 2;
-  static constexpr bool kInt = false;
   static vword broadcast(word a) { return splatu(a); }
   static vword load_words(const word* p) { return loadu(p); }
+};
+
+template <class Dot>
+struct bf16_pair_operands : pair_word_operands<Dot> {
+  static_assert(Dot::available, "bf16 pair operands need the ISA's bf16 dot product");
+  using word = std::uint32_t;
+  using vword = vu;
+  static constexpr bool kInt = false;
   static vf madd(vf acc, vword a, vword b) { return Dot::dot_pairs(acc, a, b); }
   // Rows 2r', 2r'+1 of s [rows][n] (n a multiple of W) → out[r'][x] = bf16(s[2r'+1][x]) << 16 |
   // bf16(s[2r'][x]), rounded to nearest even; a missing last row is zero.
@@ -83,14 +90,10 @@ struct bf16_pair_operands {
 // accumulators carried as the bits of float vectors until decode.h converts their sums. int8
 // key rows are widened to int16 words in memory order (exact).
 template <class Dot>
-struct int16_pair_operands {
+struct int16_pair_operands : pair_word_operands<Dot> {
   static_assert(Dot::int16, "int16 pair operands need the ISA's int16 dot product");
-  using dot = Dot;
-  using word = std::uint32_t;
   using vword = vu;
-  static constexpr int kPack = 2;
   static constexpr bool kInt = true;
-  static vword load_words(const word* p) { return loadu(p); }
   static vf madd(vf acc, vword a, vword b) { return (vf)Dot::dot_int16((vi)acc, a, b); }
   template <class T>
   static constexpr int key_vectors = 2;
