@@ -637,7 +637,7 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
   const lane_block& lb = lbs[0];
   if (lb.k8) {
     const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
-    if constexpr (Dot::int16)
+    if constexpr (Dot::int16 && (W / RG) % 2 == 0)  // keys in pairs within a row's lanes
       if (units && int8_as_int16<Dot>(lbs, n)) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
     if constexpr (Dot::available)
       if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);

@@ -1,6 +1,7 @@
 // tests/cpu_kernel_body_test.cc — the cpu kernel body (src/cpu/kernel_body.h) compiled once more
-// here, for the baseline ISA (W = 4), with a portable stand-in for the bf16 dot product. That
-// makes the bf16-pair entries (forward, dq, dk/dv and decode's q·k) run on any CPU: the
+// here, for the baseline ISA (W = 4), with a portable stand-in for the bf16 dot product (and
+// for the int16 one of AVX512_VNNI, which the int8 decode uses). That makes the bf16-pair
+// entries (forward, dq, dk/dv and decode's q·k) and the int16 decode run on any CPU: the
 // avx512bf16 level itself runs in cpu_attention_test only where the CPU has AVX512_BF16, and
 // since bf16 is now an operand type of the same body, a wrong word layout, key-pair alignment
 // or packing of P/dS shows here too. Each bf16 entry is compared with the f32 entry of the same
@@ -56,6 +57,33 @@ struct portable_bf16_dot {
     for (int w = 0; w < W; ++w) r[w] = 2 * w < W ? a[2 * w] | a[2 * w + 1] << 16 : b[2 * w - W] | b[2 * w - W + 1] << 16;
     return r;
   }
+
+  // vpdpwssd, vpmovsxbw and vpunpck[lh]wd (within 128-bit lanes) in portable code.
+  static constexpr bool int16 = true;
+  static std::int32_t half(std::uint32_t w, int k) { return std::int16_t(std::uint16_t(w >> (16 * k))); }
+  static vi dot_int16(vi acc, vu a, vu b) {
+    for (int l = 0; l < W; ++l) acc[l] += half(a[l], 0) * half(b[l], 0) + half(a[l], 1) * half(b[l], 1);
+    return acc;
+  }
+  static std::uint32_t pair(std::int32_t lo, std::int32_t hi) {
+    return std::uint32_t(std::uint16_t(lo)) | std::uint32_t(std::uint16_t(hi)) << 16;
+  }
+  static vu widen_int8_words(const std::int8_t* p) {
+    vu r;
+    for (int w = 0; w < W; ++w) r[w] = pair(p[2 * w], p[2 * w + 1]);
+    return r;
+  }
+  static std::int32_t value(vu x, int d) { return half(x[d / 2], d % 2); }  // int16 value d of 2W
+  static vu interleave(vu a, vu b, int high) {
+    vu r;
+    for (int j = 0; j < W; ++j) {
+      const int d = 8 * (j / 4) + 4 * high + j % 4;
+      r[j] = pair(value(a, d), value(b, d));
+    }
+    return r;
+  }
+  static vu interleave_lo(vu a, vu b) { return interleave(a, b, 0); }
+  static vu interleave_hi(vu a, vu b) { return interleave(a, b, 1); }
 };
 
 constexpr kernel_table kTable = make_table<portable_bf16_dot>("test");
@@ -264,6 +292,52 @@ TEST(cpu_kernel_body, bf16_pair_decode_matches_f32) {
           // q·k products exact; p rounded to bf16 (nearest even, 2^-9 relative) for P·V, as in the prefill
           EXPECT_LT(rel_diff(pairs.out, f32.out), 4e-3);
           EXPECT_LT(rel_diff(pairs.lse, f32.lse), 1e-5);
+        }
+}
+
+// int8 K/V rows with per-row scales (decode): bf16 q through the int16 dot products (q and the
+// weights p·scale_v as int16) against f32 q through the widened rows (exact products): the same
+// lse to q's int16 rounding, the same output to the weights' (2^-16 of a block's largest).
+TEST(cpu_kernel_body, int16_decode_of_int8_rows_matches_f32) {
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> i8(-127, 127);
+  std::uniform_real_distribution<float> sc(0.002f, 0.03f);
+  for (const variant& v : kVariants)
+    for (std::int64_t D : {16, 32, 64})
+      for (std::int64_t Nk : {1, 7, 100})
+        for (std::int64_t nl : {1, 2, 3, 4}) {
+          SCOPED_TRACE(::testing::Message() << "D " << D << " Nk " << Nk << " nl " << nl << " mask " << v.mask
+                                            << " softcap " << v.softcap << " alibi " << v.alibi);
+          const lane_case c(kTable.lanes_small, nl, D, D, Nk, rng);
+          const score_params sp = params(v, &c.mask, 0.3f);
+          std::vector<std::int8_t> k8(std::size_t(Nk * D)), v8(std::size_t(Nk * D));
+          for (auto& x : k8) x = std::int8_t(i8(rng));
+          for (auto& x : v8) x = std::int8_t(i8(rng));
+          std::vector<float> ks(static_cast<std::size_t>(Nk)), vs(static_cast<std::size_t>(Nk));
+          for (auto& x : ks) x = sc(rng);
+          for (auto& x : vs) x = sc(rng);
+          const auto run = [&](bool q_bf16) {
+            aligned_floats scratch(lane_scratch_floats(c.L, c.D, c.Dv));
+            std::vector<float> m(std::size_t(c.L), -kInfF), l(std::size_t(c.L), 0.0f), ot(std::size_t(c.Dv * c.L), 0.0f);
+            const std::vector<float> qt = c.transposed(c.q, c.D);
+            lane_block lb = c.block(sp, scratch.p, qt);
+            lb.k8 = k8.data(), lb.v8 = v8.data(), lb.kscale = ks.data(), lb.vscale = vs.data(), lb.kss = lb.vss = 1;
+            lb.q_bf16 = q_bf16;
+            kTable.forward(lb, forward_io{m.data(), l.data(), ot.data()});
+            forward_result r{std::vector<float>(std::size_t(c.nl * c.Dv)), std::vector<float>(std::size_t(c.nl))};
+            for (std::int64_t x = 0; x < c.nl; ++x) {
+              r.lse[std::size_t(x)] = l[std::size_t(x)] > 0 ? m[std::size_t(x)] + std::log(l[std::size_t(x)]) : -kInfF;
+              for (std::int64_t d = 0; d < c.Dv; ++d)
+                r.out[std::size_t(x * c.Dv + d)] = l[std::size_t(x)] > 0 ? ot[std::size_t(d * c.L + x)] / l[std::size_t(x)] : 0.0f;
+            }
+            return r;
+          };
+          const forward_result f32 = run(false), i16 = run(true);
+          EXPECT_LT(rel_diff(i16.lse, f32.lse), 2e-5);
+          EXPECT_LT(rel_diff(i16.out, f32.out), 2e-4);
+          if (Nk > 1) {
+            EXPECT_GT(max_abs(f32.out), 1e-2);
+          }
         }
 }
 
