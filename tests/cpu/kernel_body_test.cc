@@ -229,6 +229,17 @@ struct lane_case {
 struct forward_result {
   std::vector<float> out, lse;  // out [L][Dv] normalised
 };
+// out and lse of the lanes from a forward's m, l and oᵀ.
+forward_result normalised(const lane_case& c, const std::vector<float>& m, const std::vector<float>& l,
+                          const std::vector<float>& ot) {
+  forward_result r{std::vector<float>(std::size_t(c.nl * c.Dv)), std::vector<float>(std::size_t(c.nl))};
+  for (std::int64_t x = 0; x < c.nl; ++x) {
+    r.lse[std::size_t(x)] = l[std::size_t(x)] > 0 ? m[std::size_t(x)] + std::log(l[std::size_t(x)]) : -kInfF;
+    for (std::int64_t d = 0; d < c.Dv; ++d)
+      r.out[std::size_t(x * c.Dv + d)] = l[std::size_t(x)] > 0 ? ot[std::size_t(d * c.L + x)] / l[std::size_t(x)] : 0.0f;
+  }
+  return r;
+}
 forward_result run_forward(const lane_case& c, bool bf16, bool q_bf16_decode, const score_params& sp) {
   aligned_floats scratch(lane_scratch_floats(c.L, c.D, c.Dv) + bf16_scratch_floats(c.L));
   std::vector<float> m(std::size_t(c.L), -kInfF), l(std::size_t(c.L), 0.0f), ot(std::size_t(c.Dv * c.L), 0.0f);
@@ -247,13 +258,7 @@ forward_result run_forward(const lane_case& c, bool bf16, bool q_bf16_decode, co
     }
     kTable.forward(lb, io);
   }
-  forward_result r{std::vector<float>(std::size_t(c.nl * c.Dv)), std::vector<float>(std::size_t(c.nl))};
-  for (std::int64_t x = 0; x < c.nl; ++x) {
-    r.lse[std::size_t(x)] = l[std::size_t(x)] > 0 ? m[std::size_t(x)] + std::log(l[std::size_t(x)]) : -kInfF;
-    for (std::int64_t d = 0; d < c.Dv; ++d)
-      r.out[std::size_t(x * c.Dv + d)] = l[std::size_t(x)] > 0 ? ot[std::size_t(d * c.L + x)] / l[std::size_t(x)] : 0.0f;
-  }
-  return r;
+  return normalised(c, m, l, ot);
 }
 
 const variant kVariants[] = {{}, {true, 0.0f, false}, {false, 3.0f, true}, {true, 5.0f, true}};
@@ -324,13 +329,7 @@ TEST(cpu_kernel_body, int16_decode_of_int8_rows_matches_f32) {
             lb.k8 = k8.data(), lb.v8 = v8.data(), lb.kscale = ks.data(), lb.vscale = vs.data(), lb.kss = lb.vss = 1;
             lb.q_bf16 = q_bf16;
             kTable.forward(lb, forward_io{m.data(), l.data(), ot.data()});
-            forward_result r{std::vector<float>(std::size_t(c.nl * c.Dv)), std::vector<float>(std::size_t(c.nl))};
-            for (std::int64_t x = 0; x < c.nl; ++x) {
-              r.lse[std::size_t(x)] = l[std::size_t(x)] > 0 ? m[std::size_t(x)] + std::log(l[std::size_t(x)]) : -kInfF;
-              for (std::int64_t d = 0; d < c.Dv; ++d)
-                r.out[std::size_t(x * c.Dv + d)] = l[std::size_t(x)] > 0 ? ot[std::size_t(d * c.L + x)] / l[std::size_t(x)] : 0.0f;
-            }
-            return r;
+            return normalised(c, m, l, ot);
           };
           const forward_result f32 = run(false), i16 = run(true);
           EXPECT_LT(rel_diff(i16.lse, f32.lse), 2e-5);
