@@ -433,16 +433,29 @@ void recompute_special_rows(const problem& p, const forward_outputs& fo) {
     }
     return true;
   };
+  // A count of the row's non-finite elements, not a short-circuit: the unit-stride loops vectorise.
   const auto finite_row = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+    const std::int64_t sx = out.sx, Dv = p.Dv;
+    int bad = 0;
     if (out.type == dtype::f32) {
       const float* o = out.ptr<float>(b, h, i, 0);
-      float acc = 0.0f;  // x·0 is 0 for finite x, NaN for NaN and ±inf
-      for (std::int64_t d = 0; d < p.Dv; ++d) acc += o[d * out.sx] * 0.0f;
-      return acc == 0.0f;
+      if (sx == 1)
+        for (std::int64_t d = 0; d < Dv; ++d) bad += !(o[d] * 0.0f == 0.0f);  // NaN and ±inf give NaN
+      else
+        for (std::int64_t d = 0; d < Dv; ++d) bad += !(o[d * sx] * 0.0f == 0.0f);
+      return bad == 0;
     }
-    for (std::int64_t d = 0; d < p.Dv; ++d)
-      if (!std::isfinite(out.load(b, h, i, d))) return false;
-    return true;
+    if (out.type == dtype::bf16 || out.type == dtype::f16) {
+      const std::uint16_t* o = out.ptr<std::uint16_t>(b, h, i, 0);
+      const std::uint16_t e = out.type == dtype::bf16 ? 0x7f80 : 0x7c00;  // all-ones exponent: inf or NaN
+      if (sx == 1)
+        for (std::int64_t d = 0; d < Dv; ++d) bad += (o[d] & e) == e;
+      else
+        for (std::int64_t d = 0; d < Dv; ++d) bad += (o[d * sx] & e) == e;
+      return bad == 0;
+    }
+    for (std::int64_t d = 0; d < Dv; ++d) bad += !std::isfinite(out.load(b, h, i, d));
+    return bad == 0;
   };
 #pragma omp parallel for num_threads(std::max(1, p.num_threads)) schedule(static)
   for (std::int64_t row = 0; row < nrows; ++row) {

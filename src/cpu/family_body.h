@@ -41,16 +41,6 @@ constexpr std::int64_t kVectorTopk = 16;  // top-k with k up to this: vector sel
 
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 inline vf vselect(vi m, vf a, vf b) { return m ? a : b; }
-inline bool any_lane(vi m) {
-  for (int x = 0; x < W; ++x)
-    if (m[x]) return true;
-  return false;
-}
-inline bool all_lanes(vi m) {
-  for (int x = 0; x < W; ++x)
-    if (!m[x]) return false;
-  return true;
-}
 inline vf vsqrt(vf x) {
   vf r = x;
   for (int l = 0; l < W; ++l) r[l] = __builtin_sqrtf(x[l]);

@@ -45,48 +45,94 @@ constexpr std::int64_t round_up(std::int64_t n) {
 // ---- forward, lane layout ----
 //   Sᵀ[j][lane] = k_j · qᵀ_lane         (q pre-scaled, or scale in score_params)
 //   m' = max(m, max_j s), p = e^{s - m'}, l = l·e^{m - m'} + Σ p, Oᵀ = Oᵀ·e^{m - m'} + Vᵀ P
+// with two economies of FlashAttention-4: m moves only where a block's max exceeds it by more
+// than kMaxSlack (else the weights of the block are e^{s - m} ≤ e^{kMaxSlack}, which fp32 holds
+// with room: l ≤ Nk·e^8), so after the first blocks Oᵀ and l are almost never rescaled; and
+// p = 2^{s·log2 e - m·log2 e} by one multiply-add and vexp2. out = Oᵀ/l and lse = m + log l
+// hold for any m the block sums were taken against.
+constexpr float kMaxSlack = 8.0f;
 
-// The online-softmax step of keys [j0, j0 + nb) on the scores S (in place → p), then Oᵀ *= α.
-template <int CC>
-void softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc, float* S, float* bias,
-                   float* alpha, std::int64_t j0, std::int64_t nb) {
+// The online-softmax step of keys [j0, j0 + nb) on the scores S, then Oᵀ *= α where some lane's
+// max moved. Writes P as Ops words (f32: into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of
+// a lane in one word) and returns them.
+template <class Ops, int CC>
+const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc, float* S,
+                                        float* bias, float* alpha, std::int64_t j0, std::int64_t nb,
+                                        typename Ops::word* packed) {
   const std::int64_t L = CC * W;
   if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
   const bool ranged = block_ranged(lb, j0, j0 + nb);
-  const bool identity = !ranged && !sc.softcap && !sc.bias && !sc.alibi && lb.sp.scale == 1.0f;
+  // Plain scores (the common case): the max of scale·S is scale·max(S) (scale > 0, rounding is
+  // monotonic), and scale goes into the exponent's multiply-add; S is read, not rewritten.
+  const bool plain = sc.plain && !ranged && lb.sp.scale > 0.0f;
+  const vf zs = plain ? sc.scale_log2 : splat(kLog2e);
+  // Key by key, the CC vectors of a key's row side by side: S is walked in memory order, and the
+  // CC maxima and sums are independent chains.
+  vf mx[CC], mz[CC], sum[CC];
 #pragma GCC unroll 4
-  for (int c = 0; c < CC; ++c) {
-    const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
-    const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
-    const vf m_old = load(io.m + c * W);
-    vf mx = m_old, t;
-    if (identity) {  // plain scores (the common case): only the max
-      for (std::int64_t jj = 0; jj < nb; ++jj) mx = vmax(mx, load(S + jj * L + c * W));
-    } else {
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
+  for (int c = 0; c < CC; ++c) mx[c] = splat(-kInf), sum[c] = vf{};
+  if (plain) {
+    for (std::int64_t jj = 0; jj < nb; ++jj)
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) mx[c] = vmax(mx[c], load(S + jj * L + c * W));
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) mx[c] *= sc.scale;
+  } else {
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      const vi j = splati(std::int32_t(j0 + jj));
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) {
         float* sj = S + jj * L + c * W;
-        const vf s = transform(load(sj), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                               splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
+        vf t;
+        const vf s = transform(load(sj), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{}, j,
+                               loadi(lb.pos + c * W), loadi(lb.lo + c * W), loadi(lb.hi + c * W),
+                               sc.alibi ? load(lb.slope + c * W) : vf{}, ranged);
         store(sj, s);
-        mx = vmax(mx, s);
+        mx[c] = vmax(mx[c], s);
       }
     }
-    const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
-    const vf a = vexp(m_old - mu);
-    vf sum{};
-    for (std::int64_t jj = 0; jj < nb; ++jj) {
-      float* sj = S + jj * L + c * W;
-      const vf p = vexp(load(sj) - mu);
-      store(sj, p);
-      sum += p;
-    }
-    store(io.l + c * W, load(io.l + c * W) * a + sum);
-    store(io.m + c * W, mx);
-    store(alpha + c * W, a);
   }
-  for (std::int64_t d = 0; d < lb.Dv; ++d)
+  bool moved = false;
 #pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+  for (int c = 0; c < CC; ++c) {
+    // -inf + slack is -inf: the first finite max is taken; a NaN max leaves m (the NaN reaches
+    // l through p).
+    const vf m_old = load(io.m + c * W);
+    const vf m_new = mx[c] > m_old + splat(kMaxSlack) ? mx[c] : m_old;
+    moved = moved || any_lane(m_new != m_old);
+    const vf mu = m_new == splat(-kInf) ? vf{} : m_new;  // a row with nothing yet keeps p = 0
+    store(alpha + c * W, vexp(m_old - mu));              // 1 exactly where m stays
+    store(io.m + c * W, m_new);
+    mz[c] = mu * splat(kLog2e);
+  }
+  if constexpr (Ops::kPack == 1) {
+    for (std::int64_t jj = 0; jj < nb; ++jj)
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) {
+        float* sj = S + jj * L + c * W;
+        const vf p = vexp2(load(sj) * zs - mz[c]);
+        store(sj, p);
+        sum[c] += p;
+      }
+  } else {  // nb is even: keys jj, jj + 1 of the lanes → one vector of words
+    for (std::int64_t jj = 0; jj < nb; jj += 2)
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) {
+        const vf p0 = vexp2(load(S + jj * L + c * W) * zs - mz[c]);
+        const vf p1 = vexp2(load(S + (jj + 1) * L + c * W) * zs - mz[c]);
+        sum[c] += p0;
+        sum[c] += p1;
+        storeu(packed + jj / 2 * L + c * W, Ops::pair_rows(p0, p1));
+      }
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) store(io.l + c * W, load(io.l + c * W) * load(alpha + c * W) + sum[c]);
+  if (moved)
+    for (std::int64_t d = 0; d < lb.Dv; ++d)
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) store(io.ot + d * L + c * W, load(io.ot + d * L + c * W) * load(alpha + c * W));
+  if constexpr (Ops::kPack == 1) return S;
+  else return packed;
 }
 
 // Scratch (lb.scratch): S, bias [kLaneKeyBlock][L], α [L]; `packed`: P as operand words
@@ -104,8 +150,7 @@ void forward_lanes(const lane_block& lb, const lane_operands<Ops>& op, const for
   for (std::int64_t j0 = kr.kmin / P * P; j0 < kr.kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
     gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
-    softmax_block<CC>(lb, io, sc, S, bias, alpha, j0, nb);
-    const typename Ops::word* pw = Ops::pack_rows(S, nb, L, packed);
+    const typename Ops::word* pw = softmax_block<Ops, CC>(lb, io, sc, S, bias, alpha, j0, nb, packed);
     gemm<Ops>(lb.Dv, L, nb / P, op.v_steps + j0 / P * op.v_ss, 1, op.v_ss, pw, L, io.ot, L, true);
   }
 }
@@ -175,13 +220,12 @@ void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc, fl
   for (int c = 0; c < CC; ++c) {
     const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
     const vf slope = sc.alibi ? load(lb.slope + c * W) : vf{};
-    const vf lse = load(io.lse + c * W), delta = load(io.delta + c * W);
+    const vf lz = load(io.lse + c * W) * splat(kLog2e), delta = load(io.delta + c * W);
     for (std::int64_t jj = 0; jj < nb; ++jj) {
       float* sj = S + jj * L + c * W;
       vf t{};
-      const vf s = transform(load(sj), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
-                             splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged);
-      const vf p = vexp(s - lse);
+      const vf p = vexp2(weight_log2(load(sj), sc, &t, sc.bias ? load(bias + jj * L + c * W) : vf{},
+                                     splati(std::int32_t(j0 + jj)), pos, lo, hi, slope, ranged, lz));
       vf ds = p * (load(dP + jj * L + c * W) - delta);
       if (sc.softcap) ds *= splat(1.0f) - t * t;
       store(sj, ds);
@@ -242,13 +286,12 @@ void dkdv_scores(const dkdv_pair& pr, const score_consts& sc, float* S, float* d
   vf dalibi{};
   for (std::int64_t r = 0; r < nq; ++r) {
     const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb))), pos = splati(pr.pos[r]);
-    const vf lse = splat(pr.lse[r]), delta = splat(pr.delta[r]);
+    const vf lz = splat(pr.lse[r] * kLog2e), delta = splat(pr.delta[r]);
     for (std::int64_t x = 0; x < ld; x += W) {
       const vi j = iota() + std::int32_t(pr.j0 + x);
       vf t{};
-      const vf s = transform(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos, lo,
-                             hi, slope, true);
-      const vf p = vexp(s - lse);
+      const vf p = vexp2(weight_log2(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos,
+                                     lo, hi, slope, true, lz));
       vf ds = p * (load(dP + r * ld + x) - delta);
       if (sc.alibi) dalibi -= ds * key_distance(pos, j);
       if (sc.softcap) ds *= splat(1.0f) - t * t;

@@ -13,14 +13,18 @@ namespace {
 
 struct score_consts {
   vf scale, cap, inv_cap;
+  vf scale_log2;  // scale·log2 e
   bool softcap, bias, alibi;
+  bool plain;     // no softcap, mask or ALiBi: the score is scale·q·k (or -inf outside the range)
   explicit score_consts(const score_params& sp)
       : scale(splat(sp.scale)),
         cap(splat(sp.softcap)),
         inv_cap(splat(sp.softcap > 0 ? 1.0f / sp.softcap : 0.0f)),
+        scale_log2(splat(sp.scale * kLog2e)),
         softcap(sp.softcap > 0),
         bias(sp.bias != nullptr),
-        alibi(sp.alibi) {}
+        alibi(sp.alibi),
+        plain(!softcap && !bias && !alibi) {}
 };
 
 // |pos - j| as floats: the ALiBi distance of key j from the query at key position pos.
@@ -43,6 +47,15 @@ inline vf transform(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos, 
   if (c.alibi) s -= slope * key_distance(pos, j);
   if (ranged) s = ((j >= lo) & (j < hi)) ? s : splat(-kInf);
   return s;
+}
+
+// (s - m)·log2 e for the score s of qk (transform's arguments; mz = m·log2 e), so that vexp2 of
+// it is the weight e^{s - m}: a plain score takes scale and log2 e in one multiply-add.
+inline vf weight_log2(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos, vi lo, vi hi, vf slope, bool ranged,
+                      vf mz) {
+  if (!c.plain) return transform(qk, c, t, bias, j, pos, lo, hi, slope, ranged) * splat(kLog2e) - mz;
+  const vf u = qk * c.scale_log2 - mz;
+  return ranged ? ((j >= lo) & (j < hi)) ? u : splat(-kInf) : u;
 }
 
 // Keys [kmin, kmax) that some valid lane of the block may see, within the call's [klo, khi).

@@ -75,6 +75,60 @@ inline vf vexp(vf x) {
   return x < splat(-87.3f) ? vf{} : p;
 }
 
+// log2 e: the prefill softmax takes its weights as 2^{(s - m)·log2 e}, the factor folded into
+// the one multiply-add that forms the exponent (FlashAttention's softmax_scale_log2).
+constexpr float kLog2e = 1.44269504088896341f;
+
+// 2^u: n = round(u), f = u - n ∈ [-1/2, 1/2] (exact), 2^f by a degree-6 polynomial with
+// c0 = 1 (minimax for the relative error: 2.6e-9 before rounding, so ≈ 1-2 ulp in all; 2^0 is
+// exactly 1), times 2^n. About half the instructions of vexp: no two-part reduction by ln 2,
+// and on AVX-512 the rounding and the scaling by 2^n are one instruction each (vrndscaleps,
+// vscalefps). Exactly 0 for u below -125 (portable) or -149 (AVX-512: denormals above that),
+// so masked keys (-inf) weigh exactly nothing; NaN stays NaN (the clamps compare false).
+inline vf vexp2(vf u) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(vf) == 64) {
+    const vf uc = u < splat(-160.0f) ? splat(-160.0f) : u;  // 2^-160 rounds to 0; f stays finite
+    const vf n = __builtin_ia32_rndscaleps_mask(uc, 0x08, uc, 0xffff, 4);  // nearest, quiet
+    const vf f = uc - n;
+    vf y = splat(1.5594677595e-4f);
+    y = y * f + splat(1.3406643906e-3f);
+    y = y * f + splat(9.6176929747e-3f);
+    y = y * f + splat(5.5503105510e-2f);
+    y = y * f + splat(2.4022652783e-1f);
+    y = y * f + splat(6.9314721497e-1f);
+    y = y * f + splat(1.0f);
+    return __builtin_ia32_scalefps512_mask(y, n, y, 0xffff, 4);
+  }
+#endif
+  const vf lo = u < splat(-125.0f) ? splat(-125.0f) : u;
+  const vf uc = lo > splat(127.0f) ? splat(127.0f) : lo;
+  const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
+  const vf n = (uc + magic) - magic;
+  const vf f = uc - n;
+  vf y = splat(1.5594677595e-4f);
+  y = y * f + splat(1.3406643906e-3f);
+  y = y * f + splat(9.6176929747e-3f);
+  y = y * f + splat(5.5503105510e-2f);
+  y = y * f + splat(2.4022652783e-1f);
+  y = y * f + splat(6.9314721497e-1f);
+  y = y * f + splat(1.0f);
+  const vf p = (vf)((vi)y + (__builtin_convertvector(n, vi) << 23));
+  return u < splat(-125.0f) ? vf{} : p;
+}
+
+// Whether any / every lane of a comparison's result is set.
+inline bool any_lane(vi m) {
+  for (int x = 0; x < W; ++x)
+    if (m[x]) return true;
+  return false;
+}
+inline bool all_lanes(vi m) {
+  for (int x = 0; x < W; ++x)
+    if (!m[x]) return false;
+  return true;
+}
+
 // tanh(x) = sign(x)·(1 - 2 / (e^{2|x|} + 1))
 inline vf vtanh(vf x) {
   const vi sign = (vi)x & splati(std::int32_t(0x80000000u));

@@ -21,6 +21,15 @@ struct avx512bf16_dot {
   // lo ‖ hi (2W floats) → W words of bf16 pairs, word w = (x[2w], x[2w + 1]), rounded to nearest
   // even (vcvtne2ps2bf16; exact for floats bf16 holds, as widened int8 values).
   static vu pack_pairs(vf lo, vf hi) { return (vu)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo); }
+  // Lanes of two rows → W words (bf16(lo[x]), bf16(hi[x])), rounded to nearest even: the pairs
+  // of P and dS along the reduction axis (tile.h). vcvtne2ps2bf16 puts lo's 16 bf16 below hi's;
+  // vpermw interleaves them.
+  static vu row_pairs(vf lo, vf hi) {
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return (vu)_mm512_permutexvar_epi16(idx, both);
+  }
   // n·W int8 values → n vectors of f32 in memory order (vpmovsxbd: GCC scalarises the portable
   // conversion of a 16-byte vector to 16 ints).
   template <int n>

@@ -55,14 +55,16 @@ struct bf16_pair_operands : pair_word_operands<Dot> {
   using vword = vu;
   static constexpr bool kInt = false;
   static vf madd(vf acc, vword a, vword b) { return Dot::dot_pairs(acc, a, b); }
-  // Rows 2r', 2r'+1 of s [rows][n] (n a multiple of W) → out[r'][x] = bf16(s[2r'+1][x]) << 16 |
-  // bf16(s[2r'][x]), rounded to nearest even; a missing last row is zero.
+  // Lanes x of two fp32 rows → words bf16(hi[x]) << 16 | bf16(lo[x]), rounded to nearest even
+  // (Dot::row_pairs: vcvtne2ps2bf16 and a permute on avx512bf16).
+  static vword pair_rows(vf lo, vf hi) { return Dot::row_pairs(lo, hi); }
+  // Rows 2r', 2r'+1 of s [rows][n] (n a multiple of W) → out[r'][x] = pair_rows(s[2r'][x],
+  // s[2r'+1][x]); a missing last row is zero.
   static const word* pack_rows(const float* s, std::int64_t rows, std::int64_t n, word* out) {
     for (std::int64_t r = 0; 2 * r < rows; ++r) {
       const float* r0 = s + 2 * r * n;
       const float* r1 = 2 * r + 1 < rows ? r0 + n : nullptr;
-      for (std::int64_t x = 0; x < n; x += W)
-        storeu(out + r * n + x, (bf16_bits(r1 ? load(r1 + x) : vf{}) << 16) | bf16_bits(load(r0 + x)));
+      for (std::int64_t x = 0; x < n; x += W) storeu(out + r * n + x, pair_rows(load(r0 + x), r1 ? load(r1 + x) : vf{}));
     }
     return out;
   }

@@ -456,6 +456,50 @@ TEST(cpu_attention, bf16_every_isa) {
   }
 }
 
+// The forward's running max moves only where a key block's max exceeds it by more than a slack
+// (prefill.h, kMaxSlack = 8): scores that climb block by block by less than the slack (weights
+// above 1, no rescale), by just under it, by far more (a rescale of O and l), fall again, climb
+// just past it, and sit far from zero (-300 … -240, +400), with and without sinks, causal
+// (diagonal blocks take the transformed path) or not, f32 and bf16, on every ISA. Scores are set
+// by key norm along q's direction: s_ij = scale·(q_i·k_j) with q rows in one direction.
+TEST(cpu_attention, running_max_slack) {
+  const std::int64_t D = 16, Nq = 70, Nk = 6 * 128 + 37;
+  const double steps[] = {0.0, 5.0, 12.9, 45.0, 20.0, 28.5, 28.5};  // block maxima: +5, +7.9, +32.1, -25, +8.5
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    for (const double base : {0.0, -300.0, 400.0})
+      for (const dtype t : {dtype::f32, dtype::bf16})
+        for (const bool causal : {false, true})
+          for (const bool sinks : {false, true}) {
+            SCOPED_TRACE(fmt::format("base {} {} causal {} sinks {}", base, dtype_name(t), causal, sinks));
+            std::mt19937 rng(std::uint32_t(base + 7));
+            std::uniform_real_distribution<double> jitter(-1.0, 1.0);
+            Tensor q = Tensor::zeros({1, 2, Nq, D}, dtype::f32), k = Tensor::zeros({1, 1, Nk, D}, dtype::f32);
+            for (std::int64_t h = 0; h < 2; ++h)
+              for (std::int64_t i = 0; i < Nq; ++i)
+                for (std::int64_t d = 0; d < D; ++d) q.set({0, h, i, d}, (1.0 + 0.1 * jitter(rng)) / 4.0);  // |q| ≈ 1
+            for (std::int64_t j = 0; j < Nk; ++j) {
+              const double s = base + steps[j / 128] + 2.0 * jitter(rng);  // target score
+              for (std::int64_t d = 0; d < D; ++d) k.set({0, 0, j, d}, s / 4.0 + 0.05 * jitter(rng));
+            }
+            Tensor v = random_tensor({1, 1, Nk, D}, t, rng);
+            attention_options o;
+            o.scale = 1.0;
+            o.is_causal = causal, o.alignment = causal_alignment::bottom_right;
+            Tensor sk = Tensor::from_values({2}, dtype::f32, {base + 30.0, base - 5.0});
+            if (sinks) o.sinks = sk;
+            const Tensor qt = Tensor::copy_of(q, t), kt = Tensor::copy_of(k, t);
+            const auto ref = attention(qt, kt, v, o, {.use_backend = backend::reference});
+            const auto got = attention(qt, kt, v, o, {.use_backend = backend::cpu});
+            ASSERT_EQ(got.backend, "cpu");
+            const double ft = fwd_tol(t);
+            EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
+            EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
+          }
+  }
+}
+
 // The [B, Hq, Nq, Nk] intermediates (return_qk: scaled, softcapped, biased, probabilities) from
 // the cpu backend against the reference's, over the random sweep's cases (masks, windows, causal
 // alignments, kv lengths, softcap, ALiBi, sinks, GQA, 3-D and transposed views, f32/f16/bf16, Nq

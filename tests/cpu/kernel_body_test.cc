@@ -51,6 +51,7 @@ struct portable_bf16_dot {
       out[v] = x;
     }
   }
+  static vu row_pairs(vf lo, vf hi) { return bf16_bits(hi) << 16 | bf16_bits(lo); }  // word x = (lo[x], hi[x])
   static vu pack_pairs(vf lo, vf hi) {  // word w = (x[2w], x[2w + 1]) of lo ‖ hi
     const vu a = bf16_bits(lo), b = bf16_bits(hi);
     vu r;
@@ -460,6 +461,30 @@ TEST(cpu_kernel_body, bf16_pair_dkdv_matches_f32) {
           }
           EXPECT_GT(max_abs(dv32), 1e-2);
         }
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu
+
+namespace attn::detail::cpu {
+namespace {
+
+// vexp2 (simd.h), the prefill softmax's exponential, in its portable form (the AVX-512 form,
+// vrndscaleps and vscalefps, runs in cpu_attention_test): within 3 ulp of 2^u over the range it
+// is used on, exactly 1 at 0, exactly 0 below -125 and at -inf, NaN kept.
+TEST(cpu_kernel_body, vexp2_accuracy_and_special_values) {
+  double worst = 0.0;
+  for (double u = -124.0; u <= 127.0; u += 0.00731) {
+    const vf got = vexp2(splat(float(u)));
+    const double want = std::exp2(double(float(u)));
+    worst = std::max(worst, std::abs(double(got[0]) - want) / want);
+  }
+  EXPECT_LT(worst, 3 * 0x1p-24);
+  EXPECT_EQ(vexp2(splat(0.0f))[0], 1.0f);
+  EXPECT_EQ(vexp2(splat(-1.0f))[0], 0.5f);
+  EXPECT_EQ(vexp2(splat(-126.0f))[0], 0.0f);
+  EXPECT_EQ(vexp2(splat(-std::numeric_limits<float>::infinity()))[0], 0.0f);
+  EXPECT_TRUE(std::isnan(vexp2(splat(std::numeric_limits<float>::quiet_NaN()))[0]));
 }
 
 }  // namespace
