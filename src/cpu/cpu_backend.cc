@@ -591,8 +591,18 @@ void backward(const problem& p, const backward_io& io) {
   for (std::int64_t r = 0; r < nrows; ++r) {
     const std::int64_t i = r % p.Nq, h = r / p.Nq % p.Hq, b = r / p.Nq / p.Hq;
     double s = 0.0;
-    if (dp) {
-      for (std::int64_t x = 0; x < p.Dv; ++x) s += io.dout.load(b, h, i, x) * io.out.load(b, h, i, x);
+    if (dp) {  // dout bf16; out read as what it is
+      const std::uint16_t* d = io.dout.ptr<std::uint16_t>(b, h, i, 0);
+      const std::int64_t dx = io.dout.sx, ox = io.out.sx;
+      if (io.out.type == dtype::bf16) {
+        const std::uint16_t* o = io.out.ptr<std::uint16_t>(b, h, i, 0);
+        for (std::int64_t x = 0; x < p.Dv; ++x) s += double(bf16_to_f32(d[x * dx])) * double(bf16_to_f32(o[x * ox]));
+      } else if (io.out.type == dtype::f32) {
+        const float* o = io.out.ptr<float>(b, h, i, 0);
+        for (std::int64_t x = 0; x < p.Dv; ++x) s += double(bf16_to_f32(d[x * dx])) * double(o[x * ox]);
+      } else {
+        for (std::int64_t x = 0; x < p.Dv; ++x) s += double(bf16_to_f32(d[x * dx])) * io.out.load(b, h, i, x);
+      }
     } else if (io.out.type == dtype::f32) {  // the same sum, out read as what it is
       const float* d = dO.row(b, h, i);
       const float* o = io.out.ptr<float>(b, h, i, 0);
@@ -660,6 +670,17 @@ void backward(const problem& p, const backward_io& io) {
     }
   }
 
+  // bf16 pass 2: q and dout rows as words [B·Hq][Nq][X/2] (read as uint16: the rows) and by
+  // pairs of rows [B·Hq][ceil(Nq/2)][X], packed once for every key block (query blocks start on
+  // even rows, so a block's pairs are the call's; the pair past an odd Nq is zero).
+  const std::int64_t nqp = (p.Nq + 1) / 2;
+  const std::vector<std::uint32_t> Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, p.Nq, nt) : std::vector<std::uint32_t>{};
+  const std::vector<std::uint32_t> DOw =
+      dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, p.Nq, nt) : std::vector<std::uint32_t>{};
+  const std::vector<std::uint32_t> Qp = dp ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : std::vector<std::uint32_t>{};
+  const std::vector<std::uint32_t> DOp =
+      dp ? bf16_pair_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, nt) : std::vector<std::uint32_t>{};
+
   // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the
   // group. Fused: one task per (b, hkv) walks its key blocks in order and also accumulates
   // dq += dS·(scale·K) — a fixed order for every dq element, whatever the thread count — into
@@ -683,11 +704,8 @@ void backward(const problem& p, const backward_io& io) {
     bias_ctx bc;
     bc.p = &p, bc.h = hs.data(), bc.i = is.data();
     const score_params sp = make_score_params(p, &bc, scale);
-    // bf16: key block words, the pair's rows, and its row pairs.
-    const std::int64_t nq2 = (kRowQueryBlock + 1) / 2;
+    // bf16: the key block's words, transposed.
     std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);
-    std::vector<std::uint16_t> q16(dp ? std::size_t(kRowQueryBlock * p.D) : 0), do16(dp ? std::size_t(kRowQueryBlock * p.Dv) : 0);
-    std::vector<std::uint32_t> qpr(dp ? std::size_t(nq2 * p.D) : 0), dopr(dp ? std::size_t(nq2 * p.Dv) : 0);
     // dq rows of head g of the group (fused): where they accumulate and their stride.
     auto dq_rows = [&](std::int64_t b, std::int64_t hkv, std::int64_t g, std::int64_t i) -> float* {
       return dq_direct ? io.dq.ptr<float>(b, hkv * G + g, i, 0) : dqbuf.get() + (g * p.Nq + i) * ldq;
@@ -700,22 +718,32 @@ void backward(const problem& p, const backward_io& io) {
       const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
       if (fused && dp) {  // the block's keys by pairs, unscaled (dq is scaled when stored)
         auto* krw = reinterpret_cast<std::uint32_t*>(krows);
-        const auto key = [&](std::int64_t x, std::int64_t d) -> std::uint16_t { return x < nb && d < p.D ? bits(p.k, b, hkv, j0 + x, d) : 0; };
-        for (std::int64_t x = 0; x < ld / 2; ++x)
-          for (std::int64_t d = 0; d < ldq; ++d) krw[x * ldq + d] = word(key(2 * x, d), key(2 * x + 1, d));
+        std::fill(krw, krw + ld / 2 * ldq, 0u);
+        for (std::int64_t x = 0; x < nb; ++x) {
+          const std::uint16_t* k = p.k.ptr<std::uint16_t>(b, hkv, j0 + x, 0);
+          std::uint32_t* w = krw + x / 2 * ldq;
+          const int shift = 16 * int(x % 2);
+          for (std::int64_t d = 0; d < p.D; ++d) w[d] |= std::uint32_t(k[d * p.k.sx]) << shift;
+        }
       } else if (fused) {
         for (std::int64_t x = 0; x < nb; ++x) {
           const float* k = K.row(b, hkv, j0 + x);
           for (std::int64_t d = 0; d < ldq; ++d) krows[x * ldq + d] = d < p.D ? k[d] * scale : 0.0f;
         }
       }
-      if (dp) {
-        for (std::int64_t d = 0; d < p.D; d += 2)
-          for (std::int64_t x = 0; x < ld; ++x)
-            ktw[std::size_t(d / 2 * ld + x)] = x < nb ? word(bits(p.k, b, hkv, j0 + x, d), bits(p.k, b, hkv, j0 + x, d + 1)) : 0;
-        for (std::int64_t d = 0; d < p.Dv; d += 2)
-          for (std::int64_t x = 0; x < ld; ++x)
-            vtw[std::size_t(d / 2 * ld + x)] = x < nb ? word(bits(p.v, b, hkv, j0 + x, d), bits(p.v, b, hkv, j0 + x, d + 1)) : 0;
+      if (dp) {  // word (d/2, x) = (row x's d, d + 1), zero past nb
+        const auto transpose = [&](const strided4& t, std::int64_t X, std::uint32_t* out) {
+          for (std::int64_t x = 0; x < ld; ++x) {
+            if (x >= nb) {
+              for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ld + x] = 0;
+              continue;
+            }
+            const std::uint16_t* r = t.ptr<std::uint16_t>(b, hkv, j0 + x, 0);
+            for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ld + x] = word(r[d * t.sx], r[(d + 1) * t.sx]);
+          }
+        };
+        transpose(p.k, p.D, ktw.data());
+        transpose(p.v, p.Dv, vtw.data());
       } else {
         for (std::int64_t d = 0; d < p.D; ++d)
           for (std::int64_t x = 0; x < ld; ++x) ktp[d * ld + x] = x < nb ? K.row(b, hkv, j0 + x)[d] : 0.0f;
@@ -753,18 +781,11 @@ void backward(const problem& p, const backward_io& io) {
             kt.dkdv(pr);
             continue;
           }
-          for (std::int64_t r = 0; r < nq; ++r) {
-            for (std::int64_t d = 0; d < p.D; ++d) q16[std::size_t(r * p.D + d)] = bits(p.q, b, h, i0 + r, d);
-            for (std::int64_t d = 0; d < p.Dv; ++d) do16[std::size_t(r * p.Dv + d)] = bits(io.dout, b, h, i0 + r, d);
-          }
-          for (std::int64_t r = 0; r < (nq + 1) / 2; ++r) {
-            const bool two = 2 * r + 1 < nq;
-            for (std::int64_t d = 0; d < p.D; ++d)
-              qpr[std::size_t(r * p.D + d)] = word(q16[std::size_t(2 * r * p.D + d)], two ? q16[std::size_t((2 * r + 1) * p.D + d)] : 0);
-            for (std::int64_t d = 0; d < p.Dv; ++d)
-              dopr[std::size_t(r * p.Dv + d)] = word(do16[std::size_t(2 * r * p.Dv + d)], two ? do16[std::size_t((2 * r + 1) * p.Dv + d)] : 0);
-          }
-          kt.dkdv_bf16(pr, bf16_dkdv_operands{q16.data(), do16.data(), qpr.data(), dopr.data(), ktw.data(), vtw.data()});
+          const std::int64_t bh = b * p.Hq + h;
+          const auto* q16 = reinterpret_cast<const std::uint16_t*>(Qw.data() + (bh * p.Nq + i0) * (p.D / 2));
+          const auto* do16 = reinterpret_cast<const std::uint16_t*>(DOw.data() + (bh * p.Nq + i0) * (p.Dv / 2));
+          kt.dkdv_bf16(pr, bf16_dkdv_operands{q16, do16, Qp.data() + (bh * nqp + i0 / 2) * p.D,
+                                              DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
         }
       }
       for (std::int64_t x = 0; x < nb; ++x) {
