@@ -849,14 +849,11 @@ std::string why_not(const problem& p, const backend_request& req) {
   return why_not_common(p);
 }
 
-// How decode reads int8 K/V rows, in words: with q and the weights as int16 (decode.h,
-// int8_as_int16: bf16 q, whole units of d, D <= 512, unless ATTN_DECODE_INT8=widen; a non-finite
-// q, known only when the kernel runs, keeps the widened rows), or widened to bf16 or f32.
+// How decode reads int8 K/V rows, in words: with q and the weights as int16 (int8_decode_int16,
+// kernels.h; a non-finite q, known only when the kernel runs, keeps the widened rows), or
+// widened to bf16 or f32.
 const char* int8_decode_words(const problem& p, const kernel_table& kt, const forward_plan& fp) {
-  const char* e = std::getenv("ATTN_DECODE_INT8");
-  const bool widen = e && std::strcmp(e, "widen") == 0;
-  const bool units = p.D % (4 * kt.W) == 0 && p.Dv % (4 * kt.W) == 0;
-  if (kt.int16_decode && fp.raw_q && units && p.D <= 512 && !widen)
+  if (int8_decode_int16(kt.int16_decode, fp.raw_q, kt.W, p.D, p.Dv))
     return ", int8 K/V read in place, q and weights as int16 (int16 dot products)";
   return ", int8 K/V dequantised in place";
 }

@@ -558,9 +558,7 @@ struct decode_run {
         const T* vq0 = first ? vpf : vb;
         for (; c0 + CB <= nv; c0 += CB) decode_pv_int16<RG, CB, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0);
         if (nv - c0 == 4) decode_pv_int16<RG, 4, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0);
-        continue;
-      }
-      if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
+      } else if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, load(st.pb + kg * W));
         const T* vq0 = first ? vpf : vb;
@@ -570,10 +568,10 @@ struct decode_run {
           if (nv - c0 == 6) decode_pv_pairs<RG, 6, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
         }
         if (nv - c0 == 4) decode_pv_pairs<RG, 4, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0);
-        continue;
+      } else {
+        for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
+        if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
       }
-      for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
-      if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb);
     }
 
   }
@@ -611,18 +609,15 @@ void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_
   for (const auto& r : rs) r.finish();
 }
 
-// Whether the int8 rows of lbs[0, n) take int16 q and weights (int16_pair_operands): an ISA
-// with the int16 dot product, q exactly bf16 and finite (a NaN or ±inf in q keeps the float
-// path, which propagates it), sums of D products that fit in int32 (D·128·32767 < 2^31), unless
-// ATTN_DECODE_INT8=widen asks for the bf16 products of widened rows (to compare the two).
+// Whether the int8 rows of lbs[0, n) take int16 q and weights (int16_pair_operands): what the
+// driver can tell from the shape (int8_decode_int16, kernels.h), and q finite (a NaN or ±inf in
+// q keeps the float path, which propagates it).
 template <class Dot>
 bool int8_as_int16(const lane_block* lbs, int n) {
   if constexpr (!Dot::int16) {
     return false;
   } else {
-    const char* e = std::getenv("ATTN_DECODE_INT8");  // read on every call, as the tests switch it
-    const bool widen = e && std::strcmp(e, "widen") == 0;
-    if (widen || !lbs[0].q_bf16 || lbs[0].D > 512) return false;
+    if (!int8_decode_int16(Dot::int16, lbs[0].q_bf16, W, lbs[0].D, lbs[0].Dv)) return false;
     for (int h = 0; h < n; ++h)
       for (std::int64_t d = 0; d < lbs[h].D; ++d)
         for (std::int64_t g = 0; g < lbs[h].nl; ++g)
@@ -638,7 +633,7 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
   if (lb.k8) {
     const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
     if constexpr (Dot::int16 && (W / RG) % 2 == 0)  // keys in pairs within a row's lanes
-      if (units && int8_as_int16<Dot>(lbs, n)) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
+      if (int8_as_int16<Dot>(lbs, n)) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
     if constexpr (Dot::available)
       if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
     return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units);
