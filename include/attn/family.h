@@ -110,6 +110,10 @@ struct family_options : masking_options {
 
 struct family_result {
   Tensor out;        // layout and dtype of q, Dv features
+  // The row statistics the backward can start from, where the path computed them: on the core
+  // route the log-sum-exp of each row's scores, [B, Hq, Nq] (float32; float64 for float64
+  // inputs); empty on the other paths. Give the result back to attention_family_backward.
+  Tensor lse;
   std::string path;  // "core (cpu)", "fused (avx2)", "tiled", "reference"
 };
 
@@ -139,6 +143,18 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
 family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                        const TensorView& dout, const family_options& options,
                                        const execution& exec = {});
+
+// The same from the forward's result (what attention_family returned for these q, k, v,
+// options and execution, as attention_backward takes out and lse): where it carries the row
+// statistics (family_result::lse, the core route) the backward starts from them and out instead
+// of running the forward again; elsewhere it is the call above. A result of another shape is
+// refused by message.
+//
+//   auto r = attn::attention_family(q, k, v, o);
+//   auto g = attn::attention_family_backward(q, k, v, dout, r, o);
+family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& dout, const family_result& forward,
+                                       const family_options& options, const execution& exec = {});
 
 // The attention weights α, float64 [B, Hq, Nq, Nk] (or [B, Hq, Nq, Nk, Dv] when
 // multi-dimensional). Where attention_family would take the fused path (float32/16 or bfloat16

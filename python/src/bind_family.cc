@@ -55,13 +55,23 @@ family_call read_call(const char* op, nb::handle q, nb::handle k, nb::handle v, 
 nb::tuple family_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
   const family_call c = read_call("attention_family", q, k, v, opts);
   const family_result res = without_gil([&] { return attention_family(c.q, c.k, c.v, c.o, c.e); });
-  return nb::make_tuple(to_python(res.out, kind(kind_)), res.path);
+  return nb::make_tuple(to_python(res.out, kind(kind_)), res.path, to_python(res.lse, kind(kind_)));
 }
 
-nb::tuple family_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle dout, nb::dict opts, int kind_) {
-  const family_call c = read_call("attention_family_backward", q, k, v, opts);
-  const TensorView tdo = array_arg(dout, "attention_family_backward", "dout");
-  const family_grads g = without_gil([&] { return attention_family_backward(c.q, c.k, c.v, tdo, c.o, c.e); });
+// out, lse: the forward's (family_result), or None for a backward that recomputes the forward.
+nb::tuple family_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle dout, nb::dict opts, int kind_,
+                             nb::handle out, nb::handle lse) {
+  const char* op = "attention_family_backward";
+  const family_call c = read_call(op, q, k, v, opts);
+  const TensorView tdo = array_arg(dout, op, "dout");
+  const bool saved = !out.is_none();
+  family_result fwd;
+  if (saved) fwd.out = Tensor::copy_of(array_arg(out, op, "out"));
+  if (saved && !lse.is_none()) fwd.lse = Tensor::copy_of(array_arg(lse, op, "lse"));
+  const family_grads g = without_gil([&] {
+    return saved ? attention_family_backward(c.q, c.k, c.v, tdo, fwd, c.o, c.e)
+                 : attention_family_backward(c.q, c.k, c.v, tdo, c.o, c.e);
+  });
   const kind kk = kind(kind_);
   return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk, kk), to_python(g.dv, kk), to_python(g.dW, kk),
                         to_python(g.db, kk), to_python(g.dW_q, kk), to_python(g.dW_k, kk), to_python(g.dw_v, kk),
@@ -115,9 +125,9 @@ void bind_family(nb::module_& m) {
   m.def("linear_attention_backward", &linear_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("dout"),
         nb::arg("opts"), nb::arg("kind"), "-> (dq, dk, dv, path)");
   m.def("attention_family", &family_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("kind"),
-        "-> (out, path)");
+        "-> (out, path, lse or None)");
   m.def("attention_family_backward", &family_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("dout"), nb::arg("opts"), nb::arg("kind"),
+        nb::arg("dout"), nb::arg("opts"), nb::arg("kind"), nb::arg("out") = nb::none(), nb::arg("lse") = nb::none(),
         "-> (dq, dk, dv, dW, db, dW_q, dW_k, dw_v, dW_a, dtemperature, dbandwidth, dsigmoid_bias, path)");
   m.def("attention_weights", &family_weights_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"),
         nb::arg("kind"), "-> float64 weights [B, Hq, Nq, Nk] (or [..., Dv] multi-dimensional)");

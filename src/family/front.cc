@@ -249,6 +249,7 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
     const attention_result a = attention(in.q, in.k, in.v, core_options(options, in.scale), exec);
     r.out = to_dtype(a.out, c.type);
+    r.lse = a.lse;
     r.path = fmt::format("core ({})", a.backend);
     return r;
   }
@@ -267,9 +268,11 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   return r;
 }
 
-family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                       const TensorView& dout, const family_options& options,
-                                       const execution& exec) {
+namespace {
+
+// The backward of both entry points; `fwd`: the forward's result, or null.
+family_grads family_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
+                             const family_result* fwd, const family_options& options, const execution& exec) {
   const char* op = "attention_family_backward";
   call C;
   validate(op, q, k, v, options, exec, C);
@@ -287,10 +290,20 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
     g.path = fmt::format("{}: identity by associativity, q·(Kᵀv)", l.path);
     return g;
   }
+  if (fwd) {  // the forward's result: its out (the shape of dout) and, where given, its lse
+    if (fwd->out.shape() != os)
+      fail(op, fmt::format("forward.out has shape {}, expected {} (the shape of out)", shape_str(fwd->out.shape()),
+                           shape_str(os)));
+    const Shape ls{c.B, c.Hq, c.Nq};
+    if (fwd->lse.defined() && fwd->lse.shape() != ls)
+      fail(op, fmt::format("forward.lse has shape {}, expected {} (B, Hq, Nq)", shape_str(fwd->lse.shape()), shape_str(ls)));
+  }
   if (C.path == family_path::core) {
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
     const attention_options ao = core_options(options, in.scale);
-    const attention_result a = attention(in.q, in.k, in.v, ao, exec);
+    attention_result a;
+    if (fwd && fwd->lse.defined()) a.out = fwd->out, a.lse = fwd->lse;
+    else a = attention(in.q, in.k, in.v, ao, exec);
     const attention_grads cg = attention_backward(in.q, in.k, in.v, a.out, dout, a.lse, ao, exec);
     g.dv = to_dtype(cg.dv, c.type);
     C.def->core_backward(c, C.st, q, k, in, cg, g);
@@ -328,6 +341,20 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
   g.dk = store_bhnx(dk, c.B, c.Hkv, c.Nk, c.Dk, c.rank, c.type);
   g.dv = store_bhnx(acc.dV, c.B, c.Hkv, c.Nk, c.Dv, c.rank, c.type);
   return g;
+}
+
+}  // namespace
+
+family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& dout, const family_options& options,
+                                       const execution& exec) {
+  return family_backward(q, k, v, dout, nullptr, options, exec);
+}
+
+family_grads attention_family_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& dout, const family_result& forward,
+                                       const family_options& options, const execution& exec) {
+  return family_backward(q, k, v, dout, &forward, options, exec);
 }
 
 Tensor attention_family_weights(const TensorView& q, const TensorView& k, const TensorView& v,

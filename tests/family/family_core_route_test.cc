@@ -105,6 +105,81 @@ TEST(FamilyCoreRoute, BroadcastKeysAreReadInPlace) {
   }
 }
 
+// The backward from the forward's result (family_result::lse on the core route) gives what the
+// backward that recomputes the forward gives: bitwise where the core op's out is the result's own
+// dtype (f32, f64, and dot/scaled_dot on the user's bf16 views), to bf16 rounding where a bf16
+// input went through float32 preparation (its out was rounded to bf16 for the caller). Paths
+// without statistics (fused, tiled) ignore the result; a result of another shape is refused.
+TEST(FamilyCoreRoute, BackwardFromTheForwardsResult) {
+  std::mt19937 rng(45);
+  for (dtype t : {dtype::f32, dtype::f64, dtype::bf16})
+    for (score_kind s : {score_kind::dot, score_kind::scaled_dot, score_kind::general, score_kind::cosine,
+                         score_kind::gaussian, score_kind::location})
+      for (bool three_d : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " " + to_string(s) + (three_d ? " 3-D" : ""));
+        family_case c(s, distribution_kind::softmax, rng, 2, 4, 2, 9, 11, 8, 5);
+        c.opt.is_causal = true;
+        Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, t, rng);
+        if (three_d) {
+          q = to3(q), k = to3(k), v = to3(v), dout = to3(dout);
+          c.opt.q_num_heads = c.Hq, c.opt.kv_num_heads = c.Hkv;
+        }
+        const family_result r = attention_family(q, k, v, c.opt);
+        ASSERT_EQ(r.path.rfind("core", 0), 0u);
+        ASSERT_TRUE(r.lse.defined());
+        EXPECT_EQ(r.lse.shape(), (Shape{c.B, c.Hq, c.Nq}));
+        const family_grads want = attention_family_backward(q, k, v, dout, c.opt);
+        const family_grads got = attention_family_backward(q, k, v, dout, r, c.opt);
+        EXPECT_EQ(got.path, want.path);
+        const bool exact = t != dtype::bf16 || s == score_kind::dot || s == score_kind::scaled_dot;
+        const double tol = exact ? 0.0 : 2e-2;
+        EXPECT_TRUE(all_close(got.dq, want.dq, tol)) << "dq";
+        EXPECT_TRUE(all_close(got.dk, want.dk, tol)) << "dk";
+        EXPECT_TRUE(all_close(got.dv, want.dv, tol)) << "dv";
+        if (s == score_kind::general) {
+          EXPECT_TRUE(all_close(got.dW, want.dW, exact ? 0.0 : 1e-2)) << "dW";
+        }
+        if (s == score_kind::location) {
+          EXPECT_TRUE(all_close(got.dW_a, want.dW_a, exact ? 0.0 : 1e-2)) << "dW_a";
+        }
+        if (exact) {
+          EXPECT_EQ(got.dtemperature, want.dtemperature);
+          EXPECT_EQ(got.dbandwidth, want.dbandwidth);
+        }
+      }
+
+  family_case c(score_kind::scaled_dot, distribution_kind::softmax, rng, 1, 2, 1, 5, 6, 4, 4);
+  const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+  const Tensor dout = random_tensor({1, 2, 5, 4}, dtype::f32, rng);
+  const family_result r = attention_family(q, k, v, c.opt);
+  family_result bad = r;
+  bad.out = random_tensor({1, 2, 5, 3}, dtype::f32, rng);
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, bad, c.opt),
+                   "attention_family_backward: forward.out has shape [1, 2, 5, 3], expected [1, 2, 5, 4]");
+  bad = r;
+  bad.lse = random_tensor({1, 2, 4}, dtype::f32, rng);
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, bad, c.opt),
+                   "attention_family_backward: forward.lse has shape [1, 2, 4], expected [1, 2, 5]");
+  // The given statistics are what the backward reads: an lse shifted by 0.5 scales every p by e^-0.5.
+  bad = r;
+  bad.lse = Tensor::copy_of(r.lse);
+  for (std::int64_t h = 0; h < 2; ++h)
+    for (std::int64_t i = 0; i < 5; ++i) bad.lse.set({0, h, i}, r.lse.get({0, h, i}) + 0.5);
+  const family_grads shifted = attention_family_backward(q, k, v, dout, bad, c.opt);
+  const family_grads fresh = attention_family_backward(q, k, v, dout, c.opt);
+  EXPECT_FALSE(all_close(shifted.dv, fresh.dv, 1e-3));
+  EXPECT_TRUE(all_close(shifted.dv, fresh.dv, 0.0, 0.4)) << "dv scaled by e^-0.5";
+  // A path without statistics: the result is only checked, then the backward recomputes.
+  family_options so = c.opt;
+  so.distribution.kind = distribution_kind::sigmoid;
+  const family_result rs = attention_family(q, k, v, so);
+  EXPECT_FALSE(rs.lse.defined());
+  const family_grads gs = attention_family_backward(q, k, v, dout, rs, so);
+  const family_grads ws = attention_family_backward(q, k, v, dout, so);
+  EXPECT_TRUE(all_close(gs.dq, ws.dq, 0.0));
+  EXPECT_TRUE(all_close(gs.dk, ws.dk, 0.0));
+}
+
 // ---- names ----
 
 template <class E>

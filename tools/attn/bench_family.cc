@@ -109,7 +109,7 @@ void time_pair(const family_bench_args& a, python_peers* py, const workload& w, 
   auto family_call = [&in, fb](execution e) {
     return [&in, fb, e] {
       const family_result r = attention_family(in.q, in.k, in.v, in.o, e);
-      if (fb) return attention_family_backward(in.q, in.k, in.v, in.dout, in.o, e).path;
+      if (fb) return attention_family_backward(in.q, in.k, in.v, in.dout, r, in.o, e).path;
       return r.path;
     };
   };

@@ -230,7 +230,7 @@ int run_family(const run_args& a, const Tensor& q, const Tensor& k, const Tensor
                          !a.dW_q.empty() || !a.dW_k.empty() || !a.dw_v.empty() || !a.dW_a.empty();
   if (want_grad && a.dout.empty()) throw error("attn run: gradients need --dout");
   if (!a.dout.empty()) {
-    const family_grads g = attention_family_backward(q, k, v, read_npy(a.dout).to(q.type()), o, exec);
+    const family_grads g = attention_family_backward(q, k, v, read_npy(a.dout).to(q.type()), r, o, exec);
     write_if(a.dq, g.dq, "dq");
     write_if(a.dk, g.dk, "dk");
     write_if(a.dv, g.dv, "dv");
