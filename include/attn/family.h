@@ -110,9 +110,13 @@ struct family_options : masking_options {
 
 struct family_result {
   Tensor out;        // layout and dtype of q, Dv features
-  // The row statistics the backward can start from, where the path computed them: on the core
-  // route the log-sum-exp of each row's scores, [B, Hq, Nq] (float32; float64 for float64
-  // inputs); empty on the other paths. Give the result back to attention_family_backward.
+  // The row statistics the backward can start from, where the path kept them: the log of each
+  // row's normaliser, [B, Hq, Nq] — log Σ_j e^{s_ij} with softmax on the core route (float32;
+  // float64 for float64 inputs) and on the fused path (float32), log Σ_j e_ij with the kernel
+  // distribution of box and triangle on the fused path; -inf for a row with no key. Empty where
+  // the distribution has no such statistic (sigmoid, sparsemax, entmax15, hardmax, top-k,
+  // identity), for multi-dimensional scores, and on the tiled and reference paths. Give the
+  // result back to attention_family_backward.
   Tensor lse;
   std::string path;  // "core (cpu)", "fused (avx2)", "tiled", "reference"
 };
@@ -146,9 +150,10 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
 
 // The same from the forward's result (what attention_family returned for these q, k, v,
 // options and execution, as attention_backward takes out and lse): where it carries the row
-// statistics (family_result::lse, the core route) the backward starts from them and out instead
-// of running the forward again; elsewhere it is the call above. A result of another shape is
-// refused by message.
+// statistics (family_result::lse) the backward starts from them and out — on the core route no
+// second forward; on the fused path box scores (no score gradient) skip the dq pass and
+// dot-product scores take the one-pass backward — elsewhere it is the call above. A result of
+// another shape is refused by message.
 //
 //   auto r = attn::attention_family(q, k, v, o);
 //   auto g = attn::attention_family_backward(q, k, v, dout, r, o);

@@ -137,12 +137,26 @@ struct fused_grad_sink {
   strided4 dq, dk, dv;
   double dq_scale = 1.0;
 };
+// Whether the fused forward keeps row statistics the backward can start from: softmax (its lse)
+// and the kernel normalisation (its Σ e), one score per pair (not multi-dimensional), whose
+// r = Σ α dα / Σ α is dout·out — for the others (sparsemax's support mean, entmax15's √α
+// weighting, …) r needs every key.
+bool fused_keeps_stats(const fproblem& fp);
+// The forward's statistics, given back to the backward: log_norm [B·Hq·Nq] the log of each row's
+// normaliser (log Σ e^s, log Σ e; -inf for a row with none), out [B, Hq, Nq, Dv] the result.
+struct fused_saved {
+  const float* log_norm = nullptr;
+  strided4 out;
+};
 // As tiled_forward / tiled_backward, in f32 on the fused kernels, writing every element of `out`
 // [B, Hq, Nq, Dv] and of the sink's views; return the ISA level's name. The backward adds the
-// scalar parameter gradients (dbias, dsigmoid_bias) to acc.
-const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out);
+// scalar parameter gradients (dbias, dsigmoid_bias) to acc. The forward also writes log_norm
+// [B·Hq·Nq] where it is not null and fused_keeps_stats; the backward starts from `saved` where
+// it is not null: box scores (a zero score gradient) skip the dq pass, dot-product scores take
+// the single pass; the others recompute as without it.
+const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm = nullptr);
 const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
-                           const fused_grad_sink& sink, grad_acc& acc);
+                           const fused_grad_sink& sink, grad_acc& acc, const fused_saved* saved = nullptr);
 // The weights α [B, Hq, Nq, Nk] into w from the fused forward kernels (recomputed lane block by
 // lane block, O(L·Nk) scratch per thread beside w itself).
 const char* fused_weights(const fproblem& fp, const fused_source& src, const strided4& w);

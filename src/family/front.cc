@@ -190,6 +190,7 @@ fused_source prepare_direct(call& C, const TensorView& q, const TensorView& k, c
   const bool fused_wanted = C.path == family_path::fused || (C.path == family_path::tiled && C.automatic);
   if (!C.def->fused_direct || c.type == dtype::f64 || !fused_wanted) return {};
   C.fp.Pq = C.fp.Pk = c.D;  // kernel dot, identity activation, no bias: fproblem's defaults
+  if (C.def->direct_prepare) C.def->direct_prepare(c, C.st, C.fp);
   settle_fused(C);
   if (C.path != family_path::fused) return {};
   return {true, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(v, c.Hkv), C.st.scale};
@@ -203,7 +204,9 @@ fused_source prepare_direct(call& C, const TensorView& q, const TensorView& k, c
 bool by_associativity(const call& C, const family_options& o, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
   const score_call& c = C.c;
-  if (!C.automatic || C.fp.dist != distribution_kind::identity || !C.def->fused_direct) return false;
+  const score_kind kind = c.spec->kind;
+  if (!C.automatic || C.fp.dist != distribution_kind::identity) return false;
+  if (kind != score_kind::dot && kind != score_kind::scaled_dot) return false;
   if (o.attn_mask || o.window_left >= 0 || o.window_right >= 0) return false;
   const int nt = std::max(1, C.fp.p.num_threads);
   return cpu::view_all_finite(as_bhnx(q, c.Hq), c.B, c.Hq, c.Nq, c.D, nt) &&
@@ -257,7 +260,9 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   if (!src.direct) prepare_f64(C, q, k, v);
   if (C.path == family_path::fused) {
     r.out = empty_bhnx(c.B, c.Hq, c.Nq, c.Dv, c.rank, c.type);
-    r.path = fmt::format("fused ({})", fused_forward(C.fp, src, as_bhnx(r.out, c.Hq)));
+    if (fused_keeps_stats(C.fp)) r.lse = Tensor::empty({c.B, c.Hq, c.Nq}, dtype::f32);
+    r.path = fmt::format("fused ({})", fused_forward(C.fp, src, as_bhnx(r.out, c.Hq),
+                                                     r.lse.defined() ? static_cast<float*>(r.lse.data()) : nullptr));
     return r;
   }
   std::vector<double> out;
@@ -311,13 +316,24 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
     return g;
   }
   const fused_source src = prepare_direct(C, q, k, v);
+  // The fused forward's statistics, where it kept them (f32 [B, Hq, Nq], read contiguous).
+  Tensor saved_lse;
+  fused_saved saved;
+  const auto saved_of = [&]() -> const fused_saved* {
+    if (!fwd || !fwd->lse.defined() || !fused_keeps_stats(C.fp)) return nullptr;
+    saved_lse = fwd->lse.type() == dtype::f32 && fwd->lse.view().is_contiguous() ? fwd->lse : fwd->lse.to(dtype::f32);
+    saved.log_norm = static_cast<const float*>(saved_lse.data());
+    saved.out = as_bhnx(fwd->out, c.Hq);
+    return &saved;
+  };
   grad_acc acc;
   if (src.direct) {  // the kernels write dq = scale·dQp, dk, dv into the result tensors
     new_dq_dk(c, g);
     g.dv = empty_bhnx(c.B, c.Hkv, c.Nk, c.Dv, c.rank, c.type);
     const fused_grad_sink sink{as_bhnx(g.dq, c.Hq), as_bhnx(g.dk, c.Hkv), as_bhnx(g.dv, c.Hkv), src.scale};
-    g.path = fmt::format("fused ({})", fused_backward(C.fp, src, as_bhnx(dout, c.Hq), sink, acc));
+    g.path = fmt::format("fused ({})", fused_backward(C.fp, src, as_bhnx(dout, c.Hq), sink, acc, saved_of()));
     g.dsigmoid_bias = acc.dsigmoid_bias;
+    g.dbandwidth = acc.dh;  // triangle
     return g;
   }
   const f64_qkv in = prepare_f64(C, q, k, v);
@@ -328,7 +344,7 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
     acc.init(fp);
     const fused_grad_sink sink{rows_of(dQp, fp.Hq, fp.Nq, fp.Pq), rows_of(acc.dKp, fp.Hkv, fp.Nk, fp.Pk),
                                rows_of(acc.dV, fp.Hkv, fp.Nk, fp.Dv)};
-    g.path = fmt::format("fused ({})", fused_backward(fp, src, as_bhnx(dout, c.Hq), sink, acc));
+    g.path = fmt::format("fused ({})", fused_backward(fp, src, as_bhnx(dout, c.Hq), sink, acc, saved_of()));
   } else {
     const std::vector<double> dO = load_bhnx(dout, c.B, c.Hq, c.Nq, c.Dv);
     if (C.path == family_path::reference) reference_backward(C.fp, dO, dQp, acc), g.path = "reference";

@@ -404,12 +404,19 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
   return {};
 }
 
-const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out) {
+bool fused_keeps_stats(const fproblem& fp) {
+  return fp.F == 1 && (fp.dist == distribution_kind::softmax || fp.dist == distribution_kind::kernel);
+}
+
+const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm) {
   const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src));
+  if (!fused_keeps_stats(fp)) log_norm = nullptr;
+  if (log_norm) std::fill(log_norm, log_norm + fp.B * fp.Hq * fp.Nq, -kInfF);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(out, fp.B, fp.Hq, fp.Nq, fp.Dv);
     return in.kt.name;
   }
+  const bool softmax = fp.dist == distribution_kind::softmax;
   const std::int64_t L = in.L, nlb = in.nlb, Dv = fp.Dv;
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
@@ -421,6 +428,9 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
       const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
       (in.pairs ? in.kt.forward_bf16 : fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
       for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
+      if (log_norm)  // softmax: t = lse (+inf: no key); kernel: lse = Σ e (0: none)
+        for (std::int64_t x = 0; x < ls.nl; ++x)
+          log_norm[ls.row(fp, b, x)] = softmax ? (ls.t[x] == kInfF ? -kInfF : ls.t[x]) : std::log(ls.lse[x]);
     }
   }
   return in.pairs ? "avx512bf16, bf16 products" : in.kt.name;  // forward_bf16 is that table's alone
@@ -592,30 +602,69 @@ std::int64_t sparse_keep(const fproblem& fp) {
 
 namespace {
 const char* backward_impl(const fproblem& fp, const fused_source& src, const strided4& dout,
-                          const fused_grad_sink& sink, grad_acc& acc);
+                          const fused_grad_sink& sink, grad_acc& acc, const fused_saved* saved);
 }  // namespace
 
 const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
-                           const fused_grad_sink& sink, grad_acc& acc) {
-  if (fp.kernel != kernel_kind::location) return backward_impl(fp, src, dout, sink, acc);
+                           const fused_grad_sink& sink, grad_acc& acc, const fused_saved* saved) {
+  if (fp.kernel != kernel_kind::location) return backward_impl(fp, src, dout, sink, acc, saved);
   // location: the kernels' dk of every (b, hkv) is a share of dW_a [Nk, D]; summed in (b, hkv) order.
   const std::int64_t P = fp.Pq, units = fp.B * fp.Hkv;
   std::vector<double> dk(std::size_t(units * fp.Nk * P), 0.0);
   fused_grad_sink s = sink;
   s.dk = rows_of(dk, fp.Hkv, fp.Nk, P);
-  const char* isa = backward_impl(fp, src, dout, s, acc);
+  const char* isa = backward_impl(fp, src, dout, s, acc, saved);
   for (std::int64_t u = 0; u < units; ++u)
     for (std::int64_t e = 0; e < fp.Nk * P; ++e) acc.dW_a[std::size_t(e)] += dk[std::size_t(u * fp.Nk * P + e)];
   return isa;
 }
 
 namespace {
+
+// The forward's statistics (one per row) as the kernels' — softmax t = lse; kernel t = 1/Σ e,
+// lse = Σ e; +inf and 0 for a row with no key, as set_empty_stats and lane_stats leave them —
+// and r = dout·out per row, in float64 from the tensors as they are. False, and nothing kept,
+// where a statistic is NaN: the backward then recomputes them.
+bool load_saved(const fproblem& fp, const fused_saved& sv, const strided4& dout, std::vector<float>& T,
+                std::vector<float>& LSE, std::vector<float>& R) {
+  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
+  const bool softmax = fp.dist == distribution_kind::softmax;
+  for (std::int64_t o = 0; o < nrows; ++o)
+    if (std::isnan(sv.log_norm[o])) return false;
+  for (std::int64_t o = 0; o < nrows; ++o) {
+    const float ln = sv.log_norm[o];
+    float& t = T[std::size_t(o)];
+    float& sum = LSE[std::size_t(o)];
+    if (softmax) t = ln == -kInfF ? kInfF : ln;
+    else sum = ln == -kInfF ? 0.0f : std::exp(ln), t = ln == -kInfF ? 0.0f : 1.0f / sum;
+  }
+#pragma omp parallel for num_threads(std::max(1, fp.p.num_threads)) schedule(static)
+  for (std::int64_t row = 0; row < nrows; ++row) {
+    const std::int64_t i = row % fp.Nq, h = row / fp.Nq % fp.Hq, b = row / fp.Nq / fp.Hq;
+    double s = 0.0;
+    for (std::int64_t y = 0; y < Dv; ++y) s += dout.load(b, h, i, y) * sv.out.load(b, h, i, y);
+    R[std::size_t(row)] = float(s);
+  }
+  return true;
+}
+
 const char* backward_impl(const fproblem& fp, const fused_source& src, const strided4& dout,
-                          const fused_grad_sink& sink, grad_acc& acc) {
+                          const fused_grad_sink& sink, grad_acc& acc, const fused_saved* saved) {
+  // The forward's statistics (fused_keeps_stats): box scores have no score gradient, so only the
+  // dk/dv pass remains; dot-product scores take the single pass where sigmoid would.
+  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
+  std::vector<float> T(std::size_t(nst), kInfF), LSE(std::size_t(nst), kInfF), Rr(std::size_t(nst), 0.0f);
+  std::vector<std::int32_t> CUT(std::size_t(nst), -1);
+  const bool reuse = saved && fused_keeps_stats(fp) && !forced_two_pass() &&
+                     (fp.kernel == kernel_kind::box ||
+                      (fp.kernel == kernel_kind::dot && fp.B * fp.Hkv >= kSinglePassUnits)) &&
+                     load_saved(fp, *saved, dout, T, LSE, Rr);
+  const bool dv_only = reuse && fp.kernel == kernel_kind::box;
+  const bool reuse_single = reuse && fp.kernel == kernel_kind::dot;
   // bf16 products (dout bf16 too) in the row-layout pass: the single pass, or the dk/dv pass of
   // the two (their dq pass multiplies in f32). The sparse hardmax/top-k backward has no such pass.
   using use = fused_inputs::use;
-  const bool single = single_pass(fp);
+  const bool single = single_pass(fp) || reuse_single;
   const bool pairs = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
                      fused_inputs::bf16_products(fp, src);
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
@@ -637,13 +686,10 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const std::vector<float> dO = pairs && (single || in.pairs) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   std::vector<std::uint32_t> dOw, dOn;
   if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
-  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
-  std::vector<float> T(std::size_t(nst), kInfF), LSE(std::size_t(nst), kInfF), Rr(std::size_t(nst), 0.0f);
-  std::vector<std::int32_t> CUT(std::size_t(nst), -1);
   const cpu::family_stats stats{T.data(), LSE.data(), CUT.data(), Rr.data()};
   const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
 
-  if (single_pass(fp)) {
+  if (single) {
     // One task per (b, hkv) walks its key blocks in order: dk, dv per block as the dk/dv pass,
     // and dq of the group's rows accumulated in the task (in key-block order) from the same dz.
     const std::int64_t units = fp.B * fp.Hkv;
@@ -770,6 +816,21 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     for (std::int64_t u = 0; u < units; ++u) {
       acc.dbias += sums[std::size_t(u)], acc.dh += dhs[std::size_t(u)];
       for (std::int64_t a = 0; additive && a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
+    }
+    return in.kt.name;
+  }
+
+  if (dv_only) {  // box with the forward's statistics: dq = 0, dk = 0, dv from α
+    zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
+#pragma omp parallel num_threads(nt)
+    {
+      row_pass rp(fp, in, dO.data(), stats, false);
+      rp.dOw = dOw.data(), rp.dOn = dOn.data();
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
+        const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
+        rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
+      }
     }
     return in.kt.name;
   }

@@ -673,6 +673,67 @@ TEST(FamilyFused, SinglePassSigmoidBackward) {
   }
 }
 
+// The backward from the forward's result on the fused path (family_result::lse): softmax and the
+// kernel distribution keep their row statistics; box then runs its dk/dv pass alone (no score
+// gradient), dot-product scores the single pass (B·Hkv >= 8), with r = dout·out. Every gradient
+// against the float64 reference and against the backward that recomputes the statistics, on
+// every mask kind, GQA and ISA; the same bits for any thread count; the other distributions keep
+// no statistics; an lse shifted by 0.5 changes the gradients (it is what the backward reads).
+TEST(FamilyFused, BackwardFromTheForwardsStatistics) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(91);
+    struct pair_case {
+      score_case sc;
+      distribution_kind d;
+    };
+    for (const pair_case& pc : {pair_case{{score_kind::scaled_dot}, distribution_kind::softmax},
+                                pair_case{{score_kind::activated_general, score_activation::tanh}, distribution_kind::softmax},
+                                pair_case{{score_kind::biased_general}, distribution_kind::softmax},
+                                pair_case{{score_kind::box}, distribution_kind::kernel},
+                                pair_case{{score_kind::triangle}, distribution_kind::kernel}})
+      for (int mask = 0; mask < 5; ++mask) {
+        if (pc.d == distribution_kind::kernel && mask == 4) continue;  // (bool masks only)
+        const std::int64_t Nq = mask == 2 ? 70 : 19, Nk = std::vector<std::int64_t>{150, 1, 133, 64, 97}[std::size_t(mask)];
+        family_case c(pc.sc.s, pc.d, rng, 2, 8, 4, Nq, Nk, 5, 3);
+        c.opt.score.activation = pc.sc.act;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const std::string what = isa + " " + case_name(pc.sc.s, pc.d) + " mask " + std::to_string(mask);
+        SCOPED_TRACE(what);
+        const execution e{.path = family_path::fused};
+        const family_result fwd = attention_family(q, k, v, c.opt, e);
+        ASSERT_TRUE(fwd.lse.defined());
+        EXPECT_EQ(fwd.lse.shape(), (Shape{c.B, c.Hq, c.Nq}));
+        const result got{fwd, attention_family_backward(q, k, v, dout, fwd, c.opt, e)};
+        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4, what);
+        const result again{fwd, attention_family_backward(q, k, v, dout, c.opt, e)};
+        expect_family_close(got.fwd, got.g, again.fwd, again.g, 1e-5);
+        for (int t : {2, 3}) {
+          const execution et{.path = family_path::fused, .num_threads = t};
+          const family_grads many = attention_family_backward(q, k, v, dout, attention_family(q, k, v, c.opt, et), c.opt, et);
+          EXPECT_TRUE(same_bits(many.dq, got.g.dq)) << "threads " << t;
+          EXPECT_TRUE(same_bits(many.dk, got.g.dk)) << "threads " << t;
+          EXPECT_TRUE(same_bits(many.dv, got.g.dv)) << "threads " << t;
+        }
+        if (mask != 0 || pc.sc.s == score_kind::triangle) continue;  // (triangle recomputes: it ignores lse)
+        family_result shifted = fwd;
+        shifted.lse = Tensor::copy_of(fwd.lse);
+        for (std::int64_t i = 0; i < shifted.lse.numel(); ++i)
+          static_cast<float*>(shifted.lse.data())[i] += 0.5f;
+        const family_grads moved = attention_family_backward(q, k, v, dout, shifted, c.opt, e);
+        EXPECT_FALSE(all_close(moved.dv, got.g.dv, 1e-3)) << "a shifted lse must change dv";
+      }
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::sparsemax, distribution_kind::entmax15,
+                                distribution_kind::topk}) {
+      family_case c(score_kind::scaled_dot, d, rng, 2, 8, 4, 9, 20, 5, 3);
+      const family_result r = attention_family(c.q.to(dtype::f32), c.k.to(dtype::f32), c.v.to(dtype::f32), c.opt);
+      EXPECT_FALSE(r.lse.defined()) << to_string(d);
+    }
+  }
+}
+
 // attention_family_weights from the fused kernels: the reference's weights within f32 rounding
 // for every fused distribution, mask kind, GQA and ISA level; the same exact zeros on
 // well-separated scores; Σ_j α_ij v_j is the fused forward's out; float64 inputs and other

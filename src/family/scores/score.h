@@ -88,9 +88,12 @@ struct score_def {
   bool same_head_size = true;   // q and k need the same D
   kernel_role kernel = kernel_role::none;
   // The preparation is Qp = scale·q, Kp = k and the backward dq = scale·dQp, dk = dKp (dot,
-  // scaled_dot): the fused path then reads the user's views directly (fused_source), with no
-  // float64 copy, and writes the gradient tensors itself.
+  // scaled_dot; box and triangle with scale 1): the fused path then reads the user's views
+  // directly (fused_source), with no float64 copy, and writes the gradient tensors itself.
   bool fused_direct = false;
+  // With fused_direct: the fields of fp besides Qp, Kp that `prepare` sets (kernel kind,
+  // bandwidth); null: fproblem's defaults (a dot product).
+  void (*direct_prepare)(const score_call& c, const score_state& s, fproblem& fp) = nullptr;
   // Checks the score's own options and parameters into `s` (attn::error naming c.op).
   void (*check)(const score_call& c, score_state& s) = nullptr;
   // Tiled route: fp.Qp, fp.Kp, fp.Pq, fp.Pk and the kernel fields of fp from in.q, in.k.
