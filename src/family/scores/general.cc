@@ -9,8 +9,10 @@
 // (one product per query row, float32 — float64 for float64 input) and the user's k and v (no
 // copy when they already have that dtype).
 #include <algorithm>
+#include <optional>
 #include <vector>
 
+#include "attn/linear.h"
 #include "core/common.h"
 #include "family/scores/score.h"
 
@@ -31,43 +33,57 @@ void check_activated(const score_call& c, score_state& s) {
 
 bool folds_bias(const score_call& c) { return c.spec->kind == score_kind::biased_general; }
 
-// qp = Wᵀ q (+ b for biased_general) for every row of q [.., D] into qp [.., Dk].
-void fold(const score_call& c, const score_state& s, const strided4& q, const strided4& qp) {
-  const std::int64_t D = c.D, Dk = c.Dk;
-  const std::vector<double>& W = s.W.values;
-  std::vector<double> x(std::size_t(D), 0.0), y(std::size_t(Dk), 0.0), y0(std::size_t(Dk), 0.0);
-  if (folds_bias(c)) y0 = s.b.values;
-  for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
-    load_row(q, b, h, n, D, x.data());
-    std::copy(y0.begin(), y0.end(), y.begin());
-    for (std::int64_t d = 0; d < D; ++d)
-      for (std::int64_t e = 0; e < Dk; ++e) y[std::size_t(e)] += W[std::size_t(d * Dk + e)] * x[std::size_t(d)];
-    store_row(qp, b, h, n, Dk, y.data());
+// The rows (b, h, n) of a [B, H, N, X] view as a TensorView in the order of the layout `rank`
+// (4: [B, H, N, X]; 3: [B, N, H, X]), so that a row-wise product's contiguous result is that
+// layout.
+TensorView layout_rows(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int rank) {
+  if (rank == 4) return TensorView(s.data, s.type, {B, H, N, X}, {s.sb, s.sh, s.sn, s.sx});
+  return TensorView(s.data, s.type, {B, N, H, X}, {s.sb, s.sn, s.sh, s.sx});
+}
+// A float64 tensor in the same layout order back into the [B, H, N, X] view `out`.
+void store_layout(const Tensor& y, const strided4& out, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                  int rank) {
+  const double* p = static_cast<const double*>(y.data());
+  for_rows(B, H, N, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    const std::int64_t r = rank == 4 ? (b * H + h) * N + n : (b * N + n) * H + h;
+    store_row(out, b, h, n, X, p + r * X);
   });
 }
+// W as linear's weight [out = Dk, in = D] (Wᵀ), float64.
+Tensor weight_t(const score_call& c, const score_state& s) {
+  const std::int64_t D = c.D, Dk = c.Dk;
+  std::vector<double> wt(std::size_t(D * Dk));
+  for (std::int64_t d = 0; d < D; ++d)
+    for (std::int64_t e = 0; e < Dk; ++e) wt[std::size_t(e * D + d)] = s.W.values[std::size_t(d * Dk + e)];
+  return Tensor::from_values({Dk, D}, dtype::f64, wt);
+}
 
-// qp = Wᵀ q + b:  dq = W dqp,  dW = Σ_rows q dqpᵀ,  db = Σ_rows dqp (into *db when given).
-// Reads q and dqp, writes dq; returns dW [D, Dk].
+// qp = Wᵀ q (+ b for biased_general) for every row of q [.., D] into qp [.., Dk]: one float64
+// GEMM (attn::linear, OpenBLAS) over the rows, rounded once into qp's dtype.
+void fold(const score_call& c, const score_state& s, const strided4& q, const strided4& qp) {
+  const Tensor x = Tensor::copy_of(layout_rows(q, c.B, c.Hq, c.Nq, c.D, c.rank), dtype::f64);
+  const Tensor b = folds_bias(c) ? Tensor::from_values({c.Dk}, dtype::f64, s.b.values) : Tensor();
+  const Tensor y = linear(x, weight_t(c, s), b.defined() ? std::optional<TensorView>(b.view()) : std::nullopt);
+  store_layout(y, qp, c.B, c.Hq, c.Nq, c.Dk, c.rank);
+}
+
+// qp = Wᵀ q + b:  dq = W dqp,  dW = Σ_rows q dqpᵀ,  db = Σ_rows dqp (into *db when given), by
+// attn::linear_backward in float64. Reads q and dqp, writes dq; returns dW [D, Dk].
 std::vector<double> unfold(const score_call& c, const score_state& s, const strided4& q, const strided4& dqp,
                            const strided4& dq, std::vector<double>* db = nullptr) {
   const std::int64_t D = c.D, Dk = c.Dk;
-  const std::vector<double>& W = s.W.values;
-  std::vector<double> dW(std::size_t(D * Dk), 0.0), x(std::size_t(D), 0.0), gx(std::size_t(Dk), 0.0), y(std::size_t(D), 0.0);
-  for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
-    load_row(q, b, h, n, D, x.data());
-    load_row(dqp, b, h, n, Dk, gx.data());
-    if (db)
-      for (std::int64_t e = 0; e < Dk; ++e) (*db)[std::size_t(e)] += gx[std::size_t(e)];
-    for (std::int64_t d = 0; d < D; ++d) {
-      double sum = 0.0;
-      for (std::int64_t e = 0; e < Dk; ++e) {
-        sum += W[std::size_t(d * Dk + e)] * gx[std::size_t(e)];
-        dW[std::size_t(d * Dk + e)] += x[std::size_t(d)] * gx[std::size_t(e)];
-      }
-      y[std::size_t(d)] = sum;
-    }
-    store_row(dq, b, h, n, D, y.data());
-  });
+  const Tensor x = Tensor::copy_of(layout_rows(q, c.B, c.Hq, c.Nq, D, c.rank), dtype::f64);
+  const Tensor dy = Tensor::copy_of(layout_rows(dqp, c.B, c.Hq, c.Nq, Dk, c.rank), dtype::f64);
+  const linear_grads lg = linear_backward(x, weight_t(c, s), dy, {.dx = true, .dW = true, .db = db != nullptr});
+  store_layout(lg.dx, dq, c.B, c.Hq, c.Nq, D, c.rank);
+  const double* gw = static_cast<const double*>(lg.dW.data());  // [Dk, D]: the gradient of Wᵀ
+  std::vector<double> dW(std::size_t(D * Dk));
+  for (std::int64_t d = 0; d < D; ++d)
+    for (std::int64_t e = 0; e < Dk; ++e) dW[std::size_t(d * Dk + e)] = gw[e * D + d];
+  if (db) {
+    const double* g = static_cast<const double*>(lg.db.data());
+    for (std::int64_t e = 0; e < Dk; ++e) (*db)[std::size_t(e)] += g[e];
+  }
   return dW;
 }
 
