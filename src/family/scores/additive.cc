@@ -6,8 +6,10 @@
 // additive kernel evaluates w_v·tanh(qp + kp) and accumulates dw_v itself.
 #include <fmt/format.h>
 
+#include <optional>
 #include <vector>
 
+#include "attn/linear.h"
 #include "core/common.h"
 #include "family/scores/score.h"
 
@@ -26,30 +28,28 @@ void check(const score_call& c, score_state& s) {
   s.w_v = get_param(c, "w_v", sc.w_v, {{A}, {c.Dv, A}});
 }
 
-// y = M x for M [R, C] in C order.
-void matvec(const std::vector<double>& M, std::int64_t R, std::int64_t C, const double* x, double* y) {
-  for (std::int64_t r = 0; r < R; ++r) {
-    double sum = 0.0;
-    for (std::int64_t col = 0; col < C; ++col) sum += M[std::size_t(r * C + col)] * x[col];
-    y[r] = sum;
-  }
+// A contiguous float64 buffer [rows, X] as a view (for attn::linear).
+TensorView rows_view(const std::vector<double>& x, std::int64_t rows, std::int64_t X) {
+  return TensorView(const_cast<double*>(x.data()), dtype::f64, {rows, X});
+}
+std::vector<double> values(const Tensor& t) {
+  const double* p = static_cast<const double*>(t.data());
+  return std::vector<double>(p, p + t.numel());
 }
 
-// qp = W_q q, kp = W_k k + b
+// qp = W_q q, kp = W_k k + b: two float64 GEMMs over the rows (attn::linear).
 void prepare(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp) {
   const std::int64_t A = s.W_q.view->size(0), D = c.D, Dk = c.Dk;
   fp.kernel = kernel_kind::additive;
   fp.F = s.w_v.view->rank() == 2 ? c.Dv : 1;
   fp.w_v = s.w_v.values;
   fp.Pq = fp.Pk = A;
-  fp.Qp.resize(std::size_t(c.rows_q() * A));
-  fp.Kp.resize(std::size_t(c.rows_k() * A));
-  for (std::int64_t r = 0; r < c.rows_q(); ++r) matvec(s.W_q.values, A, D, in.q.data() + r * D, fp.Qp.data() + r * A);
-  for (std::int64_t r = 0; r < c.rows_k(); ++r) {
-    matvec(s.W_k.values, A, Dk, in.k.data() + r * Dk, fp.Kp.data() + r * A);
-    if (s.b.view)
-      for (std::int64_t a = 0; a < A; ++a) fp.Kp[std::size_t(r * A + a)] += s.b.values[std::size_t(a)];
-  }
+  const TensorView Wq = rows_view(s.W_q.values, A, D), Wk = rows_view(s.W_k.values, A, Dk);
+  fp.Qp = values(linear(rows_view(in.q, c.rows_q(), D), Wq));
+  const std::optional<TensorView> b =
+      s.b.view ? std::optional<TensorView>(TensorView(const_cast<double*>(s.b.values.data()), dtype::f64, {A}))
+               : std::nullopt;
+  fp.Kp = values(linear(rows_view(in.k, c.rows_k(), Dk), Wk, b));
 }
 
 // dq = W_qᵀ dqp, dW_q = Σ dqp qᵀ;  dk = W_kᵀ dkp, dW_k = Σ dkp kᵀ, db = Σ dkp;  dw_v from the kernel.
@@ -57,29 +57,15 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
               const std::vector<double>& dQp, const grad_acc& acc, std::vector<double>& dq, std::vector<double>& dk,
               family_grads& g) {
   const std::int64_t A = s.W_q.view->size(0), D = c.D, Dk = c.Dk;
-  std::vector<double> dWq(std::size_t(A * D), 0.0), dWk(std::size_t(A * Dk), 0.0), db(std::size_t(A), 0.0);
-  for (std::int64_t r = 0; r < c.rows_q(); ++r)
-    for (std::int64_t a = 0; a < A; ++a) {
-      const double ga = dQp[std::size_t(r * A + a)];
-      if (ga == 0.0) continue;
-      for (std::int64_t d = 0; d < D; ++d) {
-        dq[std::size_t(r * D + d)] += s.W_q.values[std::size_t(a * D + d)] * ga;
-        dWq[std::size_t(a * D + d)] += ga * in.q[std::size_t(r * D + d)];
-      }
-    }
-  for (std::int64_t r = 0; r < c.rows_k(); ++r)
-    for (std::int64_t a = 0; a < A; ++a) {
-      const double ga = acc.dKp[std::size_t(r * A + a)];
-      if (ga == 0.0) continue;
-      db[std::size_t(a)] += ga;
-      for (std::int64_t d = 0; d < Dk; ++d) {
-        dk[std::size_t(r * Dk + d)] += s.W_k.values[std::size_t(a * Dk + d)] * ga;
-        dWk[std::size_t(a * Dk + d)] += ga * in.k[std::size_t(r * Dk + d)];
-      }
-    }
-  g.dW_q = param_grad(s.W_q, dWq);
-  g.dW_k = param_grad(s.W_k, dWk);
-  g.db = param_grad(s.b, db);
+  const linear_grads gq = linear_backward(rows_view(in.q, c.rows_q(), D), rows_view(s.W_q.values, A, D),
+                                          rows_view(dQp, c.rows_q(), A));
+  const linear_grads gk = linear_backward(rows_view(in.k, c.rows_k(), Dk), rows_view(s.W_k.values, A, Dk),
+                                          rows_view(acc.dKp, c.rows_k(), A), {.dx = true, .dW = true, .db = true});
+  dq = values(gq.dx);
+  dk = values(gk.dx);
+  g.dW_q = param_grad(s.W_q, values(gq.dW));
+  g.dW_k = param_grad(s.W_k, values(gk.dW));
+  g.db = param_grad(s.b, values(gk.db));
   g.dw_v = param_grad(s.w_v, acc.dw_v);
 }
 
