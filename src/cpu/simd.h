@@ -85,19 +85,22 @@ constexpr float kLog2e = 1.44269504088896341f;
 // and on AVX-512 the rounding and the scaling by 2^n are one instruction each (vrndscaleps,
 // vscalefps). Exactly 0 for u below -125 (portable) or -149 (AVX-512: denormals above that),
 // so masked keys (-inf) weigh exactly nothing; NaN stays NaN (the clamps compare false).
+// 2^f for f ∈ [-1/2, 1/2]: the polynomial of vexp2.
+inline vf exp2_reduced(vf f) {
+  vf y = splat(1.5594677595e-4f);
+  y = y * f + splat(1.3406643906e-3f);
+  y = y * f + splat(9.6176929747e-3f);
+  y = y * f + splat(5.5503105510e-2f);
+  y = y * f + splat(2.4022652783e-1f);
+  y = y * f + splat(6.9314721497e-1f);
+  return y * f + splat(1.0f);
+}
 inline vf vexp2(vf u) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(vf) == 64) {
     const vf uc = u < splat(-160.0f) ? splat(-160.0f) : u;  // 2^-160 rounds to 0; f stays finite
     const vf n = __builtin_ia32_rndscaleps_mask(uc, 0x08, uc, 0xffff, 4);  // nearest, quiet
-    const vf f = uc - n;
-    vf y = splat(1.5594677595e-4f);
-    y = y * f + splat(1.3406643906e-3f);
-    y = y * f + splat(9.6176929747e-3f);
-    y = y * f + splat(5.5503105510e-2f);
-    y = y * f + splat(2.4022652783e-1f);
-    y = y * f + splat(6.9314721497e-1f);
-    y = y * f + splat(1.0f);
+    const vf y = exp2_reduced(uc - n);
     return __builtin_ia32_scalefps512_mask(y, n, y, 0xffff, 4);
   }
 #endif
@@ -105,14 +108,7 @@ inline vf vexp2(vf u) {
   const vf uc = lo > splat(127.0f) ? splat(127.0f) : lo;
   const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
   const vf n = (uc + magic) - magic;
-  const vf f = uc - n;
-  vf y = splat(1.5594677595e-4f);
-  y = y * f + splat(1.3406643906e-3f);
-  y = y * f + splat(9.6176929747e-3f);
-  y = y * f + splat(5.5503105510e-2f);
-  y = y * f + splat(2.4022652783e-1f);
-  y = y * f + splat(6.9314721497e-1f);
-  y = y * f + splat(1.0f);
+  const vf y = exp2_reduced(uc - n);
   const vf p = (vf)((vi)y + (__builtin_convertvector(n, vi) << 23));
   return u < splat(-125.0f) ? vf{} : p;
 }

@@ -688,6 +688,19 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
   const cpu::family_stats stats{T.data(), LSE.data(), CUT.data(), Rr.data()};
   const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
+  // The dk/dv pass: row layout over (b, hkv, key block), from the rows' statistics.
+  const auto dkdv_pass = [&] {
+#pragma omp parallel num_threads(nt)
+    {
+      row_pass rp(fp, in, dO.data(), stats, false);
+      rp.dOw = dOw.data(), rp.dOn = dOn.data();
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
+        const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
+        rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
+      }
+    }
+  };
 
   if (single) {
     // One task per (b, hkv) walks its key blocks in order: dk, dv per block as the dk/dv pass,
@@ -822,16 +835,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 
   if (dv_only) {  // box with the forward's statistics: dq = 0, dk = 0, dv from α
     zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
-#pragma omp parallel num_threads(nt)
-    {
-      row_pass rp(fp, in, dO.data(), stats, false);
-      rp.dOw = dOw.data(), rp.dOn = dOn.data();
-#pragma omp for schedule(dynamic, 1)
-      for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
-        const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
-        rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
-      }
-    }
+    dkdv_pass();
     return in.kt.name;
   }
 
@@ -877,17 +881,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   for (std::int64_t u = 0; additive && u < in.units; ++u)
     for (std::int64_t a = 0; a < nw; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * nw + a)];
 
-  // Pass 2: dk, dv, row layout over (b, hkv, key block).
-#pragma omp parallel num_threads(nt)
-  {
-    row_pass rp(fp, in, dO.data(), stats, false);
-    rp.dOw = dOw.data(), rp.dOn = dOn.data();
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
-      const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
-      rp.key_block(b, hkv, kb, sink, nullptr, nullptr);
-    }
-  }
+  // Pass 2: dk, dv.
+  dkdv_pass();
   return in.pairs ? "avx512bf16, bf16 products" : pairs ? "avx512bf16, bf16 products in dk/dv" : in.kt.name;
 }
 
