@@ -118,6 +118,12 @@ struct family_result {
   // identity), for multi-dimensional scores, and on the tiled and reference paths. Give the
   // result back to attention_family_backward.
   Tensor lse;
+  // The keys each row kept, where the rows are sparse on the fused path (hardmax with the zero
+  // gradient; top-k with k <= 32) and every V is finite: kept_index [B, Hq, Nq, K] (int64, K = 1
+  // for hardmax, k for top-k) in key order, -1 past the row's count (a row sees fewer than k
+  // keys, or none); kept_weight [B, Hq, Nq, K] their α (float32, 0 past the count). The output
+  // is Σ kept_weight · v over them. Empty otherwise. The backward starts from them.
+  Tensor kept_index, kept_weight;
   std::string path;  // "core (cpu)", "fused (avx2)", "tiled", "reference"
 };
 

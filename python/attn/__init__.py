@@ -360,8 +360,8 @@ def attention_family(q, k, v, *, score: str = "scaled_dot", distribution: str = 
     >>> out = attn.attention_family(q, k, v, score="cosine", temperature=0.1, distribution="sparsemax")
     """
     kind = _kind_of(q)
-    out, _, _ = _attn.attention_family(_arg(q), _arg(k), _arg(v),
-                                    _opts(score=score, distribution=distribution, **params), _EXT)
+    out = _attn.attention_family(_arg(q), _arg(k), _arg(v),
+                                 _opts(score=score, distribution=distribution, **params), _EXT)[0]
     return _result(out, kind)
 
 

@@ -430,10 +430,11 @@ class _Family(torch.autograd.Function):
             if p is None:
                 continue
             o[name] = _a(p) if name in _FAMILY_TENSORS else float(p)
-        out, _, lse = _attn.attention_family(_a(q), _a(k), _a(v), o, _NP)
+        out, _, lse, kept_index, kept_weight = _attn.attention_family(_a(q), _a(k), _a(v), o, _NP)
         out = _r(out, _TORCH)
-        # The core route's lse: the backward starts from it and out, not from another forward.
-        ctx.lse = lse
+        # The forward's lse (softmax, kernel) or kept keys (hardmax, top-k): the backward starts
+        # from them and out, not from another forward.
+        ctx.lse, ctx.kept_index, ctx.kept_weight = lse, kept_index, kept_weight
         ctx.save_for_backward(q, k, v, out)
         ctx.opts = o
         ctx.scalars = [p if isinstance(p, torch.Tensor) else None for p in params[6:]]
@@ -443,7 +444,7 @@ class _Family(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out = ctx.saved_tensors
         g = _attn.attention_family_backward(_a(q), _a(k), _a(v), _a(dout), ctx.opts, _NP,
-                                            _a(out), _a(ctx.lse))
+                                            _a(out), _a(ctx.lse), ctx.kept_index, ctx.kept_weight)
         g = [_r(x, _TORCH) for x in g[:9]] + list(g[9:])
         need = ctx.needs_input_grad
         grads = [g[0] if need[0] else None, g[1] if need[1] else None, g[2] if need[2] else None, None]

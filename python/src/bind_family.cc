@@ -55,12 +55,15 @@ family_call read_call(const char* op, nb::handle q, nb::handle k, nb::handle v, 
 nb::tuple family_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int kind_) {
   const family_call c = read_call("attention_family", q, k, v, opts);
   const family_result res = without_gil([&] { return attention_family(c.q, c.k, c.v, c.o, c.e); });
-  return nb::make_tuple(to_python(res.out, kind(kind_)), res.path, to_python(res.lse, kind(kind_)));
+  const kind kk = kind(kind_);
+  return nb::make_tuple(to_python(res.out, kk), res.path, to_python(res.lse, kk), to_python(res.kept_index, kk),
+                        to_python(res.kept_weight, kk));
 }
 
-// out, lse: the forward's (family_result), or None for a backward that recomputes the forward.
+// out, lse, kept_index, kept_weight: the forward's (family_result), or None for a backward that
+// recomputes the forward.
 nb::tuple family_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handle dout, nb::dict opts, int kind_,
-                             nb::handle out, nb::handle lse) {
+                             nb::handle out, nb::handle lse, nb::handle kept_index, nb::handle kept_weight) {
   const char* op = "attention_family_backward";
   const family_call c = read_call(op, q, k, v, opts);
   const TensorView tdo = array_arg(dout, op, "dout");
@@ -68,6 +71,8 @@ nb::tuple family_backward_py(nb::handle q, nb::handle k, nb::handle v, nb::handl
   family_result fwd;
   if (saved) fwd.out = Tensor::copy_of(array_arg(out, op, "out"));
   if (saved && !lse.is_none()) fwd.lse = Tensor::copy_of(array_arg(lse, op, "lse"));
+  if (saved && !kept_index.is_none()) fwd.kept_index = Tensor::copy_of(array_arg(kept_index, op, "kept_index"));
+  if (saved && !kept_weight.is_none()) fwd.kept_weight = Tensor::copy_of(array_arg(kept_weight, op, "kept_weight"));
   const family_grads g = without_gil([&] {
     return saved ? attention_family_backward(c.q, c.k, c.v, tdo, fwd, c.o, c.e)
                  : attention_family_backward(c.q, c.k, c.v, tdo, c.o, c.e);
@@ -125,9 +130,10 @@ void bind_family(nb::module_& m) {
   m.def("linear_attention_backward", &linear_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("dout"),
         nb::arg("opts"), nb::arg("kind"), "-> (dq, dk, dv, path)");
   m.def("attention_family", &family_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"), nb::arg("kind"),
-        "-> (out, path, lse or None)");
+        "-> (out, path, lse or None, kept_index or None, kept_weight or None)");
   m.def("attention_family_backward", &family_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("dout"), nb::arg("opts"), nb::arg("kind"), nb::arg("out") = nb::none(), nb::arg("lse") = nb::none(),
+        nb::arg("kept_index") = nb::none(), nb::arg("kept_weight") = nb::none(),
         "-> (dq, dk, dv, dW, db, dW_q, dW_k, dw_v, dW_a, dtemperature, dbandwidth, dsigmoid_bias, path)");
   m.def("attention_weights", &family_weights_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"),
         nb::arg("kind"), "-> float64 weights [B, Hq, Nq, Nk] (or [..., Dv] multi-dimensional)");

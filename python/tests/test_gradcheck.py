@@ -141,3 +141,37 @@ def test_general_attention_module_biased_matches_torch_formula():
     assert torch.allclose(got, want, atol=1e-12), (got - want).abs().max()
     assert torch.autograd.gradcheck(lambda q, k, v, W, b: at.attention_family(
         q, k, v, score="biased_general", W=W, b=b, q_num_heads=1, kv_num_heads=1), (q, k, v, m.W, m.b))
+
+
+@pytest.mark.parametrize("distribution,k_top", [("hardmax", 1), ("topk", 3), ("topk", 8)])
+def test_sparse_rows_backward_from_their_kept_keys(distribution, k_top):
+    # float32 runs the fused path, whose forward keeps each row's keys; the autograd Function
+    # gives them back to the backward. Its gradients are those of the backward that finds the keys
+    # again (the same bits), and of the same formula written in torch (float64, top-k + softmax).
+    import attn
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, 37, 16, generator=g) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    q, k, v = (x.contiguous().requires_grad_() for x in (q, k, v))
+    dout = torch.randn(2, 4, 37, 16, generator=g)
+    opts = {"distribution": distribution, "top_k": k_top} if distribution == "topk" else {"distribution": distribution}
+    out = at.attention_family(q, k, v, **opts)
+    out.backward(dout)
+    again = attn.attention_family_backward(q.detach(), k.detach(), v.detach(), dout, **opts)
+    for got, want in ((q.grad, again.dq), (k.grad, again.dk), (v.grad, again.dv)):
+        assert torch.equal(got, torch.as_tensor(want))
+    q64, k64, v64 = (x.detach().double().repeat_interleave(2, dim=1) if x is not q else x.detach().double()
+                     for x in (q, k, v))
+    q64, k64, v64 = (x.requires_grad_() for x in (q64, k64, v64))
+    s = q64 @ k64.transpose(-1, -2) / 4.0
+    top, idx = s.topk(k_top, dim=-1)
+    alpha = torch.softmax(top, dim=-1)
+    ref = (alpha.unsqueeze(-1) * torch.gather(v64.unsqueeze(2).expand(-1, -1, 37, -1, -1), 3,
+                                               idx[..., None].expand(-1, -1, -1, -1, 16))).sum(-2)
+    ref.backward(dout.double())
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+    dk = k64.grad.view(2, 2, 2, 37, 16).sum(2) if distribution == "topk" else torch.zeros(2, 2, 37, 16, dtype=torch.float64)
+    dq = q64.grad if distribution == "topk" else torch.zeros_like(q64)
+    assert torch.allclose(q.grad.double(), dq, atol=1e-4)
+    assert torch.allclose(k.grad.double(), dk, atol=1e-4)
+    assert torch.allclose(v.grad.double(), v64.grad.view(2, 2, 2, 37, 16).sum(2), atol=1e-4)

@@ -963,20 +963,25 @@ void fam_dkdv(const family_rows& pr) {
 }
 
 // ---- hardmax and top-k: the kept keys of every lane (for the sparse backward) ----
-template <family_dist Dist, int CC>
+// Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_lanes::qtw, kw), the
+// key range widened to whole pairs as the forward's (the keys no lane sees get s = -inf: never kept).
+template <class Ops, family_dist Dist, int CC>
 void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
+  constexpr bool pairs = Ops::kPack == 2;
   const std::int64_t L = CC * W;
   set_empty_stats<CC>(lb);
   for (std::int64_t x = 0; x < L; ++x) out.cnt[x] = 0;
   std::int64_t kmin, kmax;
   fam_range(lb, kmin, kmax);
   if (kmin >= kmax) return;
+  if constexpr (pairs) kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;
   const family_params& fp = lb.fp;
   const lane_scratch sc(lb, kmax - kmin + kLaneKeyBlock);
-  const bool need_g = fp.act != family_act::identity;
+  const bool need_g = !pairs && fp.act != family_act::identity;
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-    const std::int64_t o = (j0 - kmin) * L;
-    lane_scores<CC>(lb, j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, need_g ? sc.G + o : nullptr, sc.mask);
+    const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
+    if constexpr (pairs) lane_scores_pairs<Ops, CC>(lb, j0, nb, sc.S + o, sc.mask);
+    else lane_scores<CC>(lb, j0, nb, sc.S + o, need_g ? sc.G + o : nullptr, sc.mask);
   }
   lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
   for (int c = 0; c < CC; ++c) {
@@ -1036,9 +1041,10 @@ void fam_dkdv_bf16_entry(const family_rows& pr) {
   with_dist(pr.fp.dist, [&](auto d) { fam_dkdv<bf16_pair_operands<Dot>, decltype(d)::value>(pr); });
 }
 
+template <class Ops>
 void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
-  if (lb.fp.dist == family_dist::hardmax) fam_kept_keys<family_dist::hardmax, C>(lb, out);
-  else fam_kept_keys<family_dist::topk, C>(lb, out);
+  if (lb.fp.dist == family_dist::hardmax) fam_kept_keys<Ops, family_dist::hardmax, C>(lb, out);
+  else fam_kept_keys<Ops, family_dist::topk, C>(lb, out);
 }
 
 }  // namespace
@@ -1056,11 +1062,26 @@ constexpr family_table make_family_table(const char* name) {
   void (*forward_bf16)(const family_lanes&, float*) = nullptr;
   void (*dkdv_bf16)(const family_rows&) = nullptr;
   void (*dq_bf16)(const family_lanes&, const family_dq_io&) = nullptr;
+  void (*kept_bf16)(const family_lanes&, const family_kept&) = nullptr;
   if constexpr (Dot::available)
-    forward_bf16 = fam_forward_bf16_entry<Dot>, dkdv_bf16 = fam_dkdv_bf16_entry<Dot>, dq_bf16 = fam_dq_bf16_entry<Dot>;
-  return {name,           W,           C * W,          fam_forward_entry, fam_dq_entry, fam_dkdv_entry,
-          fam_kept_entry, md_forward_entry, md_dq_entry, md_dkdv_entry, forward_bf16, dkdv_bf16, dq_bf16,
-          lin_forward_entry, lin_backward_entry};
+    forward_bf16 = fam_forward_bf16_entry<Dot>, dkdv_bf16 = fam_dkdv_bf16_entry<Dot>, dq_bf16 = fam_dq_bf16_entry<Dot>,
+    kept_bf16 = fam_kept_entry<bf16_pair_operands<Dot>>;
+  return {name,
+          W,
+          C * W,
+          fam_forward_entry,
+          fam_dq_entry,
+          fam_dkdv_entry,
+          fam_kept_entry<fam_ops>,
+          md_forward_entry,
+          md_dq_entry,
+          md_dkdv_entry,
+          forward_bf16,
+          dkdv_bf16,
+          dq_bf16,
+          kept_bf16,
+          lin_forward_entry,
+          lin_backward_entry};
 }
 
 }  // namespace

@@ -257,6 +257,8 @@ struct family_table {
   void (*dkdv_bf16)(const family_rows&);
   // The dq pass (lane layout, with the row statistics) of dot scores on bf16 pair operands.
   void (*dq_bf16)(const family_lanes&, const family_dq_io&);
+  // kept on bf16 pair operands (family_lanes::qtw, kw): the forward of sparse rows of bf16 inputs.
+  void (*kept_bf16)(const family_lanes&, const family_kept&);
   // Linear attention of one query head (family_linear): out [Nq][Dvp]; the backward from
   // dout [Nq][Dvp].
   void (*linear_forward)(const family_linear&, float* out);

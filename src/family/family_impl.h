@@ -142,19 +142,34 @@ struct fused_grad_sink {
 // r = Σ α dα / Σ α is dout·out — for the others (sparsemax's support mean, entmax15's √α
 // weighting, …) r needs every key.
 bool fused_keeps_stats(const fproblem& fp);
+// The keys each hardmax (zero gradient) or top-k row keeps (fused.cc, sparse_rows): up to K per
+// row, idx and α [B·Hq·Nq][K] in key order (−1 and 0 past the row's cnt), g = the score's act′.
+struct kept_rows {
+  std::int64_t K = 0;
+  std::vector<std::int32_t> cnt, idx;
+  std::vector<float> alpha, g;
+};
 // The forward's statistics, given back to the backward: log_norm [B·Hq·Nq] the log of each row's
-// normaliser (log Σ e^s, log Σ e; -inf for a row with none), out [B, Hq, Nq, Dv] the result.
+// normaliser (log Σ e^s, log Σ e; -inf for a row with none), out [B, Hq, Nq, Dv] the result; kept
+// the kept keys (K = 0: none).
 struct fused_saved {
   const float* log_norm = nullptr;
   strided4 out;
+  kept_rows kept;
 };
+// Whether the backward can start from a forward's kept keys without their g: the zero gradient of
+// hardmax needs none, and g = 1 for the identity activation.
+bool kept_reusable(const fproblem& fp);
 // As tiled_forward / tiled_backward, in f32 on the fused kernels, writing every element of `out`
 // [B, Hq, Nq, Dv] and of the sink's views; return the ISA level's name. The backward adds the
 // scalar parameter gradients (dbias, dsigmoid_bias) to acc. The forward also writes log_norm
-// [B·Hq·Nq] where it is not null and fused_keeps_stats; the backward starts from `saved` where
-// it is not null: box scores (a zero score gradient) skip the dq pass, dot-product scores take
-// the single pass; the others recompute as without it.
-const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm = nullptr);
+// [B·Hq·Nq] where it is not null and fused_keeps_stats, and the kept keys into `kept` where it is
+// not null and the rows were sparse (hardmax, top-k; K = 0 otherwise). The backward starts from
+// `saved` where it is not null: box scores (a zero score gradient) skip the dq pass, dot-product
+// scores take the single pass, sparse rows skip the pass that finds their keys (kept_reusable);
+// the others recompute as without it.
+const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm = nullptr,
+                          kept_rows* kept = nullptr);
 const char* fused_backward(const fproblem& fp, const fused_source& src, const strided4& dout,
                            const fused_grad_sink& sink, grad_acc& acc, const fused_saved* saved = nullptr);
 // The weights α [B, Hq, Nq, Nk] into w from the fused forward kernels (recomputed lane block by

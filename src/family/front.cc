@@ -261,8 +261,17 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   if (C.path == family_path::fused) {
     r.out = empty_bhnx(c.B, c.Hq, c.Nq, c.Dv, c.rank, c.type);
     if (fused_keeps_stats(C.fp)) r.lse = Tensor::empty({c.B, c.Hq, c.Nq}, dtype::f32);
+    kept_rows kept;
     r.path = fmt::format("fused ({})", fused_forward(C.fp, src, as_bhnx(r.out, c.Hq),
-                                                     r.lse.defined() ? static_cast<float*>(r.lse.data()) : nullptr));
+                                                     r.lse.defined() ? static_cast<float*>(r.lse.data()) : nullptr,
+                                                     &kept));
+    if (kept.K > 0) {
+      r.kept_index = Tensor::empty({c.B, c.Hq, c.Nq, kept.K}, dtype::i64);
+      r.kept_weight = Tensor::empty({c.B, c.Hq, c.Nq, kept.K}, dtype::f32);
+      auto* ix = static_cast<std::int64_t*>(r.kept_index.data());
+      std::copy(kept.idx.begin(), kept.idx.end(), ix);
+      std::copy(kept.alpha.begin(), kept.alpha.end(), static_cast<float*>(r.kept_weight.data()));
+    }
     return r;
   }
   std::vector<double> out;
@@ -274,6 +283,67 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
 }
 
 namespace {
+
+// The keys a forward kept (family_result::kept_index, kept_weight), checked against the call:
+// both or neither, [B, Hq, Nq, K] with K what the distribution keeps, indices int64 in [0, Nk)
+// rising along each row, then -1 to its end.
+void check_kept(const char* op, const family_result& fwd, const call& C) {
+  const score_call& c = C.c;
+  if (!fwd.kept_index.defined() && !fwd.kept_weight.defined()) return;
+  if (fwd.kept_index.defined() != fwd.kept_weight.defined())
+    fail(op, fmt::format("forward.kept_index is {} but forward.kept_weight is {} (give both or neither)",
+                         fwd.kept_index.defined() ? "given" : "empty", fwd.kept_weight.defined() ? "given" : "empty"));
+  const bool sparse = C.fp.dist == distribution_kind::hardmax || C.fp.dist == distribution_kind::topk;
+  if (!sparse)
+    fail(op, fmt::format("forward.kept_index is given, but distribution {} keeps no key set (hardmax and topk do)",
+                         to_string(C.fp.dist)));
+  const std::int64_t K = C.fp.dist == distribution_kind::hardmax ? 1 : C.fp.topk;
+  const Shape ks{c.B, c.Hq, c.Nq, K};
+  if (fwd.kept_index.shape() != ks)
+    fail(op, fmt::format("forward.kept_index has shape {}, expected {} (B, Hq, Nq, K)", shape_str(fwd.kept_index.shape()),
+                         shape_str(ks)));
+  if (fwd.kept_weight.shape() != ks)
+    fail(op, fmt::format("forward.kept_weight has shape {}, expected {} (B, Hq, Nq, K)",
+                         shape_str(fwd.kept_weight.shape()), shape_str(ks)));
+  if (fwd.kept_index.type() != dtype::i64)
+    fail(op, fmt::format("forward.kept_index has dtype {}, expected int64", dtype_name(fwd.kept_index.type())));
+  if (!is_floating(fwd.kept_weight.type()))
+    fail(op, fmt::format("forward.kept_weight has dtype {}, expected a float dtype", dtype_name(fwd.kept_weight.type())));
+  const Tensor ix = fwd.kept_index.view().is_contiguous() ? fwd.kept_index : Tensor::copy_of(fwd.kept_index.view());
+  const auto* p = static_cast<const std::int64_t*>(ix.data());
+  for (std::int64_t r = 0; r < c.B * c.Hq * c.Nq; ++r) {
+    std::int64_t last = -1;
+    bool ended = false;
+    for (std::int64_t e = 0; e < K; ++e) {
+      const std::int64_t j = p[r * K + e];
+      const bool ok = ended ? j == -1 : (j == -1 || (j > last && j < c.Nk));
+      if (!ok)
+        fail(op, fmt::format("forward.kept_index row {} entry {} is {}: expected keys in [0, {}) rising along the row, "
+                             "then -1",
+                             r, e, j, c.Nk));
+      if (j == -1) ended = true;
+      else last = j;
+    }
+  }
+}
+
+// The checked kept keys as the fused backward reads them (g = 1: kept_reusable).
+kept_rows kept_of(const family_result& fwd, const score_call& c) {
+  const std::int64_t K = fwd.kept_index.shape()[3], n = c.B * c.Hq * c.Nq * K;
+  const Tensor ix = fwd.kept_index.view().is_contiguous() ? fwd.kept_index : Tensor::copy_of(fwd.kept_index.view());
+  const Tensor w = fwd.kept_weight.type() == dtype::f32 && fwd.kept_weight.view().is_contiguous()
+                       ? fwd.kept_weight
+                       : fwd.kept_weight.to(dtype::f32);
+  const auto* p = static_cast<const std::int64_t*>(ix.data());
+  const auto* a = static_cast<const float*>(w.data());
+  kept_rows kr;
+  kr.K = K;
+  kr.idx.assign(p, p + n), kr.alpha.assign(a, a + n), kr.g.assign(std::size_t(n), 1.0f);
+  kr.cnt.assign(std::size_t(c.B * c.Hq * c.Nq), 0);
+  for (std::int64_t r = 0; r < c.B * c.Hq * c.Nq; ++r)
+    for (std::int64_t e = 0; e < K && p[r * K + e] >= 0; ++e) ++kr.cnt[std::size_t(r)];
+  return kr;
+}
 
 // The backward of both entry points; `fwd`: the forward's result, or null.
 family_grads family_backward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& dout,
@@ -302,6 +372,7 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
     const Shape ls{c.B, c.Hq, c.Nq};
     if (fwd->lse.defined() && fwd->lse.shape() != ls)
       fail(op, fmt::format("forward.lse has shape {}, expected {} (B, Hq, Nq)", shape_str(fwd->lse.shape()), shape_str(ls)));
+    check_kept(op, *fwd, C);
   }
   if (C.path == family_path::core) {
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
@@ -320,6 +391,10 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
   Tensor saved_lse;
   fused_saved saved;
   const auto saved_of = [&]() -> const fused_saved* {
+    if (fwd && fwd->kept_index.defined() && kept_reusable(C.fp)) {
+      saved.kept = kept_of(*fwd, c);
+      return &saved;
+    }
     if (!fwd || !fwd->lse.defined() || !fused_keeps_stats(C.fp)) return nullptr;
     saved_lse = fwd->lse.type() == dtype::f32 && fwd->lse.view().is_contiguous() ? fwd->lse : fwd->lse.to(dtype::f32);
     saved.log_norm = static_cast<const float*>(saved_lse.data());

@@ -396,6 +396,68 @@ struct lane_state {
   std::int64_t row(const fproblem& fp, std::int64_t b, std::int64_t x) const { return (b * fp.Hq + h[x]) * fp.Nq + i[x]; }
 };
 
+
+bool forced_two_pass() {
+  const char* env = std::getenv("ATTN_FAMILY_BACKWARD");
+  return env && std::string_view(env) == "two_pass";
+}
+
+// hardmax (zero gradient) and top-k with k <= kSparseTopk have at most k non-zero weights per
+// row: the forward finds each row's kept keys (find_kept) and sums α v over them alone, O(k·Dv)
+// per row in place of the product with every key's V, and keeps them for the backward. The
+// backward then needs O(k·(P + Dv)) per row: dα = dout·v_j, dz, and dq, dk, dv of those keys
+// alone — no dP, dq or dk/dv products over every key (3 products of 7); from the forward's kept
+// keys where it has them, otherwise from the scores once more. ATTN_FAMILY_SPARSE=0 takes the
+// dense forms (the weights' product with every V, the two passes) for comparisons;
+// ATTN_FAMILY_BACKWARD=two_pass the dense backward alone.
+constexpr std::int64_t kSparseTopk = 32;
+std::int64_t sparse_rows(const fproblem& fp) {
+  const char* env = std::getenv("ATTN_FAMILY_SPARSE");
+  if ((env && std::string_view(env) == "0") || fp.F > 1) return 0;
+  if (fp.dist == distribution_kind::hardmax) return fp.hardmax_grad == hardmax_gradient::zero ? 1 : 0;
+  return fp.dist == distribution_kind::topk && fp.topk <= kSparseTopk ? fp.topk : 0;
+}
+std::int64_t sparse_keep(const fproblem& fp) { return forced_two_pass() ? 0 : sparse_rows(fp); }
+
+// The kept keys of every row (lane layout over (b, hkv, lane block)): up to K per row in key
+// order, with their α and g = the score's act′ (1 for the identity activation).
+kept_rows find_kept(const fproblem& fp, const fused_inputs& in, std::int64_t K) {
+  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, L = in.L, nlb = in.nlb;
+  kept_rows kr;
+  kr.K = K;
+  kr.cnt.assign(std::size_t(nrows), 0), kr.idx.assign(std::size_t(nrows * K), -1);
+  kr.alpha.assign(std::size_t(nrows * K), 0.0f), kr.g.assign(std::size_t(nrows * K), 0.0f);
+#pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
+  {
+    lane_state ls(fp, in);
+    std::vector<std::int32_t> cnt(static_cast<std::size_t>(L)), idx(static_cast<std::size_t>(L * K));
+    std::vector<float> al(std::size_t(L * K)), gz(std::size_t(L * K));
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t u = 0; u < in.units; ++u) {
+      const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
+      (in.pairs ? in.kt.kept_bf16 : in.kt.kept)(ls.set(fp, in, b, hkv, lbi),
+                                                cpu::family_kept{K, cnt.data(), idx.data(), al.data(), gz.data()});
+      for (std::int64_t x = 0; x < ls.nl; ++x) {
+        const std::int64_t r = ls.row(fp, b, x), n = cnt[std::size_t(x)];
+        kr.cnt[std::size_t(r)] = std::int32_t(n);
+        std::copy_n(idx.begin() + x * K, n, kr.idx.begin() + r * K);
+        std::copy_n(al.begin() + x * K, n, kr.alpha.begin() + r * K);
+        std::copy_n(gz.begin() + x * K, n, kr.g.begin() + r * K);
+      }
+    }
+  }
+  return kr;
+}
+
+// Every element of the f32 rows finite (a sum a compiler vectorises: inf - inf and NaN stay NaN).
+bool all_finite(const std::vector<float>& x, int nt) {
+  const std::int64_t n = std::int64_t(x.size());
+  float bad = 0.0f;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
+  for (std::int64_t i = 0; i < n; ++i) bad += x[std::size_t(i)] - x[std::size_t(i)];
+  return bad == 0.0f;
+}
+
 }  // namespace
 
 std::string fused_why_not(const fproblem& fp, dtype type) {
@@ -408,13 +470,55 @@ bool fused_keeps_stats(const fproblem& fp) {
   return fp.F == 1 && (fp.dist == distribution_kind::softmax || fp.dist == distribution_kind::kernel);
 }
 
-const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm) {
+bool kept_reusable(const fproblem& fp) {
+  const bool distance = fp.kernel == kernel_kind::box || fp.kernel == kernel_kind::triangle;  // act′ of the kernel
+  return (fp.dist == distribution_kind::hardmax && fp.hardmax_grad == hardmax_gradient::zero) ||
+         (fp.act == act_kind::identity && !distance);
+}
+
+const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm,
+                          kept_rows* kept) {
+  const std::int64_t K = sparse_rows(fp);
   const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src));
   if (!fused_keeps_stats(fp)) log_norm = nullptr;
   if (log_norm) std::fill(log_norm, log_norm + fp.B * fp.Hq * fp.Nq, -kInfF);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(out, fp.B, fp.Hq, fp.Nq, fp.Dv);
     return in.kt.name;
+  }
+  const int nt = std::max(1, fp.p.num_threads);
+  // Sparse rows with every V finite (an inf or NaN in a V no row keeps still meets its α = 0 in
+  // the dense forms, as in the reference; the bf16 products' inputs are checked by forward_use):
+  // out_i = Σ α v over the row's kept keys alone, summed in key order in float64, V read as the
+  // kernels read it (in.V, or the user's bf16 rows where the products take bf16 pairs).
+  if (K && (in.pairs || all_finite(in.V, nt))) {
+    kept_rows kr = find_kept(fp, in, K);
+    const std::int64_t rows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
+#pragma omp parallel num_threads(nt)
+    {
+      std::vector<double> acc(static_cast<std::size_t>(Dv));
+      std::vector<float> row(static_cast<std::size_t>(Dv));
+#pragma omp for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t i = r % fp.Nq, h = r / fp.Nq % fp.Hq, b = r / fp.Nq / fp.Hq, hkv = h / in.G;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (std::int64_t e = 0; e < kr.cnt[std::size_t(r)]; ++e) {
+          const double a = kr.alpha[std::size_t(r * K + e)];
+          const std::int64_t j = kr.idx[std::size_t(r * K + e)];
+          if (in.pairs) {
+            const std::uint16_t* vj = src.v.ptr<std::uint16_t>(b, hkv, j, 0);
+            for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(bf16_to_f32(vj[y * src.v.sx]));
+            continue;
+          }
+          const float* vj = in.V.data() + ((b * fp.Hkv + hkv) * fp.Nk + j) * Dv;
+          for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(vj[y]);
+        }
+        for (std::int64_t y = 0; y < Dv; ++y) row[std::size_t(y)] = float(acc[std::size_t(y)]);
+        put_row(out, b, h, i, Dv, row.data(), 1, 1.0);
+      }
+    }
+    if (kept) *kept = std::move(kr);
+    return in.pairs ? "avx512bf16, bf16 products" : in.kt.name;
   }
   const bool softmax = fp.dist == distribution_kind::softmax;
   const std::int64_t L = in.L, nlb = in.nlb, Dv = fp.Dv;
@@ -577,26 +681,12 @@ struct row_pass {
 // a rule of the shape alone, so results stay bitwise identical for any thread count);
 // ATTN_FAMILY_BACKWARD=two_pass forces the two passes (for comparisons).
 constexpr std::int64_t kSinglePassUnits = 8;
-bool forced_two_pass() {
-  const char* env = std::getenv("ATTN_FAMILY_BACKWARD");
-  return env && std::string_view(env) == "two_pass";
-}
 bool single_pass(const fproblem& fp) {
   const bool streams = fp.dist == distribution_kind::sigmoid || fp.dist == distribution_kind::identity;
   if (!streams || fp.kernel != kernel_kind::dot || fp.B * fp.Hkv < kSinglePassUnits) return false;
   return !forced_two_pass();
 }
 
-// hardmax (zero gradient) and top-k with k <= kSparseTopk have at most k non-zero weights per
-// row, so their backward needs the scores once, to find the kept keys, and then O(k·(P + Dv))
-// per row: dα = dout·v_j, dz, and dq, dk, dv of those keys alone — no dP, dq or dk/dv products
-// over every key (3 products of 7). ATTN_FAMILY_BACKWARD=two_pass forces the two passes.
-constexpr std::int64_t kSparseTopk = 32;
-std::int64_t sparse_keep(const fproblem& fp) {
-  if (forced_two_pass() || fp.F > 1) return 0;
-  if (fp.dist == distribution_kind::hardmax) return fp.hardmax_grad == hardmax_gradient::zero ? 1 : 0;
-  return fp.dist == distribution_kind::topk && fp.topk <= kSparseTopk ? fp.topk : 0;
-}
 
 }  // namespace
 
@@ -728,27 +818,9 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
 
   if (const std::int64_t K = sparse_keep(fp)) {
-    // Pass 1: the kept keys of every row (lane layout over (b, hkv, lane block)).
-    std::vector<std::int32_t> CNT(std::size_t(nrows), 0), IDX(std::size_t(nrows * K));
-    std::vector<float> ALPHA(std::size_t(nrows * K)), GZ(std::size_t(nrows * K));
-#pragma omp parallel num_threads(nt)
-    {
-      lane_state ls(fp, in);
-      std::vector<std::int32_t> cnt(static_cast<std::size_t>(L)), idx(static_cast<std::size_t>(L * K));
-      std::vector<float> al(std::size_t(L * K)), gz(std::size_t(L * K));
-#pragma omp for schedule(dynamic, 1)
-      for (std::int64_t u = 0; u < in.units; ++u) {
-        const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
-        in.kt.kept(ls.set(fp, in, b, hkv, lbi), cpu::family_kept{K, cnt.data(), idx.data(), al.data(), gz.data()});
-        for (std::int64_t x = 0; x < ls.nl; ++x) {
-          const std::int64_t r = ls.row(fp, b, x);
-          CNT[std::size_t(r)] = cnt[std::size_t(x)];
-          std::copy_n(idx.begin() + x * K, K, IDX.begin() + r * K);
-          std::copy_n(al.begin() + x * K, K, ALPHA.begin() + r * K);
-          std::copy_n(gz.begin() + x * K, K, GZ.begin() + r * K);
-        }
-      }
-    }
+    const kept_rows kr = saved && saved->kept.K == K && kept_reusable(fp) ? saved->kept : find_kept(fp, in, K);
+    const std::vector<std::int32_t>&CNT = kr.cnt, &IDX = kr.idx;
+    const std::vector<float>&ALPHA = kr.alpha, &GZ = kr.g;
     // Pass 2: per (b, hkv), its rows in order (so every sum has one order): dα_e = dout·v_j,
     // r = Σ α dα / Σ α, de = α (dα - r), dz = de act′; dot: dq += dz k_j, dk_j += dz q; additive,
     // with t = tanh(qp + kp_j): g = dz w_v ⊙ (1 - t²), dq += g, dk_j += g, dw_v += dz t; distance

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -732,6 +734,170 @@ TEST(FamilyFused, BackwardFromTheForwardsStatistics) {
       EXPECT_FALSE(r.lse.defined()) << to_string(d);
     }
   }
+}
+
+// Sparse rows (hardmax with the zero gradient, top-k with k <= 32) keep their keys: the forward
+// returns kept_index / kept_weight — the reference's support and weights on well-separated scores,
+// out = Σ kept_weight · v, the dense forward's out (ATTN_FAMILY_SPARSE=0) within f32 rounding —
+// and the backward from them equals the backward that finds the keys again (bitwise) and the
+// reference; the same bits for any thread count; a changed weight changes dv (the backward reads
+// them); a V with an inf keeps the dense forms and returns no keys; bad keys are refused by message.
+TEST(FamilyFused, SparseRowsKeepTheirKeys) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(17);
+    struct pair_case {
+      score_kind s;
+      distribution_kind d;
+      std::int64_t k;
+      dtype t;
+    };
+    for (const pair_case& pc : {pair_case{score_kind::scaled_dot, distribution_kind::hardmax, 1, dtype::f32},
+                                pair_case{score_kind::dot, distribution_kind::topk, 3, dtype::f32},
+                                pair_case{score_kind::cosine, distribution_kind::topk, 8, dtype::f32},
+                                pair_case{score_kind::activated_general, distribution_kind::topk, 2, dtype::f32},
+                                pair_case{score_kind::scaled_dot, distribution_kind::topk, 5, dtype::bf16},
+                                pair_case{score_kind::scaled_dot, distribution_kind::hardmax, 1, dtype::bf16}})
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = mask == 2 ? 37 : 11, Nk = std::vector<std::int64_t>{150, 1, 133, 64, 4}[std::size_t(mask)];
+        family_case c(pc.s, pc.d, rng, 2, 4, 2, Nq, Nk, 6, 5);
+        c.opt.distribution.k = pc.k;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(pc.t), k = c.k.to(pc.t), v = c.v.to(pc.t);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, pc.t, rng);
+        const std::string what = isa + " " + case_name(pc.s, pc.d) + " k " + std::to_string(pc.k) + " " +
+                                 std::string(dtype_name(pc.t)) + " mask " + std::to_string(mask);
+        SCOPED_TRACE(what);
+        const execution e{.path = family_path::fused, .num_threads = 2};
+        const family_result fwd = attention_family(q, k, v, c.opt, e);
+        const Shape ks{c.B, c.Hq, c.Nq, pc.k};
+        ASSERT_TRUE(fwd.kept_index.defined());
+        ASSERT_EQ(fwd.kept_index.shape(), ks);
+        ASSERT_EQ(fwd.kept_weight.shape(), ks);
+        EXPECT_EQ(fwd.kept_index.type(), dtype::i64);
+        EXPECT_EQ(fwd.kept_weight.type(), dtype::f32);
+        // The support and weights of the reference; out = Σ kept_weight · v.
+        const auto ix = fwd.kept_index.to_vector(), kw = fwd.kept_weight.to_vector();
+        const auto w = attention_family_weights(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference}).to_vector();
+        const auto vv = f64(v).to_vector(), out = fwd.out.to(dtype::f64).to_vector();
+        const std::int64_t G = c.Hq / c.Hkv;
+        double worst = 0.0;
+        for (std::int64_t r = 0; r < c.B * c.Hq * c.Nq; ++r) {
+          const std::int64_t b = r / (c.Hq * c.Nq), h = r / c.Nq % c.Hq;
+          std::vector<double> o(std::size_t(c.Dv), 0.0);
+          std::int64_t e2 = 0;
+          for (std::int64_t j = 0; j < c.Nk; ++j) {
+            const double wj = w[std::size_t(r * c.Nk + j)];
+            if (wj == 0.0) continue;
+            ASSERT_LT(e2, pc.k) << "row " << r;
+            EXPECT_EQ(ix[std::size_t(r * pc.k + e2)], double(j)) << "row " << r << " entry " << e2;
+            EXPECT_NEAR(kw[std::size_t(r * pc.k + e2)], wj, 1e-5) << "row " << r << " entry " << e2;
+            ++e2;
+          }
+          for (std::int64_t e3 = e2; e3 < pc.k; ++e3) {
+            EXPECT_EQ(ix[std::size_t(r * pc.k + e3)], -1.0) << "row " << r << " entry " << e3;
+            EXPECT_EQ(kw[std::size_t(r * pc.k + e3)], 0.0) << "row " << r << " entry " << e3;
+          }
+          for (std::int64_t e3 = 0; e3 < e2; ++e3) {
+            const std::int64_t j = std::int64_t(ix[std::size_t(r * pc.k + e3)]);
+            for (std::int64_t y = 0; y < c.Dv; ++y)
+              o[std::size_t(y)] += kw[std::size_t(r * pc.k + e3)] * vv[std::size_t(((b * c.Hkv + h / G) * c.Nk + j) * c.Dv + y)];
+          }
+          for (std::int64_t y = 0; y < c.Dv; ++y)
+            worst = std::max(worst, std::abs(o[std::size_t(y)] - out[std::size_t(r * c.Dv + y)]));
+        }
+        EXPECT_LT(worst, pc.t == dtype::bf16 ? 2e-2 : 1e-5);
+        // The dense forms give the same result.
+        setenv("ATTN_FAMILY_SPARSE", "0", 1);
+        const family_result dense = attention_family(q, k, v, c.opt, e);
+        const family_grads dense_g = attention_family_backward(q, k, v, dout, c.opt, e);
+        unsetenv("ATTN_FAMILY_SPARSE");
+        EXPECT_FALSE(dense.kept_index.defined());
+        EXPECT_TRUE(all_close(fwd.out, dense.out, pc.t == dtype::bf16 ? tolerance_for(dtype::bf16) : 1e-5));
+        // The backward from the kept keys: the backward that finds them again, bit for bit, the
+        // dense backward and the reference.
+        const family_grads got = attention_family_backward(q, k, v, dout, fwd, c.opt, e);
+        const family_grads again = attention_family_backward(q, k, v, dout, c.opt, e);
+        if (pc.s != score_kind::activated_general) {  // (tanh's act′ is not kept: it finds the keys again)
+          EXPECT_TRUE(same_bits(got.dq, again.dq));
+          EXPECT_TRUE(same_bits(got.dk, again.dk));
+          EXPECT_TRUE(same_bits(got.dv, again.dv));
+        }
+        const double tol = pc.t == dtype::bf16 ? tolerance_for(dtype::bf16) : 2e-4;
+        EXPECT_TRUE(all_close(got.dv, dense_g.dv, tol));
+        EXPECT_TRUE(all_close(got.dq, dense_g.dq, tol));
+        EXPECT_TRUE(all_close(got.dk, dense_g.dk, tol));
+        if (pc.t == dtype::f32)
+          expect_close(result{fwd, got}, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4, what);
+        for (int t : {1, 3}) {
+          const execution et{.path = family_path::fused, .num_threads = t};
+          const family_result f1 = attention_family(q, k, v, c.opt, et);
+          EXPECT_TRUE(same_bits(f1.out, fwd.out)) << "threads " << t;
+          EXPECT_TRUE(same_bits(f1.kept_weight, fwd.kept_weight)) << "threads " << t;
+          const family_grads g1 = attention_family_backward(q, k, v, dout, f1, c.opt, et);
+          EXPECT_TRUE(same_bits(g1.dq, got.dq)) << "threads " << t;
+          EXPECT_TRUE(same_bits(g1.dk, got.dk)) << "threads " << t;
+          EXPECT_TRUE(same_bits(g1.dv, got.dv)) << "threads " << t;
+        }
+        if (mask == 1 || pc.s == score_kind::activated_general) continue;  // (Nk 1: weights 1 or 0)
+        family_result doubled = fwd;
+        doubled.kept_weight = Tensor::copy_of(fwd.kept_weight);
+        for (std::int64_t i = 0; i < doubled.kept_weight.numel(); ++i) static_cast<float*>(doubled.kept_weight.data())[i] *= 2.0f;
+        EXPECT_FALSE(all_close(attention_family_backward(q, k, v, dout, doubled, c.opt, e).dv, got.dv, 1e-3))
+            << "doubled weights must change dv";
+      }
+    // A V with an inf: the dense forms (its α = 0 meets it where no row keeps it), no keys.
+    family_case c(score_kind::scaled_dot, distribution_kind::topk, rng, 1, 2, 1, 5, 9, 4, 3);
+    c.opt.distribution.k = 2;
+    Tensor v = c.v.to(dtype::f32);
+    static_cast<float*>(v.data())[3 * 3 + 1] = std::numeric_limits<float>::infinity();
+    const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32);
+    const family_result r = attention_family(q, k, v, c.opt, {.path = family_path::fused});
+    EXPECT_FALSE(r.kept_index.defined());
+    const family_result ref = attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
+    const auto a = r.out.to_vector(), want = ref.out.to_vector();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::isnan(want[i])) EXPECT_TRUE(std::isnan(a[i])) << i;
+      else if (std::isinf(want[i])) EXPECT_EQ(a[i], want[i]) << i;
+      else EXPECT_NEAR(a[i], want[i], 1e-5) << i;
+  }
+}
+
+// Keys given back to the backward are checked: both or neither, the shape and dtypes of the
+// call, keys in range rising along each row then -1, and only for the sparse distributions.
+TEST(FamilyFused, SparseKeysGivenBackAreChecked) {
+  std::mt19937 rng(23);
+  family_case c(score_kind::scaled_dot, distribution_kind::topk, rng, 1, 2, 1, 3, 6, 4, 3);
+  c.opt.distribution.k = 2;
+  const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+  const Tensor dout = random_tensor({1, 2, 3, 3}, dtype::f32, rng);
+  const family_result fwd = attention_family(q, k, v, c.opt);
+  ASSERT_TRUE(fwd.kept_index.defined());
+  family_result one = fwd;
+  one.kept_weight = Tensor();
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, one, c.opt), "forward.kept_index is given but forward.kept_weight is empty");
+  family_result shape = fwd;
+  shape.kept_index = Tensor::zeros({1, 2, 3, 3}, dtype::i64);
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, shape, c.opt), "forward.kept_index has shape [1, 2, 3, 3], expected [1, 2, 3, 2]");
+  family_result type = fwd;
+  type.kept_index = fwd.kept_weight;
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, type, c.opt), "forward.kept_index has dtype float32, expected int64");
+  const auto set = [&](std::vector<double> row0) {
+    family_result bad = fwd;
+    bad.kept_index = Tensor::copy_of(fwd.kept_index);
+    auto* p = static_cast<std::int64_t*>(bad.kept_index.data());
+    for (std::size_t e = 0; e < row0.size(); ++e) p[e] = std::int64_t(row0[e]);
+    return bad;
+  };
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, set({0, 6}), c.opt), "forward.kept_index row 0 entry 1 is 6");
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, set({3, 3}), c.opt), "rising along the row, then -1");
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, set({-1, 2}), c.opt), "forward.kept_index row 0 entry 1 is 2");
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, set({-2, -1}), c.opt), "row 0 entry 0 is -2");
+  family_options soft = c.opt;
+  soft.distribution.kind = distribution_kind::softmax;
+  EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, fwd, soft), "distribution softmax keeps no key set");
+  // A valid row with fewer keys is taken: -1 to the end.
+  EXPECT_NO_THROW(attention_family_backward(q, k, v, dout, set({4, -1}), c.opt));
 }
 
 // attention_family_weights from the fused kernels: the reference's weights within f32 rounding
