@@ -116,16 +116,21 @@ void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, 
       for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = double(src[x * ss]) * mul;
       break;
     }
+    case dtype::bf16: {  // (as store's rounding: to float, then to bf16)
+      std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+      for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = f32_to_bf16(float(double(src[x * ss]) * mul));
+      break;
+    }
     default:
       for (std::int64_t x = 0; x < X; ++x) s.store(b, h, n, x, double(src[x * ss]) * mul);
   }
 }
 
 void zero_rows(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X) {
+  const std::vector<float> zeros(static_cast<std::size_t>(X), 0.0f);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t x = 0; x < X; ++x) s.store(b, h, n, x, 0.0);
+      for (std::int64_t n = 0; n < N; ++n) put_row(s, b, h, n, X, zeros.data(), 1, 1.0);
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
