@@ -418,11 +418,30 @@ void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
   for (std::int64_t x = 0; x < lb.P; ++x)
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) qn[c] += load(lb.qt + x * L + c * W) * load(lb.qt + x * L + c * W);
+  // ‖k‖² of the block's keys, W keys at a time: W sums of squares, then one transpose-add
+  // (P a multiple of W; otherwise key by key).
+  alignas(64) float knb[kLaneKeyBlock + W];
+  for (std::int64_t jj = 0; jj < nb; jj += W) {
+    if (lb.P % W != 0) {
+      for (std::int64_t t = jj; t < imin(jj + W, nb); ++t) knb[t] = sum_squares(lb.k + (j0 + t) * lb.ksn, lb.P);
+      continue;
+    }
+    vf acc[W];
+#pragma GCC unroll 16
+    for (int t = 0; t < W; ++t) {
+      acc[t] = vf{};
+      if (jj + t >= nb) continue;
+      const float* kj = lb.k + (j0 + jj + t) * lb.ksn;
+      for (std::int64_t x = 0; x < lb.P; x += W) acc[t] += load(kj + x) * load(kj + x);
+    }
+    transpose_add(acc);
+    store(knb + jj, acc[0]);
+  }
   const vf h2 = splat(lb.fp.h * lb.fp.h), tol = box_tolerance(lb.P);
   const distance_terms tm;
   for (std::int64_t jj = 0; jj < nb; ++jj) {
     const float* kj = lb.k + (j0 + jj) * lb.ksn;
-    const vf kn = splat(sum_squares(kj, lb.P));
+    const vf kn = splat(knb[jj]);
     vi any{}, un[CC];
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
@@ -452,11 +471,27 @@ inline void box_row_scores(const family_rows& pr, float* S) {
     for (std::int64_t x = 0; x < pr.P; ++x) a += load(pr.kt + x * ld + y) * load(pr.kt + x * ld + y);
     store(kn + y, a);
   }
+  // ‖q‖² of the rows, W rows at a time as box_lane_scores does the keys (up to kBoxRows rows).
+  constexpr std::int64_t kBoxRows = 128;
+  alignas(64) float qnb[kBoxRows + W];
+  const bool grouped = pr.P % W == 0 && pr.nq <= kBoxRows;
+  for (std::int64_t r0 = 0; grouped && r0 < pr.nq; r0 += W) {
+    vf acc[W];
+#pragma GCC unroll 16
+    for (int t = 0; t < W; ++t) {
+      acc[t] = vf{};
+      if (r0 + t >= pr.nq) continue;
+      const float* qr = pr.q + (r0 + t) * pr.qsn;
+      for (std::int64_t x = 0; x < pr.P; x += W) acc[t] += load(qr + x) * load(qr + x);
+    }
+    transpose_add(acc);
+    store(qnb + r0, acc[0]);
+  }
   const vf h2 = splat(pr.fp.h * pr.fp.h), tol = box_tolerance(pr.P);
   const distance_terms tm;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     const float* qr = pr.q + r * pr.qsn;
-    const vf qn = splat(sum_squares(qr, pr.P));
+    const vf qn = splat(grouped ? qnb[r] : sum_squares(qr, pr.P));
     vi any{};
     for (std::int64_t y = 0; y < ld; y += W) {
       float* sr = S + r * ld + y;
