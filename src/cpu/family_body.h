@@ -327,11 +327,16 @@ void elem_row_scores(const family_rows& pr, const T& tm, float* S) {
 }
 
 // Row layout, backward: dkt[x][y] += kb · scale(x) Σ_r dz[r][y] ∂/∂a. Rows whose dz is zero for
-// every key of the block are skipped; scratch holds nq indices.
+// every key of the block are skipped. Single pass (pr.dq, additive): also dq[r][x] += scale(x)
+// Σ_y dz[r][y] ∂/∂a — each live row's sum over the key vectors kept as a vector (qacc), its lanes
+// added by a transpose-add of W rows at a time — and pr.dw_v[x] += Σ_r,y dz ∂/∂w_x. scratch:
+// nq·W floats (64-byte aligned), then nq indices.
 template <class T>
 void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* scratch) {
   const std::int64_t ld = pr.ldk;
-  std::int32_t* live = reinterpret_cast<std::int32_t*>(scratch);
+  const bool with_dq = pr.dq != nullptr;
+  float* qacc = scratch;
+  std::int32_t* live = reinterpret_cast<std::int32_t*>(scratch + pr.nq * W);
   std::int64_t nlive = 0;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     bool any = false;
@@ -340,6 +345,9 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
   }
   for (std::int64_t x = 0; x < pr.P; ++x) {
     const vf fx = splat(T::kb * tm.scale(x));
+    if (with_dq)
+      for (std::int64_t e = 0; e < nlive; ++e) store(qacc + e * W, vf{});
+    vf dwx{};
     std::int64_t y = 0;
     for (; y + 4 * W <= ld; y += 4 * W) {  // four vectors of keys: four independent sums over the live rows, in order
       vf kx[4], g[4];
@@ -348,11 +356,15 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
       for (std::int64_t e = 0; e < nlive; ++e) {
         const std::int64_t r = live[e];
         const vf a = splat(pr.q[r * pr.qsn + x]);
+        vf p[4], gw[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          vf gw;
-          g[c] += load(dz + r * ld + y + c * W) * tm.grad(x, a, kx[c], &gw);
+          const vf d = load(dz + r * ld + y + c * W);
+          p[c] = d * tm.grad(x, a, kx[c], &gw[c]);
+          g[c] += p[c];
+          if (with_dq) dwx += d * gw[c];
         }
+        if (with_dq) store(qacc + e * W, load(qacc + e * W) + ((p[0] + p[1]) + (p[2] + p[3])));
       }
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) store(pr.dkt + x * ld + y + c * W, load(pr.dkt + x * ld + y + c * W) + fx * g[c]);
@@ -362,10 +374,27 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
       vf g{};
       for (std::int64_t e = 0; e < nlive; ++e) {
         const std::int64_t r = live[e];
+        const vf d = load(dz + r * ld + y);
         vf gw;
-        g += load(dz + r * ld + y) * tm.grad(x, splat(pr.q[r * pr.qsn + x]), kx, &gw);
+        const vf p = d * tm.grad(x, splat(pr.q[r * pr.qsn + x]), kx, &gw);
+        g += p;
+        if (with_dq) dwx += d * gw, store(qacc + e * W, load(qacc + e * W) + p);
       }
       store(pr.dkt + x * ld + y, load(pr.dkt + x * ld + y) + fx * g);
+    }
+    if (!with_dq) continue;
+    if constexpr (T::weighted) {
+      double sw = 0.0;
+      for (int l = 0; l < W; ++l) sw += double(dwx[l]);
+      pr.dw_v[x] += sw;
+    }
+    const float sx = tm.scale(x);
+    for (std::int64_t e0 = 0; e0 < nlive; e0 += W) {  // W live rows' sums at a time
+      vf rows[W];
+#pragma GCC unroll 16
+      for (int t = 0; t < W; ++t) rows[t] = e0 + t < nlive ? load(qacc + (e0 + t) * W) : vf{};
+      transpose_add(rows);
+      for (std::int64_t t = 0; t < imin(W, nlive - e0); ++t) pr.dq[live[e0 + t] * pr.dqs + x] += sx * rows[0][t];
     }
   }
 }
@@ -980,9 +1009,9 @@ void fam_dkdv(const family_rows& pr) {
     if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
       for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
       gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
-    } else {
+    } else if (!elementwise(fp)) {
       gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
-    }
+    }  // (elementwise scores: dq with dk, below)
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;

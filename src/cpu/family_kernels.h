@@ -153,13 +153,14 @@ struct family_rows {
   float* dkt = nullptr;
   float* dvt = nullptr;
   float* scratch = nullptr;           // family_row_scratch_floats(nq, ldk) floats
-  // Single pass (sigmoid: no row statistics): also dq [nq][Pp] (row stride dqs) += dz K, with
+  // Single pass (sigmoid: no row statistics; or the forward's): also dq [nq][Pp] (row stride dqs) += dz K, with
   // kr [ldk][Pp] the key block's rows zero-padded to Pp (a multiple of W) and ldk, and
   // sums[0] += Σ dz, sums[1] += Σ de over the block. Null dq: the dq pass does that.
   float* dq = nullptr;
   std::int64_t dqs = 0, Pp = 0;
   const float* kr = nullptr;
   double* sums = nullptr;
+  double* dw_v = nullptr;  // single pass of additive scores: [P] += Σ dz tanh(qp + kp) over the block
   // dkdv_bf16 (dot scores of bfloat16 inputs, P and Dv even): the operands of S, dP, dv and dk as
   // words of two bf16, low half first — query rows qw [nq][P/2] (row stride qwsn), dout rows dow
   // [nq][Dv/2] (dwsn), query rows by pairs qn [⌈nq/2⌉][P] (word (r', d) = q[2r'][d] |

@@ -589,6 +589,7 @@ struct row_pass {
   // bf16 products (in.row_pairs): dout rows as words [B·Hq·Nq][Dv/2] and by pairs of rows [B·Hq][Nq/2 + 1][Dv]
   const std::uint32_t* dOw = nullptr;
   const std::uint32_t* dOn = nullptr;
+  double* dw_v = nullptr;  // single pass of additive scores: this (b, hkv)'s dw_v [P]
 
   row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
@@ -663,7 +664,7 @@ struct row_pass {
         pr.st = {st.t + so, st.lse + so, st.cut + so, st.r + so};
         pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
         pr.scratch = scratch.get();
-        if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums;
+        if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums, pr.dw_v = dw_v;
         if (in.row_pairs) {  // query blocks start on even rows: row pair i0/2 onwards
           const std::int64_t rp = (b * fp.Hq + h) * (fp.Nq / 2 + 1) + i0 / 2;
           pr.qw = in.Qw.data() + r0 * (P / 2), pr.qwsn = P / 2;
@@ -750,12 +751,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, F = fp.F, nst = nrows * F;  // statistics [row][F]
   std::vector<float> T(std::size_t(nst), kInfF), LSE(std::size_t(nst), kInfF), Rr(std::size_t(nst), 0.0f);
   std::vector<std::int32_t> CUT(std::size_t(nst), -1);
+  // Additive scores too take the single pass: their dq comes with dk from the same terms
+  // (elem_row_grad), so each tanh is formed twice (score, gradient) instead of four times.
+  const bool single_kind = fp.kernel == kernel_kind::dot || fp.kernel == kernel_kind::additive;
   const bool reuse = saved && fused_keeps_stats(fp) && !forced_two_pass() &&
-                     (fp.kernel == kernel_kind::box ||
-                      (fp.kernel == kernel_kind::dot && fp.B * fp.Hkv >= kSinglePassUnits)) &&
+                     (fp.kernel == kernel_kind::box || (single_kind && fp.B * fp.Hkv >= kSinglePassUnits)) &&
                      load_saved(fp, *saved, dout, T, LSE, Rr);
   const bool dv_only = reuse && fp.kernel == kernel_kind::box;
-  const bool reuse_single = reuse && fp.kernel == kernel_kind::dot;
+  const bool reuse_single = reuse && single_kind;
   // bf16 products (dout bf16 too) in the row-layout pass: the single pass, or the dk/dv pass of
   // the two (their dq pass multiplies in f32). The sparse hardmax/top-k backward has no such pass.
   using use = fused_inputs::use;
@@ -801,7 +804,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     // One task per (b, hkv) walks its key blocks in order: dk, dv per block as the dk/dv pass,
     // and dq of the group's rows accumulated in the task (in key-block order) from the same dz.
     const std::int64_t units = fp.B * fp.Hkv;
-    std::vector<double> sums(std::size_t(2 * units), 0.0);
+    const bool additive = fp.kernel == kernel_kind::additive;
+    std::vector<double> sums(std::size_t(2 * units), 0.0), dwv(additive ? std::size_t(units * P) : 0, 0.0);
 #pragma omp parallel num_threads(nt)
     {
       row_pass rp(fp, in, dO.data(), stats, true);
@@ -811,13 +815,17 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       for (std::int64_t u = 0; u < units; ++u) {
         const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
         std::fill(dq.get(), dq.get() + G * fp.Nq * rp.Pp, 0.0f);
+        rp.dw_v = additive ? dwv.data() + u * P : nullptr;
         for (std::int64_t kb = 0; kb < nkb; ++kb) rp.key_block(b, hkv, kb, sink, dq.get(), sums.data() + 2 * u);
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < fp.Nq; ++i)
             put_row(sink.dq, b, hkv * G + g, i, P, dq.get() + (g * fp.Nq + i) * rp.Pp, 1, sink.dq_scale);
       }
     }
-    for (std::int64_t u = 0; u < units; ++u) acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+    for (std::int64_t u = 0; u < units; ++u) {
+      acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+      for (std::int64_t a = 0; additive && a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
+    }
     if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
     return pairs ? "avx512bf16, bf16 products" : in.kt.name;  // dkdv_bf16 is that table's alone
   }

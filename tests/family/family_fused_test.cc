@@ -694,6 +694,7 @@ TEST(FamilyFused, BackwardFromTheForwardsStatistics) {
     for (const pair_case& pc : {pair_case{{score_kind::scaled_dot}, distribution_kind::softmax},
                                 pair_case{{score_kind::activated_general, score_activation::tanh}, distribution_kind::softmax},
                                 pair_case{{score_kind::biased_general}, distribution_kind::softmax},
+                                pair_case{{score_kind::additive}, distribution_kind::softmax},
                                 pair_case{{score_kind::box}, distribution_kind::kernel},
                                 pair_case{{score_kind::triangle}, distribution_kind::kernel}})
       for (int mask = 0; mask < 5; ++mask) {
@@ -704,7 +705,14 @@ TEST(FamilyFused, BackwardFromTheForwardsStatistics) {
         apply_mask(c, mask, rng);
         const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
         const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
-        const std::string what = isa + " " + case_name(pc.sc.s, pc.d) + " mask " + std::to_string(mask);
+        // additive: tanh(a + b) from e^{2a} e^{2b} (the default) and from tanh itself, alternating
+        const bool tanh_form = pc.sc.s == score_kind::additive && mask % 2 == 1;
+        if (tanh_form) setenv("ATTN_FAMILY_ADDITIVE", "tanh", 1);
+        struct unset_additive {
+          ~unset_additive() { unsetenv("ATTN_FAMILY_ADDITIVE"); }
+        } unset_at_end;
+        const std::string what = isa + " " + case_name(pc.sc.s, pc.d) + " mask " + std::to_string(mask) +
+                                 (tanh_form ? " tanh" : "");
         SCOPED_TRACE(what);
         const execution e{.path = family_path::fused};
         const family_result fwd = attention_family(q, k, v, c.opt, e);
