@@ -126,6 +126,7 @@ struct model {
 
   struct step_saved {
     Tensor s_prev, context, y_emb, gru_in, s, out_in;
+    nn::scored_result att;  // the attention's forward result: its backward starts from it
     nn::GRUCell::saved gru;
   };
   struct saved {
@@ -149,9 +150,9 @@ struct model {
   Tensor step(const saved& s, const Tensor& s_prev, const Tensor& tokens, step_saved& st, bool weights = false,
               Tensor* alignment = nullptr) {
     st.s_prev = s_prev;
-    const nn::scored_result a = att.forward(as_seq(s_prev), s.h, s.h, s.mask, weights);
-    if (alignment) *alignment = a.weights;
-    st.context = as_rows(a.context);
+    st.att = att.forward(as_seq(s_prev), s.h, s.h, s.mask, weights);
+    if (alignment) *alignment = st.att.weights;
+    st.context = as_rows(st.att.context);
     st.y_emb = tgt_emb.forward(tokens);
     st.gru_in = concat(st.y_emb, st.context);
     st.s = cell.forward(st.gru_in, s_prev, &st.gru);
@@ -191,7 +192,7 @@ struct model {
       tgt_emb.backward(token_column(bt.tgt_in, t), columns(g.dx, 0, E));
       nn::add_into(dc, columns(g.dx, E, E + 2 * H));
       // c = attention(s_prev, h, h)
-      const nn::scored_grads ga = att.backward(as_seq(st.s_prev), s.h, s.h, as_seq(dc), s.mask);
+      const nn::scored_grads ga = att.backward(as_seq(st.s_prev), s.h, s.h, as_seq(dc), s.mask, &st.att);
       nn::add_into(dh, ga.dkeys);
       nn::add_into(dh, ga.dvalues);
       ds = g.dh;

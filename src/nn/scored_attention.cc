@@ -43,14 +43,17 @@ family_options options_for(const char* op, const Tensor& query, const Tensor& ke
 scored_result run(const family_options& o, const Tensor& query, const Tensor& keys, const Tensor& values,
                   bool need_weights) {
   scored_result r;
-  r.context = attention_family(query, keys, values, o).out;
+  r.state = attention_family(query, keys, values, o);
+  r.context = r.state.out;
   if (need_weights) r.weights = attention_family_weights(query, keys, values, o);
   return r;
 }
 
 scored_grads run_backward(const family_options& o, const Tensor& query, const Tensor& keys, const Tensor& values,
-                          const Tensor& dcontext, const std::vector<score_param>& params) {
-  const family_grads g = attention_family_backward(query, keys, values, dcontext, o);
+                          const Tensor& dcontext, const std::vector<score_param>& params, const scored_result* forward) {
+  const family_grads g = forward && forward->state.out.defined()
+                             ? attention_family_backward(query, keys, values, dcontext, forward->state, o)
+                             : attention_family_backward(query, keys, values, dcontext, o);
   for (const score_param& p : params) detail::accumulate(*p.grad, g.*p.from);
   return {g.dq, g.dk, g.dv};
 }
@@ -100,10 +103,10 @@ scored_result AdditiveAttention::forward(const Tensor& query, const Tensor& keys
 }
 
 scored_grads AdditiveAttention::backward(const Tensor& query, const Tensor& keys, const Tensor& values,
-                                         const Tensor& dcontext, const masking_options& mask) {
+                                         const Tensor& dcontext, const masking_options& mask, const scored_result* forward) {
   const auto ps = additive_params(*this);
   return run_backward(options_for("AdditiveAttention", query, keys, values, mask, score_kind::additive, ps), query,
-                      keys, values, dcontext, ps);
+                      keys, values, dcontext, ps, forward);
 }
 
 void AdditiveAttention::parameters(parameter_list& list, const std::string& prefix) {
@@ -171,10 +174,10 @@ scored_result LuongAttention::forward(const Tensor& query, const Tensor& keys, c
 }
 
 scored_grads LuongAttention::backward(const Tensor& query, const Tensor& keys, const Tensor& values,
-                                      const Tensor& dcontext, const masking_options& mask) {
+                                      const Tensor& dcontext, const masking_options& mask, const scored_result* forward) {
   const auto ps = luong_params(*this);
   return run_backward(options_for("LuongAttention", query, keys, values, mask, kind_of(score), ps), query, keys,
-                      values, dcontext, ps);
+                      values, dcontext, ps, forward);
 }
 
 void LuongAttention::parameters(parameter_list& list, const std::string& prefix) {

@@ -99,6 +99,51 @@ TEST(NnScoredAttention, AdditiveGradients) {
       [&](const Tensor& w) { return att.backward(in.q, in.k, in.v, w, mask); }, r);
 }
 
+// float32 modules keep the family op's result (lse on the core route and on the fused path): the
+// backward from it gives the gradients of the backward that recomputes the forward, for the
+// inputs and every parameter; a stale state (another query's) changes them — it is what is read.
+TEST(NnScoredAttention, BackwardFromTheForwardResult) {
+  std::mt19937 r(11);
+  const std::int64_t B = 8, Nq = 5, Nk = 7, Dq = 6, Dk = 6;
+  const Tensor q = random_tensor({B, Nq, Dq}, dtype::f32, r), k = random_tensor({B, Nk, Dk}, dtype::f32, r),
+               v = random_tensor({B, Nk, 4}, dtype::f32, r), dc = random_tensor({B, Nq, 4}, dtype::f32, r);
+  masking_options mask;
+  mask.nonpad_kv_seqlen = Tensor::from_values({B}, dtype::i64, {7, 3, 5, 7, 1, 6, 2, 7});
+  const auto compare = [&](const std::string& what, parameter_list ps, const auto& fwd, const auto& bwd) {
+    SCOPED_TRACE(what);
+    const scored_result res = fwd();
+    ASSERT_TRUE(res.state.out.defined());
+    EXPECT_TRUE(res.state.lse.defined());
+    zero_grad(ps);
+    const scored_grads g0 = bwd(nullptr);
+    std::vector<Tensor> p0;
+    for (const parameter_ref& p : ps) p0.push_back(Tensor::copy_of(*p.grad));
+    zero_grad(ps);
+    const scored_grads g1 = bwd(&res);
+    EXPECT_TRUE(all_close(g1.dquery, g0.dquery, 1e-5));
+    EXPECT_TRUE(all_close(g1.dkeys, g0.dkeys, 1e-5));
+    EXPECT_TRUE(all_close(g1.dvalues, g0.dvalues, 1e-5));
+    for (std::size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(all_close(*ps[i].grad, p0[i], 1e-5)) << ps[i].name;
+    scored_result stale = res;
+    stale.state.lse = Tensor::copy_of(res.state.lse);
+    for (std::int64_t i = 0; i < stale.state.lse.numel(); ++i) static_cast<float*>(stale.state.lse.data())[i] += 0.5f;
+    EXPECT_FALSE(all_close(bwd(&stale).dvalues, g0.dvalues, 1e-3));
+  };
+  rng gen(12);
+  AdditiveAttention add(Dq, Dk, 9, gen);
+  parameter_list pa;
+  add.parameters(pa);
+  compare("additive", pa, [&] { return add.forward(q, k, v, mask); },
+          [&](const scored_result* f) { return add.backward(q, k, v, dc, mask, f); });
+  for (luong_score s : {luong_score::dot, luong_score::general}) {
+    LuongAttention lu(s, Dq, Dk, gen);
+    parameter_list pl;
+    lu.parameters(pl);
+    compare("luong " + std::to_string(int(s)), pl, [&] { return lu.forward(q, k, v, mask); },
+            [&](const scored_result* f) { return lu.backward(q, k, v, dc, mask, f); });
+  }
+}
+
 TEST(NnScoredAttention, LuongScoresForwardAndGradients) {
   for (luong_score s : {luong_score::dot, luong_score::general, luong_score::concat, luong_score::location}) {
     std::mt19937 r(5);

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "attn/attention.h"
+#include "attn/family.h"
 #include "attn/nn/init.h"
 #include "attn/nn/parameter.h"
 
@@ -30,6 +31,10 @@ namespace attn::nn {
 struct scored_result {
   Tensor context;  // [B, Nq, Dv]
   Tensor weights;  // [B, 1, Nq, Nk] float64, when asked for
+  // The family op's result (out = context, and the row statistics it kept): give the
+  // scored_result back to backward, which then starts from them instead of recomputing the
+  // forward (the core route's lse; additive's single backward pass).
+  family_result state;
 };
 struct scored_grads {
   Tensor dquery, dkeys, dvalues;
@@ -46,8 +51,9 @@ struct AdditiveAttention {
 
   scored_result forward(const Tensor& query, const Tensor& keys, const Tensor& values, const masking_options& mask = {},
                         bool need_weights = false) const;
+  // forward: this module's forward result for the same inputs, or null (the forward is recomputed).
   scored_grads backward(const Tensor& query, const Tensor& keys, const Tensor& values, const Tensor& dcontext,
-                        const masking_options& mask = {});
+                        const masking_options& mask = {}, const scored_result* forward = nullptr);
   void parameters(parameter_list& list, const std::string& prefix = "");
 };
 
@@ -66,8 +72,9 @@ struct LuongAttention {
 
   scored_result forward(const Tensor& query, const Tensor& keys, const Tensor& values, const masking_options& mask = {},
                         bool need_weights = false) const;
+  // forward: this module's forward result for the same inputs, or null (the forward is recomputed).
   scored_grads backward(const Tensor& query, const Tensor& keys, const Tensor& values, const Tensor& dcontext,
-                        const masking_options& mask = {});
+                        const masking_options& mask = {}, const scored_result* forward = nullptr);
   void parameters(parameter_list& list, const std::string& prefix = "");
 };
 
