@@ -26,7 +26,7 @@ _EXT = 0  # the extension returns NumPy arrays; _result gives them the caller's 
 __version__: str = _attn.__version__
 
 __all__ = [
-    "AttentionResult", "AttentionGrads", "FamilyGrads", "attention", "attention_backward",
+    "AttentionResult", "AttentionGrads", "FamilyGrads", "FamilyKept", "attention", "attention_backward",
     "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
     "VarlenGrads", "attention_paged", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
@@ -56,6 +56,17 @@ class AttentionGrads(NamedTuple):
     dalibi_slopes: Any
     dsinks: Any
     backend: str
+
+
+class FamilyKept(NamedTuple):
+    """:func:`attention_family` with ``return_kept=True``: the output and, for hardmax (zero
+    gradient) and top-k (k <= 32) on the fused path, the keys each row kept — ``kept_index``
+    ``[B, Hq, Nq, K]`` int64 in key order, -1 past a row's count, and their weights ``kept_weight``
+    (float32, 0 past the count); None where the path keeps none."""
+
+    out: Any
+    kept_index: Any
+    kept_weight: Any
 
 
 class FamilyGrads(NamedTuple):
@@ -345,7 +356,7 @@ def backends() -> list:
 # ---- the family -----------------------------------------------------------------------------
 
 def attention_family(q, k, v, *, score: str = "scaled_dot", distribution: str = "softmax",
-                     **params):
+                     return_kept: bool = False, **params):
     """The attention family: ``out_i = Σ_j distribution(score(q_i, k_j) + mask_ij) v_j``.
 
     Scores: dot, scaled_dot (``scale``), general (``W [D, Dk]``), biased_general (``W``, ``b``),
@@ -357,12 +368,17 @@ def attention_family(q, k, v, *, score: str = "scaled_dot", distribution: str = 
     Masking keywords as :func:`attention`: attn_mask, is_causal, alignment, window,
     nonpad_kv_seqlen, q_num_heads, kv_num_heads; and backend, path, num_threads.
 
+    ``return_kept=True`` returns :class:`FamilyKept` (out and the keys hardmax and top-k kept).
+
     >>> out = attn.attention_family(q, k, v, score="cosine", temperature=0.1, distribution="sparsemax")
+    >>> r = attn.attention_family(q, k, v, distribution="topk", top_k=8, return_kept=True)
     """
     kind = _kind_of(q)
-    out = _attn.attention_family(_arg(q), _arg(k), _arg(v),
-                                 _opts(score=score, distribution=distribution, **params), _EXT)[0]
-    return _result(out, kind)
+    r = _attn.attention_family(_arg(q), _arg(k), _arg(v),
+                               _opts(score=score, distribution=distribution, **params), _EXT)
+    if return_kept:
+        return FamilyKept(_result(r[0], kind), _result(r[3], kind), _result(r[4], kind))
+    return _result(r[0], kind)
 
 
 def attention_family_backward(q, k, v, dout, *, score: str = "scaled_dot",

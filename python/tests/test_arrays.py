@@ -244,3 +244,26 @@ def test_num_threads_honoured_and_bitwise_stable(rng):
     np.testing.assert_array_equal(one, two)
     with pytest.raises(TypeError, match="num_threads must be an int"):
         attn.attention(q, k, v, num_threads="two")
+
+
+@pytest.mark.parametrize("distribution,k_top", [("hardmax", 1), ("topk", 4)])
+def test_family_returns_the_kept_keys(distribution, k_top):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 3, 6, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 11, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 3, 11, 5)).astype(np.float32)
+    r = attn.attention_family(q, k, v, distribution=distribution, top_k=k_top, return_kept=True)
+    assert r.kept_index.shape == (2, 3, 6, k_top) and r.kept_index.dtype == np.int64
+    assert r.kept_weight.shape == (2, 3, 6, k_top) and r.kept_weight.dtype == np.float32
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(8)
+    want = np.sort(np.argsort(-s, axis=-1)[..., :k_top], axis=-1)
+    np.testing.assert_array_equal(r.kept_index, want)
+    top = np.take_along_axis(s, want, axis=-1)
+    w = np.exp(top - top.max(-1, keepdims=True))
+    np.testing.assert_allclose(r.kept_weight, w / w.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    out = np.einsum("bhik,bhikd->bhid", r.kept_weight.astype(np.float64),
+                    np.take_along_axis(v[:, :, None], r.kept_index[..., None], axis=3))
+    np.testing.assert_allclose(r.out, out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(attn.attention_family(q, k, v, distribution=distribution, top_k=k_top), r.out)
+    soft = attn.attention_family(q, k, v, return_kept=True)
+    assert soft.kept_index is None and soft.kept_weight is None
