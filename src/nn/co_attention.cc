@@ -87,11 +87,13 @@ family_options general_options(const Tensor& W, const Tensor& k_len) {
   return o;
 }
 
-// out [B, Nq, Dv] with rows i >= q_len_b zeroed; weights [B, Nq, Nk] float64 when asked for.
+// out [B, Nq, Dv] with rows i >= q_len_b zeroed (in the family result, which goes to *state);
+// weights [B, Nq, Nk] float64 when asked for.
 Tensor general_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W, const Tensor& q_len,
-                       const Tensor& k_len, Tensor* weights) {
+                       const Tensor& k_len, Tensor* weights, family_result* state) {
   const family_options o = general_options(W, k_len);
-  Tensor out = attention_family(q, k, v, o).out;
+  *state = attention_family(q, k, v, o);
+  Tensor out = state->out;
   zero_padded_rows(out, q_len);
   if (weights) {
     *weights = reshaped(attention_family_weights(q, k, v, o), {q.size(0), q.size(1), k.size(1)});
@@ -100,9 +102,13 @@ Tensor general_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   return out;
 }
 
+// From the forward's result where it has one (the padded rows of out and dout are zero alike, so
+// their Σ dout·out is that of the recomputed forward's, zero).
 family_grads general_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W, const Tensor& q_len,
-                              const Tensor& k_len, const Tensor& dout) {
-  return attention_family_backward(q, k, v, padded_rows_zeroed(dout, q_len), general_options(W, k_len));
+                              const Tensor& k_len, const Tensor& dout, const family_result& state) {
+  const Tensor d = padded_rows_zeroed(dout, q_len);
+  if (state.out.defined()) return attention_family_backward(q, k, v, d, state, general_options(W, k_len));
+  return attention_family_backward(q, k, v, d, general_options(W, k_len));
 }
 
 // ---- coarse: Att(q; keys = values = x) with keys i >= len_b excluded ----
@@ -150,7 +156,7 @@ CoAttention::result CoAttention::forward(const Tensor& x, const Tensor& y, const
   saved local;
   saved& sv = s ? *s : local;
   sv = {x, y, lengths_or_full(x_lengths, "x_lengths", B, Nx, "Nx"), lengths_or_full(y_lengths, "y_lengths", B, Ny, "Ny"),
-        {}, {}, {}};
+        {}, {}, {}, {}, {}};
   const bool alternating = config.kind == co_attention_kind::alternating;
   result r;
   Tensor* xw = need_weights ? &r.x_weights : nullptr;
@@ -159,21 +165,23 @@ CoAttention::result CoAttention::forward(const Tensor& x, const Tensor& y, const
   if (config.granularity == co_attention_granularity::fine) {
     if (!alternating) {
       // y_context_i = Σ_j softmax_j(L_ij) y_j;  x_context_j = Σ_i softmax_i(L_ij) x_i;  L = x W_b yᵀ
-      r.y_context = general_forward(x, y, y, W_b, sv.x_lengths, sv.y_lengths, yw);
-      r.x_context = general_forward(y, x, x, transposed(W_b), sv.y_lengths, sv.x_lengths, xw);
+      r.y_context = general_forward(x, y, y, W_b, sv.x_lengths, sv.y_lengths, yw, &sv.y_state);
+      r.x_context = general_forward(y, x, x, transposed(W_b), sv.y_lengths, sv.x_lengths, xw, &sv.x_state);
     } else {
       // x_context_j = Σ_i softmax_i(x_iᵀ W_b y_j) x_i, then y_context_i = Σ_j softmax_j(x_iᵀ W_2 x_context_j) y_j
-      r.x_context = general_forward(y, x, x, transposed(W_b), sv.y_lengths, sv.x_lengths, xw);
+      r.x_context = general_forward(y, x, x, transposed(W_b), sv.y_lengths, sv.x_lengths, xw, &sv.x_state);
       sv.first = r.x_context;
-      r.y_context = general_forward(x, r.x_context, y, W_2, sv.x_lengths, sv.y_lengths, yw);
+      r.y_context = general_forward(x, r.x_context, y, W_2, sv.x_lengths, sv.y_lengths, yw, &sv.y_state);
     }
     return r;
   }
 
   // coarse: [B, 1, D] queries and contexts, reshaped to [B, D] / [B, N] for the caller
-  auto att = [&](const AdditiveAttention& a, const Tensor& q, const Tensor& kv, const Tensor& len, Tensor* w) {
+  auto att = [&](const AdditiveAttention& a, const Tensor& q, const Tensor& kv, const Tensor& len, Tensor* w,
+                 family_result* state) {
     scored_result sr = a.forward(q, kv, kv, key_padding(len), w != nullptr);
     if (w) *w = reshaped(sr.weights, {B, kv.size(1)});
+    *state = sr.state;
     return sr.context;  // [B, 1, D]
   };
   detail::with_type(t, [&](auto zero) {
@@ -182,9 +190,9 @@ CoAttention::result CoAttention::forward(const Tensor& x, const Tensor& y, const
     if (!alternating) sv.y_mean = masked_mean<T>(y, sv.y_lengths);
   });
   // parallel: y_context = Att_y(x̄; y), x_context = Att_x(ȳ; x);  alternating: x_context = Att_x(y_context; x)
-  const Tensor yc = att(over_y, sv.x_mean, y, sv.y_lengths, yw);
+  const Tensor yc = att(over_y, sv.x_mean, y, sv.y_lengths, yw, &sv.y_state);
   if (alternating) sv.first = yc;
-  const Tensor xc = att(over_x, alternating ? yc : sv.y_mean, x, sv.x_lengths, xw);
+  const Tensor xc = att(over_x, alternating ? yc : sv.y_mean, x, sv.x_lengths, xw, &sv.x_state);
   r.x_context = reshaped(xc, {B, Dx});
   r.y_context = reshaped(yc, {B, Dy});
   return r;
@@ -214,19 +222,19 @@ CoAttention::grads CoAttention::backward(const saved& s, const Tensor& dx_contex
     const Tensor W_bt = transposed(W_b);
     if (!alternating) {
       // y_context = general(x, y, y; W_b)
-      const family_grads g1 = general_backward(s.x, s.y, s.y, W_b, s.x_lengths, s.y_lengths, dyc);
+      const family_grads g1 = general_backward(s.x, s.y, s.y, W_b, s.x_lengths, s.y_lengths, dyc, s.y_state);
       into(out.dx, g1.dq), into(out.dy, g1.dk), into(out.dy, g1.dv), into(dW_b, g1.dW);
       // x_context = general(y, x, x; W_bᵀ)
-      const family_grads g2 = general_backward(s.y, s.x, s.x, W_bt, s.y_lengths, s.x_lengths, dxc);
+      const family_grads g2 = general_backward(s.y, s.x, s.x, W_bt, s.y_lengths, s.x_lengths, dxc, s.x_state);
       into(out.dy, g2.dq), into(out.dx, g2.dk), into(out.dx, g2.dv), into(dW_b, transposed(g2.dW));
       return out;
     }
     // y_context = general(x, first, y; W_2): first (= x_context) also gets the keys' gradient
-    const family_grads g2 = general_backward(s.x, s.first, s.y, W_2, s.x_lengths, s.y_lengths, dyc);
+    const family_grads g2 = general_backward(s.x, s.first, s.y, W_2, s.x_lengths, s.y_lengths, dyc, s.y_state);
     into(out.dx, g2.dq), into(out.dy, g2.dv), into(dW_2, g2.dW);
     const Tensor dfirst = add(dxc, g2.dk);
     // x_context = general(y, x, x; W_bᵀ)
-    const family_grads g1 = general_backward(s.y, s.x, s.x, W_bt, s.y_lengths, s.x_lengths, dfirst);
+    const family_grads g1 = general_backward(s.y, s.x, s.x, W_bt, s.y_lengths, s.x_lengths, dfirst, s.x_state);
     into(out.dy, g1.dq), into(out.dx, g1.dk), into(out.dx, g1.dv), into(dW_b, transposed(g1.dW));
     return out;
   }
@@ -235,11 +243,17 @@ CoAttention::grads CoAttention::backward(const saved& s, const Tensor& dx_contex
   Tensor dyc = reshaped(given_or_zeros(dy_context, yc_shape, s.x.type()), {B, 1, Dy});
   // x_context = Att_x(alternating ? y_context : ȳ; x)
   const Tensor& qx = alternating ? s.first : s.y_mean;
-  const scored_grads gx = over_x.backward(qx, s.x, s.x, dxc, key_padding(s.x_lengths));
+  const auto state = [](const family_result& f) {
+    scored_result r;
+    r.context = f.out, r.state = f;
+    return r;
+  };
+  const scored_result fx = state(s.x_state), fy = state(s.y_state);
+  const scored_grads gx = over_x.backward(qx, s.x, s.x, dxc, key_padding(s.x_lengths), &fx);
   into(out.dx, gx.dkeys), into(out.dx, gx.dvalues);
   if (alternating) into(dyc, gx.dquery);
   // y_context = Att_y(x̄; y)
-  const scored_grads gy = over_y.backward(s.x_mean, s.y, s.y, dyc, key_padding(s.y_lengths));
+  const scored_grads gy = over_y.backward(s.x_mean, s.y, s.y, dyc, key_padding(s.y_lengths), &fy);
   into(out.dy, gy.dkeys), into(out.dy, gy.dvalues);
   detail::with_type(s.x.type(), [&](auto zero) {
     using T = decltype(zero);

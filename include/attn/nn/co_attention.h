@@ -74,6 +74,9 @@ struct CoAttention {
     Tensor x, y, x_lengths, y_lengths;  // the inputs (lengths filled in when absent)
     Tensor x_mean, y_mean;              // coarse: [B, 1, Dx], [B, 1, Dy]
     Tensor first;                       // alternating: the first step's result, the second's input
+    // The family op's results the backward starts from (the forward is not recomputed): fine,
+    // the general scores of y_context and x_context; coarse, Att_y's and Att_x's.
+    family_result y_state, x_state;
   };
   struct result {
     Tensor x_context, y_context;  // coarse [B, Dx], [B, Dy]; fine [B, Ny, Dx], [B, Nx, Dy]
