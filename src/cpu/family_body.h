@@ -734,9 +734,11 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
               best[i] = hi;
             }
           }
+          // The keys above the k-th score are all among the k best (a multiset of the scores):
+          // count them there rather than in a pass over every key.
           const vf th = best[kk - 1];
           vf gt{};
-          for (std::int64_t jj = 0; jj < n; ++jj) gt += vselect(load(S + jj * L + c * W) > th, splat(1.0f), vf{});
+          for (int i = 0; i < kk - 1; ++i) gt += vselect(best[i] > th, splat(1.0f), vf{});
           const vf need = splat(float(kk)) - gt;
           vf ties{}, sum{};
           for (std::int64_t jj = 0; jj < n; ++jj) {
@@ -1048,6 +1050,15 @@ void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
     else lane_scores<CC>(lb, j0, nb, sc.S + o, need_g ? sc.G + o : nullptr, sc.mask);
   }
   lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+  if constexpr (Dist == family_dist::hardmax) {  // the one key kept is each lane's first arg max (cut)
+    for (std::int64_t x = 0; x < lb.nl && out.kmax > 0; ++x) {
+      const std::int32_t j = lb.st.cut[x];
+      if (j < 0) continue;
+      out.cnt[x] = 1, out.idx[x * out.kmax] = j, out.alpha[x * out.kmax] = 1.0f;
+      out.g[x * out.kmax] = need_g ? sc.G[(j - kmin) * L + x] : 1.0f;
+    }
+    return;
+  }
   for (int c = 0; c < CC; ++c) {
     const fam_stat st = load_stat<CC>(lb, c);
     for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
