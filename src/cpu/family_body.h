@@ -724,7 +724,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
           // beats the k-th), then one pass for the ties kept at the k-th score and the lse.
           const int kk = int(fp.topk);
           vf best[kVectorTopk];
-          for (int i = 0; i < kk; ++i) best[i] = splat(-kInf);
+          for (int i = 0; i < kVectorTopk; ++i) best[i] = splat(-kInf);
           for (std::int64_t jj = 0; jj < n; ++jj) {
             vf s = load(S + jj * L + c * W);
             if (!any_lane(s > best[kk - 1])) continue;

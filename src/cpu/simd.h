@@ -114,11 +114,25 @@ inline vf vexp2(vf u) {
 }
 
 // Whether any / every lane of a comparison's result is set.
-inline bool any_lane(vi m) {
+// Whether any lane of m is non-zero: one vptestmd (AVX-512) or vptest (AVX) — a loop over the
+// lanes compiles to an extract and an or per lane, and the sparse distributions' scans test every
+// key vector. A template, so that the branch of the other width is discarded, not checked.
+template <class V>
+inline bool any_lane_of(V m) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) return __builtin_ia32_ptestmd512(m, m, 0xffff) != 0;
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32) {
+    typedef long long q4 __attribute__((vector_size(32)));
+    return !__builtin_ia32_ptestz256((q4)m, (q4)m);
+  }
+#endif
   for (int x = 0; x < W; ++x)
     if (m[x]) return true;
   return false;
 }
+inline bool any_lane(vi m) { return any_lane_of(m); }
 inline bool all_lanes(vi m) {
   for (int x = 0; x < W; ++x)
     if (!m[x]) return false;
