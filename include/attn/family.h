@@ -113,10 +113,11 @@ struct family_result {
   // The row statistics the backward can start from, where the path kept them: the log of each
   // row's normaliser, [B, Hq, Nq] — log Σ_j e^{s_ij} with softmax on the core route (float32;
   // float64 for float64 inputs) and on the fused path (float32), log Σ_j e_ij with the kernel
-  // distribution of box and triangle on the fused path; -inf for a row with no key. Empty where
-  // the distribution has no such statistic (sigmoid, sparsemax, entmax15, hardmax, top-k,
-  // identity), for multi-dimensional scores, and on the tiled and reference paths. Give the
-  // result back to attention_family_backward.
+  // distribution of box and triangle on the fused path; -inf for a row with no key. Multi-
+  // dimensional additive scores with softmax on the fused path: one per (row, value feature),
+  // [B, Hq, Nq, Dv]. Empty where the distribution has no such statistic (sigmoid, sparsemax,
+  // entmax15, hardmax, top-k, identity; any but softmax when multi-dimensional) and on the tiled
+  // and reference paths. Give the result back to attention_family_backward.
   Tensor lse;
   // The keys each row kept, where the rows are sparse on the fused path (hardmax with the zero
   // gradient; top-k with k <= 32) and every V is finite: kept_index [B, Hq, Nq, K] (int64, K = 1
@@ -157,8 +158,9 @@ family_grads attention_family_backward(const TensorView& q, const TensorView& k,
 // The same from the forward's result (what attention_family returned for these q, k, v,
 // options and execution, as attention_backward takes out and lse): where it carries the row
 // statistics (family_result::lse) the backward starts from them and out — on the core route no
-// second forward; on the fused path box scores (no score gradient) skip the dq pass and
-// dot-product scores take the one-pass backward — elsewhere it is the call above. A result of
+// second forward; on the fused path box scores (no score gradient) skip the dq pass, and
+// dot-product and additive scores (multi-dimensional too) take the one-pass backward —
+// elsewhere it is the call above. A result of
 // another shape is refused by message.
 //
 //   auto r = attn::attention_family(q, k, v, o);

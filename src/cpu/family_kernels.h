@@ -160,7 +160,7 @@ struct family_rows {
   std::int64_t dqs = 0, Pp = 0;
   const float* kr = nullptr;
   double* sums = nullptr;
-  double* dw_v = nullptr;  // single pass of additive scores: [P] += Σ dz tanh(qp + kp) over the block
+  double* dw_v = nullptr;  // single pass of additive scores: [P] (multi-dimensional [Dv][P]) += Σ dz tanh(qp + kp) over the block
   // dkdv_bf16 (dot scores of bfloat16 inputs, P and Dv even): the operands of S, dP, dv and dk as
   // words of two bf16, low half first — query rows qw [nq][P/2] (row stride qwsn), dout rows dow
   // [nq][Dv/2] (dwsn), query rows by pairs qn [⌈nq/2⌉][P] (word (r', d) = q[2r'][d] |
@@ -206,7 +206,10 @@ static inline std::int64_t family_md_lane_scratch_floats(std::int64_t L, std::in
 }
 static inline std::int64_t family_md_row_scratch_floats(std::int64_t rows, std::int64_t ldk, std::int64_t A,
                                                         std::int64_t Dv) {
-  return (2 * A + 2 * Dv) * kMdRows * ldk + rows * ldk + 64;
+  // T, E, de, dT per group of kMdRows rows, the mask tile; single pass: dW_v [Dv][A'] and the
+  // lane sums of four features [4][A'][16] (A' = A rounded up to 16, the widest vector)
+  const std::int64_t Ap = md_pad(A, 16);
+  return (2 * A + 2 * Dv) * kMdRows * ldk + rows * ldk + Dv * Ap + 4 * Ap * 16 + 64;
 }
 
 // Linear attention of one query head on f32 rows (src/family/linear.cc drives it; the kernels are

@@ -254,41 +254,104 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
     for (std::int64_t a = 0; a < A; ++a) io.dw_v[f * A + a] += double(sc.dW[f * Ap + a]);
 }
 
+// dW [f0 + r][a] += Σ_y de[f0 + r][y] T[a][y] over n columns (a multiple of W) for RF features:
+// RF × 6 accumulator vectors per sweep (the lane sums of each pair of rows, both operands read
+// along their rows), their vectors stored in part [RF][Ap][W], then added up W features of A at
+// a time by a transpose-add. Ap: a multiple of W, ≥ A.
+template <int RF, int CA>
+inline void md_dw_sweep(const float* de, const float* T, std::int64_t n, std::int64_t a0, float* part,
+                        std::int64_t Ap) {
+  vf acc[RF][CA];
+#pragma GCC unroll 8
+  for (int r = 0; r < RF; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CA; ++c) acc[r][c] = vf{};
+  for (std::int64_t y = 0; y < n; y += W) {
+    vf t[CA];
+#pragma GCC unroll 8
+    for (int c = 0; c < CA; ++c) t[c] = load(T + (a0 + c) * n + y);
+#pragma GCC unroll 8
+    for (int r = 0; r < RF; ++r) {
+      const vf d = load(de + r * n + y);
+#pragma GCC unroll 8
+      for (int c = 0; c < CA; ++c) acc[r][c] += d * t[c];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < RF; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CA; ++c) store(part + (r * Ap + a0 + c) * W, acc[r][c]);
+}
+
+template <int RF>
+void md_dw_rows(const float* de, const float* T, std::int64_t n, std::int64_t A, float* part, float* dW,
+                std::int64_t Ap) {
+  std::int64_t a0 = 0;
+  for (; a0 + 6 <= A; a0 += 6) md_dw_sweep<RF, 6>(de, T, n, a0, part, Ap);
+  for (; a0 < A; ++a0) md_dw_sweep<RF, 1>(de, T, n, a0, part, Ap);
+  for (int r = 0; r < RF; ++r)
+    for (std::int64_t b0 = 0; b0 < A; b0 += W) {
+      vf rows[W];
+#pragma GCC unroll 16
+      for (int t = 0; t < W; ++t) rows[t] = b0 + t < A ? load(part + (r * Ap + b0 + t) * W) : vf{};
+      transpose_add(rows);
+      store(dW + r * Ap + b0, load(dW + r * Ap + b0) + rows[0]);
+    }
+}
+
+// dW [Dv][Ap] += de [Dv][n] Tᵀ (T [A][n]); part: 4·Ap·W floats.
+inline void md_dw(const float* de, const float* T, std::int64_t n, std::int64_t A, std::int64_t Dv, float* part,
+                  float* dW, std::int64_t Ap) {
+  std::int64_t f0 = 0;
+  for (; f0 + 4 <= Dv; f0 += 4) md_dw_rows<4>(de + f0 * n, T, n, A, part, dW + f0 * Ap, Ap);
+  for (; f0 < Dv; ++f0) md_dw_rows<1>(de + f0 * n, T, n, A, part, dW + f0 * Ap, Ap);
+}
+
 // ---- backward dk, dv, row layout (keys in lanes): dkt [A][ld] += Σ_i dpre, dvt [Dv][ld] +=
 // Σ_i α[c] dout_i[c]; statistics [row][Dv]. Query rows go in groups of kMdRows, so that the two
-// products (e = W_v t, dt = W_vᵀ de) run over kMdRows·ld columns at once. ----
+// products (e = W_v t, dt = W_vᵀ de) run over kMdRows·ld columns at once. Single pass (pr.dq:
+// softmax from the forward's statistics, sigmoid and identity from none): also dq [r][a] +=
+// Σ_y dpre — each row's sum over the key vectors, added W features at a time by a transpose-add —
+// pr.dw_v [Dv][A] += Σ de tᵀ (a third product, md_dw) and sums[0], sums[1] += Σ de, so that each
+// pair's t, e and dt are formed once for every gradient. ----
 template <family_dist Dist, bool Exp>
 void md_dkdv(const family_rows& pr) {
-  const std::int64_t ld = pr.ldk, nq = pr.nq, A = pr.P, Dv = pr.Dv, N = kMdRows * ld;
+  const std::int64_t ld = pr.ldk, nq = pr.nq, A = pr.P, Dv = pr.Dv, N = kMdRows * ld, Ap = md_pad(A, 16);
   const family_params& fp = pr.fp;
   float* T = pr.scratch;
   float* E = T + A * N;
   float* de = E + Dv * N;
   float* dT = de + Dv * N;
   float* mask = dT + A * N;
+  float* dW = mask + nq * ld;
+  float* part = dW + Dv * Ap;
   constexpr bool no_dz = Dist == family_dist::hardmax;
+  const bool with_dq = pr.dq != nullptr && !no_dz;
+  if (with_dq)
+    for (std::int64_t i = 0; i < Dv * Ap; ++i) dW[i] = 0.0f;
+  vf sum_de{};
   if (fp.mask) {
     fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
     for (std::int64_t r = 0; r < nq; ++r)
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
-  std::int64_t rows[kMdRows];
+  std::int64_t rows_of[kMdRows];
   for (std::int64_t r0 = 0; r0 < nq;) {
     // The next rows that see a key of this block.
     std::int64_t g = 0;
     for (; r0 < nq && g < kMdRows; ++r0)
-      if (pr.lo[r0] < imin(pr.hi[r0], pr.j0 + pr.nb)) rows[g++] = r0;
+      if (pr.lo[r0] < imin(pr.hi[r0], pr.j0 + pr.nb)) rows_of[g++] = r0;
     if (g == 0) break;
     const std::int64_t n = g * ld;
     for (std::int64_t a = 0; a < A; ++a)
       for (std::int64_t e = 0; e < g; ++e) {
-        const vf qa = splat(pr.q[rows[e] * pr.qsn + a]);
+        const vf qa = splat(pr.q[rows_of[e] * pr.qsn + a]);
         for (std::int64_t y = 0; y < ld; y += W) store(T + a * n + e * ld + y, add_tanh<Exp>(qa, load(pr.kt + a * ld + y)));
       }
     gemm<fam_ops>(Dv, n, A, fp.w_v, A, 1, T, n, E, n, false);  // e = W_v t
     bool any = false;
     for (std::int64_t e = 0; e < g; ++e) {
-      const std::int64_t r = rows[e];
+      const std::int64_t r = rows_of[e];
       const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
       for (std::int64_t f = 0; f < Dv; ++f) {
         const std::int64_t o = r * Dv + f;
@@ -305,6 +368,7 @@ void md_dkdv(const family_rows& pr) {
           if (no_dz) continue;
           const vf d = fam_de<Dist>(s, a, dout * load(pr.vt + f * ld + y), st);
           store(de + f * n + e * ld + y, d);
+          sum_de += d;
           any |= any_lane(d != vf{});
         }
       }
@@ -316,11 +380,35 @@ void md_dkdv(const family_rows& pr) {
         vf acc = load(pr.dkt + a * ld + y);
         for (std::int64_t e = 0; e < g; ++e) {
           const vf t = load(T + a * n + e * ld + y);
-          acc += load(dT + a * n + e * ld + y) * (splat(1.0f) - t * t);
+          const vf p = load(dT + a * n + e * ld + y) * (splat(1.0f) - t * t);
+          if (with_dq) store(dT + a * n + e * ld + y, p);  // dpre, for dq below
+          acc += p;
         }
         store(pr.dkt + a * ld + y, acc);
       }
+    if (!with_dq) continue;
+    for (std::int64_t e = 0; e < g; ++e)
+      for (std::int64_t a0 = 0; a0 < A; a0 += W) {
+        vf rows[W];
+#pragma GCC unroll 16
+        for (int t = 0; t < W; ++t) {
+          vf s{};
+          if (a0 + t < A)
+            for (std::int64_t y = 0; y < ld; y += W) s += load(dT + (a0 + t) * n + e * ld + y);
+          rows[t] = s;
+        }
+        transpose_add(rows);
+        float* dq = pr.dq + rows_of[e] * pr.dqs + a0;
+        for (std::int64_t t = 0; t < imin(W, A - a0); ++t) dq[t] += rows[0][t];
+      }
+    md_dw(de, T, n, A, Dv, part, dW, Ap);
   }
+  if (!with_dq) return;
+  double sde = 0.0;
+  for (int x = 0; x < W; ++x) sde += double(sum_de[x]);
+  pr.sums[0] += sde, pr.sums[1] += sde;
+  for (std::int64_t f = 0; f < Dv; ++f)
+    for (std::int64_t a = 0; a < A; ++a) pr.dw_v[f * A + a] += double(dW[f * Ap + a]);
 }
 
 template <class F>

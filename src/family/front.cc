@@ -260,7 +260,8 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   if (!src.direct) prepare_f64(C, q, k, v);
   if (C.path == family_path::fused) {
     r.out = empty_bhnx(c.B, c.Hq, c.Nq, c.Dv, c.rank, c.type);
-    if (fused_keeps_stats(C.fp)) r.lse = Tensor::empty({c.B, c.Hq, c.Nq}, dtype::f32);
+    if (fused_keeps_stats(C.fp))  // [B, Hq, Nq], multi-dimensional [B, Hq, Nq, Dv]
+      r.lse = Tensor::empty(C.fp.F > 1 ? Shape{c.B, c.Hq, c.Nq, c.Dv} : Shape{c.B, c.Hq, c.Nq}, dtype::f32);
     kept_rows kept;
     r.path = fmt::format("fused ({})", fused_forward(C.fp, src, as_bhnx(r.out, c.Hq),
                                                      r.lse.defined() ? static_cast<float*>(r.lse.data()) : nullptr,
@@ -369,9 +370,11 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
     if (fwd->out.shape() != os)
       fail(op, fmt::format("forward.out has shape {}, expected {} (the shape of out)", shape_str(fwd->out.shape()),
                            shape_str(os)));
-    const Shape ls{c.B, c.Hq, c.Nq};
+    const bool md = C.st.w_v.view && C.st.w_v.view->rank() == 2;  // multi-dimensional additive (F = Dv)
+    const Shape ls = md ? Shape{c.B, c.Hq, c.Nq, c.Dv} : Shape{c.B, c.Hq, c.Nq};
     if (fwd->lse.defined() && fwd->lse.shape() != ls)
-      fail(op, fmt::format("forward.lse has shape {}, expected {} (B, Hq, Nq)", shape_str(fwd->lse.shape()), shape_str(ls)));
+      fail(op, fmt::format("forward.lse has shape {}, expected {} ({})", shape_str(fwd->lse.shape()), shape_str(ls),
+                           md ? "B, Hq, Nq, Dv: multi-dimensional" : "B, Hq, Nq"));
     check_kept(op, *fwd, C);
   }
   if (C.path == family_path::core) {

@@ -472,7 +472,8 @@ std::string fused_why_not(const fproblem& fp, dtype type) {
 }
 
 bool fused_keeps_stats(const fproblem& fp) {
-  return fp.F == 1 && (fp.dist == distribution_kind::softmax || fp.dist == distribution_kind::kernel);
+  if (fp.F > 1) return fp.dist == distribution_kind::softmax;  // multi-dimensional: an lse per (row, feature)
+  return fp.dist == distribution_kind::softmax || fp.dist == distribution_kind::kernel;
 }
 
 bool kept_reusable(const fproblem& fp) {
@@ -486,7 +487,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   const std::int64_t K = sparse_rows(fp);
   const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src));
   if (!fused_keeps_stats(fp)) log_norm = nullptr;
-  if (log_norm) std::fill(log_norm, log_norm + fp.B * fp.Hq * fp.Nq, -kInfF);
+  if (log_norm) std::fill(log_norm, log_norm + fp.B * fp.Hq * fp.Nq * fp.F, -kInfF);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(out, fp.B, fp.Hq, fp.Nq, fp.Dv);
     return in.kt.name;
@@ -537,9 +538,12 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
       const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
       (in.pairs ? in.kt.forward_bf16 : fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
       for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
-      if (log_norm)  // softmax: t = lse (+inf: no key); kernel: lse = Σ e (0: none)
+      if (log_norm)  // softmax: t = lse (+inf: no key); kernel: lse = Σ e (0: none); [row][F]
         for (std::int64_t x = 0; x < ls.nl; ++x)
-          log_norm[ls.row(fp, b, x)] = softmax ? (ls.t[x] == kInfF ? -kInfF : ls.t[x]) : std::log(ls.lse[x]);
+          for (std::int64_t f = 0; f < fp.F; ++f) {
+            const std::int64_t e = f * L + x;
+            log_norm[ls.row(fp, b, x) * fp.F + f] = softmax ? (ls.t[e] == kInfF ? -kInfF : ls.t[e]) : std::log(ls.lse[e]);
+          }
     }
   }
   return in.pairs ? "avx512bf16, bf16 products" : in.kt.name;  // forward_bf16 is that table's alone
@@ -594,7 +598,7 @@ struct row_pass {
   row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
-        kr(single ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
+        kr(single && fp.kernel == kernel_kind::dot ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
                                       : cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
@@ -634,7 +638,7 @@ struct row_pass {
       };
       for (std::int64_t x = 0; x < ld / 2; ++x)
         for (std::int64_t d = 0; d < Pp; ++d) krw[x * Pp + d] = half(j0 + 2 * x, d) | half(j0 + 2 * x + 1, d) << 16;
-    } else if (dq) {
+    } else if (dq && kr) {  // (dot scores: dq += dS K; additive's terms read kt)
       for (std::int64_t x = 0; x < ld; ++x)
         for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? K[(j0 + x) * P + d] : 0.0f;
     }
@@ -689,7 +693,8 @@ struct row_pass {
 constexpr std::int64_t kSinglePassUnits = 8;
 bool single_pass(const fproblem& fp) {
   const bool streams = fp.dist == distribution_kind::sigmoid || fp.dist == distribution_kind::identity;
-  if (!streams || fp.kernel != kernel_kind::dot || fp.B * fp.Hkv < kSinglePassUnits) return false;
+  const bool kind = fp.kernel == kernel_kind::dot || (fp.kernel == kernel_kind::additive && fp.F > 1);
+  if (!streams || !kind || fp.B * fp.Hkv < kSinglePassUnits) return false;
   return !forced_two_pass();
 }
 
@@ -723,11 +728,11 @@ namespace {
 // where a statistic is NaN: the backward then recomputes them.
 bool load_saved(const fproblem& fp, const fused_saved& sv, const strided4& dout, std::vector<float>& T,
                 std::vector<float>& LSE, std::vector<float>& R) {
-  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
+  const std::int64_t nrows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv, F = fp.F;
   const bool softmax = fp.dist == distribution_kind::softmax;
-  for (std::int64_t o = 0; o < nrows; ++o)
+  for (std::int64_t o = 0; o < nrows * F; ++o)
     if (std::isnan(sv.log_norm[o])) return false;
-  for (std::int64_t o = 0; o < nrows; ++o) {
+  for (std::int64_t o = 0; o < nrows * F; ++o) {
     const float ln = sv.log_norm[o];
     float& t = T[std::size_t(o)];
     float& sum = LSE[std::size_t(o)];
@@ -737,6 +742,10 @@ bool load_saved(const fproblem& fp, const fused_saved& sv, const strided4& dout,
 #pragma omp parallel for num_threads(std::max(1, fp.p.num_threads)) schedule(static)
   for (std::int64_t row = 0; row < nrows; ++row) {
     const std::int64_t i = row % fp.Nq, h = row / fp.Nq % fp.Hq, b = row / fp.Nq / fp.Hq;
+    if (F > 1) {  // multi-dimensional: r of each feature, dout[c]·out[c]
+      for (std::int64_t y = 0; y < Dv; ++y) R[std::size_t(row * F + y)] = float(dout.load(b, h, i, y) * sv.out.load(b, h, i, y));
+      continue;
+    }
     double s = 0.0;
     for (std::int64_t y = 0; y < Dv; ++y) s += dout.load(b, h, i, y) * sv.out.load(b, h, i, y);
     R[std::size_t(row)] = float(s);
@@ -805,7 +814,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     // and dq of the group's rows accumulated in the task (in key-block order) from the same dz.
     const std::int64_t units = fp.B * fp.Hkv;
     const bool additive = fp.kernel == kernel_kind::additive;
-    std::vector<double> sums(std::size_t(2 * units), 0.0), dwv(additive ? std::size_t(units * P) : 0, 0.0);
+    const std::int64_t nw = P * F;  // dw_v: [A], multi-dimensional [Dv, A]
+    std::vector<double> sums(std::size_t(2 * units), 0.0), dwv(additive ? std::size_t(units * nw) : 0, 0.0);
 #pragma omp parallel num_threads(nt)
     {
       row_pass rp(fp, in, dO.data(), stats, true);
@@ -815,7 +825,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       for (std::int64_t u = 0; u < units; ++u) {
         const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
         std::fill(dq.get(), dq.get() + G * fp.Nq * rp.Pp, 0.0f);
-        rp.dw_v = additive ? dwv.data() + u * P : nullptr;
+        rp.dw_v = additive ? dwv.data() + u * nw : nullptr;
         for (std::int64_t kb = 0; kb < nkb; ++kb) rp.key_block(b, hkv, kb, sink, dq.get(), sums.data() + 2 * u);
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < fp.Nq; ++i)
@@ -824,7 +834,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     }
     for (std::int64_t u = 0; u < units; ++u) {
       acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
-      for (std::int64_t a = 0; additive && a < P; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * P + a)];
+      for (std::int64_t a = 0; additive && a < nw; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * nw + a)];
     }
     if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
     return pairs ? "avx512bf16, bf16 products" : in.kt.name;  // dkdv_bf16 is that table's alone

@@ -677,6 +677,79 @@ TEST(FamilyFused, SinglePassSigmoidBackward) {
   }
 }
 
+// Multi-dimensional additive (w_v [Dv, A]) in one backward pass per (b, hkv) — softmax from the
+// forward's lse [B, Hq, Nq, Dv] (r = dout[c]·out[c] per feature), sigmoid and identity from no
+// statistics — where B·Hkv >= 8: each pair's t, e = W_v t and dt = W_vᵀ de are formed once for
+// dq, dk, dv and dw_v. Against the float64 reference and the two passes
+// (ATTN_FAMILY_BACKWARD=two_pass) at every ISA level and mask kind, GQA, A and Dv not multiples
+// of any vector width (A 37 > 2·16 walks the transpose-adds of several feature blocks), both
+// tanh forms; the same bits for any thread count; an lse shifted by 0.5 changes dv.
+TEST(FamilyFused, MultiDimensionalBackwardInOnePass) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(505);
+    for (distribution_kind d : {distribution_kind::softmax, distribution_kind::sigmoid, distribution_kind::identity})
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = mask == 2 ? 70 : 19, Nk = std::vector<std::int64_t>{150, 1, 133, 64, 97}[std::size_t(mask)];
+        const std::int64_t Dv = mask % 2 ? 17 : 3, A = mask == 2 || mask == 3 ? 37 : 5;
+        family_case c(score_kind::additive, d, rng, 2, 8, 4, Nq, Nk, 5, Dv, /*multi_dim=*/true);
+        c.W_q = random_tensor({A, c.D}, dtype::f64, rng), c.W_k = random_tensor({A, c.Dk}, dtype::f64, rng);
+        c.w_v = random_tensor({Dv, A}, dtype::f64, rng, -1.5, 1.5), c.b = random_tensor({A}, dtype::f64, rng);
+        c.opt.score.W_q = c.W_q.view(), c.opt.score.W_k = c.W_k.view(), c.opt.score.w_v = c.w_v.view();
+        c.opt.score.b = c.b.view();
+        if (d == distribution_kind::sigmoid) c.opt.distribution.sigmoid_bias = -0.5;
+        apply_mask(c, mask, rng);
+        const bool tanh_form = mask % 2 == 1;
+        if (tanh_form) setenv("ATTN_FAMILY_ADDITIVE", "tanh", 1);
+        struct unset_additive {
+          ~unset_additive() { unsetenv("ATTN_FAMILY_ADDITIVE"); }
+        } unset_at_end;
+        const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::f32, rng);
+        const std::string what = isa + " multi-dimensional additive x " + to_string(d) + " mask " +
+                                 std::to_string(mask) + " A " + std::to_string(A) + " Dv " + std::to_string(Dv) +
+                                 (tanh_form ? " tanh" : "");
+        SCOPED_TRACE(what);
+        const execution e{.path = family_path::fused};
+        const family_result fwd = attention_family(q, k, v, c.opt, e);
+        if (d == distribution_kind::softmax) {
+          ASSERT_TRUE(fwd.lse.defined());
+          EXPECT_EQ(fwd.lse.shape(), (Shape{c.B, c.Hq, c.Nq, Dv}));
+        } else {
+          EXPECT_FALSE(fwd.lse.defined());
+        }
+        const result got{fwd, attention_family_backward(q, k, v, dout, fwd, c.opt, e)};
+        expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4, what);
+        EXPECT_EQ(got.g.dw_v.shape(), (Shape{Dv, A}));
+        setenv("ATTN_FAMILY_BACKWARD", "two_pass", 1);
+        const family_grads two = attention_family_backward(q, k, v, dout, fwd, c.opt, e);
+        unsetenv("ATTN_FAMILY_BACKWARD");
+        expect_family_close(got.fwd, got.g, got.fwd, two, 2e-5);
+        for (int t : {2, 3}) {
+          const execution et{.path = family_path::fused, .num_threads = t};
+          const family_grads many = attention_family_backward(q, k, v, dout, attention_family(q, k, v, c.opt, et), c.opt, et);
+          EXPECT_TRUE(same_bits(many.dq, got.g.dq)) << "threads " << t;
+          EXPECT_TRUE(same_bits(many.dk, got.g.dk)) << "threads " << t;
+          EXPECT_TRUE(same_bits(many.dv, got.g.dv)) << "threads " << t;
+          EXPECT_TRUE(same_bits(many.dw_v, got.g.dw_v)) << "threads " << t;
+          EXPECT_TRUE(same_bits(many.db, got.g.db)) << "threads " << t;
+          EXPECT_EQ(many.dsigmoid_bias, got.g.dsigmoid_bias) << "threads " << t;
+        }
+        if (d != distribution_kind::softmax || mask != 0) continue;
+        family_result shifted = fwd;
+        shifted.lse = Tensor::copy_of(fwd.lse);
+        for (std::int64_t i = 0; i < shifted.lse.numel(); ++i) static_cast<float*>(shifted.lse.data())[i] += 0.5f;
+        const family_grads moved = attention_family_backward(q, k, v, dout, shifted, c.opt, e);
+        EXPECT_FALSE(all_close(moved.dv, got.g.dv, 1e-3)) << "a shifted lse must change dv";
+        family_result wrong = fwd;
+        wrong.lse = Tensor::empty({c.B, c.Hq, c.Nq}, dtype::f32);
+        EXPECT_THROW_MSG(attention_family_backward(q, k, v, dout, wrong, c.opt, e),
+                         "attention_family_backward: forward.lse has shape [2, 8, 19], expected [2, 8, 19, 3] (B, Hq, "
+                         "Nq, Dv: multi-dimensional)");
+      }
+  }
+}
+
 // The backward from the forward's result on the fused path (family_result::lse): softmax and the
 // kernel distribution keep their row statistics; box then runs its dk/dv pass alone (no score
 // gradient), dot-product scores the single pass (B·Hkv >= 8), with r = dout·out. Every gradient
