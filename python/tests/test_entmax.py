@@ -49,11 +49,14 @@ def test_weights_against_entmax(dist, fn):
 
 @pytest.mark.parametrize("dist", ["softmax", "sigmoid", "sparsemax", "entmax15"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_multidimensional_additive_fused_against_torch(dist, causal):
+@pytest.mark.parametrize("H", [3, 8])
+def test_multidimensional_additive_fused_against_torch(dist, causal, H):
     """Multi-dimensional additive attention (w_v [Dv, A]: one distribution per value feature) in
     float32 on attn's fused kernels against the formula in PyTorch eager float64 (the `entmax`
-    package for the sparse maps): out and the gradients of q, k, v, W_q, W_k, b and w_v."""
-    B, H, Nq, Nk, D, Dv, A = 2, 3, 21, 37, 6, 5, 7
+    package for the sparse maps): out and the gradients of q, k, v, W_q, W_k, b and w_v. With
+    B·H >= 8 softmax and sigmoid take the one-pass backward (softmax from the forward's lse per
+    feature, which the autograd Function saves)."""
+    B, Nq, Nk, D, Dv, A = 2, 21, 37, 6, 5, 7
     g = torch.Generator().manual_seed(11 + causal)
     leaves64 = [torch.randn(*s, dtype=torch.float64, generator=g) for s in
                 ((B, H, Nq, D), (B, H, Nk, D), (B, H, Nk, Dv), (A, D), (A, D), (A,), (Dv, A))]
