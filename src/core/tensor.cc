@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <new>
 #include <numeric>
+#include <type_traits>
 
 #include "attn/error.h"
 
@@ -309,6 +310,37 @@ void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
     if (d < 0) return;
   }
 }
+
+// The float dtypes as C++ types (f16 and bf16 as their bit patterns in distinct wrappers), for
+// typed conversion loops that give what load_as_double / store_from_double give.
+struct f16_bits {
+  std::uint16_t b;
+};
+struct bf16_bits {
+  std::uint16_t b;
+};
+inline double to_double(float x) { return x; }
+inline double to_double(double x) { return x; }
+inline double to_double(f16_bits x) { return f16_to_f32(x.b); }
+inline double to_double(bf16_bits x) { return bf16_to_f32(x.b); }
+template <class T>
+inline T from_double(double x) {
+  if constexpr (std::is_same_v<T, float>) return float(x);
+  else if constexpr (std::is_same_v<T, double>) return x;
+  else if constexpr (std::is_same_v<T, f16_bits>) return {f32_to_f16(float(x))};
+  else return {f32_to_bf16(float(x))};
+}
+template <class F>
+void with_float_type(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: return f(float{});
+    case dtype::f64: return f(double{});
+    case dtype::f16: return f(f16_bits{});
+    case dtype::bf16: return f(bf16_bits{});
+    default: break;
+  }
+}
+
 }  // namespace
 
 std::vector<double> to_vector(const TensorView& v) {
@@ -380,6 +412,29 @@ Tensor Tensor::copy_of(const TensorView& v, dtype t) {
     auto* dst = static_cast<std::byte*>(r.data());
     const auto* src = static_cast<const std::byte*>(v.data());
     for_each_offset(v.shape(), v.strides(), [&](std::int64_t off) { std::memcpy(dst + es * std::size_t(i++), src + es * off, es); });
+    return r;
+  }
+  if (is_floating(t) && is_floating(v.type()) && v.rank() > 0) {
+    // Float to float a row (the last dim) at a time, typed: the same values as the element-wise
+    // path below (through double, and float(x) before a 16-bit rounding), without a switch and
+    // an index walk per element — the family's preparations and Tensor::to convert whole inputs.
+    const std::int64_t n = v.shape().back(), sx = v.strides().back();
+    const Shape outer(v.shape().begin(), v.shape().end() - 1), so(v.strides().begin(), v.strides().end() - 1);
+    with_float_type(v.type(), [&](auto src) {
+      using S = decltype(src);
+      with_float_type(t, [&](auto dst) {
+        using T = decltype(dst);
+        const S* in = static_cast<const S*>(v.data());
+        T* out = static_cast<T*>(r.data());
+        std::int64_t row = 0;
+        const auto copy_row = [&](std::int64_t off) {
+          T* o = out + row++ * n;
+          for (std::int64_t x = 0; x < n; ++x) o[x] = from_double<T>(to_double(in[off + x * sx]));
+        };
+        if (outer.empty()) copy_row(0);
+        else for_each_offset(outer, so, copy_row);
+      });
+    });
     return r;
   }
   for_each_offset(v.shape(), v.strides(),

@@ -116,6 +116,7 @@ void validate(const char* op, const TensorView& q, const TensorView& k, const Te
     fp.p = build_problem(op, sq, sk, sv, ao, exec, fp.store);
   }
   fp.B = B, fp.Hq = Hq, fp.Hkv = Hkv, fp.Nq = Nq, fp.Nk = Nk, fp.Dv = Dv;
+  c.threads = std::max(1, fp.p.num_threads);
 
   // Score: what every score shares.
   const score_spec& sc = o.score;

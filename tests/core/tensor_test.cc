@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "test_util.h"
@@ -75,6 +76,38 @@ TEST(TensorView, ConversionsThroughCopy) {
   EXPECT_EQ(Tensor::zeros({0, 3}, dtype::f32).numel(), 0);
   EXPECT_EQ(Tensor::zeros({2, 0, 3}, dtype::f32).view().reshape({2, 0, 1, 3}).shape(), (Shape{2, 0, 1, 3}));
   EXPECT_EQ(Tensor::full({2}, dtype::i64, 3).to_vector(), (std::vector<double>{3, 3}));
+}
+
+// copy_of between float dtypes converts a row at a time, typed: every element as the
+// element-wise path gives it (through double: load_as_double, then store_from_double, which
+// rounds to float before a 16-bit type), for every pair of float dtypes, contiguous, strided
+// (a transpose and a slice) and broadcast views, with ±0, ±inf, NaN, values that round to ±inf
+// in f16 and subnormals among them; rank 0 and empty views too.
+TEST(TensorView, FloatConversionsAreElementWise) {
+  const std::vector<dtype> floats = {dtype::f32, dtype::f64, dtype::f16, dtype::bf16};
+  std::vector<double> vals;
+  for (int i = 0; i < 3 * 5 * 7; ++i) vals.push_back(std::sin(0.37 * i) * std::pow(10.0, (i % 11) - 5));
+  vals[3] = -0.0, vals[8] = std::numeric_limits<double>::infinity(), vals[9] = -vals[8];
+  vals[10] = std::numeric_limits<double>::quiet_NaN(), vals[11] = 70000.0, vals[12] = 1e-41, vals[13] = 1.0 + 0x1p-30;
+  const Tensor base = Tensor::from_values({3, 5, 7}, dtype::f64, vals);
+  for (dtype from : floats) {
+    const Tensor src = Tensor::copy_of(base, from);
+    const std::vector<TensorView> views = {src.view(), src.view().transpose(0, 2), src.view().slice(1, 1, 4),
+                                           src.view().slice(2, 2, 3).broadcast_to({3, 5, 4}), src.view().slice(0, 0, 0),
+                                           src.view().slice(0, 1, 2).slice(1, 2, 3).slice(2, 4, 5).reshape({})};
+    for (dtype to : floats)
+      for (std::size_t w = 0; w < views.size(); ++w) {
+        const TensorView& v = views[w];
+        SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)) + " view " + std::to_string(w));
+        const Tensor got = Tensor::copy_of(v, to);
+        ASSERT_EQ(got.shape(), v.shape());
+        ASSERT_EQ(got.type(), to);
+        const std::vector<double> in = to_vector(v);
+        Tensor want = Tensor::empty(v.shape(), to);
+        for (std::int64_t i = 0; i < want.numel(); ++i) store_from_double(want.data(), to, i, in[std::size_t(i)]);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), std::size_t(want.numel()) * dtype_size(to)), 0);
+      }
+  }
 }
 
 TEST(TensorView, BadArgumentsThrowClearErrors) {

@@ -4,6 +4,8 @@
 // copies give; every name table round-trips every enumerator.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "family_util.h"
 
 namespace attn::testing {
@@ -39,6 +41,62 @@ TEST(FamilyCoreRoute, DotIsTheCoreOpOnTheUsersViews) {
         EXPECT_TRUE(same_bits(fg.dk, ag.dk));
         EXPECT_TRUE(same_bits(fg.dv, ag.dv));
       }
+}
+
+// bfloat16 inputs take the core op in bfloat16 (its bf16 products), with the prepared q', k'
+// rounded once to bfloat16 and the user's v unconverted: cosine's out is bitwise attn::attention
+// on q/(‖q‖τ) and k/‖k‖ computed in float64 and rounded to bfloat16 (what the preparation
+// does), forward and backward; general, biased_general, cosine and location stay within bfloat16
+// error of the float64 reference on the same inputs, every gradient included; gaussian keeps its
+// float32 preparation (its −‖x‖²/(2h²) terms cancel against q·k) and stays as close.
+TEST(FamilyCoreRoute, BfloatInputsRunTheCoreOpInBfloat) {
+  std::mt19937 rng(47);
+  for (score_kind s : {score_kind::cosine, score_kind::general, score_kind::biased_general, score_kind::location,
+                       score_kind::gaussian})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(to_string(s) + (causal ? " causal" : ""));
+      family_case c(s, distribution_kind::softmax, rng, 2, 4, 2, 13, 29, 16, 8);
+      c.opt.is_causal = causal;
+      const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+      const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::bf16, rng);
+      const family_result got = attention_family(q, k, v, c.opt);
+      ASSERT_EQ(got.path.rfind("core", 0), 0u);
+      EXPECT_EQ(got.out.type(), dtype::bf16);
+      const family_grads g = attention_family_backward(q, k, v, dout, got, c.opt);
+      const execution ref{.path = family_path::reference};
+      const family_result want = attention_family(q.to(dtype::f64), k.to(dtype::f64), v.to(dtype::f64), c.opt, ref);
+      const family_grads gw =
+          attention_family_backward(q.to(dtype::f64), k.to(dtype::f64), v.to(dtype::f64), dout.to(dtype::f64), c.opt, ref);
+      EXPECT_TRUE(all_close(got.out, want.out, 2e-2, 2e-2)) << "out";
+      EXPECT_TRUE(all_close(g.dq, gw.dq, 3e-2, 3e-2)) << "dq";
+      EXPECT_TRUE(all_close(g.dk, gw.dk, 3e-2, 3e-2)) << "dk";
+      EXPECT_TRUE(all_close(g.dv, gw.dv, 3e-2, 3e-2)) << "dv";
+      if (g.dW.defined()) {
+        EXPECT_TRUE(all_close(g.dW, gw.dW, 5e-2, 3e-2)) << "dW";
+      }
+      if (g.dW_a.defined()) {
+        EXPECT_TRUE(all_close(g.dW_a, gw.dW_a, 5e-2, 3e-2)) << "dW_a";
+      }
+      if (s != score_kind::cosine) continue;
+      // q' = q/(‖q‖τ), k' = k/‖k‖ in float64, rounded to bfloat16: the core op on them is the route.
+      const auto unit = [](const Tensor& x, double div) {
+        std::vector<double> a = x.to_vector();
+        const std::int64_t D = x.shape().back();
+        for (std::size_t r = 0; r < a.size(); r += std::size_t(D)) {
+          double nn = 0.0;
+          for (std::int64_t e = 0; e < D; ++e) nn += a[r + std::size_t(e)] * a[r + std::size_t(e)];
+          nn = std::sqrt(nn);
+          for (std::int64_t e = 0; e < D; ++e) a[r + std::size_t(e)] = nn > 0.0 ? a[r + std::size_t(e)] / (nn * div) : 0.0;
+        }
+        return Tensor::from_values(x.shape(), dtype::bf16, a);
+      };
+      attention_options ao;
+      ao.scale = 1.0, ao.is_causal = causal;
+      const attention_result core = attention(unit(q, c.opt.score.temperature), unit(k, 1.0), v, ao);
+      EXPECT_TRUE(same_bits(got.out, core.out)) << "cosine out against attn::attention in bf16";
+      const attention_grads cg = attention_backward(unit(q, c.opt.score.temperature), unit(k, 1.0), v, core.out, dout, core.lse, ao);
+      EXPECT_TRUE(same_bits(g.dv, cg.dv)) << "cosine dv against attn::attention_backward in bf16";
+    }
 }
 
 TEST(FamilyCoreRoute, StridedAndThreeDimensionalInputsMatchContiguous) {

@@ -48,6 +48,11 @@ void load_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n,
       for (std::int64_t x = 0; x < X; ++x) out[x] = p[x * s.sx];
       break;
     }
+    case dtype::bf16: {
+      const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+      for (std::int64_t x = 0; x < X; ++x) out[x] = bf16_to_f32(p[x * s.sx]);
+      break;
+    }
     default:
       for (std::int64_t x = 0; x < X; ++x) out[x] = s.load(b, h, n, x);
   }
@@ -63,6 +68,11 @@ void store_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n
     case dtype::f64: {
       double* p = s.ptr<double>(b, h, n, 0);
       for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = in[x];
+      break;
+    }
+    case dtype::bf16: {  // as store_from_double: rounded to float, then to bfloat16
+      std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+      for (std::int64_t x = 0; x < X; ++x) p[x * s.sx] = f32_to_bf16(float(in[x]));
       break;
     }
     default:

@@ -22,44 +22,51 @@ void check(const score_call& c, score_state& s) {
     fail(c.op, fmt::format("cosine temperature = {} must be finite and > 0", s.tau));
 }
 
-// xp = x / (‖x‖ div) for every row of x [B, H, N, D].
+// xp = x / (‖x‖ div) for every row of x [B, H, N, D], rows on `threads` threads.
 void normalise(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t D, const strided4& x, double div,
-               const strided4& xp) {
-  std::vector<double> r(std::size_t(D), 0.0);
-  for_rows(B, H, N, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
-    load_row(x, b, h, n, D, r.data());
+               const strided4& xp, int threads = 1) {
+  std::vector<double> buf(std::size_t(D * threads), 0.0);
+  for_rows_parallel(B, H, N, threads, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t, int t) {
+    double* r = buf.data() + t * D;
+    load_row(x, b, h, n, D, r);
     double nn = 0.0;
-    for (double e : r) nn += e * e;
+    for (std::int64_t e = 0; e < D; ++e) nn += r[e] * r[e];
     nn = std::sqrt(nn);
-    for (double& e : r) e = nn > 0.0 ? e / (nn * div) : 0.0;
-    store_row(xp, b, h, n, D, r.data());
+    for (std::int64_t e = 0; e < D; ++e) r[e] = nn > 0.0 ? r[e] / (nn * div) : 0.0;
+    store_row(xp, b, h, n, D, r);
   });
 }
 
 // xp = x/(‖x‖ div) = x̂/div:  dx = (dx̂ - x̂ (x̂·dx̂)) / ‖x‖ with dx̂ = dxp/div; 0 at the zero vector
-// (the score is 0 around it). Writes dx; returns Σ dxp·xp (for dτ: ∂xp/∂div = -xp/div).
+// (the score is 0 around it). Writes dx; returns Σ dxp·xp (for dτ: ∂xp/∂div = -xp/div), summed
+// row by row in row order whatever the thread count.
 double unnormalise(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t D, const strided4& x,
-                   const strided4& dxp, double div, const strided4& dx) {
-  std::vector<double> r(std::size_t(D), 0.0), g(std::size_t(D), 0.0), d(std::size_t(D), 0.0);
-  double dot_xp = 0.0;
-  for_rows(B, H, N, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
-    load_row(x, b, h, n, D, r.data());
-    load_row(dxp, b, h, n, D, g.data());
+                   const strided4& dxp, double div, const strided4& dx, int threads = 1) {
+  std::vector<double> buf(std::size_t(3 * D * threads), 0.0), dots(std::size_t(B * H * N), 0.0);
+  for_rows_parallel(B, H, N, threads, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t row, int t) {
+    double* r = buf.data() + 3 * t * D;
+    double* g = r + D;
+    double* d = g + D;
+    load_row(x, b, h, n, D, r);
+    load_row(dxp, b, h, n, D, g);
     double nn = 0.0;
-    for (double e : r) nn += e * e;
+    for (std::int64_t e = 0; e < D; ++e) nn += r[e] * r[e];
     nn = std::sqrt(nn);
-    std::fill(d.begin(), d.end(), 0.0);
+    std::fill(d, d + D, 0.0);
+    double dot = 0.0;
     if (nn > 0.0) {
       double proj = 0.0;
-      for (std::int64_t e = 0; e < D; ++e) proj += r[std::size_t(e)] / nn * g[std::size_t(e)] / div;
+      for (std::int64_t e = 0; e < D; ++e) proj += r[e] / nn * g[e] / div;
       for (std::int64_t e = 0; e < D; ++e) {
-        const std::size_t i = std::size_t(e);
-        d[i] = (g[i] / div - r[i] / nn * proj) / nn;
-        dot_xp += g[i] * r[i] / (nn * div);
+        d[e] = (g[e] / div - r[e] / nn * proj) / nn;
+        dot += g[e] * r[e] / (nn * div);
       }
     }
-    store_row(dx, b, h, n, D, d.data());
+    dots[std::size_t(row)] = dot;
+    store_row(dx, b, h, n, D, d);
   });
+  double dot_xp = 0.0;
+  for (double v : dots) dot_xp += v;
   return dot_xp;
 }
 
@@ -86,8 +93,8 @@ core_qkv core_prepare(const score_call& c, const score_state& s, const TensorVie
                       const TensorView& v) {
   const dtype t = core_dtype(c.type);
   Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, c.D, c.rank, t), kp = empty_bhnx(c.B, c.Hkv, c.Nk, c.D, c.rank, t);
-  normalise(c.B, c.Hq, c.Nq, c.D, as_bhnx(q, c.Hq), s.tau, as_bhnx(qp, c.Hq));
-  normalise(c.B, c.Hkv, c.Nk, c.D, as_bhnx(k, c.Hkv), 1.0, as_bhnx(kp, c.Hkv));
+  normalise(c.B, c.Hq, c.Nq, c.D, as_bhnx(q, c.Hq), s.tau, as_bhnx(qp, c.Hq), c.threads);
+  normalise(c.B, c.Hkv, c.Nk, c.D, as_bhnx(k, c.Hkv), 1.0, as_bhnx(kp, c.Hkv), c.threads);
   return {qp, kp, with_dtype(v, t), 1.0};
 }
 
@@ -95,8 +102,8 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
                    const core_qkv&, const attention_grads& cg, family_grads& g) {
   new_dq_dk(c, g);
   const double dot_qp =
-      unnormalise(c.B, c.Hq, c.Nq, c.D, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), s.tau, as_bhnx(g.dq, c.Hq));
-  unnormalise(c.B, c.Hkv, c.Nk, c.D, as_bhnx(k, c.Hkv), as_bhnx(cg.dk, c.Hkv), 1.0, as_bhnx(g.dk, c.Hkv));
+      unnormalise(c.B, c.Hq, c.Nq, c.D, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), s.tau, as_bhnx(g.dq, c.Hq), c.threads);
+  unnormalise(c.B, c.Hkv, c.Nk, c.D, as_bhnx(k, c.Hkv), as_bhnx(cg.dk, c.Hkv), 1.0, as_bhnx(g.dk, c.Hkv), c.threads);
   g.dtemperature = -dot_qp / s.tau;
 }
 

@@ -119,7 +119,9 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
 
 core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
-  const dtype t = core_dtype(c.type);
+  // float32 for 16-bit inputs too: the augmented terms −‖x‖²/(2h²) cancel against q·k in the
+  // score, and a bfloat16 rounding of them would move scores by 2^-9 of ‖x‖².
+  const dtype t = c.type == dtype::f64 ? dtype::f64 : dtype::f32;
   Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, c.D + 2, c.rank, t), kp = empty_bhnx(c.B, c.Hkv, c.Nk, c.D + 2, c.rank, t);
   augment(c, s, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(qp, c.Hq), as_bhnx(kp, c.Hkv));
   return {qp, kp, with_dtype(v, t), 1.0};

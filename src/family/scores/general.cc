@@ -6,8 +6,9 @@
 // W (and the bias of biased_general) is folded into the query, qp = Wᵀ q (+ b) [.., Dk], so the
 // keys pass unprepared (kp = k) and the score is the dot kernel with a scalar bias and an
 // activation. general and biased_general with softmax run on attn::attention with q' = Wᵀ q (+ b)
-// (one product per query row, float32 — float64 for float64 input) and the user's k and v (no
-// copy when they already have that dtype).
+// (one float32 GEMM over the query rows, float64 for float64 input; bfloat16 input: q' rounded to
+// bfloat16, so the core op takes its bf16 products) and the user's k and v (no copy when they
+// already have that dtype).
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -116,8 +117,24 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
 core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
   const dtype t = core_dtype(c.type);
-  Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, c.Dk, c.rank, t);
-  fold(c, s, as_bhnx(q, c.Hq), as_bhnx(qp, c.Hq));
+  if (t == dtype::f64) {
+    Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, c.Dk, c.rank, t);
+    fold(c, s, as_bhnx(q, c.Hq), as_bhnx(qp, c.Hq));
+    return {qp, with_dtype(k, t), with_dtype(v, t), 1.0};
+  }
+  // float32 (bfloat16: the core op's dtype too): qp = Wᵀ q (+ b) as one float32 GEMM over the
+  // rows of the user's view (attn::linear, OpenBLAS sgemm; a 16-bit q converted to float32 rows
+  // first), in the rows' layout order, then rounded once into t.
+  const TensorView rows = layout_rows(as_bhnx(q, c.Hq), c.B, c.Hq, c.Nq, c.D, c.rank);
+  const Tensor x = rows.type() == dtype::f32 ? Tensor() : Tensor::copy_of(rows, dtype::f32);
+  const Tensor wt = weight_t(c, s).to(dtype::f32);
+  const Tensor b = folds_bias(c) ? Tensor::from_values({c.Dk}, dtype::f32, s.b.values) : Tensor();
+  const Tensor y = linear(x.defined() ? x.view() : rows, wt, b.defined() ? std::optional<TensorView>(b.view()) : std::nullopt);
+  const Tensor qp = t == dtype::f32 && c.rank == 4
+                        ? y
+                        : Tensor::copy_of(y.view().reshape(c.rank == 4 ? Shape{c.B, c.Hq, c.Nq, c.Dk}
+                                                                       : Shape{c.B, c.Nq, c.Hq * c.Dk}),
+                                          t);
   return {qp, with_dtype(k, t), with_dtype(v, t), 1.0};
 }
 

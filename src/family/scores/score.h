@@ -15,6 +15,8 @@
 // table of scores/table.cc, and the file in family/sources.cmake.
 #pragma once
 
+#include <omp.h>
+
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -37,6 +39,7 @@ struct score_call {
   dtype type = dtype::f32;                             // of q, k, v
   distribution_kind dist = distribution_kind::softmax;  // gaussian's kernel arrives as softmax
   bool shift_invariant = true;                          // the distribution ignores a per-row constant
+  int threads = 1;                                      // the call's thread count (execution::num_threads)
 
   std::int64_t rows_q() const { return B * Hq * Nq; }
   std::int64_t rows_k() const { return B * Hkv * Nk; }
@@ -158,9 +161,18 @@ void for_rows(std::int64_t B, std::int64_t H, std::int64_t N, F&& f) {
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t n = 0; n < N; ++n, ++r) f(b, h, n, r);
 }
+// The same on `threads` threads (each row once, in no particular order): f(b, h, n, row, t) with
+// t the thread's index in [0, threads), for per-thread buffers.
+template <class F>
+void for_rows_parallel(std::int64_t B, std::int64_t H, std::int64_t N, int threads, F&& f) {
+  const std::int64_t rows = B * H * N;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) f(r / N / H, r / N % H, r % N, r, omp_get_thread_num());
+}
 
-// The dtype the core route prepares in: float64 for float64 inputs, else float32.
-inline dtype core_dtype(dtype t) { return t == dtype::f64 ? dtype::f64 : dtype::f32; }
+// The dtype the core route prepares in and runs the core op in: float64 and bfloat16 inputs their
+// own (bfloat16: the core op's bf16 products, and the user's v unconverted), else float32.
+inline dtype core_dtype(dtype t) { return t == dtype::f64 || t == dtype::bf16 ? t : dtype::f32; }
 // `t` itself when it has dtype d (no copy), else a converted copy.
 TensorArg with_dtype(const TensorView& t, dtype d);
 // `t` itself when it has dtype d, else a converted copy.
