@@ -677,6 +677,26 @@ TEST(FamilyFused, SinglePassSigmoidBackward) {
   }
 }
 
+// The fused backward from the forward's result at 2 and 3 threads gives the bits `want` (one
+// thread) holds: dq, dk, dv and, where computed, dw_v, db and dsigmoid_bias.
+void expect_same_bits_at_threads(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                                 const family_options& o, const family_grads& want) {
+  for (int t : {2, 3}) {
+    const execution et{.path = family_path::fused, .num_threads = t};
+    const family_grads many = attention_family_backward(q, k, v, dout, attention_family(q, k, v, o, et), o, et);
+    EXPECT_TRUE(same_bits(many.dq, want.dq)) << "threads " << t;
+    EXPECT_TRUE(same_bits(many.dk, want.dk)) << "threads " << t;
+    EXPECT_TRUE(same_bits(many.dv, want.dv)) << "threads " << t;
+    if (want.dw_v.defined()) {
+      EXPECT_TRUE(same_bits(many.dw_v, want.dw_v)) << "threads " << t;
+    }
+    if (want.db.defined()) {
+      EXPECT_TRUE(same_bits(many.db, want.db)) << "threads " << t;
+    }
+    EXPECT_EQ(many.dsigmoid_bias, want.dsigmoid_bias) << "threads " << t;
+  }
+}
+
 // Multi-dimensional additive (w_v [Dv, A]) in one backward pass per (b, hkv) — softmax from the
 // forward's lse [B, Hq, Nq, Dv] (r = dout[c]·out[c] per feature), sigmoid and identity from no
 // statistics — where B·Hkv >= 8: each pair's t, e = W_v t and dt = W_vᵀ de are formed once for
@@ -725,16 +745,7 @@ TEST(FamilyFused, MultiDimensionalBackwardInOnePass) {
         const family_grads two = attention_family_backward(q, k, v, dout, fwd, c.opt, e);
         unsetenv("ATTN_FAMILY_BACKWARD");
         expect_family_close(got.fwd, got.g, got.fwd, two, 2e-5);
-        for (int t : {2, 3}) {
-          const execution et{.path = family_path::fused, .num_threads = t};
-          const family_grads many = attention_family_backward(q, k, v, dout, attention_family(q, k, v, c.opt, et), c.opt, et);
-          EXPECT_TRUE(same_bits(many.dq, got.g.dq)) << "threads " << t;
-          EXPECT_TRUE(same_bits(many.dk, got.g.dk)) << "threads " << t;
-          EXPECT_TRUE(same_bits(many.dv, got.g.dv)) << "threads " << t;
-          EXPECT_TRUE(same_bits(many.dw_v, got.g.dw_v)) << "threads " << t;
-          EXPECT_TRUE(same_bits(many.db, got.g.db)) << "threads " << t;
-          EXPECT_EQ(many.dsigmoid_bias, got.g.dsigmoid_bias) << "threads " << t;
-        }
+        expect_same_bits_at_threads(q, k, v, dout, c.opt, got.g);
         if (d != distribution_kind::softmax || mask != 0) continue;
         family_result shifted = fwd;
         shifted.lse = Tensor::copy_of(fwd.lse);
@@ -795,13 +806,7 @@ TEST(FamilyFused, BackwardFromTheForwardsStatistics) {
         expect_close(got, run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference), 2e-4, what);
         const result again{fwd, attention_family_backward(q, k, v, dout, c.opt, e)};
         expect_family_close(got.fwd, got.g, again.fwd, again.g, 1e-5);
-        for (int t : {2, 3}) {
-          const execution et{.path = family_path::fused, .num_threads = t};
-          const family_grads many = attention_family_backward(q, k, v, dout, attention_family(q, k, v, c.opt, et), c.opt, et);
-          EXPECT_TRUE(same_bits(many.dq, got.g.dq)) << "threads " << t;
-          EXPECT_TRUE(same_bits(many.dk, got.g.dk)) << "threads " << t;
-          EXPECT_TRUE(same_bits(many.dv, got.g.dv)) << "threads " << t;
-        }
+        expect_same_bits_at_threads(q, k, v, dout, c.opt, got.g);
         if (mask != 0 || pc.sc.s == score_kind::triangle) continue;  // (triangle recomputes: it ignores lse)
         family_result shifted = fwd;
         shifted.lse = Tensor::copy_of(fwd.lse);
