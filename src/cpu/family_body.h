@@ -1122,6 +1122,55 @@ void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
   else fam_kept_keys<Ops, family_dist::topk, C>(lb, out);
 }
 
+// Σ_x a[x]·b[x] over n floats (vectors, then the tail), lanes summed at the end.
+inline float kept_dot(const float* a, const float* b, std::int64_t n) {
+  vf acc{};
+  std::int64_t x = 0;
+  for (; x + W <= n; x += W) acc += load(a + x) * load(b + x);
+  float s = 0.0f;
+  for (int l = 0; l < W; ++l) s += acc[l];
+  for (; x < n; ++x) s += a[x] * b[x];
+  return s;
+}
+// y[x] += a·b[x] over n floats.
+inline void kept_axpy(float* y, float a, const float* b, std::int64_t n) {
+  const vf av = splat(a);
+  std::int64_t x = 0;
+  for (; x + W <= n; x += W) store(y + x, load(y + x) + av * load(b + x));
+  for (; x < n; ++x) y[x] += a * b[x];
+}
+
+void fam_kept_grad_entry(const family_kept_grad& u) {
+  const std::int64_t K = u.K, P = u.P, Dv = u.Dv;
+  float da[64];  // K <= 32 (sparse_rows)
+  double sdz = 0.0;
+  for (std::int64_t r = 0; r < u.rows; ++r) {
+    const std::int64_t n = u.cnt[r];
+    const std::int32_t* js = u.idx + r * K;
+    const float* al = u.alpha + r * K;
+    const float* o = u.dout + r * Dv;
+    const float* qr = u.q + r * P;
+    float* dq = u.dq + r * P;
+    for (std::int64_t d = 0; d < P; ++d) dq[d] = 0.0f;
+    float num = 0.0f, den = 0.0f;
+    for (std::int64_t e = 0; e < n && !u.zero_grad; ++e) {
+      da[e] = kept_dot(o, u.v + std::int64_t(js[e]) * Dv, Dv);
+      num += al[e] * da[e], den += al[e];
+    }
+    const float rr = den > 0.0f ? num / den : 0.0f;
+    for (std::int64_t e = 0; e < n; ++e) {
+      const std::int64_t j = js[e];
+      kept_axpy(u.dv + j * Dv, al[e], o, Dv);
+      if (u.zero_grad) continue;
+      const float dz = al[e] * (da[e] - rr) * u.g[r * K + e];
+      sdz += double(dz);
+      kept_axpy(dq, dz, u.k + j * P, P);
+      kept_axpy(u.dk + j * P, dz, qr, P);
+    }
+  }
+  *u.sum_dz += sdz;
+}
+
 }  // namespace
 }  // namespace attn::detail::cpu
 
@@ -1155,6 +1204,7 @@ constexpr family_table make_family_table(const char* name) {
           dkdv_bf16,
           dq_bf16,
           kept_bf16,
+          fam_kept_grad_entry,
           lin_forward_entry,
           lin_backward_entry};
 }

@@ -136,6 +136,30 @@ struct family_kept {
   float* g = nullptr;
 };
 
+// The backward of sparse rows (hardmax, top-k: family_kept) of dot-product scores over one
+// (b, hkv): rows [0, rows) — the G heads' query rows in order — with cnt[r] kept keys idx[r·K + e],
+// their α and act′ (g), prepared rows q [rows][P] and dout [rows][Dv], the unit's keys k [Nk][P]
+// and values v [Nk][Dv] (f32, contiguous). dα_e = dout·v_j, r = Σ α dα / Σ α, de = α (dα − r),
+// dz = de·g: dq [rows][P] = Σ_e dz k_j (written), dk [Nk][P] += dz q, dv [Nk][Dv] += α dout
+// (accumulated: the caller zeroes them), *sum_dz += Σ dz. zero_grad (hardmax with the zero
+// gradient): dv alone. Rows in order, keys in their order: the same sums for any thread count.
+struct family_kept_grad {
+  std::int64_t rows = 0, K = 0, P = 0, Dv = 0;
+  const std::int32_t* cnt = nullptr;
+  const std::int32_t* idx = nullptr;
+  const float* alpha = nullptr;
+  const float* g = nullptr;
+  const float* q = nullptr;
+  const float* dout = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  double* sum_dz = nullptr;
+  bool zero_grad = false;
+};
+
 // Row layout: rows [0, nq) are prepared queries q + r·qsn of one head, with their dout rows
 // and the statistics the dq pass saved, against keys [j0, j0 + nb). kt [P][ldk], vt [Dv][ldk]
 // hold the key block transposed and zero-padded; dkt, dvt accumulate Σ dz q and Σ α dout.
@@ -263,6 +287,8 @@ struct family_table {
   void (*dq_bf16)(const family_lanes&, const family_dq_io&);
   // kept on bf16 pair operands (family_lanes::qtw, kw): the forward of sparse rows of bf16 inputs.
   void (*kept_bf16)(const family_lanes&, const family_kept&);
+  // The backward of sparse rows of dot-product scores over one (b, hkv) (family_kept_grad).
+  void (*kept_grad)(const family_kept_grad&);
   // Linear attention of one query head (family_linear): out [Nq][Dvp]; the backward from
   // dout [Nq][Dvp].
   void (*linear_forward)(const family_linear&, float* out);

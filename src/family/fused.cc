@@ -854,6 +854,36 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     const std::int64_t units = fp.B * fp.Hkv;
     std::vector<double> sums(std::size_t(units), 0.0), dhs(std::size_t(units), 0.0);
     std::vector<double> dwv(additive ? std::size_t(units * P) : 0, 0.0);
+    if (!additive && !distance) {  // dot-product scores: the ISA's kernel, f32 vectors (family_kept_grad)
+#pragma omp parallel num_threads(nt)
+      {
+        const std::int64_t rows = G * fp.Nq;
+        std::vector<float> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(std::size_t(rows * P));
+#pragma omp for schedule(dynamic, 1)
+        for (std::int64_t u = 0; u < units; ++u) {
+          const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv, r0 = (b * fp.Hq + hkv * G) * fp.Nq;
+          std::fill(dk.begin(), dk.end(), 0.0f);
+          std::fill(dv.begin(), dv.end(), 0.0f);
+          cpu::family_kept_grad kg;
+          kg.rows = rows, kg.K = K, kg.P = P, kg.Dv = Dv;
+          kg.cnt = CNT.data() + r0, kg.idx = IDX.data() + r0 * K, kg.alpha = ALPHA.data() + r0 * K;
+          kg.g = GZ.data() + r0 * K, kg.q = in.Q.data() + r0 * P, kg.dout = dO.data() + r0 * Dv;
+          kg.k = in.raw_keys(fp, b, hkv), kg.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
+          kg.dq = dq.data(), kg.dk = dk.data(), kg.dv = dv.data(), kg.sum_dz = &sums[std::size_t(u)];
+          kg.zero_grad = zero_grad;
+          in.kt.kept_grad(kg);
+          for (std::int64_t g = 0; g < G; ++g)
+            for (std::int64_t i = 0; i < fp.Nq; ++i)
+              put_row(sink.dq, b, hkv * G + g, i, P, dq.data() + (g * fp.Nq + i) * P, 1, sink.dq_scale);
+          for (std::int64_t j = 0; j < fp.Nk; ++j) {
+            put_row(sink.dk, b, hkv, j, P, dk.data() + j * P, 1, 1.0);
+            put_row(sink.dv, b, hkv, j, Dv, dv.data() + j * Dv, 1, 1.0);
+          }
+        }
+      }
+      for (std::int64_t u = 0; u < units; ++u) acc.dbias += sums[std::size_t(u)];
+      return in.kt.name;
+    }
 #pragma omp parallel num_threads(nt)
     {
       std::vector<double> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(static_cast<std::size_t>(P)),
