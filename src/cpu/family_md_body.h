@@ -19,6 +19,8 @@
 // on them exactly as for one feature (lane_stats).
 #pragma once
 
+#include <cstdlib>
+
 namespace attn::detail::cpu {
 namespace {
 
@@ -47,6 +49,13 @@ inline family_lanes md_feature(const family_lanes& lb, std::int64_t c) {
   const std::int64_t o = c * lb.L;
   f.st = {lb.st.t + o, lb.st.lse + o, lb.st.cut + o, lb.st.r + o};
   return f;
+}
+
+// ATTN_FAMILY_MD_ONLINE=0: softmax keeps every score of a feature chunk and finds its statistics
+// first (the two-phase form every other distribution takes), for comparisons and tests.
+inline bool md_two_phase() {
+  const char* e = std::getenv("ATTN_FAMILY_MD_ONLINE");
+  return e && e[0] == '0';
 }
 
 template <int CC>
@@ -111,6 +120,62 @@ void md_lane_block(const family_lanes& lb, const md_lane_scratch& sc, std::int64
                           fp.mask ? sc.mask + jj * L : nullptr);
 }
 
+// Softmax online, as the core op's prefill (no scores kept): keys in groups of kMdKeys, the scores
+// of every feature of a group at once (S [Dv][ks][L], from L2), and per (feature, lane) a running
+// max m that moves only when a group's max passes it by more than kMdSlack (FlashAttention-4's
+// economy: the weights are then at most e^8, and o, l are rescaled only where m moved), l = Σ
+// e^{s - m} and o = Σ e^{s - m} v. out = o / l and t = m + log l hold for any m the sums were taken
+// against. m and l live in E and de (unused by the forward). S [Dv][ks][L] must fit where the
+// two-phase form keeps [Fc][n][L] (md_forward checks).
+constexpr float kMdSlack = 8.0f;
+template <int CC, bool Exp>
+void md_forward_online(const family_lanes& lb, const md_lane_scratch& sc0, std::int64_t kmin, std::int64_t kmax,
+                       std::int64_t ks, float* ot) {
+  const std::int64_t L = CC * W, Dv = lb.Dv;
+  md_lane_scratch sc = sc0;
+  sc.fs = ks * L;
+  float* m = sc.E;
+  float* l = sc.de;
+  for (std::int64_t i = 0; i < Dv * L; ++i) m[i] = -kInf, l[i] = 0.0f;
+  for (std::int64_t j0 = kmin; j0 < kmax; j0 += ks) {
+    const std::int64_t nb = imin(ks, kmax - j0);
+    md_lane_block<Exp, CC>(lb, sc, j0, nb, 0, Dv, sc.S);
+    for (std::int64_t f = 0; f < Dv; ++f) {
+      const float* Sf = sc.S + f * sc.fs;
+      const float* v = lb.v + f;
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) {
+        vf mx = splat(-kInf);
+        for (std::int64_t jj = 0; jj < nb; ++jj) mx = vmax(mx, load(Sf + jj * L + c * W));
+        float* mp = m + f * L + c * W;
+        float* lp = l + f * L + c * W;
+        float* op = ot + f * L + c * W;
+        const vf m_old = load(mp);
+        // -inf + slack is -inf: the first finite max is taken; a NaN max leaves m (the NaN reaches l through p)
+        const vf m_new = mx > m_old + splat(kMdSlack) ? mx : m_old;
+        const vf mu = m_new == splat(-kInf) ? vf{} : m_new;  // a lane with nothing yet keeps p = 0
+        const vf a = exp_nat(m_old - mu);
+        vf o = load(op) * a, sum{};
+        for (std::int64_t jj = 0; jj < nb; ++jj) {
+          const vf p = exp_nat(load(Sf + jj * L + c * W) - mu);
+          sum += p;
+          o += p * splat(v[(j0 + jj) * lb.vsn]);
+        }
+        store(op, o);
+        store(lp, load(lp) * a + sum);
+        store(mp, m_new);
+      }
+    }
+  }
+  for (std::int64_t f = 0; f < Dv; ++f)
+    for (std::int64_t x = 0; x < L; ++x) {
+      const std::int64_t e = f * L + x;
+      const float lsum = l[e];
+      ot[e] = lsum == 0.0f ? 0.0f : ot[e] / lsum;  // no key (or none with weight): 0; NaN stays NaN
+      if (m[e] != -kInf || lsum != 0.0f) lb.st.t[e] = m[e] + __builtin_logf(lsum);  // else empty: t = +inf
+    }
+}
+
 // ---- forward, lane layout: ot [Dv][L] ----
 template <family_dist Dist, int CC, bool Exp>
 void md_forward(const family_lanes& lb, float* ot) {
@@ -126,6 +191,11 @@ void md_forward(const family_lanes& lb, float* ot) {
   const md_lane_scratch sc(lb, keep ? n : kLaneKeyBlock);
   const std::int64_t Fc = keep ? lb.Fc : Dv;
   const family_params& fp = lb.fp;
+  if constexpr (Dist == family_dist::softmax) {
+    const std::int64_t ks = imin(kMdKeys, n);
+    if (!lb.alpha && Dv * ks <= lb.Fc * n && !md_two_phase())
+      return md_forward_online<CC, Exp>(lb, sc, kmin, kmax, ks, ot);
+  }
   for (std::int64_t c0 = 0; c0 < Dv; c0 += Fc) {
     const std::int64_t fc = imin(Fc, Dv - c0);
     if (keep) {
