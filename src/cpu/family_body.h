@@ -430,16 +430,18 @@ inline vi or_lanes(vi m) {
   else return or_lanes<H / 2>(m | (vi)xor_lanes<H>((vf)m, std::make_integer_sequence<int, W>{}));
 }
 inline bool any_set(vi m) { return or_lanes<W / 2>(m)[0] != 0; }
-// Σ_x p[x]² for P contiguous floats.
-inline float sum_squares(const float* p, std::int64_t P) {
+// Σ_x a[x]·b[x] over n contiguous floats (vectors, their lanes summed, then the tail).
+inline float row_dot(const float* a, const float* b, std::int64_t n) {
   vf acc{};
   std::int64_t x = 0;
-  for (; x + W <= P; x += W) acc += load(p + x) * load(p + x);
+  for (; x + W <= n; x += W) acc += load(a + x) * load(b + x);
   float s = 0.0f;
   for (int l = 0; l < W; ++l) s += acc[l];
-  for (; x < P; ++x) s += p[x] * p[x];
+  for (; x < n; ++x) s += a[x] * b[x];
   return s;
 }
+// Σ_x p[x]² for P contiguous floats.
+inline float sum_squares(const float* p, std::int64_t P) { return row_dot(p, p, P); }
 
 // Lane layout: S[jj][L] as elem_lane_scores<distance_terms> would give it, up to the side of h².
 template <int CC>
@@ -1127,16 +1129,6 @@ void fam_kept_entry(const family_lanes& lb, const family_kept& out) {
   else fam_kept_keys<Ops, family_dist::topk, C>(lb, out);
 }
 
-// Σ_x a[x]·b[x] over n floats (vectors, then the tail), lanes summed at the end.
-inline float kept_dot(const float* a, const float* b, std::int64_t n) {
-  vf acc{};
-  std::int64_t x = 0;
-  for (; x + W <= n; x += W) acc += load(a + x) * load(b + x);
-  float s = 0.0f;
-  for (int l = 0; l < W; ++l) s += acc[l];
-  for (; x < n; ++x) s += a[x] * b[x];
-  return s;
-}
 // y[x] += a·b[x] over n floats.
 inline void kept_axpy(float* y, float a, const float* b, std::int64_t n) {
   const vf av = splat(a);
@@ -1147,7 +1139,7 @@ inline void kept_axpy(float* y, float a, const float* b, std::int64_t n) {
 
 void fam_kept_grad_entry(const family_kept_grad& u) {
   const std::int64_t K = u.K, P = u.P, Dv = u.Dv;
-  float da[64];  // K <= 32 (sparse_rows)
+  float da[kFamilySparseMax];
   double sdz = 0.0;
   for (std::int64_t r = 0; r < u.rows; ++r) {
     const std::int64_t n = u.cnt[r];
@@ -1159,7 +1151,7 @@ void fam_kept_grad_entry(const family_kept_grad& u) {
     for (std::int64_t d = 0; d < P; ++d) dq[d] = 0.0f;
     float num = 0.0f, den = 0.0f;
     for (std::int64_t e = 0; e < n && !u.zero_grad; ++e) {
-      da[e] = kept_dot(o, u.v + std::int64_t(js[e]) * Dv, Dv);
+      da[e] = row_dot(o, u.v + std::int64_t(js[e]) * Dv, Dv);
       num += al[e] * da[e], den += al[e];
     }
     const float rr = den > 0.0f ? num / den : 0.0f;

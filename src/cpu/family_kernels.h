@@ -143,6 +143,7 @@ struct family_kept {
 // dz = de·g: dq [rows][P] = Σ_e dz k_j (written), dk [Nk][P] += dz q, dv [Nk][Dv] += α dout
 // (accumulated: the caller zeroes them), *sum_dz += Σ dz. zero_grad (hardmax with the zero
 // gradient): dv alone. Rows in order, keys in their order: the same sums for any thread count.
+inline constexpr std::int64_t kFamilySparseMax = 32;  // the most keys a sparse row keeps (top-k's k)
 struct family_kept_grad {
   std::int64_t rows = 0, K = 0, P = 0, Dv = 0;
   const std::int32_t* cnt = nullptr;

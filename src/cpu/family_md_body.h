@@ -438,7 +438,7 @@ void md_dkdv(const family_rows& pr) {
           if (no_dz) continue;
           const vf d = fam_de<Dist>(s, a, dout * load(pr.vt + f * ld + y), st);
           store(de + f * n + e * ld + y, d);
-          sum_de += d;
+          if (with_dq) sum_de += d;
           any |= any_lane(d != vf{});
         }
       }

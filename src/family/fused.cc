@@ -415,7 +415,7 @@ bool forced_two_pass() {
 // keys where it has them, otherwise from the scores once more. ATTN_FAMILY_SPARSE=0 takes the
 // dense forms (the weights' product with every V, the two passes) for comparisons;
 // ATTN_FAMILY_BACKWARD=two_pass the dense backward alone.
-constexpr std::int64_t kSparseTopk = 32;
+constexpr std::int64_t kSparseTopk = cpu::kFamilySparseMax;
 std::int64_t sparse_rows(const fproblem& fp) {
   const char* env = std::getenv("ATTN_FAMILY_SPARSE");
   if ((env && std::string_view(env) == "0") || fp.F > 1) return 0;
