@@ -282,7 +282,9 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     ``k_pages [num_pages, page_size, Hkv, D]``, ``v_pages [num_pages, page_size, Hkv, Dv]``;
     int64 ``block_table [B, max_pages]`` (the pages of each sequence, in order) and ``seq_lens
     [B]`` (its keys). int8 pages come with float32 ``k_scales``/``v_scales [num_pages, page_size,
-    Hkv]`` (see :func:`paged_kv_append`). With ``is_causal`` and "bottom_right", query i of
+    Hkv]`` (see :func:`paged_kv_append`); int8 ``k_pages`` may also be blocked keys ``[num_pages,
+    page_size / 16, Hkv, D / 4, 16, 4]`` (16 keys side by side for every 4 elements of d: the
+    layout the AVX512-VNNI decode reads fastest). With ``is_causal`` and "bottom_right", query i of
     sequence b sits at key ``seq_lens[b] - Nq + i`` (the queries are the newest tokens).
     Forward only. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an :class:`AttentionResult`.
 

@@ -181,6 +181,43 @@ def test_paged_append_decodes_like_dense_and_int8_is_close():
             np.testing.assert_array_equal(kp[table[b, t // page], t % page], K[b, :, t])
 
 
+def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
+    """int8 keys blocked as [num_pages, page_size / 16, Hkv, D / 4, 16, 4] (16 keys side by side per
+    four elements of d): appending writes the rows' bytes in that order (a NumPy reshape and
+    transpose of the rows pages), and bf16 decode reads them to what the rows give, within the
+    bf16 output's rounding (the in-place read takes a 14-bit q where the rows take 15 bits)."""
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, D, page, steps = 2, 8, 2, 128, 32, 70
+    pages = B * 3
+    k8 = np.zeros((pages, page, Hkv, D), np.int8)
+    v8 = np.zeros_like(k8)
+    kb = np.zeros((pages, page // 16, Hkv, D // 4, 16, 4), np.int8)
+    vb = np.zeros_like(v8)
+    ks, vs, ksb, vsb = (np.zeros((pages, page, Hkv), np.float32) for _ in range(4))
+    table = rng.permutation(pages).reshape(B, 3).astype(np.int64)
+    lens = np.zeros(B, np.int64)
+    K = rng.standard_normal((B, Hkv, steps, D)).astype(np.float32)
+    V = rng.standard_normal((B, Hkv, steps, D)).astype(np.float32)
+    for t0, t1 in [(0, 33), (33, 34), (34, steps)]:
+        attn.paged_kv_append(k8, v8, table, lens, K[:, :, t0:t1], V[:, :, t0:t1], k_scales=ks, v_scales=vs)
+        attn.paged_kv_append(kb, vb, table, lens, K[:, :, t0:t1], V[:, :, t0:t1], k_scales=ksb, v_scales=vsb)
+        lens += t1 - t0
+    blocked = k8.reshape(pages, page // 16, 16, Hkv, D // 4, 4).transpose(0, 1, 3, 4, 2, 5)
+    np.testing.assert_array_equal(kb, blocked)
+    np.testing.assert_array_equal(vb, v8)
+    np.testing.assert_array_equal(ksb, ks)
+    q = torch.randn(B, Hq, 1, D).to(torch.bfloat16)
+    out = attn.attention_paged(q, k8, v8, table, lens, k_scales=ks, v_scales=vs, return_lse=True)
+    outb = attn.attention_paged(q, kb, vb, table, lens, k_scales=ksb, v_scales=vsb, return_lse=True)
+    lse, lseb = out.lse, outb.lse
+    out, outb = out.out.float(), outb.out.float()
+    assert (outb - out).abs().max() <= 8e-3 * out.abs().max()
+    torch.testing.assert_close(lseb.float(), lse.float(), rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match=r"blocked keys end in a contiguous \[D / 4, 16, 4\]"):
+        attn.attention_paged(q, np.zeros((pages, page // 16, Hkv, D // 4, 8, 8), np.int8), vb, table, lens,
+                             k_scales=ksb, v_scales=vsb)
+
+
 def test_serving_bad_input_by_message():
     q = torch.randn(4, 2, 8)
     cu = torch.tensor([0, 4], dtype=torch.int64)

@@ -79,6 +79,11 @@ struct problem {
   const std::int64_t* page_table = nullptr;
   std::int64_t max_pages = 0, page_size = 0;
   page_strides page_stride;
+  //   Blocked int8 keys (k_blocked, paged int8 only; include/attn/serving.h): keys in blocks of
+  //   16 with 16 keys side by side for every 4 elements of d — key n, element x of head h at
+  //   k.data + t·page_stride.k + ((n % page_size) / 16)·k.sn + h·k.sh + (x / 4)·64 + (n % 16)·4 + x % 4
+  //   (k.sn is the stride of a block, not of a row; k.sx = 1). Values stay rows.
+  bool k_blocked = false;
 
   std::int64_t group() const { return Hq / Hkv; }
   std::int64_t keys_valid(std::int64_t b) const { return kv_len.empty() ? Nk : kv_len[b]; }

@@ -315,7 +315,8 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   f.raw_q = (f.k16 || f.k8) && p.q.type == dtype::bf16;
   f.paged = p.page_table != nullptr;
   {
-    const std::int64_t row_bytes = p.k.sn * std::int64_t(dtype_size(p.k.type));
+    // (blocked int8 keys: k.sn is the stride of a block of 16 keys)
+    const std::int64_t row_bytes = p.k.sn * std::int64_t(dtype_size(p.k.type)) / (p.k_blocked ? 16 : 1);
     const bool interleaved = p.k.sh < p.k.sn;  // a token's rows of every head side by side
     const bool short_runs = f.paged && p.page_size * row_bytes < kHeadRunBytes;  // a head's rows of a page
     if ((f.k16 || f.k8 || f.paged) && (interleaved || short_runs))
@@ -406,6 +407,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
             lb.kscale = static_cast<const float*>(p.k_scale.data) + (paged ? hkv * p.k_scale.sh : p.k_scale.offset(b, hkv, 0, 0));
             lb.vscale = static_cast<const float*>(p.v_scale.data) + (paged ? hkv * p.v_scale.sh : p.v_scale.offset(b, hkv, 0, 0));
             lb.kss = p.k_scale.sn, lb.vss = p.v_scale.sn;
+            lb.kblocked = p.k_blocked;
             lb.q_bf16 = raw_q;
           } else if (k16) {
             lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + kb, lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + vb;
@@ -853,9 +855,12 @@ std::string why_not(const problem& p, const backend_request& req) {
 // kernels.h; a non-finite q, known only when the kernel runs, keeps the widened rows), or
 // widened to bf16 or f32.
 const char* int8_decode_words(const problem& p, const kernel_table& kt, const forward_plan& fp) {
-  if (int8_decode_int16(kt.int16_decode, fp.raw_q, kt.W, p.D, p.Dv))
+  if (int8_decode_int16(kt.int16_decode, fp.raw_q, kt.W, p.D, p.Dv)) {
+    if (p.k_blocked && kt.W == 16)
+      return ", int8 K/V read in place, blocked keys (byte dot products with 14-bit q), weights as int16";
     return ", int8 K/V read in place, q and weights as int16 (int16 dot products)";
-  return ", int8 K/V dequantised in place";
+  }
+  return p.k_blocked ? ", int8 K/V dequantised, blocked keys copied as rows" : ", int8 K/V dequantised in place";
 }
 
 // What forward() / backward() will do for this problem, in words (explain_backend).

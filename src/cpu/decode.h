@@ -56,7 +56,7 @@ inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 struct decode_layout {
   std::int64_t nr, ng, nrp, D, Dv, Dp, Dvp;
   float *qr, *orow, *mvec, *lacc, *qsc, *pb, *alpha, *wsc, *bias, *biasm, *kpad, *vpad;
-  std::int32_t *pos, *lo, *hi;
+  std::int32_t *pos, *lo, *hi, *qcorr;
   float* slope;
   decode_layout(const lane_block& lb, int RG, int unit) : nr(lb.nl), D(lb.D), Dv(lb.Dv) {
     ng = (nr + RG - 1) / RG, nrp = ng * RG;
@@ -71,6 +71,7 @@ struct decode_layout {
     hi = reinterpret_cast<std::int32_t*>(f), f += ng * W;
     slope = f, f += ng * W;
     qsc = f, f += ng * W;         // [ng][W] scales of int16 q rows (int16_pair_operands), mixed layout
+    qcorr = reinterpret_cast<std::int32_t*>(f), f += nrp;  // [nrp] 128·Σ q16 of a row (blocked keys)
     pb = f, f += RG * W;          // [RG][W] p of the current block and row group
     alpha = f, f += W;            // [RG] rescale factors
     wsc = f, f += W;              // [RG] scales of the int16 weights of the block (decode_pv_int16)
@@ -134,6 +135,72 @@ inline vf spread(vf s) {
 template <int RG, int... G>
 inline void spread_all(vf s, vf* out, std::integer_sequence<int, G...>) {
   ((out[G] = spread<W / RG, G>(s)), ...);
+}
+
+// Per-row score vectors (lane x = key x) → the mixed layout: lane r·KG + x of s[kg] = sr[r][kg·KG + x].
+template <int RG>
+inline void rows_to_mixed(const vf* sr, vf* s) {
+  constexpr int KG = W / RG;
+  if constexpr (RG == 1) {
+    s[0] = sr[0];
+  } else if constexpr (RG == 2) {
+    [&]<int... X>(std::integer_sequence<int, X...>) {
+      s[0] = shuffle2<(X < KG ? X : W + X - KG)...>(sr[0], sr[1]);
+      s[1] = shuffle2<(X < KG ? KG + X : W + X)...>(sr[0], sr[1]);
+    }(std::make_integer_sequence<int, W>{});
+  } else {
+    static_assert(RG == 4 && W == 16, "four rows of four keys: a 4 x 4 transpose of 128-bit lanes");
+    // chunk c of a vector: lanes [4c, 4c + 4). t0 = (a.0 b.0 a.1 b.1), t1 = (a.2 b.2 a.3 b.3).
+    const auto lo = [](vf a, vf b) { return shuffle2<0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23>(a, b); };
+    const auto hi = [](vf a, vf b) { return shuffle2<8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31>(a, b); };
+    const auto even = [](vf a, vf b) { return shuffle2<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23>(a, b); };
+    const auto odd = [](vf a, vf b) { return shuffle2<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31>(a, b); };
+    const vf t0 = lo(sr[0], sr[1]), t1 = hi(sr[0], sr[1]), t2 = lo(sr[2], sr[3]), t3 = hi(sr[2], sr[3]);
+    s[0] = even(t0, t2), s[1] = odd(t0, t2), s[2] = even(t1, t3), s[3] = odd(t1, t3);
+  }
+}
+
+// Scores of a block of W = 16 keys stored blocked (lane_block::kblocked: [Dp/4][16 keys][4]
+// bytes at kb) for the RG rows of a group, in the mixed layout. Each 64-byte line holds one quad
+// of d of all 16 keys, so the scores come out with keys in the lanes: no transpose-add. The keys
+// are made unsigned (k + 128: an xor) for vpdpbusd (unsigned × signed bytes, four products per
+// lane); q is 14-bit (|q16| <= 2^14) as two signed bytes, q16 = 256·qh + ql (qh, ql dwords of
+// four bytes: rows qs dwords apart, the ql of a row Dp/4 dwords after its qh). Then
+//   q16·k = 256·Σ ku·qh + Σ ku·ql − 128·Σ q16  (corr[r] = 128·Σ q16),
+// exact in int32: every step is modular and |q16·k| <= 512·2^14·127 < 2^31.
+template <int RG, class Dot>
+inline void decode_scores_blocked(const std::uint32_t* q, std::int64_t qs, const std::int32_t* corr, std::int64_t nq4,
+                                  const std::int8_t* kb, vf* s, const std::int8_t* kpf) {
+  constexpr int NA = 4 / RG;  // accumulator sets: at least eight chains in flight
+  vi ah[NA][RG], al[NA][RG];
+#pragma GCC unroll 4
+  for (int a = 0; a < NA; ++a)
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) ah[a][r] = vi{}, al[a][r] = vi{};
+  const vu flip = splatu(0x80808080u);
+  const std::int64_t hoff = nq4;  // dwords from a row's qh to its ql
+  for (std::int64_t c = 0; c < nq4; c += NA) {
+#pragma GCC unroll 4
+    for (int a = 0; a < NA; ++a) {
+      const vu ku = loadu(reinterpret_cast<const std::uint32_t*>(kb + (c + a) * 64)) ^ flip;
+      prefetch_l2(kpf + (c + a) * 64);
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r) {
+        ah[a][r] = Dot::dot_u8s8_bcast(ah[a][r], ku, q + r * qs + c + a);
+        al[a][r] = Dot::dot_u8s8_bcast(al[a][r], ku, q + r * qs + hoff + c + a);
+      }
+    }
+  }
+  vf sr[RG];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    vi h = ah[0][r], l = al[0][r];
+#pragma GCC unroll 4
+    for (int a = 1; a < NA; ++a) h += ah[a][r], l += al[a][r];
+    const vu t = ((vu)h << 8) + (vu)l - (vu)splati(corr[r]);  // modular: the exact sum fits
+    sr[r] = __builtin_convertvector((vi)t, vf);
+  }
+  rows_to_mixed<RG>(sr, s);
 }
 
 // Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
@@ -295,13 +362,28 @@ __attribute__((noinline)) void decode_pv_int16(float* o, std::int64_t Dvp, const
       for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_int16(acc[r][c], px, vv[c]);
     }
   }
+  bool moved = false;  // α = 1 on every row (the running max kept): O += wsc·sums, one multiply-add
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) moved = moved || alpha[r] != 1.0f;
+  if (moved) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      const vf a = splat(alpha[r]), ws = splat(wsc[r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) {
+        float* oc = o + r * Dvp + (c0 + c) * W;
+        store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
+      }
+    }
+    return;
+  }
 #pragma GCC unroll 4
   for (int r = 0; r < RG; ++r) {
-    const vf a = splat(alpha[r]), ws = splat(wsc[r]);
+    const vf ws = splat(wsc[r]);
 #pragma GCC unroll 8
     for (int c = 0; c < CB; ++c) {
       float* oc = o + r * Dvp + (c0 + c) * W;
-      store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
+      store(oc, load(oc) + ws * __builtin_convertvector(acc[r][c], vf));
     }
   }
 }
@@ -336,7 +418,8 @@ inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, 
 // blocks of several heads block by block (the rows of one key block of every head are read
 // together: contiguous in a token-major cache or a page of all heads).
 // Ops: the operand type of the q·k dots; T: the storage of the K/V rows read.
-template <int RG, class Ops, class T>
+// KB: keys stored blocked (lane_block::kblocked), read by decode_scores_blocked (int16_pair_operands, W = 16).
+template <int RG, class Ops, class T, bool KB = false>
 struct decode_run {
   static constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
   static constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
@@ -379,7 +462,32 @@ struct decode_run {
         Dvp(st.Dvp) {
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
-      if constexpr (i16) {  // int16 pairs in memory order, scaled by a power of two: |q·f| < 2^15
+      if constexpr (KB) {  // 14-bit q (|q·f| <= 2^14) as two signed bytes per element (decode_scores_blocked)
+        static_assert(i16 && W == 16);
+        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+        float mx = 0.0f;
+        for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
+        int e = 0;
+        std::frexp(mx, &e);  // mx < 2^e
+        const float f = mx > 0.0f ? std::ldexp(1.0f, 14 - e) : 0.0f;
+        std::int64_t sum = 0;
+        for (std::int64_t c = 0; c < Dp / 4; ++c) {
+          std::uint32_t h = 0, l = 0;
+          for (int i = 0; i < 4; ++i) {
+            const std::int64_t d = 4 * c + i;
+            const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
+            const std::int32_t q16 = std::int32_t(std::clamp(x, -16384.0f, 16384.0f));
+            const std::int32_t ql = ((q16 + 128) & 255) - 128, qh = (q16 - ql) / 256;  // qh in [-64, 64]
+            h |= std::uint32_t(std::uint8_t(std::int8_t(qh))) << (8 * i);
+            l |= std::uint32_t(std::uint8_t(std::int8_t(ql))) << (8 * i);
+            sum += q16;
+          }
+          qw[c] = h, qw[Dp / 4 + c] = l;
+        }
+        st.qcorr[g] = std::int32_t(128 * sum);
+        const float scale = mx > 0.0f ? std::ldexp(1.0f, e - 14) : 0.0f;
+        for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
+      } else if constexpr (i16) {  // int16 pairs in memory order, scaled by a power of two: |q·f| < 2^15
         auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
         float mx = 0.0f;
         for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
@@ -447,6 +555,16 @@ struct decode_run {
 
   bool done() const { return next >= kr.kmax; }
 
+  // Blocked keys: element offset of the block of 16 keys holding key j, and of key j's element d.
+  std::int64_t kblock_off(std::int64_t j) const {
+    if (!pages) return (j >> 4) * lb.ksn;
+    if (pshift >= 0) return pages[j >> pshift] * lb.kps + ((j & (psz - 1)) >> 4) * lb.ksn;
+    return pages[j / psz] * lb.kps + (j % psz >> 4) * lb.ksn;
+  }
+  std::int64_t kblocked_off(std::int64_t j, std::int64_t d) const {
+    return kblock_off(j) + (d >> 2) * 64 + (j & 15) * 4 + (d & 3);
+  }
+
   // w = p·scale_v of the row group (st.pb, mixed layout) → int16 pairs in pw and per row a
   // power-of-two scale in st.wsc: w·f rounds to an integer below 2^15 in magnitude, f = 2^(14−E)
   // for the row's largest |w| in [2^E, 2^(E+1)) (|w| < 2^-112: f = 2^126, such weights round to 0
@@ -489,22 +607,33 @@ struct decode_run {
     next += W;
     const std::int64_t nb = imin(W, kr.kmax - j0);
     const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
-    const T* kb = reinterpret_cast<const T*>(kbase + row_off(j0, lb.ksn, lb.kps) * esize);
+    // blocked keys: read in place where the block is one of the layout's blocks of 16 (KB: W = 16)
+    const bool kaligned = !lb.kblocked || (KB && j0 % 16 == 0);
+    const T* kb = reinterpret_cast<const T*>(kbase + (KB ? kblock_off(j0) : row_off(j0, lb.ksn, lb.kps)) * esize);
     const T* vb = reinterpret_cast<const T*>(vbase + row_off(j0, lb.vsn, lb.vps) * esize);
     std::int64_t ks = lb.ksn, vs = lb.vsn;
     // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
     // block: issued in a burst, they stall); the current block itself when there are none.
     const std::int64_t jp = j0 + pf_keys;
-    const bool pf = jp + W <= kr.kmax && (!pages || (whole_blocks && jp % W == 0) || jp % psz + W <= psz);
-    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + row_off(jp, lb.ksn, lb.kps) * esize) : kb;
+    const bool pf = jp + W <= kr.kmax && (!pages || (whole_blocks && jp % W == 0) || jp % psz + W <= psz) && kaligned;
+    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + (KB ? kblock_off(jp) : row_off(jp, lb.ksn, lb.kps)) * esize) : kb;
     const T* vpf = pf ? reinterpret_cast<const T*>(vbase + row_off(jp, lb.vsn, lb.vps) * esize) : vb;
-    if (copy_all || nb < W || !in_page) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
+    if (copy_all || nb < W || !in_page || !kaligned) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
       T* kp = reinterpret_cast<T*>(st.kpad);
       T* vp = reinterpret_cast<T*>(st.vpad);
       for (std::int64_t x = 0; x < W; ++x) {
         const char* kr0 = kbase + row_off(j0 + imin(x, nb - 1), lb.ksn, lb.kps) * esize;
         const char* vr0 = vbase + row_off(j0 + imin(x, nb - 1), lb.vsn, lb.vps) * esize;
-        for (std::int64_t d = 0; d < Dp; ++d) {
+        if constexpr (q8) {
+          if (lb.kblocked) {  // blocked keys: copied blocked (KB) or as rows (every other path)
+            for (std::int64_t d = 0; d < Dp; ++d) {
+              const T e = x < nb && d < lb.D ? reinterpret_cast<const T*>(kbase)[kblocked_off(j0 + x, d)] : T(0);
+              kp[KB ? (d >> 2) * 64 + x * 4 + (d & 3) : x * Dp + d] = e;
+            }
+            kr0 = nullptr;
+          }
+        }
+        for (std::int64_t d = 0; kr0 && d < Dp; ++d) {
           if constexpr (__is_same(T, float)) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kr0, d) : 0.0f;
           else kp[x * Dp + d] = x < nb && d < lb.D ? reinterpret_cast<const T*>(kr0)[d] : T(0);
         }
@@ -538,7 +667,11 @@ struct decode_run {
     }
     for (std::int64_t g = 0; g < st.ng; ++g) {
       const bool first = g == 0;  // later row groups read the block from L1
-      decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
+      if constexpr (KB)
+        decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, kb, s,
+                                                     first ? kpf : kb);
+      else
+        decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb);
       if constexpr (i16) {
         const vf qsm = load(st.qsc + g * W);
 #pragma GCC unroll 4
@@ -591,14 +724,14 @@ struct decode_run {
 
 // The lane blocks lbs[0, n) (every one of the same shape and storage) to their ends: one at a
 // time (n = 1), or interleaved block by block.
-template <int RG, class Ops, class T>
+template <int RG, class Ops, class T, bool KB = false>
 void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_all) {
   if (n == 1) {
-    decode_run<RG, Ops, T> r(lbs[0], ios[0], copy_all, 1);
+    decode_run<RG, Ops, T, KB> r(lbs[0], ios[0], copy_all, 1);
     while (!r.done()) r.step();
     return r.finish();
   }
-  std::vector<decode_run<RG, Ops, T>> rs;
+  std::vector<decode_run<RG, Ops, T, KB>> rs;
   rs.reserve(std::size_t(n));
   for (int h = 0; h < n; ++h) rs.emplace_back(lbs[h], ios[h], copy_all, n);
   for (bool more = true; more;) {
@@ -632,11 +765,17 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
   const lane_block& lb = lbs[0];
   if (lb.k8) {
     const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
+    // Blocked keys are read in place by the blocked q·k (W = 16: the layout's blocks); every other
+    // path reads them through the padded copy, as rows.
     if constexpr (Dot::int16 && (W / RG) % 2 == 0)  // keys in pairs within a row's lanes
-      if (int8_as_int16<Dot>(lbs, n)) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
+      if (int8_as_int16<Dot>(lbs, n)) {
+        if constexpr (W == 16)
+          if (lb.kblocked) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true>(lbs, ios, n, false);
+        return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked);
+      }
     if constexpr (Dot::available)
-      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, false);
-    return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units);
+      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked);
+    return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units || lb.kblocked);
   }
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {

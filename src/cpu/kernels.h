@@ -70,6 +70,10 @@ struct lane_block {
   // page strides kps, vps (rows) and ksps, vsps (scales), in elements. Null: dense rows.
   const std::int64_t* pages = nullptr;
   std::int64_t page_size = 0, kps = 0, vps = 0, ksps = 0, vsps = 0;
+  // Decode only, paged int8 keys: blocked (problem::k_blocked) — key j, element d at
+  // k8 + pages[j / page_size]·kps + (j % page_size / 16)·ksn + (d / 4)·64 + j % 16·4 + d % 4
+  // (ksn: the stride of a block of 16 keys).
+  bool kblocked = false;
   const std::int32_t* lo = nullptr;    // [L] per-lane key range [lo, hi)
   const std::int32_t* hi = nullptr;
   const std::int32_t* pos = nullptr;   // [L] key position of the query (ALiBi)

@@ -46,6 +46,19 @@ struct avx512bf16_dot {
   static vi dot_int16(vi acc, vu a, vu b) {
     return (vi)_mm512_dpwssd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
   }
+  // Four unsigned bytes of a by four signed bytes of b, summed into each int32 lane (vpdpbusd; no
+  // saturation): the q·k of blocked int8 keys (decode.h, decode_scores_blocked).
+  static vi dot_u8s8(vi acc, vu a, vu b) {
+    return (vi)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+  }
+  // The same with b the four bytes at p in every lane, broadcast by the instruction itself (an
+  // embedded {1to16} operand: GCC 12 loads the broadcast into a register first, an extra
+  // instruction per product).
+  static vi dot_u8s8_bcast(vi acc, vu a, const std::uint32_t* p) {
+    __m512i r = (__m512i)acc;
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(r) : "v"((__m512i)a), "m"(*p));
+    return (vi)r;
+  }
   // 2W int8 values → W words of int16 pairs in memory order (vpmovsxbw): word w = (p[2w], p[2w + 1]).
   static vu widen_int8_words(const std::int8_t* p) {
     return (vu)_mm512_maskz_cvtepi8_epi16(~__mmask32(0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

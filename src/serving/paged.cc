@@ -47,6 +47,7 @@ struct paged_dims {
   std::vector<std::int64_t> table, lens;  // table [B, max_pages]
   bool runs = false;  // consecutive pages are one view (page stride == page_size · token stride)
   bool int8 = false;  // int8 pages with f32 scales [num_pages, page_size, Hkv]
+  bool kblocked = false;  // int8 k_pages [num_pages, page_size / 16, Hkv, D / 4, 16, 4]
 
   std::int64_t page(std::int64_t b, std::int64_t p) const { return table[std::size_t(b * max_pages + p)]; }
 };
@@ -56,19 +57,31 @@ struct paged_dims {
 paged_dims check_pages(const char* op, const paged_kv_view& c, std::int64_t extra) {
   const TensorView& kp = c.k_pages;
   const TensorView& vp = c.v_pages;
-  if (kp.rank() != 4 || vp.rank() != 4)
-    fail(op, fmt::format("k_pages {} and v_pages {} must be 4-D [num_pages, page_size, Hkv, D]", shape_str(kp.shape()),
-                         shape_str(vp.shape())));
+  const bool kblocked = kp.rank() == 6;  // blocked int8 keys
+  if ((kp.rank() != 4 && !kblocked) || vp.rank() != 4)
+    fail(op, fmt::format("k_pages {} and v_pages {} must be 4-D [num_pages, page_size, Hkv, D] (int8 k_pages may be "
+                         "6-D blocked keys [num_pages, page_size / 16, Hkv, D / 4, 16, 4])",
+                         shape_str(kp.shape()), shape_str(vp.shape())));
   if (!(is_floating(kp.type()) || kp.type() == dtype::i8) || vp.type() != kp.type())
     fail(op, fmt::format("k_pages/v_pages have dtypes {}/{}; expected one float dtype, or int8", dtype_name(kp.type()),
                          dtype_name(vp.type())));
-  if (vp.size(0) != kp.size(0) || vp.size(1) != kp.size(1) || vp.size(2) != kp.size(2))
+  if (kblocked) {
+    if (kp.type() != dtype::i8)
+      fail(op, fmt::format("k_pages is 6-D {} of dtype {}; blocked keys are int8", shape_str(kp.shape()),
+                           dtype_name(kp.type())));
+    if (kp.size(4) != 16 || kp.size(5) != 4 || kp.stride(5) != 1 || kp.stride(4) != 4 || kp.stride(3) != 64)
+      fail(op, fmt::format("k_pages {} (strides {}): blocked keys end in a contiguous [D / 4, 16, 4] (strides 64, 4, 1)",
+                           shape_str(kp.shape()), shape_str(kp.strides())));
+  }
+  const std::int64_t kpage = kblocked ? kp.size(1) * 16 : kp.size(1), kD = kblocked ? kp.size(3) * 4 : kp.size(3);
+  if (vp.size(0) != kp.size(0) || vp.size(1) != kpage || vp.size(2) != kp.size(2))
     fail(op, fmt::format("v_pages has shape {}, expected [{}, {}, {}, Dv] to match k_pages {}", shape_str(vp.shape()),
-                         kp.size(0), kp.size(1), kp.size(2), shape_str(kp.shape())));
+                         kp.size(0), kpage, kp.size(2), shape_str(kp.shape())));
   if ((kp.data() == nullptr && kp.numel() != 0) || (vp.data() == nullptr && vp.numel() != 0))
     fail(op, "k_pages/v_pages have no data");
   paged_dims d;
-  d.num_pages = kp.size(0), d.page_size = kp.size(1), d.Hkv = kp.size(2), d.D = kp.size(3), d.Dv = vp.size(3);
+  d.num_pages = kp.size(0), d.page_size = kpage, d.Hkv = kp.size(2), d.D = kD, d.Dv = vp.size(3);
+  d.kblocked = kblocked;
   if (d.page_size == 0 || d.Hkv == 0)
     fail(op, fmt::format("k_pages has shape {}; page_size and Hkv must be positive", shape_str(kp.shape())));
   d.lens = read_index(op, "seq_lens", c.seq_lens, 1, "[B]");
@@ -89,7 +102,7 @@ paged_dims check_pages(const char* op, const paged_kv_view& c, std::int64_t extr
       if (d.page(b, p) < 0 || d.page(b, p) >= d.num_pages)
         fail(op, fmt::format("block_table[{}, {}] = {} is outside [0, num_pages = {})", b, p, d.page(b, p), d.num_pages));
   }
-  d.runs = kp.stride(0) == d.page_size * kp.stride(1) && vp.stride(0) == d.page_size * vp.stride(1);
+  d.runs = !kblocked && kp.stride(0) == d.page_size * kp.stride(1) && vp.stride(0) == d.page_size * vp.stride(1);
   d.int8 = kp.type() == dtype::i8;
   const bool scales = c.k_scales.data() != nullptr || c.v_scales.data() != nullptr || c.k_scales.rank() != 0 ||
                       c.v_scales.rank() != 0;
@@ -162,6 +175,8 @@ std::string paged_in_kernel(const TensorView& q, const paged_kv_view& c, const p
   p.q = as_bhnx(q, p.Hq);
   p.Nk = d.max_pages * d.page_size;
   p.k = page_view(c.k_pages), p.v = page_view(c.v_pages);
+  if (d.kblocked)  // rows within a block: problem::k_blocked (sn the stride of a block of 16 keys)
+    p.k = strided4{c.k_pages.data(), dtype::i8, 0, c.k_pages.stride(2), c.k_pages.stride(1), 1}, p.k_blocked = true;
   p.kv_len = d.lens;
   p.alignment = options.alignment == causal_alignment::top_left ? causal_alignment::top_left
                                                                  : causal_alignment::bottom_right;
@@ -329,6 +344,13 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
   const auto slot = [&](const TensorView& pg, std::int64_t b, std::int64_t pos) {  // element offset of token pos of b
     return d.page(b, pos / d.page_size) * pg.stride(0) + (pos % d.page_size) * pg.stride(1);
   };
+  // Element offset of (token pos of b, head h, x) in int8 pages: rows, or blocked keys.
+  const auto elem = [&](const TensorView& pg, std::int64_t b, std::int64_t pos, std::int64_t h, std::int64_t x) {
+    if (pg.rank() == 4) return slot(pg, b, pos) + h * pg.stride(2) + x * pg.stride(3);
+    const std::int64_t t = pos % d.page_size;
+    return d.page(b, pos / d.page_size) * pg.stride(0) + t / 16 * pg.stride(1) + h * pg.stride(2) + x / 4 * 64 +
+           t % 16 * 4 + x % 4;
+  };
   if (d.int8) {
     // Symmetric per (token, head) row: scale = max|x| / 127, x ≈ scale · round(x / scale). Every
     // row is checked before any is written, so a non-finite value leaves the cache as it was.
@@ -338,7 +360,7 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
                                               {"v_new", &v_new, &cache.v_pages, &cache.v_scales}}) {
         const strided4 s = as_bhnx(*src, d.Hkv);
         const TensorView& pg = *pages;
-        const std::int64_t X = pg.size(3);
+        const std::int64_t X = pages == &cache.k_pages ? d.D : d.Dv;
         rowbuf.resize(std::size_t(X));
         for (std::int64_t b = 0; b < d.B; ++b)
           for (std::int64_t t = 0; t < N; ++t)
@@ -354,9 +376,9 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
               const std::int64_t pos = d.lens[std::size_t(b)] + t;
               const float scale = amax / 127.0f;
               static_cast<float*>(scales->data())[slot(*scales, b, pos) + h * scales->stride(2)] = scale;
-              auto* dst = static_cast<std::int8_t*>(pg.data()) + slot(pg, b, pos) + h * pg.stride(2);
+              auto* dst = static_cast<std::int8_t*>(pg.data());
               for (std::int64_t x = 0; x < X; ++x)
-                dst[x * pg.stride(3)] = scale > 0.0f ? std::int8_t(std::clamp(std::nearbyint(rowbuf[std::size_t(x)] / scale), -127.0f, 127.0f)) : 0;
+                dst[elem(pg, b, pos, h, x)] = scale > 0.0f ? std::int8_t(std::clamp(std::nearbyint(rowbuf[std::size_t(x)] / scale), -127.0f, 127.0f)) : 0;
             }
       }
     return;

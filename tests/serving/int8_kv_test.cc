@@ -375,6 +375,170 @@ TEST(Int8Int16, AsCloseToTheReferenceAsWidenedRows) {
   }
 }
 
+// int8 rows [P, ps, H, D] → blocked keys [P, ps / 16, H, D / 4, 16, 4] (include/attn/serving.h).
+Tensor to_blocked(const Tensor& rows) {
+  const std::int64_t P = rows.size(0), ps = rows.size(1), H = rows.size(2), D = rows.size(3);
+  Tensor b = Tensor::empty({P, ps / 16, H, D / 4, 16, 4}, dtype::i8);
+  for (std::int64_t p = 0; p < P; ++p)
+    for (std::int64_t t = 0; t < ps; ++t)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t x = 0; x < D; ++x) b.set({p, t / 16, h, x / 4, t % 16, x % 4}, rows.get({p, t, h, x}));
+  return b;
+}
+
+// Blocked int8 keys (16 keys side by side per quad of d): the same answer as the rows they hold.
+// On an ISA with int16 dot products and bf16 q (head sizes in units of 64) the kernel reads them
+// in place with byte dot products and a 14-bit q — as close to the float64 reference on the
+// dequantised cache as the rows' int16 path; everywhere else they are copied as rows, and the
+// result is bitwise the rows' result. Row groups of 1, 2 and 4, pages of 16, 32 and 256,
+// speculative rows with window, ALiBi, sinks and softcap, split-KV, empty and one-key sequences,
+// odd head sizes; the same bits for any thread count; NaN / inf in q as the rows give them.
+struct blocked_case {
+  const char* name;
+  std::vector<std::int64_t> lens;
+  std::int64_t page_size, Nq, Hq, Hkv, D;
+  bool extras;  // window, ALiBi, sinks, softcap
+};
+
+const blocked_case kBlockedCases[] = {
+    {"gqa4_d128_page16", {300, 1, 0, 2100}, 16, 1, 8, 2, 128, false},
+    {"mha_d64_page32", {500, 77}, 32, 1, 2, 2, 64, false},
+    {"gqa2_d192_page256", {700}, 256, 1, 4, 2, 192, false},
+    {"speculative3_gqa4_d256_page16_extras", {130, 64}, 16, 3, 4, 1, 256, true},
+    {"gqa4_d40_page16_rows_path", {90, 33}, 16, 1, 4, 1, 40, false},
+};
+
+TEST(Int8Blocked, SameAnswerAsTheRowsTheyHold) {
+  for (const blocked_case& c : kBlockedCases)
+    for (const dtype type : {dtype::bf16, dtype::f32}) {
+      std::mt19937 rng(53);
+      const std::int64_t B = std::int64_t(c.lens.size()), ps = c.page_size;
+      std::int64_t max_pages = 0;
+      for (std::int64_t L : c.lens) max_pages = std::max<std::int64_t>(max_pages, (L + ps - 1) / ps);
+      const std::int64_t num_pages = B * max_pages + 1;
+      std::vector<std::int64_t> table(static_cast<std::size_t>(num_pages));
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      table.resize(std::size_t(B * max_pages));
+      const Tensor kp = random_int8({num_pages, ps, c.Hkv, c.D}, rng), vp = random_int8({num_pages, ps, c.Hkv, c.D}, rng);
+      const Tensor kb = to_blocked(kp);
+      const Tensor ks = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+      const Tensor vs = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+      Tensor q = random_tensor({B, c.Hq, c.Nq, c.D}, type, rng, -2, 2);
+      for (std::int64_t b = 0; b < B; ++b)  // small elements, which a 14-bit q rounds (and a 15-bit one otherwise)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i) q.set({b, h, i, 1}, 7.1e-4 * double(1 + h + i));
+      const Tensor tab = index_tensor({B, max_pages}, table), lens = index_tensor({B}, c.lens);
+      const paged_kv_view rows{kp, vp, tab, lens, ks, vs}, blocked{kb, vp, tab, lens, ks, vs};
+      attention_options o;
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+      if (c.extras) {
+        o.window_left = 40, o.softcap = 8.0;
+        o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.01, 0.2);
+        o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
+      }
+      std::vector<attention_result> want;
+      for (std::int64_t b = 0; b < B; ++b) {
+        attention_options ob = o;
+        if (c.extras) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
+        const std::int64_t L = c.lens[std::size_t(b)];
+        want.push_back(attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64),
+                                 dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vs, table, max_pages, b, L), ob));
+      }
+      for (const std::string& isa : isas()) {
+        SCOPED_TRACE(fmt::format("{} {} isa {}", c.name, dtype_name(type), isa));
+        const isa_scope scope(isa);
+        const detail::cpu::kernel_table& kt = detail::cpu::select_kernels();
+        const bool in_place = type == dtype::bf16 && kt.W == 16 &&
+                              detail::cpu::int8_decode_int16(kt.int16_decode, true, kt.W, c.D, c.D);
+        const attention_result r = attention_paged(q, blocked, o, {.num_threads = 2});
+        const attention_result rr = attention_paged(q, rows, o, {.num_threads = 2});
+        double e = 0, er = 0;
+        for (std::int64_t b = 0; b < B; ++b) {
+          if (c.lens[std::size_t(b)] == 0) continue;
+          const Tensor got = Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64);
+          e = std::max(e, relative_error(got, want[std::size_t(b)].out));
+          er = std::max(er, relative_error(Tensor::copy_of(rr.out.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].out));
+          EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].lse, 2e-5));
+        }
+        std::printf("blocked keys %s %s %s: max error / max |out| %.3g (rows %.3g)%s\n", c.name, std::string(dtype_name(type)).c_str(),
+                    isa.c_str(), e, er, in_place ? ", read in place" : "");
+        EXPECT_LT(e, type == dtype::bf16 ? 4e-3 : 2e-5);
+        if (in_place) {
+          EXPECT_LT(e, er * 1.25 + 1e-6);               // 14-bit q: still below the bf16 output's rounding
+          EXPECT_FALSE(all_close(r.lse, rr.lse, 0, 0));  // the blocked q·k ran (the bf16 out may round alike)
+        } else {
+          EXPECT_TRUE(all_close(r.out, rr.out, 0, 0));  // copied as rows: the rows' bits
+          EXPECT_TRUE(all_close(r.lse, rr.lse, 0, 0));
+        }
+        const attention_result one = attention_paged(q, blocked, o, {.num_threads = 1});
+        EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
+        EXPECT_TRUE(all_close(one.lse, r.lse, 0, 0));
+        if (c.lens[0] < 2) continue;
+        Tensor qn = Tensor::copy_of(q);  // NaN and +inf in q: the rows' non-finite pattern
+        qn.set({0, 1, 0, 5}, NAN);
+        qn.set({B - 1, 0, c.Nq - 1, 3}, INFINITY);
+        const auto g = to_vector(attention_paged(qn, blocked, o).out), f = to_vector(attention_paged(qn, rows, o).out);
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          EXPECT_EQ(std::isnan(g[i]), std::isnan(f[i])) << "at " << i;
+          EXPECT_EQ(std::isinf(g[i]), std::isinf(f[i])) << "at " << i;
+        }
+      }
+    }
+}
+
+// Appending to blocked keys writes the bytes appending to rows writes, in the blocked order, and
+// the same scales; explain_backend names the blocked read.
+TEST(Int8Blocked, AppendWritesTheRowsBytesBlocked) {
+  std::mt19937 rng(59);
+  const std::int64_t B = 2, Hkv = 2, D = 64, ps = 32, max_pages = 3, P = B * max_pages;
+  const Tensor k = outlier_keys({B, Hkv, 70, D}, rng), v = random_normal({B, Hkv, 70, D}, rng);
+  std::vector<std::int64_t> table(static_cast<std::size_t>(P));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  const Tensor kr = Tensor::zeros({P, ps, Hkv, D}, dtype::i8), kb = Tensor::zeros({P, ps / 16, Hkv, D / 4, 16, 4}, dtype::i8);
+  const Tensor vr = Tensor::zeros({P, ps, Hkv, D}, dtype::i8), vb = Tensor::zeros({P, ps, Hkv, D}, dtype::i8);
+  const Tensor ksr = Tensor::zeros({P, ps, Hkv}, dtype::f32), ksb = Tensor::zeros({P, ps, Hkv}, dtype::f32);
+  const Tensor vsr = Tensor::zeros({P, ps, Hkv}, dtype::f32), vsb = Tensor::zeros({P, ps, Hkv}, dtype::f32);
+  const Tensor tab = index_tensor({B, max_pages}, table), lens = index_tensor({B}, {0, 0});
+  const paged_kv_view rows{kr, vr, tab, lens, ksr, vsr}, blocked{kb, vb, tab, lens, ksb, vsb};
+  for (const auto& [t0, t1] : {std::pair<std::int64_t, std::int64_t>{0, 21}, {21, 22}, {22, 70}}) {
+    paged_kv_append(rows, k.view().slice(2, t0, t1), v.view().slice(2, t0, t1));
+    paged_kv_append(blocked, k.view().slice(2, t0, t1), v.view().slice(2, t0, t1));
+    for (std::int64_t b = 0; b < B; ++b) lens.data_as<std::int64_t>()[b] = t1;
+  }
+  EXPECT_TRUE(all_close(to_blocked(kr), kb, 0, 0));
+  EXPECT_TRUE(all_close(vr, vb, 0, 0));
+  EXPECT_TRUE(all_close(ksr, ksb, 0, 0));
+  EXPECT_TRUE(all_close(vsr, vsb, 0, 0));
+  const Tensor q = random_tensor({B, 2 * Hkv, 1, D}, dtype::bf16, rng);
+  const isa_scope scope("avx512bf16");
+  if (detail::cpu::select_kernels().int16_decode && detail::cpu::select_kernels().W == 16) {
+    const attention_result r = attention_paged(q, blocked, {}), rr = attention_paged(q, rows, {});
+    EXPECT_LT(relative_error(r.out, rr.out), 8e-3);
+  }
+}
+
+TEST(Int8Errors, BadBlockedKeysByMessage) {
+  const Tensor vp = Tensor::zeros({4, 16, 1, 8}, dtype::i8), sc = Tensor::zeros({4, 16, 1}, dtype::f32);
+  const Tensor table = index_tensor({1, 2}, {0, 3}), lens = index_tensor({1}, {3});
+  const Tensor q = Tensor::zeros({1, 2, 1, 8}, dtype::bf16);
+  EXPECT_THROW_MSG(attention_paged(q, {Tensor::zeros({4, 1, 1, 2, 16, 4}, dtype::f32), Tensor::zeros({4, 16, 1, 8}, dtype::f32),
+                                       table, lens}),
+                   "attention_paged: k_pages is 6-D [4, 1, 1, 2, 16, 4] of dtype float32; blocked keys are int8");
+  EXPECT_THROW_MSG(attention_paged(q, {Tensor::zeros({4, 2, 1, 4, 8, 4}, dtype::i8), vp, table, lens, sc, sc}),
+                   "attention_paged: k_pages [4, 2, 1, 4, 8, 4] (strides [256, 128, 128, 32, 4, 1]): blocked keys end in "
+                   "a contiguous [D / 4, 16, 4] (strides 64, 4, 1)");
+  EXPECT_THROW_MSG(attention_paged(q, {Tensor::zeros({4, 2, 1, 2, 16, 4}, dtype::i8), vp, table, lens, sc, sc}),
+                   "attention_paged: v_pages has shape [4, 16, 1, 8], expected [4, 32, 1, Dv] to match k_pages [4, 2, 1, 2, 16, 4]");
+  EXPECT_THROW_MSG(attention_paged(q, {Tensor::zeros({4, 1, 1, 2, 16, 4}, dtype::i8), Tensor::zeros({4, 1, 1, 2, 16, 4}, dtype::i8),
+                                       table, lens, sc, sc}),
+                   "attention_paged: k_pages [4, 1, 1, 2, 16, 4] and v_pages [4, 1, 1, 2, 16, 4] must be 4-D");
+  EXPECT_THROW_MSG(attention_paged(Tensor::zeros({1, 2, 1, 12}, dtype::bf16),
+                                   {Tensor::zeros({4, 1, 1, 2, 16, 4}, dtype::i8), vp, table, lens, sc, sc}),
+                   "attention_paged: q has head size 12, k_pages 8; they must match");
+}
+
 TEST(Int8Errors, BadScalesAndInputsByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::i8), vp = Tensor::zeros({4, 2, 1, 4}, dtype::i8);
   const Tensor sc = Tensor::zeros({4, 2, 1}, dtype::f32);

@@ -158,11 +158,14 @@ void fill(Tensor& t, std::uint64_t seed) {
 struct page_cache {
   Tensor k, v, ks, vs;  // storage; scales [pages, ps, Hkv] for int8 (1/127)
   TensorView kview, vview;
-  page_cache(std::int64_t pages, std::int64_t ps, std::int64_t hkv, std::int64_t d, dtype t, bool head_major, std::uint64_t seed) {
+  // blocked: int8 keys blocked (include/attn/serving.h), [pages, (hkv,) ps / 16, (hkv,) d / 4, 16, 4]
+  page_cache(std::int64_t pages, std::int64_t ps, std::int64_t hkv, std::int64_t d, dtype t, bool head_major, std::uint64_t seed,
+             bool blocked = false) {
     const Shape s = head_major ? Shape{pages, hkv, ps, d} : Shape{pages, ps, hkv, d};
-    k = Tensor::empty(s, t), v = Tensor::empty(s, t);
+    const Shape sb = head_major ? Shape{pages, hkv, ps / 16, d / 4, 16, 4} : Shape{pages, ps / 16, hkv, d / 4, 16, 4};
+    k = Tensor::empty(blocked ? sb : s, t), v = Tensor::empty(s, t);
     fill(k, seed), fill(v, seed + 1);
-    kview = head_major ? k.view().permute({0, 2, 1, 3}) : k.view();
+    kview = !head_major ? k.view() : blocked ? k.view().permute({0, 2, 1, 3, 4, 5}) : k.view().permute({0, 2, 1, 3});
     vview = head_major ? v.view().permute({0, 2, 1, 3}) : v.view();
     if (t == dtype::i8) ks = Tensor::full({pages, ps, hkv}, dtype::f32, 1.0 / 127), vs = ks;
   }
@@ -197,6 +200,10 @@ int run_paged(const serving_args& a) {
   // int8 runs also time a bf16 dense cache: int8 vs bf16 tokens/s in one run.
   const page_cache dense16 = int8 ? page_cache(a.batch, a.nk, a.hkv, a.d, dtype::bf16, true, 17) : page_cache(0, 1, 1, 1, dtype::f32, true, 0);
   const Tensor q16 = int8 ? Tensor::copy_of(q, dtype::bf16) : Tensor();
+  // int8 with pages of whole blocks of 16 and head sizes of whole quads: blocked keys too (dense, paged head-major).
+  const bool blocked = int8 && ps % 16 == 0 && a.d % 4 == 0;
+  const page_cache dense_b = blocked ? page_cache(a.batch, a.nk, a.hkv, a.d, kvt, true, 11, true) : page_cache(0, 1, 1, 1, dtype::f32, true, 0);
+  const page_cache head_b = blocked ? page_cache(pages, ps, a.hkv, a.d, kvt, true, 13, true) : page_cache(0, 1, 1, 1, dtype::f32, true, 0);
   const auto kv_bytes = [&](dtype t) {
     return 2.0 * double(a.batch * a.hkv * a.nk) * (double(a.d * std::int64_t(dtype_size(t))) + (t == dtype::i8 ? 4.0 : 0.0));
   };
@@ -213,6 +220,10 @@ int run_paged(const serving_args& a) {
         },
         [&] { attention_paged(q, ch, o, ex); }, [&] { attention_paged(q, ct, o, ex); }};
     if (int8) fs.push_back([&] { attention(q16, TensorView(dense16.k.view()), TensorView(dense16.v.view()), o, ex); });
+    if (blocked) {
+      fs.push_back([&] { attention_paged(q, dense_b.view(one_page, lens), o, ex); });
+      fs.push_back([&] { attention_paged(q, head_b.view(shuffled, lens), o, ex); });
+    }
     const auto ms = time_medians(fs, a.warmup, a.reps);
     const double probe = a.probe_mib > 0 ? probe_dram_read(thread_count(t), std::size_t(a.probe_mib) << 20).value : 0.0;
     const std::string dram = a.probe_mib > 0 ? fmt::format("{:.1f} GB/s", probe) : std::string("not probed");
@@ -229,6 +240,11 @@ int run_paged(const serving_args& a) {
       fmt::print("    bf16 dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s: int8 dense {:.2f}x the bf16 tokens/s (cpu time {:.3f} vs {:.3f} ms: {:.2f}x)\n",
                  ms[3].wall, gbs(kv_bytes(dtype::bf16), ms[3].wall), tok / ms[3].wall * 1e3, ms[3].wall / ms[0].wall,
                  ms[0].cpu, ms[3].cpu, ms[3].cpu / ms[0].cpu);
+    if (blocked)
+      fmt::print("    int8 blocked keys: dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s ({:.2f}x the rows, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | "
+                 "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
+                 ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
+                 ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
   }
   return 0;
 }
