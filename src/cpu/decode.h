@@ -357,9 +357,9 @@ __attribute__((noinline)) void decode_pv_int16(float* o, std::int64_t Dvp, const
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) {
-      const vu px = splatu(pw[(x / KG * W + r * KG + x % KG) / 2]);
+      const std::uint32_t* px = pw + (x / KG * W + r * KG + x % KG) / 2;  // broadcast by each product
 #pragma GCC unroll 8
-      for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_int16(acc[r][c], px, vv[c]);
+      for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_int16_bcast(acc[r][c], vv[c], px);
     }
   }
   bool moved = false;  // α = 1 on every row (the running max kept): O += wsc·sums, one multiply-add

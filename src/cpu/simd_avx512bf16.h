@@ -59,6 +59,13 @@ struct avx512bf16_dot {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(r) : "v"((__m512i)a), "m"(*p));
     return (vi)r;
   }
+  // The same with b the word at p in every lane, an embedded {1to16} operand (no broadcast
+  // instruction; GCC 12 does not fold the broadcast itself).
+  static vi dot_int16_bcast(vi acc, vu a, const std::uint32_t* p) {
+    __m512i r = (__m512i)acc;
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(r) : "v"((__m512i)a), "m"(*p));
+    return (vi)r;
+  }
   // 2W int8 values → W words of int16 pairs in memory order (vpmovsxbw): word w = (p[2w], p[2w + 1]).
   static vu widen_int8_words(const std::int8_t* p) {
     return (vu)_mm512_maskz_cvtepi8_epi16(~__mmask32(0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -66,6 +66,7 @@ struct portable_bf16_dot {
     for (int l = 0; l < W; ++l) acc[l] += half(a[l], 0) * half(b[l], 0) + half(a[l], 1) * half(b[l], 1);
     return acc;
   }
+  static vi dot_int16_bcast(vi acc, vu a, const std::uint32_t* p) { return dot_int16(acc, a, *p - vu{}); }
   static std::uint32_t pair(std::int32_t lo, std::int32_t hi) {
     return std::uint32_t(std::uint16_t(lo)) | std::uint32_t(std::uint16_t(hi)) << 16;
   }
