@@ -167,9 +167,13 @@ struct page_cache {
     fill(k, seed), fill(v, seed + 1);
     kview = !head_major ? k.view() : blocked ? k.view().permute({0, 2, 1, 3, 4, 5}) : k.view().permute({0, 2, 1, 3});
     vview = head_major ? v.view().permute({0, 2, 1, 3}) : v.view();
-    if (t == dtype::i8) ks = Tensor::full({pages, ps, hkv}, dtype::f32, 1.0 / 127), vs = ks;
+    // int8 scales in the pages' order: head-major [pages, Hkv, ps] (a head's scales contiguous,
+    // read as one stream beside its rows) or token-major [pages, ps, Hkv]
+    if (t == dtype::i8) ks = Tensor::full(head_major ? Shape{pages, hkv, ps} : Shape{pages, ps, hkv}, dtype::f32, 1.0 / 127), vs = ks;
+    if (t == dtype::i8) ksview = head_major ? ks.view().permute({0, 2, 1}) : ks.view(), vsview = ksview;
   }
-  paged_kv_view view(const Tensor& table, const Tensor& lens) const { return {kview, vview, table, lens, ks, vs}; }
+  TensorView ksview, vsview;
+  paged_kv_view view(const Tensor& table, const Tensor& lens) const { return {kview, vview, table, lens, ksview, vsview}; }
 };
 
 int run_paged(const serving_args& a) {
