@@ -462,44 +462,41 @@ struct decode_run {
         Dvp(st.Dvp) {
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
-      if constexpr (KB) {  // 14-bit q (|q·f| <= 2^14) as two signed bytes per element (decode_scores_blocked)
-        static_assert(i16 && W == 16);
+      if constexpr (i16) {
+        // Integer q, scaled per row by a power of two: |q·f| <= 2^bits. int16 pairs in memory
+        // order (bits 15), or for blocked keys (KB) a 14-bit q as two signed bytes per element
+        // (decode_scores_blocked) with the row's 128·Σ q16.
+        constexpr int bits = KB ? 14 : 15;
         auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
         float mx = 0.0f;
         for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
         int e = 0;
         std::frexp(mx, &e);  // mx < 2^e
-        const float f = mx > 0.0f ? std::ldexp(1.0f, 14 - e) : 0.0f;
-        std::int64_t sum = 0;
-        for (std::int64_t c = 0; c < Dp / 4; ++c) {
-          std::uint32_t h = 0, l = 0;
-          for (int i = 0; i < 4; ++i) {
-            const std::int64_t d = 4 * c + i;
-            const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
-            const std::int32_t q16 = std::int32_t(std::clamp(x, -16384.0f, 16384.0f));
-            const std::int32_t ql = ((q16 + 128) & 255) - 128, qh = (q16 - ql) / 256;  // qh in [-64, 64]
-            h |= std::uint32_t(std::uint8_t(std::int8_t(qh))) << (8 * i);
-            l |= std::uint32_t(std::uint8_t(std::int8_t(ql))) << (8 * i);
-            sum += q16;
-          }
-          qw[c] = h, qw[Dp / 4 + c] = l;
-        }
-        st.qcorr[g] = std::int32_t(128 * sum);
-        const float scale = mx > 0.0f ? std::ldexp(1.0f, e - 14) : 0.0f;
-        for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
-      } else if constexpr (i16) {  // int16 pairs in memory order, scaled by a power of two: |q·f| < 2^15
-        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
-        float mx = 0.0f;
-        for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
-        int e = 0;
-        std::frexp(mx, &e);  // mx < 2^e
-        const float f = mx > 0.0f ? std::ldexp(1.0f, 15 - e) : 0.0f;
-        const auto word = [&](std::int64_t d) {
+        const float f = mx > 0.0f ? std::ldexp(1.0f, bits - e) : 0.0f;
+        const auto integer = [&](std::int64_t d) {
           const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
-          return std::uint32_t(std::uint16_t(std::int16_t(std::clamp(x, -32767.0f, 32767.0f))));
+          return std::int32_t(std::clamp(x, -float(1 << bits) + (KB ? 0 : 1), float(1 << bits) - (KB ? 0 : 1)));
         };
-        for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = word(d) | word(d + 1) << 16;
-        const float scale = mx > 0.0f ? std::ldexp(1.0f, e - 15) : 0.0f;
+        if constexpr (KB) {
+          static_assert(KB && W == 16);
+          std::int64_t sum = 0;
+          for (std::int64_t c = 0; c < Dp / 4; ++c) {
+            std::uint32_t h = 0, l = 0;
+            for (int i = 0; i < 4; ++i) {
+              const std::int32_t q16 = integer(4 * c + i);
+              const std::int32_t ql = ((q16 + 128) & 255) - 128, qh = (q16 - ql) / 256;  // qh in [-64, 64]
+              h |= std::uint32_t(std::uint8_t(std::int8_t(qh))) << (8 * i);
+              l |= std::uint32_t(std::uint8_t(std::int8_t(ql))) << (8 * i);
+              sum += q16;
+            }
+            qw[c] = h, qw[Dp / 4 + c] = l;
+          }
+          st.qcorr[g] = std::int32_t(128 * sum);
+        } else {
+          const auto word = [&](std::int64_t d) { return std::uint32_t(std::uint16_t(std::int16_t(integer(d)))); };
+          for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = word(d) | word(d + 1) << 16;
+        }
+        const float scale = mx > 0.0f ? std::ldexp(1.0f, e - bits) : 0.0f;
         for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
       } else if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
         auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
