@@ -1159,10 +1159,38 @@ void fam_kept_grad_entry(const family_kept_grad& u) {
       const std::int64_t j = js[e];
       kept_axpy(u.dv + j * Dv, al[e], o, Dv);
       if (u.zero_grad) continue;
-      const float dz = al[e] * (da[e] - rr) * u.g[r * K + e];
+      const float de = al[e] * (da[e] - rr), gz = u.g[r * K + e], dz = de * gz;
       sdz += double(dz);
-      kept_axpy(dq, dz, u.k + j * P, P);
-      kept_axpy(u.dk + j * P, dz, qr, P);
+      const float* kj = u.k + j * P;
+      float* dkj = u.dk + j * P;
+      if (u.kind == family_kept_grad::dot) {
+        kept_axpy(dq, dz, kj, P);
+        kept_axpy(dkj, dz, qr, P);
+      } else if (u.kind == family_kept_grad::additive) {
+        const vf dzv = splat(dz), one = splat(1.0f);
+        std::int64_t a = 0;
+        for (; a + W <= P; a += W) {
+          const vf t = vtanh(load(qr + a) + load(kj + a));
+          const vf g = dzv * load(u.w_v + a) * (one - t * t);
+          store(dq + a, load(dq + a) + g), store(dkj + a, load(dkj + a) + g), store(u.dw + a, load(u.dw + a) + dzv * t);
+        }
+        for (; a < P; ++a) {
+          const float t = vtanh(splat(qr[a] + kj[a]))[0], g = dz * u.w_v[a] * (1.0f - t * t);  // the vectors' tanh
+          dq[a] += g, dkj[a] += g, u.dw[a] += dz * t;
+        }
+      } else {
+        if (u.triangle && gz != 0.0f) *u.dh += double(de) * (-0.5 / (u.h * u.h * u.h * double(gz)));
+        const vf dz2 = splat(2.0f * dz);
+        std::int64_t d = 0;
+        for (; d + W <= P; d += W) {
+          const vf g = dz2 * (load(qr + d) - load(kj + d));
+          store(dq + d, load(dq + d) + g), store(dkj + d, load(dkj + d) - g);
+        }
+        for (; d < P; ++d) {
+          const float g = 2.0f * dz * (qr[d] - kj[d]);
+          dq[d] += g, dkj[d] -= g;
+        }
+      }
     }
   }
   *u.sum_dz += sdz;

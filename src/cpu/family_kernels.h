@@ -159,6 +159,16 @@ struct family_kept_grad {
   float* dv = nullptr;
   double* sum_dz = nullptr;
   bool zero_grad = false;
+  // The score: dot-like (dq += dz k_j, dk_j += dz q); additive, q and k the prepared W_q q and
+  // W_k k of width P (t = tanh(q + k_j), g = dz w_v ⊙ (1 − t²): dq += g, dk_j += g, dw_v += dz t
+  // into dw [P]); distance, box or triangle (g = 2 dz (q − k_j): dq += g, dk_j −= g; triangle:
+  // dh += de·(−1/2)/(h³ act′) into *dh).
+  enum kind_t { dot, additive, distance } kind = dot;
+  const float* w_v = nullptr;
+  float* dw = nullptr;
+  bool triangle = false;
+  double h = 0.0;
+  double* dh = nullptr;
 };
 
 // Row layout: rows [0, nq) are prepared queries q + r·qsn of one head, with their dout rows

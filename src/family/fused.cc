@@ -854,100 +854,38 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     const std::int64_t units = fp.B * fp.Hkv;
     std::vector<double> sums(std::size_t(units), 0.0), dhs(std::size_t(units), 0.0);
     std::vector<double> dwv(additive ? std::size_t(units * P) : 0, 0.0);
-    if (!additive && !distance) {  // dot-product scores: the ISA's kernel, f32 vectors (family_kept_grad)
-#pragma omp parallel num_threads(nt)
-      {
-        const std::int64_t rows = G * fp.Nq;
-        std::vector<float> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(std::size_t(rows * P));
-#pragma omp for schedule(dynamic, 1)
-        for (std::int64_t u = 0; u < units; ++u) {
-          const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv, r0 = (b * fp.Hq + hkv * G) * fp.Nq;
-          std::fill(dk.begin(), dk.end(), 0.0f);
-          std::fill(dv.begin(), dv.end(), 0.0f);
-          cpu::family_kept_grad kg;
-          kg.rows = rows, kg.K = K, kg.P = P, kg.Dv = Dv;
-          kg.cnt = CNT.data() + r0, kg.idx = IDX.data() + r0 * K, kg.alpha = ALPHA.data() + r0 * K;
-          kg.g = GZ.data() + r0 * K, kg.q = in.Q.data() + r0 * P, kg.dout = dO.data() + r0 * Dv;
-          kg.k = in.raw_keys(fp, b, hkv), kg.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
-          kg.dq = dq.data(), kg.dk = dk.data(), kg.dv = dv.data(), kg.sum_dz = &sums[std::size_t(u)];
-          kg.zero_grad = zero_grad;
-          in.kt.kept_grad(kg);
-          for (std::int64_t g = 0; g < G; ++g)
-            for (std::int64_t i = 0; i < fp.Nq; ++i)
-              put_row(sink.dq, b, hkv * G + g, i, P, dq.data() + (g * fp.Nq + i) * P, 1, sink.dq_scale);
-          for (std::int64_t j = 0; j < fp.Nk; ++j) {
-            put_row(sink.dk, b, hkv, j, P, dk.data() + j * P, 1, 1.0);
-            put_row(sink.dv, b, hkv, j, Dv, dv.data() + j * Dv, 1, 1.0);
-          }
-        }
-      }
-      for (std::int64_t u = 0; u < units; ++u) acc.dbias += sums[std::size_t(u)];
-      return in.kt.name;
-    }
+    // The ISA's kernel, f32 vectors (family_kept_grad), for every score of this pass; dw_v and dh
+    // per unit, summed in unit order below.
 #pragma omp parallel num_threads(nt)
     {
-      std::vector<double> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(static_cast<std::size_t>(P)),
-          da(static_cast<std::size_t>(K));
-      std::vector<float> row(std::size_t(std::max(P, Dv)));
+      const std::int64_t rows = G * fp.Nq;
+      std::vector<float> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(std::size_t(rows * P));
+      std::vector<float> dw(additive ? std::size_t(P) : 0);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < units; ++u) {
-        const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
-        std::fill(dk.begin(), dk.end(), 0.0);
-        std::fill(dv.begin(), dv.end(), 0.0);
-        const float* Kb = in.raw_keys(fp, b, hkv);
-        const float* Vb = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
+        const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv, r0 = (b * fp.Hq + hkv * G) * fp.Nq;
+        std::fill(dk.begin(), dk.end(), 0.0f);
+        std::fill(dv.begin(), dv.end(), 0.0f);
+        std::fill(dw.begin(), dw.end(), 0.0f);
+        cpu::family_kept_grad kg;
+        kg.rows = rows, kg.K = K, kg.P = P, kg.Dv = Dv;
+        kg.cnt = CNT.data() + r0, kg.idx = IDX.data() + r0 * K, kg.alpha = ALPHA.data() + r0 * K;
+        kg.g = GZ.data() + r0 * K, kg.q = in.Q.data() + r0 * P, kg.dout = dO.data() + r0 * Dv;
+        kg.k = in.raw_keys(fp, b, hkv), kg.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * Dv;
+        kg.dq = dq.data(), kg.dk = dk.data(), kg.dv = dv.data(), kg.sum_dz = &sums[std::size_t(u)];
+        kg.zero_grad = zero_grad;
+        kg.kind = additive ? cpu::family_kept_grad::additive : distance ? cpu::family_kept_grad::distance
+                                                                         : cpu::family_kept_grad::dot;
+        kg.w_v = additive ? in.w_v.data() : nullptr, kg.dw = dw.data();
+        kg.triangle = fp.kernel == kernel_kind::triangle, kg.h = fp.h, kg.dh = &dhs[std::size_t(u)];
+        in.kt.kept_grad(kg);
+        for (std::int64_t a = 0; a < std::int64_t(dw.size()); ++a) dwv[std::size_t(u * P + a)] = double(dw[std::size_t(a)]);
         for (std::int64_t g = 0; g < G; ++g)
-          for (std::int64_t i = 0; i < fp.Nq; ++i) {
-            const std::int64_t h = hkv * G + g, r = (b * fp.Hq + h) * fp.Nq + i, n = CNT[std::size_t(r)];
-            const float* o = dO.data() + r * Dv;
-            const float* qr = in.Q.data() + r * P;
-            const std::int32_t* js = IDX.data() + r * K;
-            const float* al = ALPHA.data() + r * K;
-            std::fill(dq.begin(), dq.end(), 0.0);
-            double num = 0.0, den = 0.0;
-            for (std::int64_t e = 0; e < n && !zero_grad; ++e) {
-              const float* vj = Vb + std::int64_t(js[e]) * Dv;
-              double d = 0.0;
-              for (std::int64_t y = 0; y < Dv; ++y) d += double(o[y]) * double(vj[y]);
-              da[std::size_t(e)] = d, num += double(al[e]) * d, den += double(al[e]);
-            }
-            const double rr = den > 0.0 ? num / den : 0.0;
-            for (std::int64_t e = 0; e < n; ++e) {
-              const std::int64_t j = js[e];
-              for (std::int64_t y = 0; y < Dv; ++y) dv[std::size_t(j * Dv + y)] += double(al[e]) * double(o[y]);
-              if (zero_grad) continue;
-              const double de = double(al[e]) * (da[std::size_t(e)] - rr), gz = double(GZ[std::size_t(r * K + e)]);
-              const double dz = de * gz;
-              sums[std::size_t(u)] += dz;
-              const float* kj = Kb + j * P;
-              if (distance) {
-                if (fp.kernel == kernel_kind::triangle && gz != 0.0) dhs[std::size_t(u)] += de * (-0.5 / (fp.h * fp.h * fp.h * gz));
-                for (std::int64_t d = 0; d < P; ++d) {
-                  const double g = 2.0 * dz * (double(qr[d]) - double(kj[d]));
-                  dq[std::size_t(d)] += g, dk[std::size_t(j * P + d)] -= g;
-                }
-                continue;
-              }
-              if (additive) {
-                double* dw = dwv.data() + u * P;
-                for (std::int64_t a = 0; a < P; ++a) {
-                  const double t = std::tanh(double(qr[a]) + double(kj[a]));
-                  const double ga = dz * double(in.w_v[std::size_t(a)]) * (1.0 - t * t);
-                  dq[std::size_t(a)] += ga, dk[std::size_t(j * P + a)] += ga, dw[a] += dz * t;
-                }
-                continue;
-              }
-              for (std::int64_t d = 0; d < P; ++d)
-                dq[std::size_t(d)] += dz * double(kj[d]), dk[std::size_t(j * P + d)] += dz * double(qr[d]);
-            }
-            for (std::int64_t d = 0; d < P; ++d) row[std::size_t(d)] = float(dq[std::size_t(d)]);
-            put_row(sink.dq, b, h, i, P, row.data(), 1, sink.dq_scale);
-          }
+          for (std::int64_t i = 0; i < fp.Nq; ++i)
+            put_row(sink.dq, b, hkv * G + g, i, P, dq.data() + (g * fp.Nq + i) * P, 1, sink.dq_scale);
         for (std::int64_t j = 0; j < fp.Nk; ++j) {
-          for (std::int64_t d = 0; d < P; ++d) row[std::size_t(d)] = float(dk[std::size_t(j * P + d)]);
-          put_row(sink.dk, b, hkv, j, P, row.data(), 1, 1.0);
-          for (std::int64_t y = 0; y < Dv; ++y) row[std::size_t(y)] = float(dv[std::size_t(j * Dv + y)]);
-          put_row(sink.dv, b, hkv, j, Dv, row.data(), 1, 1.0);
+          put_row(sink.dk, b, hkv, j, P, dk.data() + j * P, 1, 1.0);
+          put_row(sink.dv, b, hkv, j, Dv, dv.data() + j * Dv, 1, 1.0);
         }
       }
     }

@@ -255,10 +255,12 @@ TEST(FamilyFused, AdditiveLargeActivationsAndNaN) {
 
 // hardmax and top-k with k <= 32 run a sparse backward (the kept keys of each row, then
 // O(k·(P + Dv)) per row); ATTN_FAMILY_BACKWARD=two_pass forces the dense two passes. Both
-// against the reference, for dot-like and additive scores, masks, GQA and k on both sides of 32.
+// against the reference, for dot-like, additive and distance (box, triangle: dh too) scores,
+// masks, GQA and k on both sides of 32 — every score's sparse pass on the ISA's f32 kernel.
 TEST(FamilyFused, SparseBackwardOfHardmaxAndTopkEqualsTwoPasses) {
   std::mt19937 rng(77);
-  for (score_kind s : {score_kind::scaled_dot, score_kind::activated_general, score_kind::additive})
+  for (score_kind s : {score_kind::scaled_dot, score_kind::activated_general, score_kind::additive, score_kind::box,
+                       score_kind::triangle})
     for (std::int64_t k : {1, 8, 32, 33})
       for (int mask = 0; mask < 5; ++mask) {
         const distribution_kind d = k == 1 && mask % 2 ? distribution_kind::hardmax : distribution_kind::topk;
