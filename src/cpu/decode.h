@@ -642,19 +642,33 @@ struct decode_run {
       kb = kp, vb = vp, ks = Dp, vs = Dvp, kpf = kp, vpf = vp;
     }
     if constexpr (q8) {
-      if (nb == W && in_page) {  // the block's scales are one strided run too
+      vf ksv, vsv;
+      if (nb == W && in_page) {  // the block's scales are one strided run too: one vector where contiguous
         const float* kq = lb.kscale + row_off(j0, lb.kss, lb.ksps);
         const float* vq = lb.vscale + row_off(j0, lb.vss, lb.vsps);
+        if (lb.kss == 1) {
+          ksv = load(kq);
+        } else {
 #pragma GCC unroll 16
-        for (int x = 0; x < W; ++x) ksb[x] = kq[x * lb.kss], vsb[x] = vq[x * lb.vss];
+          for (int x = 0; x < W; ++x) ksb[x] = kq[x * lb.kss];
+          ksv = load(ksb);
+        }
+        if (lb.vss == 1) {
+          vsv = load(vq);
+        } else {
+#pragma GCC unroll 16
+          for (int x = 0; x < W; ++x) vsb[x] = vq[x * lb.vss];
+          vsv = load(vsb);
+        }
       } else {
         for (std::int64_t x = 0; x < W; ++x) {
           ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
           vsb[x] = x < nb ? lb.vscale[row_off(j0 + x, lb.vss, lb.vsps)] : 0.0f;
         }
+        ksv = load(ksb), vsv = load(vsb);
       }
-      spread_all<RG>(load(ksb), ksm, std::make_integer_sequence<int, RG>{});
-      spread_all<RG>(load(vsb), vsm, std::make_integer_sequence<int, RG>{});
+      spread_all<RG>(ksv, ksm, std::make_integer_sequence<int, RG>{});
+      spread_all<RG>(vsv, vsm, std::make_integer_sequence<int, RG>{});
     }
     if (sc.bias) {
       lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
