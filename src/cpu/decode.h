@@ -644,22 +644,14 @@ struct decode_run {
     if constexpr (q8) {
       vf ksv, vsv;
       if (nb == W && in_page) {  // the block's scales are one strided run too: one vector where contiguous
-        const float* kq = lb.kscale + row_off(j0, lb.kss, lb.ksps);
-        const float* vq = lb.vscale + row_off(j0, lb.vss, lb.vsps);
-        if (lb.kss == 1) {
-          ksv = load(kq);
-        } else {
+        const auto run = [](const float* sq, std::int64_t ss, float* buf) {
+          if (ss == 1) return load(sq);
 #pragma GCC unroll 16
-          for (int x = 0; x < W; ++x) ksb[x] = kq[x * lb.kss];
-          ksv = load(ksb);
-        }
-        if (lb.vss == 1) {
-          vsv = load(vq);
-        } else {
-#pragma GCC unroll 16
-          for (int x = 0; x < W; ++x) vsb[x] = vq[x * lb.vss];
-          vsv = load(vsb);
-        }
+          for (int x = 0; x < W; ++x) buf[x] = sq[x * ss];
+          return load(buf);
+        };
+        ksv = run(lb.kscale + row_off(j0, lb.kss, lb.ksps), lb.kss, ksb);
+        vsv = run(lb.vscale + row_off(j0, lb.vss, lb.vsps), lb.vss, vsb);
       } else {
         for (std::int64_t x = 0; x < W; ++x) {
           ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
