@@ -1179,7 +1179,7 @@ void fam_kept_grad_entry(const family_kept_grad& u) {
           dq[a] += g, dkj[a] += g, u.dw[a] += dz * t;
         }
       } else {
-        if (u.triangle && gz != 0.0f) *u.dh += double(de) * (-0.5 / (u.h * u.h * u.h * double(gz)));
+        if (u.triangle) *u.dh += double(de * triangle_dh(splat(gz), float(u.h))[0]);
         const vf dz2 = splat(2.0f * dz);
         std::int64_t d = 0;
         for (; d + W <= P; d += W) {

@@ -136,13 +136,14 @@ struct family_kept {
   float* g = nullptr;
 };
 
-// The backward of sparse rows (hardmax, top-k: family_kept) of dot-product scores over one
-// (b, hkv): rows [0, rows) — the G heads' query rows in order — with cnt[r] kept keys idx[r·K + e],
-// their α and act′ (g), prepared rows q [rows][P] and dout [rows][Dv], the unit's keys k [Nk][P]
-// and values v [Nk][Dv] (f32, contiguous). dα_e = dout·v_j, r = Σ α dα / Σ α, de = α (dα − r),
-// dz = de·g: dq [rows][P] = Σ_e dz k_j (written), dk [Nk][P] += dz q, dv [Nk][Dv] += α dout
-// (accumulated: the caller zeroes them), *sum_dz += Σ dz. zero_grad (hardmax with the zero
-// gradient): dv alone. Rows in order, keys in their order: the same sums for any thread count.
+// The backward of sparse rows (hardmax, top-k: family_kept) over one (b, hkv), for dot-like,
+// additive or distance scores (kind, below): rows [0, rows) — the G heads' query rows in order —
+// with cnt[r] kept keys idx[r·K + e], their α and act′ (g), prepared rows q [rows][P] and dout
+// [rows][Dv], the unit's keys k [Nk][P] and values v [Nk][Dv] (f32, contiguous). dα_e = dout·v_j,
+// r = Σ α dα / Σ α, de = α (dα − r), dz = de·g; dot-like scores: dq [rows][P] = Σ_e dz k_j
+// (written), dk [Nk][P] += dz q; every score: dv [Nk][Dv] += α dout (dk, dv accumulated: the
+// caller zeroes them), *sum_dz += Σ dz. zero_grad (hardmax with the zero gradient): dv alone.
+// Rows in order, keys in their order: the same sums for any thread count.
 inline constexpr std::int64_t kFamilySparseMax = 32;  // the most keys a sparse row keeps (top-k's k)
 struct family_kept_grad {
   std::int64_t rows = 0, K = 0, P = 0, Dv = 0;
