@@ -185,7 +185,8 @@ def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
     """int8 keys blocked as [num_pages, page_size / 16, Hkv, D / 4, 16, 4] (16 keys side by side per
     four elements of d): appending writes the rows' bytes in that order (a NumPy reshape and
     transpose of the rows pages), and bf16 decode reads them to what the rows give, within the
-    bf16 output's rounding (the in-place read takes a 14-bit q where the rows take 15 bits)."""
+    bf16 output's rounding (the in-place read takes a 14-bit q where the rows take 15 bits), and
+    agrees with torch SDPA in float64 on the dequantised cache."""
     rng = np.random.default_rng(5)
     B, Hq, Hkv, D, page, steps = 2, 8, 2, 128, 32, 70
     pages = B * 3
@@ -213,6 +214,18 @@ def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
     out, outb = out.out.float(), outb.out.float()
     assert (outb - out).abs().max() <= 8e-3 * out.abs().max()
     torch.testing.assert_close(lseb.float(), lse.float(), rtol=2e-5, atol=2e-5)
+    # torch's own SDPA (float64) on the cache the blocked pages hold, dequantised here from the
+    # blocked bytes by the inverse reshape: attn's bf16 out within its bf16 rounding.
+    krows = kb.transpose(0, 1, 4, 2, 3, 5).reshape(pages, page, Hkv, D).astype(np.float64) * ksb[..., None]
+    vrows = vb.astype(np.float64) * vsb[..., None]
+    for b in range(B):
+        L = int(lens[b])
+        ks_ = np.concatenate([krows[table[b, p]] for p in range(3)])[:L]  # [L, Hkv, D]
+        vs_ = np.concatenate([vrows[table[b, p]] for p in range(3)])[:L]
+        kt = torch.from_numpy(ks_).permute(1, 0, 2).repeat_interleave(Hq // Hkv, 0)
+        vt = torch.from_numpy(vs_).permute(1, 0, 2).repeat_interleave(Hq // Hkv, 0)
+        want = F.scaled_dot_product_attention(q[b].double(), kt, vt)
+        assert (outb[b].double() - want).abs().max() <= 8e-3 * want.abs().max()
     with pytest.raises(ValueError, match=r"blocked keys end in a contiguous \[D / 4, 16, 4\]"):
         attn.attention_paged(q, np.zeros((pages, page // 16, Hkv, D // 4, 8, 8), np.int8), vb, table, lens,
                              k_scales=ksb, v_scales=vsb)
