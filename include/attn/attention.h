@@ -129,6 +129,12 @@ struct attention_options : masking_options {
 
   // An intermediate [B, Hq, Nq, Nk] to return (an output request; runs on the reference).
   qk_output return_qk = qk_output::none;
+
+  // attention_backward with a float attn_mask: return its gradient (dattn_mask). That gradient
+  // runs on the float64 reference (tens of times slower than the fused kernels); false skips it
+  // and the backward runs where it would without a mask gradient (a padding or causal mask given
+  // as floats, a bias that is not trained). The forward ignores it.
+  bool mask_gradient = true;
 };
 struct attention_result {
   Tensor out;            // layout of q, dtype of q
@@ -221,7 +227,8 @@ attention_result attention_with_kv_cache(const TensorView& q, const TensorView& 
 // selection the call makes (ATTN_BACKEND included), the path it takes inside that backend, and
 // for each backend tried before it why it was not eligible:
 //   "cpu: float64 inputs need the reference; runs on reference"    "runs on cpu (prefill, f32)"
-// With `backward`, a float attn_mask counts as asking for its gradient.
+// With `backward`, a float attn_mask counts as asking for its gradient (unless
+// options.mask_gradient is false).
 std::string explain_backend(const TensorView& q, const TensorView& k, const TensorView& v,
                             const attention_options& options = {}, bool backward = false,
                             const execution& exec = {});

@@ -148,12 +148,14 @@ def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bo
                        window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                        alibi_slopes=None, sinks=None, nonpad_kv_seqlen=None,
                        q_num_heads: int = 0, kv_num_heads: int = 0, backend: str = "automatic",
-                       num_threads: int = 0) -> AttentionGrads:
+                       num_threads: int = 0, mask_gradient: bool = True) -> AttentionGrads:
     """Backward of :func:`attention` from its saved ``out`` and ``lse`` (``return_lse=True``).
 
     Same options as the forward. With a KV cache pass ``present_key``/``present_value`` as k, v.
     Returns :class:`AttentionGrads`: dq, dk, dv in the shapes of q, k, v; ``dattn_mask`` for a
-    float mask (in its own shape); ``dalibi_slopes``, ``dsinks`` when given.
+    float mask (in its own shape; it runs on the float64 reference — ``mask_gradient=False``
+    skips it, and the backward then runs on the fused kernels); ``dalibi_slopes``, ``dsinks``
+    when given.
 
     >>> r = attn.attention(q, k, v, return_lse=True)
     >>> g = attn.attention_backward(q, k, v, r.out, dout, r.lse)
@@ -162,6 +164,7 @@ def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bo
     o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
                         sinks, nonpad_kv_seqlen, None, None, q_num_heads, kv_num_heads, None,
                         backend, num_threads)
+    o["mask_gradient"] = bool(mask_gradient)
     g = _attn.attention_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), o, _EXT)
     return AttentionGrads(*(_result(x, kind) for x in g[:6]), g[6])
 

@@ -59,7 +59,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        g = _attn.attention_backward(_a(q), _a(k), _a(v), _a(out), _a(dout), _a(lse), ctx.opts, _NP)
+        # A float mask's gradient runs on the float64 reference: ask for it only when autograd does.
+        o = dict(ctx.opts, mask_gradient=bool(ctx.needs_input_grad[3]))
+        g = _attn.attention_backward(_a(q), _a(k), _a(v), _a(out), _a(dout), _a(lse), o, _NP)
         dq, dk, dv, dmask, dalibi, dsinks = (_r(x, _TORCH) for x in g[:6])
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,

@@ -117,6 +117,7 @@ attention_options read_attention(option_reader& r) {
   o.past_key = r.tensor("past_key");
   o.past_value = r.tensor("past_value");
   o.return_qk = parse_qk(r.text("return_qk", "none"), r.op());
+  o.mask_gradient = r.flag("mask_gradient", true);
   return o;
 }
 

@@ -47,7 +47,8 @@ TensorView array_arg(nb::handle h, const char* op, const char* name);
 // The masking_options keys: attn_mask, is_causal, alignment, window, nonpad_kv_seqlen,
 // q_num_heads, kv_num_heads.
 void read_masking(option_reader& r, masking_options& o);
-// The rest of attention_options: scale, softcap, alibi_slopes, sinks, past_key, past_value, return_qk.
+// The rest of attention_options: scale, softcap, alibi_slopes, sinks, past_key, past_value, return_qk,
+// mask_gradient.
 attention_options read_attention(option_reader& r);
 // backend, num_threads (and path for the family).
 execution read_execution(option_reader& r);

@@ -137,6 +137,39 @@ def test_float_mask_broadcast_gradient_shape():
     assert_close(m.grad, m2.grad, 1e-10, "dmask")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 3, 1, 9), (9, 9), (1, 3, 9, 9)])
+def test_float_mask_without_its_gradient_runs_fused(dtype, shape):
+    """A float mask that autograd does not ask a gradient for (an additive padding or causal
+    mask, a fixed bias) leaves the backward on the fused kernels: the grads of q, k, v still
+    equal torch's math SDPA (float64, on the rounded inputs), and attn.attention_backward with
+    mask_gradient=False says it ran on cpu and returns no dattn_mask."""
+    import attn
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64, generator=gen).to(dtype) for _ in range(3))
+    mask = torch.randn(*shape, dtype=torch.float64, generator=gen) * 2
+    mask[..., 4] = -float("inf")  # a key no row sees, as a padding mask would
+    mask = mask.to(dtype)
+    dout = torch.randn(2, 3, 9, 8, dtype=torch.float64, generator=gen)
+    low = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = at.scaled_dot_product_attention(*low, mask)
+    g = torch.autograd.grad(out, low, dout.to(dtype))
+    ins_r = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = oracle(*ins_r, mask.double())
+    g_ref = torch.autograd.grad(ref, ins_r, dout)
+    assert_close(out, ref, TOL[dtype], "out")
+    for name, a, b in zip(["dq", "dk", "dv"], g, g_ref):
+        assert_close(a, b, GRAD_TOL[dtype], name)
+    r = attn.attention(q, k, v, attn_mask=mask, return_lse=True)
+    without = attn.attention_backward(q, k, v, r.out, dout.to(dtype), r.lse, attn_mask=mask,
+                                      mask_gradient=False)
+    assert without.backend == "cpu" and without.dattn_mask is None
+    full = attn.attention_backward(q, k, v, r.out, dout.to(dtype), r.lse, attn_mask=mask)
+    assert full.backend == "reference" and tuple(full.dattn_mask.shape) == shape
+    for name, a, b in zip(["dq", "dk", "dv"], without[:3], full[:3]):
+        assert_close(a, b, GRAD_TOL[dtype], name + " with and without dattn_mask")
+
+
 def test_dropout_refused_and_extras():
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match="dropout_p = 0.1 is not supported"):

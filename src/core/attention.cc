@@ -725,7 +725,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   io.dv = as_bhnx(g.dv, p.Hkv);
 
   Tensor dmask, dalibi, dsinks;
-  if (p.mask == mask_kind::additive) {
+  if (p.mask == mask_kind::additive && options.mask_gradient) {
     const TensorView& m = *options.attn_mask;
     dmask = Tensor::zeros(m.shape(), dtype::f64);
     // Same broadcast strides as the mask, over the contiguous accumulator.
@@ -787,7 +787,7 @@ std::string explain_backend(const TensorView& q, const TensorView& k, const Tens
   backend_request req;
   req.backward = backward;
   req.qk = backward ? qk_output::none : options.return_qk;
-  req.dmask = backward && p.mask == mask_kind::additive;
+  req.dmask = backward && p.mask == mask_kind::additive && options.mask_gradient;
   const selection sel = select_backend(p, req, exec.use_backend);
   std::string s = sel.reasons;
   auto add = [&s](const std::string& x) { s += (s.empty() ? "" : "; ") + x; };

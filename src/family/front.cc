@@ -226,6 +226,7 @@ attention_options core_options(const family_options& o, double scale) {
   attention_options ao;
   static_cast<masking_options&>(ao) = o;
   ao.scale = scale;
+  ao.mask_gradient = false;  // family_grads has no mask gradient
   return ao;
 }
 

@@ -60,6 +60,7 @@ attention_options options_for(const mha_config& c, const masking_options& mask) 
   opt.q_num_heads = c.num_heads;
   opt.kv_num_heads = c.num_kv_heads;
   opt.scale = c.scale;
+  opt.mask_gradient = false;  // the layer's grads hold no mask gradient
   return opt;
 }
 

@@ -162,7 +162,10 @@ void check_case(const config& c, std::uint32_t seed) {
   EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
   EXPECT_FALSE(testing::any_nan(got.out));
 
-  if (c.mask == mask_type::additive) return;  // its gradient runs on the reference (see eligibility test)
+  // A float mask's own gradient runs on the reference (eligibility test): without it
+  // (mask_gradient = false) the cpu backward takes the mask as any other bias.
+  attention_options bopt = opt;
+  bopt.mask_gradient = false;
   // The backward takes Δ = rowsum(dout∘out) from `out`; a 16-bit `out` perturbs Δ, and the ALiBi
   // gradient Σ ds·|pos - j| amplifies that by |pos - j| (the reference recomputes Δ from P). So
   // both backends get the same f32 out/lse, computed from the same (16-bit) input values.
@@ -171,8 +174,10 @@ void check_case(const config& c, std::uint32_t seed) {
     fo = attention(Tensor::copy_of(in.qv, dtype::f32), Tensor::copy_of(in.kv, dtype::f32),
                    Tensor::copy_of(in.vv, dtype::f32), opt, ref_exec);
   const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, ref_exec);
-  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, cpu_exec);
+  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, bopt, cpu_exec);
   ASSERT_EQ(gc.backend, "cpu");
+  EXPECT_FALSE(gc.dattn_mask.defined());
+  EXPECT_EQ(gr.dattn_mask.defined(), c.mask == mask_type::additive);
   const double bt = bwd_tol(c.type);
   EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
   EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
@@ -564,6 +569,9 @@ TEST(cpu_attention, eligibility_says_why) {
   const execution cpu_exec{.use_backend = backend::cpu};
   const auto r = attention(q, q, q, m, cpu_exec);
   EXPECT_THROW_MSG(attention_backward(q, q, q, r.out, r.out, r.lse, m, cpu_exec), "gradient of a float attn_mask");
+  m.mask_gradient = false;  // no mask gradient asked: the cpu backward takes the float mask
+  EXPECT_NE(explain_backend(q, q, q, m, true).find("runs on cpu"), std::string::npos);
+  EXPECT_EQ(attention_backward(q, q, q, r.out, r.out, r.lse, m).backend, "cpu");
   EXPECT_EQ(backends().front(), "cpu");
 }
 

@@ -492,7 +492,9 @@ TEST(Int8Blocked, SameAnswerAsTheRowsTheyHold) {
             EXPECT_EQ(std::isinf(g[i]), std::isinf(f[i])) << "at " << i;
             nonfinite += !std::isfinite(g[i]);
           }
-          if (!c.extras) EXPECT_GT(nonfinite, 0);  // (the window hides the first page's keys from every row)
+          if (!c.extras) {
+            EXPECT_GT(nonfinite, 0);  // (the window hides the first page's keys from every row)
+          }
         }
       }
     }
