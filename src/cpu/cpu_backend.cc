@@ -44,6 +44,7 @@
 #include "cpu/bf16_words.h"
 #include "cpu/buffers.h"
 #include "cpu/kernels.h"
+#include "cpu/mask_fill.h"
 
 namespace attn::detail {
 namespace {
@@ -133,40 +134,6 @@ void store_row(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n
     for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_f16(src[x * src_stride] * mul);
   } else {
     for (std::int64_t x = 0; x < X; ++x) t.store(b, h, n, x, double(src[x * src_stride] * mul));
-  }
-}
-
-// The mask bias of rows (h[r], i[r]) of batch b; rows >= valid get 0.
-struct bias_ctx {
-  const problem* p = nullptr;
-  std::int64_t b = 0, valid = 0, total = 0;
-  const std::int64_t* h = nullptr;
-  const std::int64_t* i = nullptr;
-};
-
-void fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
-  const bias_ctx& c = *static_cast<const bias_ctx*>(vctx);
-  const strided4& m = c.p->mask_view;
-  const std::int64_t cols = c.p->mask_cols;
-  for (std::int64_t r = 0; r < c.total; ++r) {
-    float* t = tile + r * rs;
-    if (r >= c.valid) {
-      for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = 0.0f;
-      continue;
-    }
-    // Columns past the mask are padding (also outside key_range); one loop per kind and dtype,
-    // so the per-element work is a load and a store (this fill was half of a masked forward).
-    const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], j0), n = std::clamp<std::int64_t>(cols - j0, 0, nb);
-    if (n > 0 && c.p->mask == mask_kind::boolean) {
-      const bool* s = static_cast<const bool*>(m.data) + base;
-      for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = s[jj * m.sx] ? 0.0f : -kInfF;
-    } else if (n > 0 && m.type == dtype::f32) {
-      const float* s = static_cast<const float*>(m.data) + base;
-      for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = s[jj * m.sx];
-    } else {
-      for (std::int64_t jj = 0; jj < n; ++jj) t[jj * ks] = float(load_as_double(m.data, m.type, base + jj * m.sx));
-    }
-    for (std::int64_t jj = n; jj < nb; ++jj) t[jj * ks] = -kInfF;
   }
 }
 
@@ -386,7 +353,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         // q is pre-scaled on the f32 path; the bf16 path scales the scores.
         ls.prescale = !raw_q;
         ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
-        bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+        bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
         bc.b = b, bc.valid = ls.nl;
         const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f);
         for (std::int64_t x = 0; x < L; ++x) {
@@ -503,7 +470,7 @@ void qk_pass(const problem& p, const forward_outputs& o) {
     fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv)), lse = alloc_floats(L), stats = alloc_floats(2 * L),
          out = alloc_floats(L * chunk);
     bias_ctx bc;
-    bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+    bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
     const score_params sp = make_score_params(p, &bc, 1.0f);
     qk_io my = io;
     my.lse = lse.get(), my.out = out.get(), my.ld = chunk;
@@ -639,7 +606,7 @@ void backward(const problem& p, const backward_io& io) {
       fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
       std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
       bias_ctx bc;
-      bc.p = &p, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+      bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
       const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
@@ -704,7 +671,7 @@ void backward(const problem& p, const backward_io& io) {
     std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
     std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
     bias_ctx bc;
-    bc.p = &p, bc.h = hs.data(), bc.i = is.data();
+    bc.p = &p, bc.kt = &kt, bc.h = hs.data(), bc.i = is.data();
     const score_params sp = make_score_params(p, &bc, scale);
     // bf16: the key block's words, transposed.
     std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);

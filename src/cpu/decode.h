@@ -663,7 +663,7 @@ struct decode_run {
       spread_all<RG>(vsv, vsm, std::make_integer_sequence<int, RG>{});
     }
     if (sc.bias) {
-      lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
+      (void)lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
       for (std::int64_t g = 0; g < st.nrp; ++g)
         for (std::int64_t x = 0; x < W; ++x)
           st.biasm[g / RG * RG * W + x / KG * W + g % RG * KG + x % KG] = g < L && x < nb ? st.bias[g * W + x] : 0.0f;

@@ -116,6 +116,7 @@ constexpr kernel_table make_table(const char* name) {
   kernel_table t{name, W, C * W, W, forward_f32<Dot>, dq_f32, dkdv_f32, nullptr, nullptr, nullptr, qk_lanes<C>, decode_heads<Dot>};
   if constexpr (Dot::available) t.forward_bf16 = forward_bf16<Dot>, t.dq_bf16 = dq_bf16<Dot>, t.dkdv_bf16 = dkdv_bf16<Dot>;
   t.int16_decode = Dot::int16;
+  t.mask_tile = mask_tile;
   return t;
 }
 

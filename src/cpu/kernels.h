@@ -35,9 +35,22 @@
 namespace attn::detail::cpu {
 
 // Fills a tile with the mask bias of keys [j0, j0 + nb) for every row of the block:
-// tile[row·row_stride + (j - j0)·key_stride] = 0 / -inf (bool) or the additive value.
-using bias_fn = void (*)(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t row_stride,
+// tile[row·row_stride + (j - j0)·key_stride] = 0 / -inf (bool) or the additive value. Returns
+// true only if every value it wrote is 0 (the block's scores are then unbiased; false is
+// always a correct answer).
+using bias_fn = bool (*)(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t row_stride,
                          std::int64_t key_stride);
+
+// A mask tile from rows the driver located (bool or f32 masks with unit key stride; what
+// bias_fn fills for them): row r < valid reads its mask at row[r][jj] for keys jj < n of the
+// tile (bool bytes: 0 / -inf; f32: the value), keys n <= jj < nb are past a short mask (-inf),
+// rows valid <= r < total are padding (0). kernel_table::mask_tile writes
+// tile[r·row_stride + jj·key_stride]; it is the same values as a scalar loop, in any layout.
+struct mask_rows {
+  const void* const* row = nullptr;
+  bool is_bool = false;
+  std::int64_t total = 0, valid = 0, n = 0;
+};
 
 // What every score transform needs: x = scale·q·k → softcap → + mask + ALiBi → -inf outside [lo, hi).
 struct score_params {
@@ -224,6 +237,12 @@ struct kernel_table {
   void (*decode_heads)(const lane_block* lbs, const forward_io* ios, int n);
   // Whether decode_heads reads int8 rows with int16 q and weights (decode.h, int8_as_int16).
   bool int16_decode = false;
+  // The mask bias of a tile (mask_rows above), vectorised: in the lane layout (row_stride 1)
+  // W × W blocks are loaded by rows and transposed.
+  // Returns bias_fn's answer (every value 0). Rows that all read the same mask row (a key
+  // padding mask) are filled key by key, without the transpose.
+  bool (*mask_tile)(const mask_rows&, std::int64_t nb, float* tile, std::int64_t row_stride,
+                    std::int64_t key_stride) = nullptr;
 };
 
 static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }

@@ -56,11 +56,12 @@ constexpr float kMaxSlack = 8.0f;
 // max moved. Writes P as Ops words (f32: into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of
 // a lane in one word) and returns them.
 template <class Ops, int CC>
-const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc, float* S,
+const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc_in, float* S,
                                         float* bias, float* alpha, std::int64_t j0, std::int64_t nb,
                                         typename Ops::word* packed) {
   const std::int64_t L = CC * W;
-  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  score_consts sc = sc_in;
+  if (sc.bias && lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L)) sc.drop_bias();  // a mask block of 0s
   const bool ranged = block_ranged(lb, j0, j0 + nb);
   // Plain scores (the common case): the max of scale·S is scale·max(S) (scale > 0, rounding is
   // monotonic), and scale goes into the exponent's multiply-add; S is read, not rewritten.
@@ -167,7 +168,7 @@ void qk_lanes(const lane_block& lb, const qk_io& io) {
   for (std::int64_t j0 = lb.klo; j0 < lb.khi; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, lb.khi - j0);
     gemm<f32_operands>(nb, L, lb.D, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
-    if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+    if (sc.bias) (void)lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
 #pragma GCC unroll 1
     for (int c = 0; c < CC; ++c) {
       const vi lo = loadi(lb.lo + c * W), hi = loadi(lb.hi + c * W), pos = loadi(lb.pos + c * W);
@@ -211,10 +212,11 @@ void qk_lanes(const lane_block& lb, const qk_io& io) {
 
 // From the raw scores S and dP of keys [j0, j0 + nb), writes dS into S.
 template <int CC>
-void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc, float* S, float* bias, const float* dP,
+void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc_in, float* S, float* bias, const float* dP,
                std::int64_t j0, std::int64_t nb) {
   const std::int64_t L = CC * W;
-  if (sc.bias) lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L);
+  score_consts sc = sc_in;
+  if (sc.bias && lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L)) sc.drop_bias();
   const bool ranged = block_ranged(lb, j0, j0 + nb);
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
@@ -275,12 +277,16 @@ struct row_operands {
 };
 
 // From the raw S and dP of the pair, writes P into S and dS into dP; adds the ALiBi gradient.
-void dkdv_scores(const dkdv_pair& pr, const score_consts& sc, float* S, float* dP, float* bias) {
+void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float* dP, float* bias) {
   const std::int64_t ld = pr.ldk, nq = pr.nq;
+  score_consts sc = sc_in;
   if (sc.bias) {
-    pr.sp.bias(pr.sp.bias_ctx, pr.j0, pr.nb, bias, ld, 1);
-    for (std::int64_t r = 0; r < nq; ++r)
-      for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
+    if (pr.sp.bias(pr.sp.bias_ctx, pr.j0, pr.nb, bias, ld, 1)) {
+      sc.drop_bias();  // a mask block of 0s
+    } else {
+      for (std::int64_t r = 0; r < nq; ++r)
+        for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
+    }
   }
   const vf slope = splat(pr.slope);
   vf dalibi{};

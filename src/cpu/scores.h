@@ -25,6 +25,8 @@ struct score_consts {
         bias(sp.bias != nullptr),
         alibi(sp.alibi),
         plain(!softcap && !bias && !alibi) {}
+  // For a block whose mask tile is all 0 (bias_fn returned true): the scores are unbiased.
+  void drop_bias() { bias = false, plain = !softcap && !alibi; }
 };
 
 // |pos - j| as floats: the ALiBi distance of key j from the query at key position pos.
@@ -47,6 +49,106 @@ inline vf transform(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos, 
   if (c.alibi) s -= slope * key_distance(pos, j);
   if (ranged) s = ((j >= lo) & (j < hi)) ? s : splat(-kInf);
   return s;
+}
+
+// ---- mask tiles (kernel_table::mask_tile) ----
+
+// Keys [jj + c·W, jj + (c + 1)·W) of one mask row: a bool byte is 0 / -inf, an f32 is itself.
+// A bool row is read 4W bytes at a time (one vector load: keys jj .. jj + 4W must lie in the
+// row), and chunk c spread from its W/4 words by a lane shuffle and per-lane shifts (a
+// conversion of W bytes to W lanes compiles to scalar code with GCC).
+template <int... X>
+inline vu bool_chunk_shifts(std::integer_sequence<int, X...>) {
+  return vu{std::uint32_t(8 * (X % 4))...};
+}
+template <int c, int... X>
+inline vf bool_chunk(vu words, std::integer_sequence<int, X...> seq) {
+  const vu b = (vu)shuffle2<(c * W / 4 + X / 4)...>((vf)words, (vf)words) >> bool_chunk_shifts(seq);
+  return (b & splatu(0xffu)) != 0 ? vf{} : splat(-kInf);
+}
+template <int c>
+inline vf mask_chunk(const void* row, bool is_bool, std::int64_t jj) {
+  if (!is_bool) return load(static_cast<const float*>(row) + jj + c * W);
+  vu words;
+  __builtin_memcpy(&words, static_cast<const unsigned char*>(row) + jj, 4 * W);
+  return bool_chunk<c>(words, std::make_integer_sequence<int, W>{});
+}
+
+inline float mask_value(const mask_rows& m, std::int64_t r, std::int64_t jj, std::int64_t n) {
+  if (r >= m.valid) return 0.0f;
+  if (jj >= n) return -kInf;
+  return m.is_bool ? (static_cast<const unsigned char*>(m.row[r])[jj] != 0 ? 0.0f : -kInf)
+                   : static_cast<const float*>(m.row[r])[jj];
+}
+
+// Chunk c of keys [jj, jj + 4W) of rows r0 .. r0 + W in the lane layout: W rows of W keys,
+// transposed into keys of W lanes.
+template <int c>
+inline void lane_blocks(const mask_rows& m, std::int64_t r0, std::int64_t jj, float* tile, std::int64_t ks, vi& nonzero) {
+  vf v[W];
+#pragma GCC unroll 16
+  for (int x = 0; x < W; ++x) {
+    v[x] = r0 + x < m.valid ? mask_chunk<c>(m.row[r0 + x], m.is_bool, jj) : vf{};
+    nonzero |= v[x] != 0;
+  }
+  transpose(v);
+#pragma GCC unroll 16
+  for (int x = 0; x < W; ++x) store(tile + (jj + c * W + x) * ks + r0, v[x]);
+}
+
+bool mask_tile(const mask_rows& m, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
+  const std::int64_t n = imax(0, imin(m.n, nb));
+  bool shared = m.valid > 0;  // every valid row reads the same mask row (key padding)
+  for (std::int64_t r = 1; r < m.valid && shared; ++r) shared = m.row[r] == m.row[0];
+  vi nonzero{};  // lanes that saw a value other than 0
+  bool nonzero_scalar = false;
+  if (rs == 1 && m.total % W == 0) {  // lane layout
+    if (shared) {  // key by key: one value splat over the valid lanes
+      for (std::int64_t jj = 0; jj < nb; ++jj) {
+        const float x = mask_value(m, 0, jj, n);
+        nonzero_scalar |= x != 0.0f;
+        for (std::int64_t r0 = 0; r0 < m.total; r0 += W)
+          store(tile + jj * ks + r0, iota() + std::int32_t(r0) < splati(std::int32_t(m.valid)) ? splat(x) : vf{});
+      }
+      return !nonzero_scalar;
+    }
+    for (std::int64_t r0 = 0; r0 < m.total; r0 += W) {  // rows r0..r0+W of 4W keys, W × W blocks transposed
+      std::int64_t jj = 0;
+      for (; jj + 4 * W <= n; jj += 4 * W) {
+        lane_blocks<0>(m, r0, jj, tile, ks, nonzero);
+        lane_blocks<1>(m, r0, jj, tile, ks, nonzero);
+        lane_blocks<2>(m, r0, jj, tile, ks, nonzero);
+        lane_blocks<3>(m, r0, jj, tile, ks, nonzero);
+      }
+      for (; jj < nb; ++jj)
+        for (int x = 0; x < W; ++x) {
+          const float y = mask_value(m, r0 + x, jj, n);
+          nonzero_scalar |= y != 0.0f;
+          tile[jj * ks + r0 + x] = y;
+        }
+    }
+    return !nonzero_scalar && !any_lane(nonzero);
+  }
+  for (std::int64_t r = 0; r < m.total; ++r) {
+    float* t = tile + r * rs;
+    std::int64_t jj = 0;
+    if (ks == 1 && r < m.valid)
+      for (; jj + 4 * W <= n; jj += 4 * W) {
+        const vf v[4] = {mask_chunk<0>(m.row[r], m.is_bool, jj), mask_chunk<1>(m.row[r], m.is_bool, jj),
+                         mask_chunk<2>(m.row[r], m.is_bool, jj), mask_chunk<3>(m.row[r], m.is_bool, jj)};
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          nonzero |= v[c] != 0;
+          store(t + jj + c * W, v[c]);
+        }
+      }
+    for (; jj < nb; ++jj) {
+      const float y = mask_value(m, r, jj, n);
+      nonzero_scalar |= y != 0.0f;
+      t[jj * ks] = y;
+    }
+  }
+  return !nonzero_scalar && !any_lane(nonzero);
 }
 
 // (s - m)·log2 e for the score s of qk (transform's arguments; mz = m·log2 e), so that vexp2 of

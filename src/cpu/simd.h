@@ -287,6 +287,27 @@ inline void transpose_add(vf* v) {
   }
 }
 
+// v[0..W) as a W × W matrix, transposed in place (v[i][x] becomes v[x][i]): log2 W stages of
+// W two-source shuffles; stage s pairs rows i and i + s (i & s == 0) and swaps the s-lane
+// blocks between them.
+template <int S, int... X>
+inline void transpose_stage(vf* v, std::integer_sequence<int, X...>) {
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i)
+    if ((i & S) == 0) {
+      const vf a = v[i], b = v[i + S];
+      v[i] = shuffle2<((X & S) == 0 ? X : W + X - S)...>(a, b);
+      v[i + S] = shuffle2<((X & S) == 0 ? X + S : W + X)...>(a, b);
+    }
+}
+template <int S = W / 2>
+inline void transpose(vf* v) {
+  if constexpr (S >= 1) {
+    transpose_stage<S>(v, std::make_integer_sequence<int, W>{});
+    transpose<S / 2>(v);
+  }
+}
+
 // The same over int32 lanes carried in float vectors (the int16 pair dots of decode.h): the
 // shuffles move bits, the adds are integer adds.
 template <int H, int... X>

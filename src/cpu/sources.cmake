@@ -1,7 +1,7 @@
 # src/cpu — the fused CPU backend. Each ISA level is its own translation unit with its own
 # flags, compiling the kernel body (kernel_body.h: simd.h, tile.h, scores.h, prefill.h,
 # decode.h; simd_avx512bf16.h for the last level); the driver and the runtime dispatch (isa.cc)
-# are built for baseline x86-64. The row-wise kernels (rowwise.h: GELU, LayerNorm) are a
+# and the mask fill (mask_fill.cc) are built for baseline x86-64. The row-wise kernels (rowwise.h: GELU, LayerNorm) are a
 # second table built the same way from rowwise_body.h, and the fused family kernels
 # (family_kernels.h, driven by src/family/fused.cc) a third, from family_body.h (its
 # avx512bf16 level adds the bf16 forward of dot scores).
@@ -14,6 +14,7 @@ set(ATTN_CPU_LEVELS generic avx2 avx512 avx512bf16)
 math(EXPR n "${ATTN_CPU_MAX_LEVEL} + 1")
 list(SUBLIST ATTN_CPU_LEVELS 0 ${n} ATTN_CPU_LEVELS)
 target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc ${CMAKE_CURRENT_LIST_DIR}/isa.cc
+                            ${CMAKE_CURRENT_LIST_DIR}/mask_fill.cc
                             ${CMAKE_CURRENT_LIST_DIR}/bf16_words.cc)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/isa.cc PROPERTIES
   COMPILE_DEFINITIONS ATTN_CPU_MAX_LEVEL=${ATTN_CPU_MAX_LEVEL})

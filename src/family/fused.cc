@@ -34,6 +34,8 @@
 #include "cpu/bf16_words.h"
 #include "cpu/buffers.h"
 #include "cpu/family_kernels.h"
+#include "cpu/kernels.h"
+#include "cpu/mask_fill.h"
 #include "family/family_impl.h"
 #include "family/scores/score.h"
 
@@ -134,37 +136,6 @@ void zero_rows(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-// The mask of rows (h[r], i[r]) of batch b as the kernels' bias_fn: 0 / -inf (bool) or the
-// value (float); columns past the mask are padding (-inf); rows >= valid get 0.
-struct mask_ctx {
-  const problem* p = nullptr;
-  std::int64_t b = 0, valid = 0, total = 0;
-  const std::int64_t* h = nullptr;
-  const std::int64_t* i = nullptr;
-};
-
-void fill_mask(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
-  const mask_ctx& c = *static_cast<const mask_ctx*>(vctx);
-  const strided4& m = c.p->mask_view;
-  for (std::int64_t r = 0; r < c.total; ++r) {
-    float* t = tile + r * rs;
-    if (r >= c.valid) {
-      for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = 0.0f;
-      continue;
-    }
-    const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], 0);
-    for (std::int64_t jj = 0; jj < nb; ++jj) {
-      const std::int64_t j = j0 + jj;
-      float v;
-      if (j >= c.p->mask_cols) v = -kInfF;
-      else if (c.p->mask == mask_kind::boolean) v = static_cast<const bool*>(m.data)[base + j * m.sx] ? 0.0f : -kInfF;
-      else if (m.type == dtype::f32) v = static_cast<const float*>(m.data)[base + j * m.sx];
-      else v = float(load_as_double(m.data, m.type, base + j * m.sx));
-      t[jj * ks] = v;
-    }
-  }
-}
 
 // The score's part of the kernels' parameters and the distribution with its constants.
 cpu::family_params make_params(const fproblem& fp, const float* w_v, bool additive_exp) {
@@ -320,7 +291,7 @@ struct lane_state {
   std::vector<std::int64_t> h, i;
   fbuf qt, t, lse, r, scratch;
   std::int64_t scratch_keys = -1;  // the key span `scratch` holds
-  mask_ctx mc;
+  bias_ctx mc;  // the mask (cpu/mask_fill.h)
   cpu::family_params prm;
   // ATTN_FAMILY_MD_CHUNK=n caps the features per chunk (tests walk the chunked path with it).
   std::int64_t md_chunk = [] {
@@ -332,8 +303,8 @@ struct lane_state {
       : L(in.L), P(fp.Pq), F(fp.F), lo(L), hi(L), cut(std::size_t(L * F)), h(L), i(L), qt(alloc_floats(fp.Pq * L)),
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
         prm(make_params(fp, in.w_v.data(), in.exp_form)) {
-    mc.p = &fp.p, mc.total = L, mc.h = h.data(), mc.i = i.data();
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
+    mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data();
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
   }
 
   cpu::family_lanes set(const fproblem& fp, const fused_inputs& in, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
@@ -587,7 +558,7 @@ struct row_pass {
   float *kt, *vt, *dkt, *dvt;
   std::vector<std::int32_t> lo, hi;
   std::vector<std::int64_t> hs, is;
-  mask_ctx mc;
+  bias_ctx mc;  // the mask (cpu/mask_fill.h)
   cpu::family_params prm;
 
   // bf16 products (in.row_pairs): dout rows as words [B·Hq·Nq][Dv/2] and by pairs of rows [B·Hq][Nq/2 + 1][Dv]
@@ -602,8 +573,8 @@ struct row_pass {
                                       : cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
-    mc.p = &fp.p, mc.h = hs.data(), mc.i = is.data();
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_mask, prm.mask_ctx = &mc;
+    mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data();
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
   }
 
   // dk, dv of the block's keys into the sink; single pass: also dq [G·Nq][Pp] of (b, hkv)

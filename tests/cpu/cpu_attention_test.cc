@@ -551,6 +551,63 @@ TEST(cpu_attention, qk_intermediates_every_isa) {
   check(c, 99);
 }
 
+// kernel_table::mask_tile (the vectorised mask fill) against the scalar definition of a tile, on
+// every ISA: bool and f32 rows, lane layout (transposed W × W blocks; rows sharing one mask
+// row: key by key), row layouts, padding rows, short masks, and its answer "every value is 0".
+TEST(cpu_attention, mask_tile_equals_scalar_fill) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    const detail::cpu::kernel_table& kt = detail::cpu::select_kernels();
+    ASSERT_NE(kt.mask_tile, nullptr);
+    std::mt19937 rng(55);
+    const auto pick = [&](std::initializer_list<std::int64_t> xs) {
+      return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
+    };
+    for (int n_case = 0; n_case < 400; ++n_case) {
+      const bool is_bool = n_case % 2 == 0;
+      const int kind = n_case / 2 % 5;  // 0, 1: random rows; 2: one shared row; 3: all 0; 4: shared and all 0
+      const std::int64_t total = pick({1, 4, 5, 8, 13, 16, 32, 48, 64}), valid = std::min(total, pick({0, 1, 3, 64, 64}));
+      const std::int64_t nb = pick({1, 3, 8, 15, 16, 17, 64, 128}), n = pick({-2, 0, 5, nb, nb, nb + 7});
+      const int layout = n_case / 10 % 3;  // lanes (rs 1, ks total) | rows (rs ld, ks 1) | both strided
+      const std::int64_t ld = nb + pick({0, 3});
+      const std::int64_t rs = layout == 0 ? 1 : layout == 1 ? ld : 2 * ld, ks = layout == 0 ? total : layout == 1 ? 1 : 2;
+      SCOPED_TRACE(fmt::format("bool {} kind {} total {} valid {} nb {} n {} layout {}", is_bool, kind, total, valid, nb, n, layout));
+      const std::int64_t cols = std::max<std::int64_t>(n, 0) + 8;
+      std::vector<unsigned char> bytes(std::size_t(total * cols));
+      std::vector<float> floats(std::size_t(total * cols));
+      std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+      for (std::size_t x = 0; x < bytes.size(); ++x) {
+        const bool zero = kind >= 3 || rng() % 4 != 0;
+        bytes[x] = zero ? 1 : 0;
+        floats[x] = zero ? 0.0f : rng() % 3 == 0 ? -INFINITY : u(rng);
+      }
+      std::vector<const void*> rows(static_cast<std::size_t>(total));
+      for (std::int64_t r = 0; r < total; ++r) {
+        const std::int64_t src = kind == 2 || kind == 4 ? 0 : r;
+        rows[std::size_t(r)] = is_bool ? static_cast<const void*>(bytes.data() + src * cols)
+                                       : static_cast<const void*>(floats.data() + src * cols);
+      }
+      const std::int64_t span = (total - 1) * rs + (nb - 1) * ks + 1;
+      std::vector<float> tile(std::size_t(span), 99.0f), want(std::size_t(span), 99.0f);
+      bool all_zero = true;
+      for (std::int64_t r = 0; r < total; ++r)
+        for (std::int64_t jj = 0; jj < nb; ++jj) {
+          float x = 0.0f;
+          if (r < valid) {
+            const std::int64_t src = (kind == 2 || kind == 4 ? 0 : r) * cols + jj;
+            x = jj >= n ? -INFINITY : is_bool ? (bytes[std::size_t(src)] ? 0.0f : -INFINITY) : floats[std::size_t(src)];
+          }
+          want[std::size_t(r * rs + jj * ks)] = x;
+          all_zero = all_zero && x == 0.0f;
+        }
+      const bool got_zero = kt.mask_tile(detail::cpu::mask_rows{rows.data(), is_bool, total, valid, n}, nb, tile.data(), rs, ks);
+      EXPECT_EQ(got_zero, all_zero);
+      for (std::size_t x = 0; x < tile.size(); ++x) ASSERT_EQ(tile[x], want[x]) << "at " << x;
+    }
+  }
+}
+
 TEST(cpu_attention, eligibility_says_why) {
   std::mt19937 rng(1);
   Tensor q = random_tensor({1, 1, 4, 8}, dtype::f32, rng);
