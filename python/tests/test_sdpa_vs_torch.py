@@ -139,11 +139,11 @@ def test_float_mask_broadcast_gradient_shape():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 3, 1, 9), (9, 9), (1, 3, 9, 9)])
-def test_float_mask_without_its_gradient_runs_fused(dtype, shape):
-    """A float mask that autograd does not ask a gradient for (an additive padding or causal
-    mask, a fixed bias) leaves the backward on the fused kernels: the grads of q, k, v still
-    equal torch's math SDPA (float64, on the rounded inputs), and attn.attention_backward with
-    mask_gradient=False says it ran on cpu and returns no dattn_mask."""
+def test_float_mask_gradient_on_the_fused_kernels(dtype, shape):
+    """A float mask's gradient runs on the fused kernels (masks shared by batch entries or heads
+    included), and a float mask that autograd does not ask a gradient for (an additive padding
+    or causal mask, a fixed bias) is not differentiated at all: the grads of q, k, v (and the
+    mask) equal torch's math SDPA (float64, on the rounded inputs) either way."""
     import attn
     gen = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64, generator=gen).to(dtype) for _ in range(3))
@@ -165,9 +165,16 @@ def test_float_mask_without_its_gradient_runs_fused(dtype, shape):
                                       mask_gradient=False)
     assert without.backend == "cpu" and without.dattn_mask is None
     full = attn.attention_backward(q, k, v, r.out, dout.to(dtype), r.lse, attn_mask=mask)
-    assert full.backend == "reference" and tuple(full.dattn_mask.shape) == shape
+    assert full.backend == "cpu" and tuple(full.dattn_mask.shape) == shape
     for name, a, b in zip(["dq", "dk", "dv"], without[:3], full[:3]):
         assert_close(a, b, GRAD_TOL[dtype], name + " with and without dattn_mask")
+    m_r = mask.double().requires_grad_()
+    ref = oracle(*(t.double() for t in (q, k, v)), m_r)
+    (dm_ref,) = torch.autograd.grad(ref, [m_r], dout)
+    assert_close(full.dattn_mask, dm_ref, GRAD_TOL[dtype], "dattn_mask")
+    ml = mask.clone().requires_grad_()
+    (dm,) = torch.autograd.grad(at.scaled_dot_product_attention(q, k, v, ml), [ml], dout.to(dtype))
+    assert_close(dm, dm_ref, GRAD_TOL[dtype], "dattn_mask through autograd")
 
 
 def test_dropout_refused_and_extras():

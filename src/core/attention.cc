@@ -754,7 +754,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   // overflow) are computed again, all of them, by the float64 reference.
   if (&be != &reference_backend() &&
       !(all_finite(g.dq, nt) && all_finite(g.dk, nt) && all_finite(g.dv, nt) && all_finite(dalibi, 1) &&
-        all_finite(dsinks, 1))) {
+        all_finite(dsinks, 1) && all_finite(dmask, nt))) {
     for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
       if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * sizeof(double));
     reference_backend().backward(p, io);

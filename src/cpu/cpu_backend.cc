@@ -523,7 +523,17 @@ struct backward_plan {
   bool fused = false;      // one pass over (b, hkv) units: dq accumulated per key block
 };
 
-backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout_type) {
+// The gradient of a float mask shared by batch entries (B > 1) or by kv heads (Hkv > 1): the
+// dk/dv tasks of the (b, hkv) that share an element then run in one task, in order.
+struct dmask_sharing {
+  bool b = false, h = false;
+};
+dmask_sharing shared_dmask(const problem& p, bool dmask) {
+  if (!dmask) return {};
+  return {p.B > 1 && p.mask_view.sb == 0, p.Hkv > 1 && p.mask_view.sh == 0};
+}
+
+backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout_type, bool dmask) {
   backward_plan b;
   b.bf16_dots = kt.dq_bf16 && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 2 == 0 && p.Dv % 2 == 0 &&
                 lanes_for(p, kt) == kt.lanes;
@@ -536,6 +546,10 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
     if (std::strcmp(e, "fused") == 0) b.fused = true;
     if (std::strcmp(e, "two_pass") == 0) b.fused = false;
   }
+  // The fused schedule has one task per (b, hkv): a mask gradient shared between them needs the
+  // two passes, whose dk/dv tasks can group them.
+  const dmask_sharing sh = shared_dmask(p, dmask);
+  if (sh.b || sh.h) b.fused = false;
   return b;
 }
 
@@ -543,7 +557,7 @@ void backward(const problem& p, const backward_io& io) {
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
   const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
-  const backward_plan plan = plan_backward(p, kt, io.dout.type);
+  const backward_plan plan = plan_backward(p, kt, io.dout.type, io.dmask.data != nullptr);
   const bool dp = plan.bf16_dots, fused = plan.fused;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
   const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
@@ -668,6 +682,7 @@ void backward(const problem& p, const backward_io& io) {
     fbuf dqbuf;  // fused, dq not in place: one unit's dq rows [G][Nq][ldq], made by a thread's first unit
     // (so at most min(threads, units) of them: together no larger than dq in f32)
     fbuf scratch = alloc_floats(row_scratch_floats(kRowQueryBlock, ldk));
+    fbuf dsb = io.dmask.data ? alloc_floats(kRowQueryBlock * ldk) : fbuf{};  // a pair's ds, for dmask
     std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
     std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
     bias_ctx bc;
@@ -746,15 +761,23 @@ void backward(const problem& p, const backward_io& io) {
           pr.dalibi = io.dalibi ? &dalibi_part[std::size_t(t * G + g)] : nullptr;
           pr.scratch = scratch.get();
           if (fused) pr.krows = krows, pr.krw = reinterpret_cast<const std::uint32_t*>(krows), pr.dq = dq_rows(b, hkv, g, i0), pr.ldq = ldq, pr.dqs = dqs;
+          pr.ds_out = dsb.get();
           if (!dp) {
             kt.dkdv(pr);
-            continue;
+          } else {
+            const std::int64_t bh = b * p.Hq + h;
+            const auto* q16 = reinterpret_cast<const std::uint16_t*>(Qw.data() + (bh * p.Nq + i0) * (p.D / 2));
+            const auto* do16 = reinterpret_cast<const std::uint16_t*>(DOw.data() + (bh * p.Nq + i0) * (p.Dv / 2));
+            kt.dkdv_bf16(pr, bf16_dkdv_operands{q16, do16, Qp.data() + (bh * nqp + i0 / 2) * p.D,
+                                                DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
           }
-          const std::int64_t bh = b * p.Hq + h;
-          const auto* q16 = reinterpret_cast<const std::uint16_t*>(Qw.data() + (bh * p.Nq + i0) * (p.D / 2));
-          const auto* do16 = reinterpret_cast<const std::uint16_t*>(DOw.data() + (bh * p.Nq + i0) * (p.Dv / 2));
-          kt.dkdv_bf16(pr, bf16_dkdv_operands{q16, do16, Qp.data() + (bh * nqp + i0 / 2) * p.D,
-                                              DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
+          if (io.dmask.data) {  // dmask += ds where the mask's element is (one task writes each, in order)
+            double* dm = static_cast<double*>(io.dmask.data);
+            for (std::int64_t r = 0; r < nq; ++r) {
+              const std::int64_t base = io.dmask.offset(b, h, i0 + r, j0);
+              for (std::int64_t x = 0; x < nb; ++x) dm[base + x * io.dmask.sx] += double(dsb[r * ld + x]);
+            }
+          }
         }
       }
       for (std::int64_t x = 0; x < nb; ++x) {
@@ -763,8 +786,17 @@ void backward(const problem& p, const backward_io& io) {
       }
     };
     if (!fused) {
+      // Tasks t = (b·Hkv + hkv)·nkb + kb; the (b, hkv) that share a mask gradient's elements run
+      // in one task, b then hkv in order (the same sums for any thread count).
+      const dmask_sharing sh = shared_dmask(p, io.dmask.data != nullptr);
+      const std::int64_t gb = sh.b ? p.B : 1, gh = sh.h ? p.Hkv : 1;
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t t = 0; t < ntask; ++t) key_block(t);
+      for (std::int64_t o = 0; o < ntask / (gb * gh); ++o) {
+        // o over (b', hkv', kb) of the dims not shared
+        const std::int64_t kb = o % nkb, hkv0 = sh.h ? 0 : o / nkb % p.Hkv, b0 = sh.b ? 0 : o / nkb / (sh.h ? 1 : p.Hkv);
+        for (std::int64_t bb = 0; bb < gb; ++bb)
+          for (std::int64_t hh = 0; hh < gh; ++hh) key_block(((b0 + bb) * p.Hkv + hkv0 + hh) * nkb + kb);
+      }
     } else {
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv; ++u) {
@@ -814,7 +846,7 @@ std::string why_not(const problem& p, const backend_request& req) {
     if (p.k.type == dtype::i8 && (p.k_scale.data == nullptr || p.v_scale.data == nullptr))
       return "cpu: int8 K/V need their scales";
   }
-  if (req.backward && req.dmask) return "cpu: the gradient of a float attn_mask needs the reference";
+
   return why_not_common(p);
 }
 
@@ -837,7 +869,7 @@ std::string describe(const problem& p, const backend_request& req) {
   const char* type = p.q.type == dtype::bf16 ? "bf16" : p.q.type == dtype::f16 ? "f16 as f32" : "f32";
   std::string s = fmt::format("{} kernels, ", kt.name);
   if (req.backward) {
-    const backward_plan bp = plan_backward(p, kt, p.q.type);  // dout's dtype is not known here: assume q's
+    const backward_plan bp = plan_backward(p, kt, p.q.type, req.dmask);  // dout's dtype is not known here: assume q's
     s += fmt::format("{} backward, {}{}", bp.fused ? "fused (dq, dk, dv in one pass)" : "two-pass (dq, then dk/dv)", type,
                      bp.bf16_dots ? " with bf16 dot products when dout is bf16" : "");
   }

@@ -134,6 +134,8 @@ struct dkdv_pair {
   float* dvt = nullptr;
   score_params sp;
   double* dalibi = nullptr;            // += Σ ds · -|pos - j| (when sp.alibi)
+  float* ds_out = nullptr;             // [nq][ldk] when set: ds before the softcap factor (the
+                                       // gradient of the biased score: a float mask's)
   float* scratch = nullptr;            // row_scratch_floats(...) floats, 64-byte aligned
   // Fused backward (dq in the same pass): dq row r at dq + r·dqs, ldq columns, += dS · krows,
   // where krows [nb][ldq] holds the key block's rows times scale, zero-padded to ldq (a multiple

@@ -300,6 +300,7 @@ void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float
                                      lo, hi, slope, true, lz));
       vf ds = p * (load(dP + r * ld + x) - delta);
       if (sc.alibi) dalibi -= ds * key_distance(pos, j);
+      if (pr.ds_out) store(pr.ds_out + r * ld + x, ds);
       if (sc.softcap) ds *= splat(1.0f) - t * t;
       store(S + r * ld + x, p);
       store(dP + r * ld + x, ds);

@@ -162,10 +162,6 @@ void check_case(const config& c, std::uint32_t seed) {
   EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
   EXPECT_FALSE(testing::any_nan(got.out));
 
-  // A float mask's own gradient runs on the reference (eligibility test): without it
-  // (mask_gradient = false) the cpu backward takes the mask as any other bias.
-  attention_options bopt = opt;
-  bopt.mask_gradient = false;
   // The backward takes Δ = rowsum(dout∘out) from `out`; a 16-bit `out` perturbs Δ, and the ALiBi
   // gradient Σ ds·|pos - j| amplifies that by |pos - j| (the reference recomputes Δ from P). So
   // both backends get the same f32 out/lse, computed from the same (16-bit) input values.
@@ -174,10 +170,21 @@ void check_case(const config& c, std::uint32_t seed) {
     fo = attention(Tensor::copy_of(in.qv, dtype::f32), Tensor::copy_of(in.kv, dtype::f32),
                    Tensor::copy_of(in.vv, dtype::f32), opt, ref_exec);
   const attention_grads gr = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, ref_exec);
-  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, bopt, cpu_exec);
+  const attention_grads gc = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, opt, cpu_exec);
   ASSERT_EQ(gc.backend, "cpu");
-  EXPECT_FALSE(gc.dattn_mask.defined());
-  EXPECT_EQ(gr.dattn_mask.defined(), c.mask == mask_type::additive);
+  if (c.mask == mask_type::additive) {  // its gradient, and the backward without it (mask_gradient)
+    ASSERT_TRUE(gc.dattn_mask.defined() && gr.dattn_mask.defined());
+    EXPECT_EQ(gc.dattn_mask.shape(), in.mask.shape());
+    const double mt = bwd_tol(c.type);
+    EXPECT_TRUE(all_close(gc.dattn_mask, gr.dattn_mask, mt, mt)) << "dattn_mask";
+    attention_options no_dmask = opt;
+    no_dmask.mask_gradient = false;
+    const attention_grads gn = attention_backward(in.qv, in.kv, in.vv, fo.out, in.doutv, fo.lse, no_dmask, cpu_exec);
+    ASSERT_EQ(gn.backend, "cpu");
+    EXPECT_FALSE(gn.dattn_mask.defined());
+    EXPECT_TRUE(all_close(gn.dq, gr.dq, mt, mt)) << "dq without dattn_mask";
+    EXPECT_TRUE(all_close(gn.dv, gr.dv, mt, mt)) << "dv without dattn_mask";
+  }
   const double bt = bwd_tol(c.type);
   EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
   EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
@@ -340,16 +347,21 @@ TEST(cpu_attention, bitwise_identical_across_threads) {
       Tensor q = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng), k = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng),
              v = random_tensor({1, s.Hkv, s.Nk, s.D}, type, rng), dout = random_tensor({1, s.Hq, s.Nq, s.D}, type, rng);
       Tensor alibi = random_tensor({s.Hq}, dtype::f32, rng, 0.0, 0.1), sinks = random_tensor({s.Hq}, dtype::f32, rng);
+      // A float mask and its gradient: one per head (the fused schedule keeps it), or one for
+      // every head (shared by the kv heads: their dk/dv tasks grouped).
+      const bool per_head = s.Hq % 2 == 0 && s.Nq % 2 == 1;
+      Tensor mask = random_tensor(per_head ? Shape{1, s.Hq, s.Nq, s.Nk} : Shape{s.Nq, s.Nk}, dtype::f32, rng, -1.0, 1.0);
       std::vector<std::vector<double>> first;
       for (int threads : {1, 2, 3}) {
         attention_options o;
         o.is_causal = s.causal;
-        o.alibi_slopes = alibi, o.sinks = sinks;
+        o.alibi_slopes = alibi, o.sinks = sinks, o.attn_mask = mask;
         const execution exec{.use_backend = backend::cpu, .num_threads = threads};
         const auto r = attention(q, k, v, o, exec);
         const auto g = attention_backward(q, k, v, r.out, dout, r.lse, o, exec);
         std::vector<std::vector<double>> all = {r.out.to_vector(), r.lse.to_vector(), g.dq.to_vector(), g.dk.to_vector(),
-                                                g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector()};
+                                                g.dv.to_vector(), g.dalibi_slopes.to_vector(), g.dsinks.to_vector(),
+                                                g.dattn_mask.to_vector()};
         if (first.empty()) first = all;
         for (std::size_t t = 0; t < all.size(); ++t)
           EXPECT_EQ(0, std::memcmp(all[t].data(), first[t].data(), all[t].size() * sizeof(double)))
@@ -621,14 +633,14 @@ TEST(cpu_attention, eligibility_says_why) {
   Tensor mask = random_tensor({4, 4}, dtype::f32, rng);
   m.attn_mask = mask;
   EXPECT_NE(explain_backend(q, q, q, m).find("runs on cpu"), std::string::npos);
-  EXPECT_NE(explain_backend(q, q, q, m, true).find("cpu: the gradient of a float attn_mask needs the reference"),
-            std::string::npos);
-  const execution cpu_exec{.use_backend = backend::cpu};
-  const auto r = attention(q, q, q, m, cpu_exec);
-  EXPECT_THROW_MSG(attention_backward(q, q, q, r.out, r.out, r.lse, m, cpu_exec), "gradient of a float attn_mask");
-  m.mask_gradient = false;  // no mask gradient asked: the cpu backward takes the float mask
+  EXPECT_NE(explain_backend(q, q, q, m, true).find("runs on cpu"), std::string::npos);  // dattn_mask included
+  const auto r = attention(q, q, q, m);
+  const attention_grads g = attention_backward(q, q, q, r.out, r.out, r.lse, m);
+  EXPECT_EQ(g.backend, "cpu");
+  EXPECT_TRUE(g.dattn_mask.defined());
+  m.mask_gradient = false;  // no mask gradient asked
   EXPECT_NE(explain_backend(q, q, q, m, true).find("runs on cpu"), std::string::npos);
-  EXPECT_EQ(attention_backward(q, q, q, r.out, r.out, r.lse, m).backend, "cpu");
+  EXPECT_FALSE(attention_backward(q, q, q, r.out, r.out, r.lse, m).dattn_mask.defined());
   EXPECT_EQ(backends().front(), "cpu");
 }
 
