@@ -173,12 +173,18 @@ struct lane_setup {
   }
 };
 
-score_params make_score_params(const problem& p, const bias_ctx* bc, float scale) {
+// Whether the prefill kernels may skip key blocks the mask hides from every row: q and k finite.
+bool mask_may_skip(const problem& p, int nt) {
+  return p.mask != mask_kind::none && view_all_finite(p.q, p.B, p.Hq, p.Nq, p.D, nt) &&
+         view_all_finite(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
+}
+
+score_params make_score_params(const problem& p, const bias_ctx* bc, float scale, bool skip_excluded = false) {
   score_params sp;
   sp.scale = scale;
   sp.softcap = float(p.softcap);
   sp.alibi = !p.alibi.empty();
-  if (p.mask != mask_kind::none) sp.bias = fill_bias, sp.bias_ctx = bc;
+  if (p.mask != mask_kind::none) sp.bias = fill_bias, sp.bias_ctx = bc, sp.skip_excluded = skip_excluded;
   return sp;
 }
 
@@ -309,6 +315,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const std::int64_t nchunk = plan.nchunk, chunk = plan.chunk;
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
   fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
+  const bool skip = mask_may_skip(p, nt);
 
   // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
@@ -355,7 +362,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
         bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
         bc.b = b, bc.valid = ls.nl;
-        const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f);
+        const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f, skip);
         for (std::int64_t x = 0; x < L; ++x) {
           const bool sink = !p.sinks.empty() && x < ls.nl && c == 0;
           m[x] = sink ? float(p.sinks[ls.h[x]]) : -kInfF;
@@ -566,6 +573,7 @@ void backward(const problem& p, const backward_io& io) {
   // (the packed K/V of the dq pass; the fused schedule has none)
   std::unique_ptr<bf16_pack> pack = dp && !fused ? std::make_unique<bf16_pack>(p, nt, true, true, true, false) : nullptr;
   const float scale = float(p.scale);
+  const bool skip = mask_may_skip(p, nt);
 
   // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
@@ -621,7 +629,7 @@ void backward(const problem& p, const backward_io& io) {
       std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
       bias_ctx bc;
       bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
-      const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f);
+      const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f, skip);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
         const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
@@ -687,7 +695,7 @@ void backward(const problem& p, const backward_io& io) {
     std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
     bias_ctx bc;
     bc.p = &p, bc.kt = &kt, bc.h = hs.data(), bc.i = is.data();
-    const score_params sp = make_score_params(p, &bc, scale);
+    const score_params sp = make_score_params(p, &bc, scale, skip);
     // bf16: the key block's words, transposed.
     std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);
     // dq rows of head g of the group (fused): where they accumulate and their stride.

@@ -34,12 +34,16 @@
 
 namespace attn::detail::cpu {
 
+// What a mask tile holds: every value 0 (the block's scores are unbiased), every value of the
+// tile's valid rows -inf (no row sees a key of the block: the prefill kernels skip it), or
+// anything else (`mixed` is always a correct answer).
+enum class mask_tile_kind : int { mixed, zeros, excluded };
+
 // Fills a tile with the mask bias of keys [j0, j0 + nb) for every row of the block:
-// tile[row·row_stride + (j - j0)·key_stride] = 0 / -inf (bool) or the additive value. Returns
-// true only if every value it wrote is 0 (the block's scores are then unbiased; false is
-// always a correct answer).
-using bias_fn = bool (*)(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t row_stride,
-                         std::int64_t key_stride);
+// tile[row·row_stride + (j - j0)·key_stride] = 0 / -inf (bool) or the additive value; rows
+// past the block's valid rows get 0.
+using bias_fn = mask_tile_kind (*)(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile,
+                                   std::int64_t row_stride, std::int64_t key_stride);
 
 // A mask tile from rows the driver located (bool or f32 masks with unit key stride; what
 // bias_fn fills for them): row r < valid reads its mask at row[r][jj] for keys jj < n of the
@@ -59,6 +63,10 @@ struct score_params {
   bool alibi = false;     // slopes given
   bias_fn bias = nullptr; // mask present
   const void* bias_ctx = nullptr;
+  // The prefill kernels may skip a key block whose mask tile is all -inf (mask_tile_kind::
+  // excluded): q and k are finite, so none of its products would have been NaN (NaN + -inf is
+  // NaN, which the reference propagates).
+  bool skip_excluded = false;
 };
 
 // Lane layout: one block of L lanes of one (b, hkv). Lanes >= nl are padding (zero q, lo = hi).
@@ -241,10 +249,10 @@ struct kernel_table {
   bool int16_decode = false;
   // The mask bias of a tile (mask_rows above), vectorised: in the lane layout (row_stride 1)
   // W × W blocks are loaded by rows and transposed.
-  // Returns bias_fn's answer (every value 0). Rows that all read the same mask row (a key
-  // padding mask) are filled key by key, without the transpose.
-  bool (*mask_tile)(const mask_rows&, std::int64_t nb, float* tile, std::int64_t row_stride,
-                    std::int64_t key_stride) = nullptr;
+  // Returns bias_fn's answer (zeros, excluded or mixed, exactly). Rows that all read the same
+  // mask row (a key padding mask) are filled key by key, without the transpose.
+  mask_tile_kind (*mask_tile)(const mask_rows&, std::int64_t nb, float* tile, std::int64_t row_stride,
+                              std::int64_t key_stride) = nullptr;
 };
 
 static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }

@@ -12,7 +12,7 @@ namespace {
 constexpr float kInfF = std::numeric_limits<float>::infinity();
 }  // namespace
 
-bool fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
+cpu::mask_tile_kind fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
   using namespace cpu;
   const bias_ctx& c = *static_cast<const bias_ctx*>(vctx);
   const strided4& m = c.p->mask_view;
@@ -47,7 +47,7 @@ bool fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb, float* tile, 
     }
     for (std::int64_t jj = n; jj < nb; ++jj) t[jj * ks] = -kInfF;
   }
-  return false;
+  return mask_tile_kind::mixed;
 }
 
 }  // namespace attn::detail

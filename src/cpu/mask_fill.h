@@ -22,7 +22,7 @@ struct bias_ctx {
 };
 
 // A cpu::bias_fn over a bias_ctx.
-bool fill_bias(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t row_stride,
-               std::int64_t key_stride);
+cpu::mask_tile_kind fill_bias(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t row_stride,
+                              std::int64_t key_stride);
 
 }  // namespace attn::detail

@@ -52,16 +52,16 @@ constexpr std::int64_t round_up(std::int64_t n) {
 // hold for any m the block sums were taken against.
 constexpr float kMaxSlack = 8.0f;
 
-// The online-softmax step of keys [j0, j0 + nb) on the scores S, then Oᵀ *= α where some lane's
-// max moved. Writes P as Ops words (f32: into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of
+// The online-softmax step of keys [j0, j0 + nb) on the scores S (and the mask tile `bias`, of
+// kind mk, when sc.bias), then Oᵀ *= α where some lane's max moved. Writes P as Ops words (f32: into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of
 // a lane in one word) and returns them.
 template <class Ops, int CC>
 const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc_in, float* S,
-                                        float* bias, float* alpha, std::int64_t j0, std::int64_t nb,
-                                        typename Ops::word* packed) {
+                                        const float* bias, mask_tile_kind mk, float* alpha, std::int64_t j0,
+                                        std::int64_t nb, typename Ops::word* packed) {
   const std::int64_t L = CC * W;
   score_consts sc = sc_in;
-  if (sc.bias && lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L)) sc.drop_bias();  // a mask block of 0s
+  if (mk == mask_tile_kind::zeros) sc.drop_bias();  // a mask block of 0s
   const bool ranged = block_ranged(lb, j0, j0 + nb);
   // Plain scores (the common case): the max of scale·S is scale·max(S) (scale > 0, rounding is
   // monotonic), and scale goes into the exponent's multiply-add; S is read, not rewritten.
@@ -150,8 +150,11 @@ void forward_lanes(const lane_block& lb, const lane_operands<Ops>& op, const for
   const lane_range kr(lb);
   for (std::int64_t j0 = kr.kmin / P * P; j0 < kr.kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
+    // The mask first: a block no row sees (all -inf) is skipped, products and all.
+    const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
+    if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
     gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
-    const typename Ops::word* pw = softmax_block<Ops, CC>(lb, io, sc, S, bias, alpha, j0, nb, packed);
+    const typename Ops::word* pw = softmax_block<Ops, CC>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed);
     gemm<Ops>(lb.Dv, L, nb / P, op.v_steps + j0 / P * op.v_ss, 1, op.v_ss, pw, L, io.ot, L, true);
   }
 }
@@ -212,11 +215,11 @@ void qk_lanes(const lane_block& lb, const qk_io& io) {
 
 // From the raw scores S and dP of keys [j0, j0 + nb), writes dS into S.
 template <int CC>
-void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc_in, float* S, float* bias, const float* dP,
-               std::int64_t j0, std::int64_t nb) {
+void dq_scores(const lane_block& lb, const dq_io& io, const score_consts& sc_in, float* S, const float* bias,
+               mask_tile_kind mk, const float* dP, std::int64_t j0, std::int64_t nb) {
   const std::int64_t L = CC * W;
   score_consts sc = sc_in;
-  if (sc.bias && lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L)) sc.drop_bias();
+  if (mk == mask_tile_kind::zeros) sc.drop_bias();
   const bool ranged = block_ranged(lb, j0, j0 + nb);
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
@@ -248,9 +251,11 @@ void dq_lanes(const lane_block& lb, const lane_operands<Ops>& op, const dq_io& i
   const lane_range kr(lb);
   for (std::int64_t j0 = kr.kmin / P * P; j0 < kr.kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
+    const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
+    if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;  // no row sees the block: ds = 0
     gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
     gemm<Ops>(nb, L, lb.Dv / P, op.v + j0 * op.v_rs, op.v_rs, 1, op.doutt, L, dP, L, false);
-    dq_scores<CC>(lb, io, sc, S, bias, dP, j0, nb);
+    dq_scores<CC>(lb, io, sc, S, bias, mk, dP, j0, nb);
     const typename Ops::word* dsw = Ops::pack_rows(S, nb, L, packed);
     gemm<Ops>(lb.D, L, nb / P, op.k_steps + j0 / P * op.k_ss, 1, op.k_ss, dsw, L, io.dqt, L, true);
   }
@@ -277,17 +282,11 @@ struct row_operands {
 };
 
 // From the raw S and dP of the pair, writes P into S and dS into dP; adds the ALiBi gradient.
-void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float* dP, float* bias) {
+void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float* dP, const float* bias,
+                 mask_tile_kind mk) {
   const std::int64_t ld = pr.ldk, nq = pr.nq;
   score_consts sc = sc_in;
-  if (sc.bias) {
-    if (pr.sp.bias(pr.sp.bias_ctx, pr.j0, pr.nb, bias, ld, 1)) {
-      sc.drop_bias();  // a mask block of 0s
-    } else {
-      for (std::int64_t r = 0; r < nq; ++r)
-        for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
-    }
-  }
+  if (mk == mask_tile_kind::zeros) sc.drop_bias();  // a mask block of 0s
   const vf slope = splat(pr.slope);
   vf dalibi{};
   for (std::int64_t r = 0; r < nq; ++r) {
@@ -324,9 +323,20 @@ void dkdv_rows(const dkdv_pair& pr, const row_operands<Ops>& op) {
   float* bias = dP + nq * ld;
   auto* packed = reinterpret_cast<typename Ops::word*>(bias + nq * ld);
   const score_consts sc(pr.sp);
+  mask_tile_kind mk = mask_tile_kind::zeros;
+  if (sc.bias) {
+    mk = pr.sp.bias(pr.sp.bias_ctx, pr.j0, pr.nb, bias, ld, 1);
+    if (mk == mask_tile_kind::excluded && pr.sp.skip_excluded) {  // no row sees the block: ds = 0, nothing to add
+      if (pr.ds_out)
+        for (std::int64_t i = 0; i < nq * ld; ++i) pr.ds_out[i] = 0.0f;
+      return;
+    }
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
+  }
   gemm<Ops>(nq, ld, pr.D / P, op.q, op.q_rs, 1, op.kt, ld, S, ld, false);
   gemm<Ops>(nq, ld, pr.Dv / P, op.dout, op.dout_rs, 1, op.vt, ld, dP, ld, false);
-  dkdv_scores(pr, sc, S, dP, bias);
+  dkdv_scores(pr, sc, S, dP, bias, mk);
   const typename Ops::word* pw = Ops::pack_rows(S, nq, ld, packed);
   const typename Ops::word* dsw = Ops::pack_rows(dP, nq, ld, packed + nqs * ld);
   gemm<Ops>(pr.Dv, ld, nqs, op.dout_steps, 1, op.dout_ss, pw, ld, pr.dvt, ld, true);

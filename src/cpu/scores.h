@@ -25,7 +25,7 @@ struct score_consts {
         bias(sp.bias != nullptr),
         alibi(sp.alibi),
         plain(!softcap && !bias && !alibi) {}
-  // For a block whose mask tile is all 0 (bias_fn returned true): the scores are unbiased.
+  // For a block whose mask tile is all 0 (mask_tile_kind::zeros): the scores are unbiased.
   void drop_bias() { bias = false, plain = !softcap && !alibi; }
 };
 
@@ -81,53 +81,66 @@ inline float mask_value(const mask_rows& m, std::int64_t r, std::int64_t jj, std
                    : static_cast<const float*>(m.row[r])[jj];
 }
 
+// What mask_tile saw: lanes (or one flag) with a value other than 0, and, among the valid rows,
+// other than -inf.
+struct mask_seen {
+  vi nonzero{}, finite{};
+  bool nonzero1 = false, finite1 = false;
+  void add(vf v) { nonzero |= v != 0, finite |= v != splat(-kInf); }
+  void add(float x) { nonzero1 |= x != 0.0f, finite1 |= x != -kInf; }
+  mask_tile_kind kind() const {
+    if (!nonzero1 && !any_lane(nonzero)) return mask_tile_kind::zeros;
+    if (!finite1 && !any_lane(finite)) return mask_tile_kind::excluded;
+    return mask_tile_kind::mixed;
+  }
+};
+
 // Chunk c of keys [jj, jj + 4W) of rows r0 .. r0 + W in the lane layout: W rows of W keys,
 // transposed into keys of W lanes.
 template <int c>
-inline void lane_blocks(const mask_rows& m, std::int64_t r0, std::int64_t jj, float* tile, std::int64_t ks, vi& nonzero) {
+inline void lane_blocks(const mask_rows& m, std::int64_t r0, std::int64_t jj, float* tile, std::int64_t ks, mask_seen& seen) {
   vf v[W];
 #pragma GCC unroll 16
   for (int x = 0; x < W; ++x) {
-    v[x] = r0 + x < m.valid ? mask_chunk<c>(m.row[r0 + x], m.is_bool, jj) : vf{};
-    nonzero |= v[x] != 0;
+    v[x] = vf{};
+    if (r0 + x < m.valid) seen.add(v[x] = mask_chunk<c>(m.row[r0 + x], m.is_bool, jj));
   }
   transpose(v);
 #pragma GCC unroll 16
   for (int x = 0; x < W; ++x) store(tile + (jj + c * W + x) * ks + r0, v[x]);
 }
 
-bool mask_tile(const mask_rows& m, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
+mask_tile_kind mask_tile(const mask_rows& m, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
   const std::int64_t n = imax(0, imin(m.n, nb));
   bool shared = m.valid > 0;  // every valid row reads the same mask row (key padding)
   for (std::int64_t r = 1; r < m.valid && shared; ++r) shared = m.row[r] == m.row[0];
-  vi nonzero{};  // lanes that saw a value other than 0
-  bool nonzero_scalar = false;
+  mask_seen seen;
   if (rs == 1 && m.total % W == 0) {  // lane layout
     if (shared) {  // key by key: one value splat over the valid lanes
       for (std::int64_t jj = 0; jj < nb; ++jj) {
         const float x = mask_value(m, 0, jj, n);
-        nonzero_scalar |= x != 0.0f;
+        seen.add(x);
         for (std::int64_t r0 = 0; r0 < m.total; r0 += W)
           store(tile + jj * ks + r0, iota() + std::int32_t(r0) < splati(std::int32_t(m.valid)) ? splat(x) : vf{});
       }
-      return !nonzero_scalar;
+      return seen.kind();
     }
     for (std::int64_t r0 = 0; r0 < m.total; r0 += W) {  // rows r0..r0+W of 4W keys, W × W blocks transposed
       std::int64_t jj = 0;
       for (; jj + 4 * W <= n; jj += 4 * W) {
-        lane_blocks<0>(m, r0, jj, tile, ks, nonzero);
-        lane_blocks<1>(m, r0, jj, tile, ks, nonzero);
-        lane_blocks<2>(m, r0, jj, tile, ks, nonzero);
-        lane_blocks<3>(m, r0, jj, tile, ks, nonzero);
+        lane_blocks<0>(m, r0, jj, tile, ks, seen);
+        lane_blocks<1>(m, r0, jj, tile, ks, seen);
+        lane_blocks<2>(m, r0, jj, tile, ks, seen);
+        lane_blocks<3>(m, r0, jj, tile, ks, seen);
       }
       for (; jj < nb; ++jj)
         for (int x = 0; x < W; ++x) {
           const float y = mask_value(m, r0 + x, jj, n);
-          nonzero_scalar |= y != 0.0f;
+          if (r0 + x < m.valid) seen.add(y);
           tile[jj * ks + r0 + x] = y;
         }
     }
-    return !nonzero_scalar && !any_lane(nonzero);
+    return seen.kind();
   }
   for (std::int64_t r = 0; r < m.total; ++r) {
     float* t = tile + r * rs;
@@ -138,17 +151,17 @@ bool mask_tile(const mask_rows& m, std::int64_t nb, float* tile, std::int64_t rs
                          mask_chunk<2>(m.row[r], m.is_bool, jj), mask_chunk<3>(m.row[r], m.is_bool, jj)};
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          nonzero |= v[c] != 0;
+          seen.add(v[c]);
           store(t + jj + c * W, v[c]);
         }
       }
     for (; jj < nb; ++jj) {
       const float y = mask_value(m, r, jj, n);
-      nonzero_scalar |= y != 0.0f;
+      if (r < m.valid) seen.add(y);
       t[jj * ks] = y;
     }
   }
-  return !nonzero_scalar && !any_lane(nonzero);
+  return seen.kind();
 }
 
 // (s - m)·log2 e for the score s of qk (transform's arguments; mz = m·log2 e), so that vexp2 of

@@ -331,6 +331,73 @@ TEST(cpu_attention, fully_masked_rows) {
   }
 }
 
+// Mask tiles of one kind: a causal mask given as a bool [Nq, Nk] tensor (blocks all 0, all
+// false, and mixed: the kernels skip the blocks no row sees and take the unbiased path where
+// the tile is all 0), its float form with random values kept (dattn_mask), and a key block that
+// no row sees holding a NaN key: NaN + -inf is NaN in the reference, so no block may be skipped
+// then (the kernels skip only where q and k are finite) and the rows are NaN on both. Forward
+// and backward against the reference and against is_causal, both schedules, every ISA, bf16.
+TEST(cpu_attention, mask_blocks_skipped_or_unbiased) {
+  const std::int64_t N = 300, Hq = 4, Hkv = 2, D = 16;
+  for (const std::string& isa : isas())
+    for (const char* schedule : {"fused", "two_pass"})
+      for (dtype type : {dtype::f32, dtype::bf16}) {
+        SCOPED_TRACE(fmt::format("isa {} {} {}", isa, schedule, std::string(dtype_name(type))));
+        isa_scope scope(isa.c_str());
+        backward_scope bs(schedule);
+        std::mt19937 rng(21);
+        Tensor q = random_tensor({1, Hq, N, D}, type, rng), k = random_tensor({1, Hkv, N, D}, type, rng),
+               v = random_tensor({1, Hkv, N, D}, type, rng), dout = random_tensor({1, Hq, N, D}, type, rng);
+        Tensor causal = Tensor::zeros({N, N}, dtype::boolean), fmask = Tensor::empty({N, N}, dtype::f32);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (std::int64_t i = 0; i < N; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            causal.data_as<bool>()[i * N + j] = j <= i;
+            fmask.data_as<float>()[i * N + j] = j <= i ? u(rng) : -INFINITY;
+          }
+        const execution ref_exec{.use_backend = backend::reference}, cpu_exec{.use_backend = backend::cpu};
+        const double ft = fwd_tol(type), bt = bwd_tol(type);
+        attention_options ob, of, oc;
+        ob.attn_mask = causal, of.attn_mask = fmask, oc.is_causal = true;
+        for (const attention_options* o : {&ob, &of}) {
+          const auto ref = attention(q, k, v, *o, ref_exec);
+          const auto got = attention(q, k, v, *o, cpu_exec);
+          EXPECT_TRUE(all_close(got.out, ref.out, ft, ft));
+          EXPECT_TRUE(all_close(got.lse, ref.lse, ft, ft));
+          const auto gr = attention_backward(q, k, v, ref.out, dout, ref.lse, *o, ref_exec);
+          const auto gc = attention_backward(q, k, v, ref.out, dout, ref.lse, *o, cpu_exec);
+          EXPECT_TRUE(all_close(gc.dq, gr.dq, bt, bt)) << "dq";
+          EXPECT_TRUE(all_close(gc.dk, gr.dk, bt, bt)) << "dk";
+          EXPECT_TRUE(all_close(gc.dv, gr.dv, bt, bt)) << "dv";
+          if (o == &of) {
+            EXPECT_TRUE(all_close(gc.dattn_mask, gr.dattn_mask, bt, bt)) << "dattn_mask";
+          }
+        }
+        const auto rc = attention(q, k, v, oc, cpu_exec), rb = attention(q, k, v, ob, cpu_exec);
+        EXPECT_TRUE(all_close(rb.out, rc.out, ft, ft)) << "bool causal mask vs is_causal";
+        // Keys 128..255 hidden from every row, one of them NaN: the NaN reaches the rows of its
+        // kv head on both backends (and the other head's rows stay finite).
+        Tensor band = Tensor::empty({N, N}, dtype::boolean);
+        for (std::int64_t i = 0; i < N * N; ++i) band.data_as<bool>()[i] = i % N < 128 || i % N >= 256;
+        Tensor kn = Tensor::copy_of(k);
+        kn.set({0, 1, 200, 3}, std::numeric_limits<double>::quiet_NaN());
+        attention_options on;
+        on.attn_mask = band;
+        const auto ref = attention(q, kn, v, on, ref_exec), got = attention(q, kn, v, on, cpu_exec);
+        const std::vector<double> g = got.out.to_vector(), r = ref.out.to_vector();
+        std::int64_t nans = 0;
+        for (std::size_t x = 0; x < g.size(); ++x) {
+          ASSERT_EQ(std::isnan(g[x]), std::isnan(r[x])) << "at " << x;
+          nans += std::isnan(g[x]);
+        }
+        EXPECT_EQ(nans, 2 * N * D);  // the two q heads of kv head 1
+        attention_options on_ok = on;
+        Tensor kf = Tensor::copy_of(k);
+        const auto ok = attention(q, kf, v, on_ok, cpu_exec), ok_ref = attention(q, kf, v, on_ok, ref_exec);
+        EXPECT_TRUE(all_close(ok.out, ok_ref.out, ft, ft)) << "the band with finite keys";
+      }
+}
+
 // Results are bitwise identical for any number of threads, forward and backward, including the
 // split-KV decode path and the parameter gradients.
 TEST(cpu_attention, bitwise_identical_across_threads) {
@@ -565,7 +632,8 @@ TEST(cpu_attention, qk_intermediates_every_isa) {
 
 // kernel_table::mask_tile (the vectorised mask fill) against the scalar definition of a tile, on
 // every ISA: bool and f32 rows, lane layout (transposed W × W blocks; rows sharing one mask
-// row: key by key), row layouts, padding rows, short masks, and its answer "every value is 0".
+// row: key by key), row layouts, padding rows, short masks, and its answer (every value 0;
+// every valid row's -inf; or mixed).
 TEST(cpu_attention, mask_tile_equals_scalar_fill) {
   for (const std::string& isa : isas()) {
     SCOPED_TRACE("isa " + isa);
@@ -576,9 +644,11 @@ TEST(cpu_attention, mask_tile_equals_scalar_fill) {
     const auto pick = [&](std::initializer_list<std::int64_t> xs) {
       return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
     };
-    for (int n_case = 0; n_case < 400; ++n_case) {
+    for (int n_case = 0; n_case < 560; ++n_case) {
       const bool is_bool = n_case % 2 == 0;
-      const int kind = n_case / 2 % 5;  // 0, 1: random rows; 2: one shared row; 3: all 0; 4: shared and all 0
+      // 0, 1: random rows; 2: one shared row; 3: all 0; 4: shared and all 0; 5: all -inf; 6: shared, all -inf
+      const int kind = n_case / 2 % 7;
+      const bool shared_row = kind == 2 || kind == 4 || kind == 6;
       const std::int64_t total = pick({1, 4, 5, 8, 13, 16, 32, 48, 64}), valid = std::min(total, pick({0, 1, 3, 64, 64}));
       const std::int64_t nb = pick({1, 3, 8, 15, 16, 17, 64, 128}), n = pick({-2, 0, 5, nb, nb, nb + 7});
       const int layout = n_case / 10 % 3;  // lanes (rs 1, ks total) | rows (rs ld, ks 1) | both strided
@@ -590,31 +660,34 @@ TEST(cpu_attention, mask_tile_equals_scalar_fill) {
       std::vector<float> floats(std::size_t(total * cols));
       std::uniform_real_distribution<float> u(-2.0f, 2.0f);
       for (std::size_t x = 0; x < bytes.size(); ++x) {
-        const bool zero = kind >= 3 || rng() % 4 != 0;
+        const bool zero = kind == 3 || kind == 4 || (kind < 3 && rng() % 4 != 0);
         bytes[x] = zero ? 1 : 0;
-        floats[x] = zero ? 0.0f : rng() % 3 == 0 ? -INFINITY : u(rng);
+        floats[x] = zero ? 0.0f : kind >= 5 || rng() % 3 == 0 ? -INFINITY : u(rng);
       }
       std::vector<const void*> rows(static_cast<std::size_t>(total));
       for (std::int64_t r = 0; r < total; ++r) {
-        const std::int64_t src = kind == 2 || kind == 4 ? 0 : r;
+        const std::int64_t src = shared_row ? 0 : r;
         rows[std::size_t(r)] = is_bool ? static_cast<const void*>(bytes.data() + src * cols)
                                        : static_cast<const void*>(floats.data() + src * cols);
       }
       const std::int64_t span = (total - 1) * rs + (nb - 1) * ks + 1;
       std::vector<float> tile(std::size_t(span), 99.0f), want(std::size_t(span), 99.0f);
-      bool all_zero = true;
+      bool all_zero = true, all_minf = true;
       for (std::int64_t r = 0; r < total; ++r)
         for (std::int64_t jj = 0; jj < nb; ++jj) {
           float x = 0.0f;
           if (r < valid) {
-            const std::int64_t src = (kind == 2 || kind == 4 ? 0 : r) * cols + jj;
+            const std::int64_t src = (shared_row ? 0 : r) * cols + jj;
             x = jj >= n ? -INFINITY : is_bool ? (bytes[std::size_t(src)] ? 0.0f : -INFINITY) : floats[std::size_t(src)];
+            all_minf = all_minf && x == -INFINITY;
           }
           want[std::size_t(r * rs + jj * ks)] = x;
           all_zero = all_zero && x == 0.0f;
         }
-      const bool got_zero = kt.mask_tile(detail::cpu::mask_rows{rows.data(), is_bool, total, valid, n}, nb, tile.data(), rs, ks);
-      EXPECT_EQ(got_zero, all_zero);
+      using detail::cpu::mask_tile_kind;
+      const mask_tile_kind expect = all_zero ? mask_tile_kind::zeros : all_minf ? mask_tile_kind::excluded : mask_tile_kind::mixed;
+      const mask_tile_kind got = kt.mask_tile(detail::cpu::mask_rows{rows.data(), is_bool, total, valid, n}, nb, tile.data(), rs, ks);
+      EXPECT_EQ(int(got), int(expect));
       for (std::size_t x = 0; x < tile.size(); ++x) ASSERT_EQ(tile[x], want[x]) << "at " << x;
     }
   }

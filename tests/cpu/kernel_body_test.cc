@@ -127,11 +127,11 @@ struct test_mask {
     return (j * 7 + r * 3) % 5 == 0 ? -kInfF : 0.25f * float((j + r) % 3);
   }
 };
-bool fill_mask(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
+mask_tile_kind fill_mask(const void* ctx, std::int64_t j0, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
   const auto& m = *static_cast<const test_mask*>(ctx);
   for (std::int64_t r = 0; r < m.rows; ++r)
     for (std::int64_t jj = 0; jj < nb; ++jj) tile[r * rs + jj * ks] = test_mask::value(r, j0 + jj);
-  return false;
+  return mask_tile_kind::mixed;
 }
 
 struct variant {
