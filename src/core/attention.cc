@@ -168,31 +168,54 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
 // equals no mask exactly.
 constexpr double kMaskShift = 1024.0, kMaskBand = 1 << 20;
 
-void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store) {
+void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store, int nt) {
   Shape cs = m.shape();
   for (int d = 0; d + 1 < m.rank(); ++d)
     if (m.stride(d) == 0) cs[std::size_t(d)] = 1;
-  const Tensor c = Tensor::copy_of(TensorView(m.data(), m.type(), cs, m.strides()), dtype::f64);
-  const std::int64_t cols = cs.back(), rows = cols ? c.numel() / cols : 0, used = p.mask_cols;
+  const std::int64_t cols = cs.back(), used = p.mask_cols, sx = m.stride(-1);
+  std::int64_t rows = 1;
+  for (int d = 0; d + 1 < m.rank(); ++d) rows *= cs[std::size_t(d)];
+  if (cols == 0) rows = 0;
+  // Element offset of row r (the dims before the last, over cs) in the mask's own layout.
+  const auto row_offset = [&](std::int64_t r) {
+    std::int64_t off = 0;
+    for (int d = m.rank() - 2; d >= 0; --d) {
+      const std::int64_t n = cs[std::size_t(d)];
+      off += r % n * m.stride(d), r /= n;
+    }
+    return off;
+  };
+  // Each row read where it is, in its dtype, on the call's threads.
+  const auto value = [&](std::int64_t base, std::int64_t j) {
+    const std::int64_t at = base + j * sx;
+    if (m.type() == dtype::f32) return double(static_cast<const float*>(m.data())[at]);
+    if (m.type() == dtype::f64) return static_cast<const double*>(m.data())[at];
+    return load_as_double(m.data(), m.type(), at);
+  };
   std::vector<double> shift(std::size_t(rows), 0.0);
-  bool wide = false;
+  int wide = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : wide)
   for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t base = row_offset(r);
     double mx = kNegInf, mn = -kNegInf;
     for (std::int64_t j = 0; j < used; ++j) {
-      const double x = c.data_as<double>()[r * cols + j];
+      const double x = value(base, j);
       if (std::isfinite(x)) mx = std::max(mx, x), mn = std::min(mn, x);
     }
     // Only rows whose finite values all lie within kMaskBand of each other: the keys a query
     // keeps may be any subset, and a shift set by a far larger value it does not keep would
     // erase the ones it does (such rows are left as they are).
-    if (std::isfinite(mx) && std::abs(mx) > kMaskShift && mx - mn <= kMaskBand) shift[std::size_t(r)] = mx, wide = true;
+    if (std::isfinite(mx) && std::abs(mx) > kMaskShift && mx - mn <= kMaskBand) shift[std::size_t(r)] = mx, wide = 1;
   }
   if (!wide) return;
   store.shifted_mask = Tensor::empty(cs, p.q.type == dtype::f64 ? dtype::f64 : dtype::f32);
-  for (std::int64_t r = 0; r < rows; ++r)
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t base = row_offset(r);
     for (std::int64_t j = 0; j < cols; ++j)
       store_from_double(store.shifted_mask.data(), store.shifted_mask.type(), r * cols + j,
-                        c.data_as<double>()[r * cols + j] - shift[std::size_t(r)]);
+                        value(base, j) - shift[std::size_t(r)]);
+  }
   Shape ss = cs;
   ss.back() = 1;
   store.shift = Tensor::from_values(ss, dtype::f64, shift);
@@ -320,7 +343,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
     p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
     p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
     p.mask_cols = std::min(m.size(-1), p.Nk);
-    if (p.mask == mask_kind::additive) shift_mask_rows(m, p, store);
+    if (p.mask == mask_kind::additive) shift_mask_rows(m, p, store, thread_count(op, exec));
   }
 
   if (o.nonpad_kv_seqlen) {
@@ -727,14 +750,17 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   Tensor dmask, dalibi, dsinks;
   if (p.mask == mask_kind::additive && options.mask_gradient) {
     const TensorView& m = *options.attn_mask;
-    dmask = Tensor::zeros(m.shape(), dtype::f64);
+    // A float32 mask without broadcast dims takes one ds per element: written in float32 (the
+    // same rounding as a float64 sum of one term), without a float64 copy of its size.
+    const bool one_term = m.numel() == p.B * p.Hq * p.Nq * m.size(-1);
+    dmask = Tensor::zeros(m.shape(), one_term && m.type() == dtype::f32 ? dtype::f32 : dtype::f64);
     // Same broadcast strides as the mask, over the contiguous accumulator.
     const TensorView acc = dmask.view();
     std::int64_t st[4] = {0, 0, 0, 0};
     const int off = 4 - m.rank();
     for (int i = 0; i < m.rank(); ++i)
       if (m.size(i) != 1 || off + i == 3) st[off + i] = acc.stride(i);
-    io.dmask = strided4{dmask.data(), dtype::f64, st[0], st[1], st[2], st[3]};
+    io.dmask = strided4{dmask.data(), dmask.type(), st[0], st[1], st[2], st[3]};
   }
   if (!p.alibi.empty()) {
     dalibi = Tensor::zeros({p.B * p.Hq}, dtype::f64);
@@ -756,12 +782,12 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
       !(all_finite(g.dq, nt) && all_finite(g.dk, nt) && all_finite(g.dv, nt) && all_finite(dalibi, 1) &&
         all_finite(dsinks, 1) && all_finite(dmask, nt))) {
     for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
-      if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * sizeof(double));
+      if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * dtype_size(acc->type()));
     reference_backend().backward(p, io);
     g.backend = reference_backend().name();
   }
 
-  if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
+  if (dmask.defined()) g.dattn_mask = dmask.type() == options.attn_mask->type() ? dmask : dmask.to(options.attn_mask->type());
   if (dalibi.defined()) {
     const TensorView& s = *options.alibi_slopes;
     if (s.rank() == 1) {  // slopes shared by the batch: sum over b

@@ -155,7 +155,7 @@ struct backward_io {
   const void* lse = nullptr;
   dtype lse_type = dtype::f32;
   strided4 dq, dk, dv;
-  strided4 dmask;  // type f64, data null when not requested
+  strided4 dmask;  // f64, or f32 when each element takes one term (a float32 mask without broadcast dims); data null when not requested
   double* dalibi = nullptr;
   double* dsinks = nullptr;
 };

@@ -780,10 +780,16 @@ void backward(const problem& p, const backward_io& io) {
                                                 DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
           }
           if (io.dmask.data) {  // dmask += ds where the mask's element is (one task writes each, in order)
-            double* dm = static_cast<double*>(io.dmask.data);
             for (std::int64_t r = 0; r < nq; ++r) {
-              const std::int64_t base = io.dmask.offset(b, h, i0 + r, j0);
-              for (std::int64_t x = 0; x < nb; ++x) dm[base + x * io.dmask.sx] += double(dsb[r * ld + x]);
+              const std::int64_t base = io.dmask.offset(b, h, i0 + r, j0), sx = io.dmask.sx;
+              const float* d = dsb.get() + r * ld;
+              if (io.dmask.type == dtype::f32) {  // one term per element (the front's choice)
+                float* dm = static_cast<float*>(io.dmask.data) + base;
+                for (std::int64_t x = 0; x < nb; ++x) dm[x * sx] += d[x];
+              } else {
+                double* dm = static_cast<double*>(io.dmask.data) + base;
+                for (std::int64_t x = 0; x < nb; ++x) dm[x * sx] += double(d[x]);
+              }
             }
           }
         }

@@ -183,7 +183,10 @@ void backward(const problem& p, const backward_io& io) {
               const double pj = prob[std::size_t(j)];
               if (r.s[std::size_t(j)] == kNegInf || pj == 0.0) continue;
               const double ds = pj * (dp[std::size_t(j)] - delta);
-              if (io.dmask.data) static_cast<double*>(io.dmask.data)[io.dmask.offset(b, h, i, j)] += ds;
+              if (io.dmask.data) {
+                if (io.dmask.type == dtype::f64) static_cast<double*>(io.dmask.data)[io.dmask.offset(b, h, i, j)] += ds;
+                else io.dmask.store(b, h, i, j, io.dmask.load(b, h, i, j) + ds);  // one term (f32 dmask)
+              }
               if (io.dalibi) io.dalibi[b * p.Hq + h] -= ds * double(std::abs(p.query_pos(b, i) - j));
               double dx = ds;
               if (p.softcap > 0.0) {
