@@ -130,10 +130,10 @@ struct attention_options : masking_options {
   // An intermediate [B, Hq, Nq, Nk] to return (an output request; runs on the reference).
   qk_output return_qk = qk_output::none;
 
-  // attention_backward with a float attn_mask: return its gradient (dattn_mask). That gradient
-  // runs on the float64 reference (tens of times slower than the fused kernels); false skips it
-  // and the backward runs where it would without a mask gradient (a padding or causal mask given
-  // as floats, a bias that is not trained). The forward ignores it.
+  // attention_backward with a float attn_mask: return its gradient (dattn_mask). False skips it
+  // (a padding or causal mask given as floats, a bias that is not trained): no accumulator of the
+  // mask's size, and the cpu backend keeps its fused schedule where a mask shared by batch
+  // entries or kv heads would have made it take two passes. The forward ignores it.
   bool mask_gradient = true;
 };
 struct attention_result {

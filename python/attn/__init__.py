@@ -153,9 +153,8 @@ def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bo
 
     Same options as the forward. With a KV cache pass ``present_key``/``present_value`` as k, v.
     Returns :class:`AttentionGrads`: dq, dk, dv in the shapes of q, k, v; ``dattn_mask`` for a
-    float mask (in its own shape; it runs on the float64 reference — ``mask_gradient=False``
-    skips it, and the backward then runs on the fused kernels); ``dalibi_slopes``, ``dsinks``
-    when given.
+    float mask (in its own shape; ``mask_gradient=False`` skips it, for a mask that is not
+    trained); ``dalibi_slopes``, ``dsinks`` when given.
 
     >>> r = attn.attention(q, k, v, return_lse=True)
     >>> g = attn.attention_backward(q, k, v, r.out, dout, r.lse)

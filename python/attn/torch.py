@@ -59,7 +59,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        # A float mask's gradient runs on the float64 reference: ask for it only when autograd does.
+        # A float mask's gradient costs an accumulator of its size: ask for it only when autograd does.
         o = dict(ctx.opts, mask_gradient=bool(ctx.needs_input_grad[3]))
         g = _attn.attention_backward(_a(q), _a(k), _a(v), _a(out), _a(dout), _a(lse), o, _NP)
         dq, dk, dv, dmask, dalibi, dsinks = (_r(x, _TORCH) for x in g[:6])
