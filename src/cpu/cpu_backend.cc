@@ -315,7 +315,8 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const std::int64_t nchunk = plan.nchunk, chunk = plan.chunk;
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
   fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
-  const bool skip = mask_may_skip(p, nt);
+  // (decode never skips a block, and a scan of the whole cache would cost what decode does)
+  const bool skip = L != kt.lanes_small && mask_may_skip(p, nt);
 
   // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
