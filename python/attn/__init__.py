@@ -163,7 +163,7 @@ def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bo
     o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
                         sinks, nonpad_kv_seqlen, None, None, q_num_heads, kv_num_heads, None,
                         backend, num_threads)
-    o["mask_gradient"] = bool(mask_gradient)
+    o["mask_gradient"] = mask_gradient
     g = _attn.attention_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), o, _EXT)
     return AttentionGrads(*(_result(x, kind) for x in g[:6]), g[6])
 

@@ -164,6 +164,8 @@ def test_float_mask_gradient_on_the_fused_kernels(dtype, shape):
     without = attn.attention_backward(q, k, v, r.out, dout.to(dtype), r.lse, attn_mask=mask,
                                       mask_gradient=False)
     assert without.backend == "cpu" and without.dattn_mask is None
+    with pytest.raises(TypeError, match="attention_backward: mask_gradient must be a bool, got str"):
+        attn.attention_backward(q, k, v, r.out, dout.to(dtype), r.lse, attn_mask=mask, mask_gradient="no")
     full = attn.attention_backward(q, k, v, r.out, dout.to(dtype), r.lse, attn_mask=mask)
     assert full.backend == "cpu" and tuple(full.dattn_mask.shape) == shape
     for name, a, b in zip(["dq", "dk", "dv"], without[:3], full[:3]):

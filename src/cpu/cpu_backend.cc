@@ -780,16 +780,19 @@ void backward(const problem& p, const backward_io& io) {
             kt.dkdv_bf16(pr, bf16_dkdv_operands{q16, do16, Qp.data() + (bh * nqp + i0 / 2) * p.D,
                                                 DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
           }
-          if (io.dmask.data) {  // dmask += ds where the mask's element is (one task writes each, in order)
+          // dmask += ds where the mask's element is (one task writes each, in order); keys past a
+          // short mask have none (their ds is 0: they are excluded).
+          const std::int64_t nm = std::clamp<std::int64_t>(p.mask_cols - j0, 0, nb);
+          if (io.dmask.data && nm > 0) {
             for (std::int64_t r = 0; r < nq; ++r) {
               const std::int64_t base = io.dmask.offset(b, h, i0 + r, j0), sx = io.dmask.sx;
               const float* d = dsb.get() + r * ld;
               if (io.dmask.type == dtype::f32) {  // one term per element (the front's choice)
                 float* dm = static_cast<float*>(io.dmask.data) + base;
-                for (std::int64_t x = 0; x < nb; ++x) dm[x * sx] += d[x];
+                for (std::int64_t x = 0; x < nm; ++x) dm[x * sx] += d[x];
               } else {
                 double* dm = static_cast<double*>(io.dmask.data) + base;
-                for (std::int64_t x = 0; x < nb; ++x) dm[x * sx] += double(d[x]);
+                for (std::int64_t x = 0; x < nm; ++x) dm[x * sx] += double(d[x]);
               }
             }
           }

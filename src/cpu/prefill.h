@@ -53,8 +53,8 @@ constexpr std::int64_t round_up(std::int64_t n) {
 constexpr float kMaxSlack = 8.0f;
 
 // The online-softmax step of keys [j0, j0 + nb) on the scores S (and the mask tile `bias`, of
-// kind mk, when sc.bias), then Oᵀ *= α where some lane's max moved. Writes P as Ops words (f32: into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of
-// a lane in one word) and returns them.
+// kind mk, when sc.bias), then Oᵀ *= α where some lane's max moved. Writes P as Ops words (f32:
+// into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of a lane in one word) and returns them.
 template <class Ops, int CC>
 const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc_in, float* S,
                                         const float* bias, mask_tile_kind mk, float* alpha, std::int64_t j0,
