@@ -33,8 +33,8 @@ cpu::mask_tile_kind fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb
       for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = 0.0f;
       continue;
     }
-    // Columns past the mask are padding (also outside key_range); one loop per kind and dtype,
-    // so the per-element work is a load and a store (this fill was half of a masked forward).
+    // The rest (strided keys, f16/bf16/f64 masks, blocks of more rows): columns past the mask
+    // are padding (also outside key_range), one loop per kind and dtype.
     const std::int64_t base = m.offset(c.b, c.h[r], c.i[r], j0), n = std::clamp<std::int64_t>(cols - j0, 0, nb);
     if (n > 0 && c.p->mask == mask_kind::boolean) {
       const bool* s = static_cast<const bool*>(m.data) + base;
