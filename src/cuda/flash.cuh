@@ -32,6 +32,21 @@
 namespace attn::detail::cuda {
 
 constexpr float kInf = __builtin_huge_valf();
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// 2^x (MUFU.EX2; 2^-inf = 0). The softmax runs in base 2: scores times log2(e), the lse back in base e.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The kernels' plain instantiation (kPlain): scores are q·k · scale alone (no softcap, mask or ALiBi;
+// causal, windows, kv lengths and sinks still apply) and D = Dv = kD, so no product stops early and
+// the score of an element is one multiply. The other instantiation takes every option.
+inline bool plain_scores(const dev_problem& p, int kD) {
+  return !(p.softcap > 0.0f) && !p.mask && !p.alibi && p.D == kD && p.Dv == kD;
+}
 
 // ---- tensor-core and copy primitives ----
 
@@ -331,9 +346,11 @@ constexpr int fwd_smem_bytes() {
   return (64 + 4 * 64) * (kD + 8) * 2;  // Q, then K and V double-buffered
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kPlain>
 __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const dev_forward f) {
   constexpr int kM = 64, kN = 64, kS = kD + 8;
+  const int dmax = kPlain ? kD : p.D, vmax = kPlain ? kD : p.Dv;
+  const float sl2 = p.scale * kLog2e;
   constexpr bool kQInRegs = kD <= 128;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int cells[4];
@@ -376,7 +393,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
     zero(s);
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
-      if (ks * 16 >= p.D) break;
+      if (ks * 16 >= dmax) break;
       std::uint32_t a[4];
       if constexpr (kQInRegs) {
         a[0] = qf[ks][0], a[1] = qf[ks][1], a[2] = qf[ks][2], a[3] = qf[ks][3];
@@ -392,25 +409,35 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
       }
     }
 
-    // Scores, then the online softmax of each row.
+    // Scores in base 2 (times log2 e), then the online softmax of each row.
     const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
     float mx[2] = {m[0], m[1]};
+    if (kPlain && !ranged) {
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
+      for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
-        const bool in = !ranged || (j >= lo[r] && j < hi[r]);
-        const float x = in ? score_of(p, terms[r], j, s[n][e], nullptr) : -kInf;
-        s[n][e] = x;
-        mx[r] = fmaxf(mx[r], x);
-      }
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= sl2;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
+          const bool in = !ranged || (j >= lo[r] && j < hi[r]);
+          const float x = !in ? -kInf : kPlain ? s[n][e] * sl2 : score_of(p, terms[r], j, s[n][e], nullptr) * kLog2e;
+          s[n][e] = x;
+          mx[r] = fmaxf(mx[r], x);
+        }
+    }
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = quad_max(mx[r]);
       base[r] = mx[r] == -kInf ? 0.0f : mx[r];
-      const float alpha = __expf(m[r] - base[r]);
+      const float alpha = ex2(m[r] - base[r]);
       m[r] = mx[r];
       l[r] *= alpha;
 #pragma unroll
@@ -420,23 +447,32 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
     for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pr = __expf(s[n][e] - base[e >> 1]);
+        const float pr = ex2(s[n][e] - base[e >> 1]);
         s[n][e] = pr;
         l[e >> 1] += pr;
       }
 
-    mma_acc_rows<T, kS>(o, s, sVb, p.Dv, lane);  // O += P V
+    mma_acc_rows<T, kS>(o, s, sVb, vmax, lane);  // O += P V
     __syncthreads();  // the other buffer is refilled next
   }
   cp_async_wait<0>();
 
-  // out = O / Σ (the sink joins Σ), lse = m + log Σ; a row with no key gives zeros and -inf.
+  // out = O / Σ, lse = m + log Σ (base 2 until here). The sink joins Σ, and the max when above it:
+  // a row with no key gives zeros, and lse = -inf, or the sink's logit with a sink.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = quad_sum(l[r]);
+    float sum = quad_sum(l[r]), mm = m[r], keep = 1.0f;
     const std::int64_t i = q0 + warp * 16 + g + 8 * r;
-    if (p.sinks && m[r] != -kInf) sum += __expf(p.sinks[h] - m[r]);
-    const float inv = m[r] == -kInf ? 0.0f : 1.0f / sum;
+    if (p.sinks) {
+      const float sk = p.sinks[h] * kLog2e;
+      if (sk != -kInf) {
+        const float mf = fmaxf(mm, sk);
+        keep = mm == -kInf ? 0.0f : ex2(mm - mf);
+        sum = sum * keep + ex2(sk - mf);
+        mm = mf;
+      }
+    }
+    const float inv = m[r] == -kInf ? 0.0f : keep / sum;
     if (i >= p.Nq) continue;
     T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
 #pragma unroll
@@ -445,7 +481,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
       if (col < p.Dv)
         *reinterpret_cast<std::uint32_t*>(out + col) = pack2<T>(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
-    if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = m[r] == -kInf ? -kInf : m[r] + logf(sum);
+    if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = mm == -kInf ? -kInf : (mm + log2f(sum)) * kLn2;
   }
 }
 
@@ -473,9 +509,11 @@ constexpr int dq_smem_bytes() {
 }
 
 // dq for 64 query rows of one (b, h); each warp 16 rows, 64 keys per step.
-template <class T, int kD>
+template <class T, int kD, bool kPlain>
 __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_backward g) {
   constexpr int kM = 64, kN = 64, kS = kD + 8;
+  const int dmax = kPlain ? kD : p.D, vmax = kPlain ? kD : p.Dv;
+  const float sl2 = p.scale * kLog2e;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int cells[4];
   __shared__ float red[2][4];
@@ -494,12 +532,13 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
   const T* dO = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn;
   const T* K = static_cast<const T*>(p.k) + b * p.k_sb + qb.hk * p.k_sh;
   const T* V = static_cast<const T*>(p.v) + b * p.v_sb + qb.hk * p.v_sh;
-  float lse[2], delta[2];
+  float lse[2], delta[2], lse2[2];  // lse2: in base 2, +inf for a row with no key (its p = 0)
   for (int r = 0; r < 2; ++r) {
     const std::int64_t i = q0 + warp * 16 + gq + 8 * r;
     const std::int64_t row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
     lse[r] = i < p.Nq ? g.lse[row] : -kInf;
     delta[r] = i < p.Nq ? g.delta[row] : 0.0f;
+    lse2[r] = lse[r] == -kInf ? kInf : lse[r] * kLog2e;
   }
 
   float dq[kD / 8][4];
@@ -519,30 +558,45 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
     float s[kN / 8][4], dp[kN / 8][4];
     zero(s);
     zero(dp);
-    mma_rows_rows<T, kS, kD>(s, sQ, warp * 16, sKb, p.D, lane);    // S = Q Kᵀ
-    mma_rows_rows<T, kS, kD>(dp, sdO, warp * 16, sVb, p.Dv, lane);  // dP = dO Vᵀ
+    mma_rows_rows<T, kS, kD>(s, sQ, warp * 16, sKb, dmax, lane);    // S = Q Kᵀ
+    mma_rows_rows<T, kS, kD>(dp, sdO, warp * 16, sVb, vmax, lane);  // dP = dO Vᵀ
 
     // dS = P ∘ (dP - delta); the product's operand is dS · d score / d(q·k).
     const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
+    if (kPlain && !ranged) {
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
+      for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
-        const bool in = (!ranged || (j >= lo[r] && j < hi[r])) && lse[r] != -kInf;
-        float dfac = 0.0f, ds = 0.0f;
-        if (in) {
-          const float x = score_of(p, terms[r], j, s[n][e], &dfac);
-          ds = __expf(x - lse[r]) * (dp[n][e] - delta[r]);
-          if (p.alibi) {
-            const std::int64_t dd = terms[r].pos - j;
-            dalibi -= ds * float(dd < 0 ? -dd : dd);
-          }
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          s[n][e] = ex2(s[n][e] * sl2 - lse2[r]) * (dp[n][e] - delta[r]) * p.scale;
         }
-        s[n][e] = ds * dfac;
-      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
+          const bool in = (!ranged || (j >= lo[r] && j < hi[r])) && lse[r] != -kInf;
+          float dfac = 0.0f, ds = 0.0f;
+          if (in) {
+            if constexpr (kPlain) {
+              ds = ex2(s[n][e] * sl2 - lse2[r]) * (dp[n][e] - delta[r]);
+              dfac = p.scale;
+            } else {
+              const float x = score_of(p, terms[r], j, s[n][e], &dfac);
+              ds = __expf(x - lse[r]) * (dp[n][e] - delta[r]);
+              if (p.alibi) {
+                const std::int64_t dd = terms[r].pos - j;
+                dalibi -= ds * float(dd < 0 ? -dd : dd);
+              }
+            }
+          }
+          s[n][e] = ds * dfac;
+        }
+    }
 
-    mma_acc_rows<T, kS>(dq, s, sKb, p.D, lane);  // dQ += dX K
+    mma_acc_rows<T, kS>(dq, s, sKb, dmax, lane);  // dQ += dX K
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -578,23 +632,26 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
 
 template <int kD>
 constexpr int dkdv_smem_bytes() {
-  return (2 * 64 + 2 * 32) * (kD + 8) * 2 + 32 * 4 * 4;  // K, V, Q, dO, then lse, delta, lo, hi
+  return (2 * 64 + 4 * 32) * (kD + 8) * 2 + 2 * 32 * 4 * 4;  // K, V, Q and dO double-buffered, row values ×2
 }
 
 // dk, dv for 64 keys of one (b, kv head); each warp 16 keys, 32 query rows per step, over every
-// query head of the group.
-template <class T, int kD>
+// query head of the group. The steps that reach these keys run in a pipeline: the next step's Q
+// and dO tiles and row values load (cp.async) while this one computes.
+template <class T, int kD, bool kPlain>
 __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const dev_backward g) {
   constexpr int kN = 64, kM = 32, kS = kD + 8;
+  const int dmax = kPlain ? kD : p.D, vmax = kPlain ? kD : p.Dv;
+  const float sl2 = p.scale * kLog2e;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kN * kS;
-  T* sQ = sV + kN * kS;
-  T* sdO = sQ + kM * kS;
-  float* s_lse = reinterpret_cast<float*>(sdO + kM * kS);
-  float* s_delta = s_lse + kM;
-  int* s_lo = reinterpret_cast<int*>(s_delta + kM);
-  int* s_hi = s_lo + kM;
+  T* sQ = sV + kN * kS;        // [2][kM][kS]
+  T* sdO = sQ + 2 * kM * kS;   // [2][kM][kS]
+  float* s_lse = reinterpret_cast<float*>(sdO + 2 * kM * kS);  // [2][kM]; kPlain: base 2, +inf for no key
+  float* s_delta = s_lse + 2 * kM;                               // [2][kM]
+  int* s_lo = reinterpret_cast<int*>(s_delta + 2 * kM);          // [2][kM]
+  int* s_hi = s_lo + 2 * kM;                                     // [2][kM]
 
   const int b = blockIdx.z, hk = blockIdx.y, group = p.Hq / p.Hkv;
   const int k0 = blockIdx.x * kN;
@@ -609,66 +666,118 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
   zero(dk);
   zero(dv);
 
+  // The steps (query head hh of the group, query block qb) in order; key ranges are monotone in
+  // the row, so a block reaches these keys when its first row's range ends after k0 and its last
+  // row's starts before k0 + kN. `whole`: every row of the block holds all of these keys.
   const int nqb = (p.Nq + kM - 1) / kM;
-  for (int hh = 0; hh < group; ++hh) {
+  auto reaches = [&](int qb, bool* whole) {
+    const std::int64_t q0 = std::int64_t(qb) * kM;
+    const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+    int lo_first, hi_first, lo_last, hi_last;
+    key_range(p, b, q0, lo_first, hi_first);
+    key_range(p, b, q0 + rows - 1, lo_last, hi_last);
+    if (whole) *whole = lo_last <= k0 && hi_first >= k0 + kN;
+    return !(hi_last <= k0 || lo_first >= k0 + kN);
+  };
+  auto advance = [&](int& hh, int& qb) {
+    do {
+      if (++qb == nqb) qb = 0, ++hh;
+    } while (hh < group && !reaches(qb, nullptr));
+  };
+  auto stage = [&](int hh, int qb, int buf) {
     const int h = hk * group + hh;
-    const float slope = p.alibi ? p.alibi[b * p.Hq + h] : 0.0f;
-    for (int qb = 0; qb < nqb; ++qb) {
-      const std::int64_t q0 = std::int64_t(qb) * kM;
-      const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
-      // Key ranges are monotone in the row: skip blocks that no row of [q0, q0 + rows) reaches.
-      int lo_first, hi_first, lo_last, hi_last;
-      key_range(p, b, q0, lo_first, hi_first);
-      key_range(p, b, q0 + rows - 1, lo_last, hi_last);
-      if (hi_last <= k0 || lo_first >= k0 + kN) continue;
+    const std::int64_t q0 = std::int64_t(qb) * kM;
+    const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+    load_tile<kM, kD>(sQ + buf * kM * kS, static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn,
+                      rows, p.D);
+    load_tile<kM, kD>(sdO + buf * kM * kS,
+                      static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn, g.do_sn, rows, p.Dv);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < kM; r += blockDim.x) {
+      const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
+      key_range(p, b, i, s_lo[buf * kM + r], s_hi[buf * kM + r]);
+      const float l = r < rows ? g.lse[row] : -kInf;
+      s_lse[buf * kM + r] = !kPlain ? l : l == -kInf ? kInf : l * kLog2e;
+      s_delta[buf * kM + r] = r < rows ? g.delta[row] : 0.0f;
+    }
+  };
 
-      const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
-      const T* dO = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn;
-      load_tile<kM, kD>(sQ, Q, p.q_sn, rows, p.D);
-      load_tile<kM, kD>(sdO, dO, g.do_sn, rows, p.Dv);
-      cp_async_commit();
-      for (int r = threadIdx.x; r < kM; r += blockDim.x) {
-        const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
-        key_range(p, b, i, s_lo[r], s_hi[r]);
-        s_lse[r] = r < rows ? g.lse[row] : -kInf;
-        s_delta[r] = r < rows ? g.delta[row] : 0.0f;
-      }
+  int hh = 0, qb = -1, buf = 0;
+  advance(hh, qb);
+  if (hh < group) stage(hh, qb, 0);
+  while (hh < group) {
+    int nh = hh, nq = qb;
+    advance(nh, nq);
+    if (nh < group) {
+      stage(nh, nq, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
       cp_async_wait<0>();
-      __syncthreads();
+    }
+    __syncthreads();
 
-      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys × 32 rows.
-      float st[kM / 8][4], dpt[kM / 8][4];
-      zero(st);
-      zero(dpt);
-      mma_rows_rows<T, kS, kD>(st, sK, warp * 16, sQ, p.D, lane);    // Sᵀ = K Qᵀ
-      mma_rows_rows<T, kS, kD>(dpt, sV, warp * 16, sdO, p.Dv, lane);  // dPᵀ = V dOᵀ
+    const int h = hk * group + hh;
+    const std::int64_t q0 = std::int64_t(qb) * kM;
+    bool whole;
+    reaches(qb, &whole);
+    const T* sQb = sQ + buf * kM * kS;
+    const T* sdOb = sdO + buf * kM * kS;
+    const float* lse_b = s_lse + buf * kM;
+    const float* delta_b = s_delta + buf * kM;
+    const int* lo_b = s_lo + buf * kM;
+    const int* hi_b = s_hi + buf * kM;
 
-      // Pᵀ into st, dXᵀ = dSᵀ · d score / d(q·k) into dpt.
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: this warp's 16 keys × 32 rows.
+    float st[kM / 8][4], dpt[kM / 8][4];
+    zero(st);
+    zero(dpt);
+    mma_rows_rows<T, kS, kD>(st, sK, warp * 16, sQb, dmax, lane);    // Sᵀ = K Qᵀ
+    mma_rows_rows<T, kS, kD>(dpt, sV, warp * 16, sdOb, vmax, lane);  // dPᵀ = V dOᵀ
+
+    // Pᵀ into st, dXᵀ = dSᵀ · d score / d(q·k) into dpt.
+    if (kPlain && whole) {
+#pragma unroll
+      for (int n = 0; n < kM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = n * 8 + 2 * t4 + (e & 1);
+          const float pr = ex2(st[n][e] * sl2 - lse_b[r]);
+          st[n][e] = pr;
+          dpt[n][e] = pr * (dpt[n][e] - delta_b[r]) * p.scale;
+        }
+    } else {
+      const float slope = p.alibi ? p.alibi[b * p.Hq + h] : 0.0f;
 #pragma unroll
       for (int n = 0; n < kM / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = k0 + warp * 16 + gq + 8 * (e >> 1), r = n * 8 + 2 * t4 + (e & 1);
-          const bool in = j >= s_lo[r] && j < s_hi[r] && s_lse[r] != -kInf;
+          const bool in = j >= lo_b[r] && j < hi_b[r] && (kPlain || lse_b[r] != -kInf);
           float pr = 0.0f, dx = 0.0f;
           if (in) {
-            row_terms t;
-            t.mask_row = p.mask ? p.mask + b * p.m_sb + h * p.m_sh + (q0 + r) * p.m_sn : nullptr;
-            t.slope = slope;
-            t.pos = query_pos(p, b, q0 + r);
-            float dfac;
-            const float x = score_of(p, t, j, st[n][e], &dfac);
-            pr = __expf(x - s_lse[r]);
-            dx = pr * (dpt[n][e] - s_delta[r]) * dfac;
+            if constexpr (kPlain) {
+              pr = ex2(st[n][e] * sl2 - lse_b[r]);
+              dx = pr * (dpt[n][e] - delta_b[r]) * p.scale;
+            } else {
+              row_terms t;
+              t.mask_row = p.mask ? p.mask + b * p.m_sb + h * p.m_sh + (q0 + r) * p.m_sn : nullptr;
+              t.slope = slope;
+              t.pos = query_pos(p, b, q0 + r);
+              float dfac;
+              const float x = score_of(p, t, j, st[n][e], &dfac);
+              pr = __expf(x - lse_b[r]);
+              dx = pr * (dpt[n][e] - delta_b[r]) * dfac;
+            }
           }
           st[n][e] = pr;
           dpt[n][e] = dx;
         }
-
-      mma_acc_rows<T, kS>(dv, st, sdO, p.Dv, lane);  // dV += Pᵀ dO
-      mma_acc_rows<T, kS>(dk, dpt, sQ, p.D, lane);   // dK += dXᵀ Q
-      __syncthreads();  // sQ, sdO and the row values are refilled next
     }
+
+    mma_acc_rows<T, kS>(dv, st, sdOb, vmax, lane);  // dV += Pᵀ dO
+    mma_acc_rows<T, kS>(dk, dpt, sQb, dmax, lane);  // dK += dXᵀ Q
+    __syncthreads();  // this buffer is refilled two steps on
+    hh = nh, qb = nq, buf ^= 1;
   }
   cp_async_wait<0>();
 
@@ -695,28 +804,35 @@ inline cudaError_t allow_smem(Kernel k, int bytes) {
                            : cudaSuccess;
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kPlain>
 int run_forward(const dev_problem& p, const dev_forward& f) {
   constexpr int bytes = fwd_smem_bytes<kD>();
-  if (cudaError_t e = allow_smem(forward_kernel<T, kD>, bytes); e != cudaSuccess) return int(e);
+  if (cudaError_t e = allow_smem(forward_kernel<T, kD, kPlain>, bytes); e != cudaSuccess) return int(e);
   const dim3 grid((p.Nq + 63) / 64, p.Hq, p.B);
-  forward_kernel<T, kD><<<grid, 128, bytes>>>(p, f);
+  forward_kernel<T, kD, kPlain><<<grid, 128, bytes>>>(p, f);
   return int(cudaGetLastError());
 }
-
 template <class T, int kD>
+int run_forward(const dev_problem& p, const dev_forward& f) {
+  return plain_scores(p, kD) ? run_forward<T, kD, true>(p, f) : run_forward<T, kD, false>(p, f);
+}
+
+template <class T, int kD, bool kPlain>
 int run_backward(const dev_problem& p, const dev_backward& g) {
   const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq;
   if (rows > 0) delta_kernel<T><<<unsigned((rows + 3) / 4), 128>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   constexpr int dq_bytes = dq_smem_bytes<kD>(), kv_bytes = dkdv_smem_bytes<kD>();
-  if (cudaError_t e = allow_smem(dq_kernel<T, kD>, dq_bytes); e != cudaSuccess) return int(e);
-  if (cudaError_t e = allow_smem(dkdv_kernel<T, kD>, kv_bytes); e != cudaSuccess) return int(e);
-  if (p.Nk > 0) dkdv_kernel<T, kD><<<dim3((p.Nk + 63) / 64, p.Hkv, p.B), 128, kv_bytes>>>(p, g);
+  if (cudaError_t e = allow_smem(dq_kernel<T, kD, kPlain>, dq_bytes); e != cudaSuccess) return int(e);
+  if (cudaError_t e = allow_smem(dkdv_kernel<T, kD, kPlain>, kv_bytes); e != cudaSuccess) return int(e);
+  if (p.Nk > 0) dkdv_kernel<T, kD, kPlain><<<dim3((p.Nk + 63) / 64, p.Hkv, p.B), 128, kv_bytes>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
-  if (p.Nq > 0) dq_kernel<T, kD><<<dim3((p.Nq + 63) / 64, p.Hq, p.B), 128, dq_bytes>>>(p, g);
+  if (p.Nq > 0) dq_kernel<T, kD, kPlain><<<dim3((p.Nq + 63) / 64, p.Hq, p.B), 128, dq_bytes>>>(p, g);
   return int(cudaGetLastError());
 }
-
+template <class T, int kD>
+int run_backward(const dev_problem& p, const dev_backward& g) {
+  return plain_scores(p, kD) ? run_backward<T, kD, true>(p, g) : run_backward<T, kD, false>(p, g);
+}
 
 }  // namespace attn::detail::cuda

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# scripts/cuda-device-check.sh — the GPU check, run on the device machine in one call (docs/CUDA.md):
+# the cuda.device sweep against the float64 reference, compute-sanitizer memcheck and racecheck over
+# a test with every mask kind, then attn_cuda_bench beside torch SDPA (flash, cuDNN, efficient) on the
+# same GPU. Logs go to $OUT (or ./cuda-check-out). Needs .cuda-bundle from scripts/cuda-bundle.sh.
+#
+#   bash scripts/cuda-device-check.sh [quick]      (quick: tests only, no sanitizers, no timings)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-cuda-check-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/.cuda-bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+b=.cuda-bundle
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+status=0
+echo "== cuda.device"
+timeout 300 "$b/cuda_attention_test" --device 2>&1 | tee "$out/test.log" || status=1
+[ "${1:-}" = quick ] && exit $status
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$b/cuda_attention_test" --device \
+      --gtest_filter='CudaDevice.DeviceTensorApiEqualsTheHostPathBitwise:CudaDevice.FullyMaskedRowsGiveZerosAndNoGradient' \
+      2>&1 | tail -n 25 | tee "$out/sanitizer-$tool.log" || status=1
+  done
+fi
+echo "== timings (same GPU, same call)"
+for shape in "--d 128" "--d 128 --causal" "--d 64"; do
+  "$b/attn_cuda_bench" $shape 2>&1 | tee -a "$out/bench.jsonl"
+  python3 bench/cuda_peers.py $shape 2>&1 | tee -a "$out/bench.jsonl"
+done
+exit $status
