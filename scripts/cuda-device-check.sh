@@ -20,7 +20,7 @@ if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$b/cuda_attention_test" --device \
-      --gtest_filter='CudaDevice.DeviceTensorApiEqualsTheHostPathBitwise:CudaDevice.FullyMaskedRowsGiveZerosAndNoGradient' \
+      --gtest_filter='CudaDevice.ShapesAndDtypesMatchTheReference:CudaDevice.DeviceTensorApiEqualsTheHostPathBitwise:CudaDevice.FullyMaskedRowsGiveZerosAndNoGradient' \
       2>&1 | tail -n 25 | tee "$out/sanitizer-$tool.log" || status=1
   done
 fi

@@ -485,6 +485,176 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   }
 }
 
+// The plain forward (kPlain's scores) for D = Dv = kD <= 128: blocks of 128 query rows, each warp
+// two m-tiles of 16 (rows warp·16 + 64·t), so each K and V fragment read from shared memory feeds
+// four products instead of two, and each K/V tile serves twice the rows (FlashAttention-2's
+// 128 × 64 tiles). Q is read from shared memory at each key block (its fragments would not fit in
+// registers beside two O accumulators).
+template <int kD>
+constexpr int fwd_wide_smem_bytes() {
+  return (128 + 4 * 64) * (kD + 8) * 2;  // Q, then K and V double-buffered
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, const dev_forward f) {
+  constexpr int kM = 128, kN = 64, kS = kD + 8, kT = 2;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int cells[4];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + kM * kS;      // [2][kN][kS]
+  T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
+
+  const int b = blockIdx.z, h = blockIdx.y, hk = h / (p.Hq / p.Hkv);
+  const std::int64_t q0 = std::int64_t(blockIdx.x) * kM;
+  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+  int kmin, kmax, lo_max, hi_min;
+  block_key_range(p, b, q0, rows, cells, kmin, kmax, lo_max, hi_min);
+  const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const float sl2 = p.scale * kLog2e;
+  int lo[kT][2], hi[kT][2];
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) key_range(p, b, q0 + t * 64 + warp * 16 + g + 8 * r, lo[t][r], hi[t][r]);
+  const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  float o[kT][kD / 8][4];
+  float m[kT][2], l[kT][2];
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    zero(o[t]);
+    m[t][0] = m[t][1] = -kInf;
+    l[t][0] = l[t][1] = 0.0f;
+  }
+
+  load_tile<kM, kD>(sQ, Q, p.q_sn, rows, kD);
+  if (jb0 < jb1) load_kv<kN, kD>(sK, sV, K, V, p, jb0, 0);
+  cp_async_commit();
+
+  for (int jb = jb0; jb < jb1; ++jb) {
+    const int buf = next_kv<kN, kD>(sK, sV, K, V, p, jb, jb0, jb1), k0 = jb * kN;
+    const T* sKb = sK + buf * kN * kS;
+    const T* sVb = sV + buf * kN * kS;
+
+    // S = Q Kᵀ: each K fragment serves both m-tiles.
+    float s[kT][kN / 8][4];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) zero(s[t]);
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      std::uint32_t a[kT][4];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sQ, t * 64 + warp * 16, ks * 16, lane));
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        std::uint32_t bb[4];
+        ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          mma<T>(s[t][2 * np], a[t], bb[0], bb[1]);
+          mma<T>(s[t][2 * np + 1], a[t], bb[2], bb[3]);
+        }
+      }
+    }
+
+    // Scores in base 2, then the online softmax of each row.
+    const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      float mx[2] = {m[t][0], m[t][1]};
+      if (!ranged) {
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[t][n][e] *= sl2;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[t][n][e]);
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
+            const float x = j >= lo[t][r] && j < hi[t][r] ? s[t][n][e] * sl2 : -kInf;
+            s[t][n][e] = x;
+            mx[r] = fmaxf(mx[r], x);
+          }
+      }
+      float base[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = quad_max(mx[r]);
+        base[r] = mx[r] == -kInf ? 0.0f : mx[r];
+        const float alpha = ex2(m[t][r] - base[r]);
+        m[t][r] = mx[r];
+        l[t][r] *= alpha;
+#pragma unroll
+        for (int d = 0; d < kD / 8; ++d) o[t][d][2 * r] *= alpha, o[t][d][2 * r + 1] *= alpha;
+      }
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pr = ex2(s[t][n][e] - base[e >> 1]);
+          s[t][n][e] = pr;
+          l[t][e >> 1] += pr;
+        }
+    }
+
+    // O += P V: each V fragment serves both m-tiles.
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      std::uint32_t a[kT][4];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        a[t][0] = pack2<T>(s[t][2 * kk][0], s[t][2 * kk][1]), a[t][1] = pack2<T>(s[t][2 * kk][2], s[t][2 * kk][3]);
+        a[t][2] = pack2<T>(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+        a[t][3] = pack2<T>(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < kD / 16; ++dd) {
+        std::uint32_t bb[4];
+        ldsm4t(bb, bk_at<kS>(sVb, kk * 16, dd * 16, lane));
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          mma<T>(o[t][2 * dd], a[t], bb[0], bb[1]);
+          mma<T>(o[t][2 * dd + 1], a[t], bb[2], bb[3]);
+        }
+      }
+    }
+    __syncthreads();  // the other buffer is refilled next
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = quad_sum(l[t][r]), mm = m[t][r], keep = 1.0f;
+      const std::int64_t i = q0 + t * 64 + warp * 16 + g + 8 * r;
+      if (p.sinks) {
+        const float sk = p.sinks[h] * kLog2e;
+        if (sk != -kInf) {
+          const float mf = fmaxf(mm, sk);
+          keep = mm == -kInf ? 0.0f : ex2(mm - mf);
+          sum = sum * keep + ex2(sk - mf);
+          mm = mf;
+        }
+      }
+      const float inv = m[t][r] == -kInf ? 0.0f : keep / sum;
+      if (i >= p.Nq) continue;
+      T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
+#pragma unroll
+      for (int d = 0; d < kD / 8; ++d)
+        *reinterpret_cast<std::uint32_t*>(out + d * 8 + 2 * t4) = pack2<T>(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
+      if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = mm == -kInf ? -kInf : (mm + log2f(sum)) * kLn2;
+    }
+}
+
 // ---- backward ----
 
 // delta[row] = Σ_d dO·O over the rows of [B, Hq, Nq]: one warp per row.
@@ -814,7 +984,15 @@ int run_forward(const dev_problem& p, const dev_forward& f) {
 }
 template <class T, int kD>
 int run_forward(const dev_problem& p, const dev_forward& f) {
-  return plain_scores(p, kD) ? run_forward<T, kD, true>(p, f) : run_forward<T, kD, false>(p, f);
+  if (!plain_scores(p, kD)) return run_forward<T, kD, false>(p, f);
+  if constexpr (kD <= 128) {
+    constexpr int bytes = fwd_wide_smem_bytes<kD>();
+    if (cudaError_t e = allow_smem(forward_wide_kernel<T, kD>, bytes); e != cudaSuccess) return int(e);
+    forward_wide_kernel<T, kD><<<dim3((p.Nq + 127) / 128, p.Hq, p.B), 128, bytes>>>(p, f);
+    return int(cudaGetLastError());
+  } else {
+    return run_forward<T, kD, true>(p, f);
+  }
 }
 
 template <class T, int kD, bool kPlain>
