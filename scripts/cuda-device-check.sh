@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/cuda-device-check.sh — the GPU check, run on the device machine in one call (docs/CUDA.md):
 # the cuda.device sweep against the float64 reference, compute-sanitizer memcheck and racecheck over
-# a test with every mask kind, then attn_cuda_bench beside torch SDPA (flash, cuDNN, efficient) on the
+# three of its tests (plain and general kernels), each kernel's time under ncu, then attn_cuda_bench beside torch SDPA (flash, cuDNN, efficient) on the
 # same GPU. Logs go to $OUT (or ./cuda-check-out). Needs .cuda-bundle from scripts/cuda-bundle.sh.
 #
 #   bash scripts/cuda-device-check.sh [quick]      (quick: tests only, no sanitizers, no timings)
@@ -23,6 +23,11 @@ if command -v compute-sanitizer >/dev/null; then
       --gtest_filter='CudaDevice.ShapesAndDtypesMatchTheReference:CudaDevice.DeviceTensorApiEqualsTheHostPathBitwise:CudaDevice.FullyMaskedRowsGiveZerosAndNoGradient' \
       2>&1 | tail -n 25 | tee "$out/sanitizer-$tool.log" || status=1
   done
+fi
+if command -v ncu >/dev/null; then
+  echo "== each kernel's time (ncu, clocks locked to base: shares, not speeds)"
+  timeout 120 ncu --metrics gpu__time_duration.sum -k 'regex:forward|dq|dkdv|delta' "$b/attn_cuda_bench" --reps 1 --warmup 0 \
+    2>&1 | grep -E '^  [a-z_]+.*\(|gpu__time_duration' | sed -E 's/\(attn::detail::cuda::dev_problem.*//' | tee "$out/ncu.txt"
 fi
 echo "== timings (same GPU, same call)"
 for shape in "--d 128" "--d 128 --causal" "--d 64"; do

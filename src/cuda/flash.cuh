@@ -800,6 +800,170 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
   }
 }
 
+// The plain dq (kPlain's scores) for D = Dv = kD <= 128: blocks of 128 query rows, each warp two
+// m-tiles of 16 (rows warp·16 + 64·t), 32 keys per step, so each K and V fragment feeds four
+// products. The ALiBi/sink partial sums stay per 64 rows (kBackwardQueryBlock): m-tile t is the
+// block's half t.
+template <int kD>
+constexpr int dq_wide_smem_bytes() {
+  return (2 * 128 + 4 * 32) * (kD + 8) * 2;  // Q, dO, then K and V double-buffered
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(128) dq_wide_kernel(const dev_problem p, const dev_backward g) {
+  constexpr int kM = 128, kN = 32, kS = kD + 8, kT = 2;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int cells[4];
+  __shared__ float red[kT][4];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + kM * kS;
+  T* sK = sdO + kM * kS;     // [2][kN][kS]
+  T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
+
+  const int b = blockIdx.z, h = blockIdx.y, hk = h / (p.Hq / p.Hkv);
+  const std::int64_t q0 = std::int64_t(blockIdx.x) * kM;
+  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+  int kmin, kmax, lo_max, hi_min;
+  block_key_range(p, b, q0, rows, cells, kmin, kmax, lo_max, hi_min);
+  const int jb0 = kmin / kN, jb1 = kmin < kmax ? (kmax + kN - 1) / kN : jb0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
+  const float sl2 = p.scale * kLog2e;
+  int lo[kT][2], hi[kT][2];
+  float lse[kT][2], lse2[kT][2], delta[kT][2];
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::int64_t i = q0 + t * 64 + warp * 16 + gq + 8 * r;
+      const std::int64_t row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
+      key_range(p, b, i, lo[t][r], hi[t][r]);
+      lse[t][r] = i < p.Nq ? g.lse[row] : -kInf;
+      delta[t][r] = i < p.Nq ? g.delta[row] : 0.0f;
+      lse2[t][r] = lse[t][r] == -kInf ? kInf : lse[t][r] * kLog2e;
+    }
+  const T* Q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn;
+  const T* dO = static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn;
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  float dq[kT][kD / 8][4];
+#pragma unroll
+  for (int t = 0; t < kT; ++t) zero(dq[t]);
+
+  load_tile<kM, kD>(sQ, Q, p.q_sn, rows, kD);
+  load_tile<kM, kD>(sdO, dO, g.do_sn, rows, kD);
+  if (jb0 < jb1) load_kv<kN, kD>(sK, sV, K, V, p, jb0, 0);
+  cp_async_commit();
+
+  for (int jb = jb0; jb < jb1; ++jb) {
+    const int buf = next_kv<kN, kD>(sK, sV, K, V, p, jb, jb0, jb1), k0 = jb * kN;
+    const T* sKb = sK + buf * kN * kS;
+    const T* sVb = sV + buf * kN * kS;
+
+    // S = Q Kᵀ, then dP = dO Vᵀ: each K (V) fragment serves both m-tiles.
+    float s[kT][kN / 8][4], dp[kT][kN / 8][4];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) zero(s[t]), zero(dp[t]);
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      std::uint32_t a[kT][4];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sQ, t * 64 + warp * 16, ks * 16, lane));
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        std::uint32_t bb[4];
+        ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          mma<T>(s[t][2 * np], a[t], bb[0], bb[1]);
+          mma<T>(s[t][2 * np + 1], a[t], bb[2], bb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      std::uint32_t a[kT][4];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sdO, t * 64 + warp * 16, ks * 16, lane));
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        std::uint32_t bb[4];
+        ldsm4(bb, bn_at<kS>(sVb, np * 16, ks * 16, lane));
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          mma<T>(dp[t][2 * np], a[t], bb[0], bb[1]);
+          mma<T>(dp[t][2 * np + 1], a[t], bb[2], bb[3]);
+        }
+      }
+    }
+
+    // dS · scale = P ∘ (dP - delta) · scale, in place of S.
+    const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
+#pragma unroll
+    for (int t = 0; t < kT; ++t)
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, j = k0 + n * 8 + 2 * t4 + (e & 1);
+          const float ds = ex2(s[t][n][e] * sl2 - lse2[t][r]) * (dp[t][n][e] - delta[t][r]) * p.scale;
+          s[t][n][e] = !ranged || (j >= lo[t][r] && j < hi[t][r]) ? ds : 0.0f;
+        }
+
+    // dQ += dS K: each K fragment serves both m-tiles.
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      std::uint32_t a[kT][4];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        a[t][0] = pack2<T>(s[t][2 * kk][0], s[t][2 * kk][1]), a[t][1] = pack2<T>(s[t][2 * kk][2], s[t][2 * kk][3]);
+        a[t][2] = pack2<T>(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+        a[t][3] = pack2<T>(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < kD / 16; ++dd) {
+        std::uint32_t bb[4];
+        ldsm4t(bb, bk_at<kS>(sKb, kk * 16, dd * 16, lane));
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          mma<T>(dq[t][2 * dd], a[t], bb[0], bb[1]);
+          mma<T>(dq[t][2 * dd + 1], a[t], bb[2], bb[3]);
+        }
+      }
+    }
+    __syncthreads();  // the other buffer is refilled next
+  }
+  cp_async_wait<0>();
+
+  float dsink[kT] = {0.0f, 0.0f};
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::int64_t i = q0 + t * 64 + warp * 16 + gq + 8 * r;
+      if (i >= p.Nq) continue;
+      if (p.sinks && lse[t][r] != -kInf && t4 == 0) dsink[t] -= __expf(p.sinks[h] - lse[t][r]) * delta[t][r];
+      T* out = static_cast<T*>(g.dq) + b * g.dq_sb + h * g.dq_sh + i * g.dq_sn;
+#pragma unroll
+      for (int d = 0; d < kD / 8; ++d)
+        *reinterpret_cast<std::uint32_t*>(out + d * 8 + 2 * t4) = pack2<T>(dq[t][d][2 * r], dq[t][d][2 * r + 1]);
+    }
+  // The sink gradient's partial sums, one per 64 rows in a fixed order (kPlain: no ALiBi).
+  if (g.dsinks_part) {
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      for (int off = 16; off > 0; off >>= 1) dsink[t] += __shfl_xor_sync(0xffffffffu, dsink[t], off);
+      if (lane == 0) red[t][warp] = dsink[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < kT) {
+      const int t = threadIdx.x, half = blockIdx.x * kT + t, halves = (p.Nq + 63) / 64;
+      if (half < halves)
+        g.dsinks_part[(std::int64_t(b) * p.Hq + h) * halves + half] = (red[t][0] + red[t][1]) + (red[t][2] + red[t][3]);
+    }
+  }
+}
+
 template <int kD>
 constexpr int dkdv_smem_bytes() {
   return (2 * 64 + 4 * 32) * (kD + 8) * 2 + 2 * 32 * 4 * 4;  // K, V, Q and dO double-buffered, row values ×2
@@ -1005,7 +1169,14 @@ int run_backward(const dev_problem& p, const dev_backward& g) {
   if (cudaError_t e = allow_smem(dkdv_kernel<T, kD, kPlain>, kv_bytes); e != cudaSuccess) return int(e);
   if (p.Nk > 0) dkdv_kernel<T, kD, kPlain><<<dim3((p.Nk + 63) / 64, p.Hkv, p.B), 128, kv_bytes>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
-  if (p.Nq > 0) dq_kernel<T, kD, kPlain><<<dim3((p.Nq + 63) / 64, p.Hq, p.B), 128, dq_bytes>>>(p, g);
+  if (p.Nq == 0) return int(cudaGetLastError());
+  if constexpr (kPlain && kD <= 128) {
+    constexpr int wide_bytes = dq_wide_smem_bytes<kD>();
+    if (cudaError_t e = allow_smem(dq_wide_kernel<T, kD>, wide_bytes); e != cudaSuccess) return int(e);
+    dq_wide_kernel<T, kD><<<dim3((p.Nq + 127) / 128, p.Hq, p.B), 128, wide_bytes>>>(p, g);
+  } else {
+    dq_kernel<T, kD, kPlain><<<dim3((p.Nq + 63) / 64, p.Hq, p.B), 128, dq_bytes>>>(p, g);
+  }
   return int(cudaGetLastError());
 }
 template <class T, int kD>
