@@ -4,7 +4,9 @@
 # three of its tests (plain and general kernels), each kernel's time under ncu, then attn_cuda_bench beside torch SDPA (flash, cuDNN, efficient) on the
 # same GPU. Logs go to $OUT (or ./cuda-check-out). Needs .cuda-bundle from scripts/cuda-bundle.sh.
 #
-#   bash scripts/cuda-device-check.sh [quick]      (quick: tests only, no sanitizers, no timings)
+#   bash scripts/cuda-device-check.sh [quick|bench|profile]
+#     quick: the tests alone; bench: no sanitizers; profile: the tests, then ncu's sections for each
+#     plain kernel
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-cuda-check-out}
@@ -16,7 +18,19 @@ status=0
 echo "== cuda.device"
 timeout 300 "$b/cuda_attention_test" --device 2>&1 | tee "$out/test.log" || status=1
 [ "${1:-}" = quick ] && exit $status
-if command -v compute-sanitizer >/dev/null; then
+if [ "${1:-}" = profile ]; then
+  # One launch of each plain kernel at the bench's shape, ncu's main sections (speed of light,
+  # stall reasons, pipes, memory), for finding what bounds them.
+  for k in forward_wide dq_wide dkdv; do
+    timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats -k "regex:$k" -c 1 \
+      "$b/attn_cuda_bench" --reps 1 --warmup 0 >"$out/ncu-$k.txt" 2>&1 || status=1
+    grep -E "Duration|Throughput|Pipe|Stall|Warp Cycles|Issued|Eligible|Occupancy|Registers|Shared Memory|Bank|L2 Hit|L1/TEX Hit|Busy" \
+      "$out/ncu-$k.txt" | head -n 60
+  done
+  exit $status
+fi
+if [ "${1:-}" != bench ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$b/cuda_attention_test" --device \
