@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/cuda-device-check.sh — the GPU check, run on the device machine in one call (docs/CUDA.md):
 # the cuda.device sweep against the float64 reference, compute-sanitizer memcheck and racecheck over
-# three of its tests (plain and general kernels), each kernel's time under ncu, then attn_cuda_bench beside torch SDPA (flash, cuDNN, efficient) on the
-# same GPU. Logs go to $OUT (or ./cuda-check-out). Needs .cuda-bundle from scripts/cuda-bundle.sh.
+# three of its tests (plain and general kernels), each kernel's time under ncu, then attn_cuda_bench
+# beside torch SDPA (flash, cuDNN, efficient) on the same GPU. Logs go to $OUT (or
+# ./cuda-check-out). Needs .cuda-bundle from scripts/cuda-bundle.sh.
 #
 #   bash scripts/cuda-device-check.sh [quick|bench|profile]
 #     quick: the tests alone; bench: no sanitizers; profile: the tests, then ncu's sections for each
