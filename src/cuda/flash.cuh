@@ -1130,6 +1130,192 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
   }
 }
 
+// The plain dk/dv (kPlain's scores) for D = Dv = kD <= 128, FlashAttention-2's layout: 8 warps
+// over 128 keys, 64 query rows a step. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ are split 4 (keys) × 2 (rows)
+// across the warps, 32 × 32 each; Pᵀ and dSᵀ go to shared memory as 16-bit tiles; dV += Pᵀ dO
+// and dK += dSᵀ Q are split 4 (keys) × 2 (columns of D), 32 × kD/2 each. Every fragment read
+// feeds two to eight products, and 8 warps hide each other's latency. The steps run in the
+// pipeline of dkdv_kernel (the next step's Q/dO tiles load while this one computes).
+template <int kD>
+constexpr int dkdv_wide_smem_bytes() {
+  // K, V; Q and dO double-buffered; Pᵀ and dSᵀ [128][64 + 8]; row values ×2
+  return (2 * 128 + 4 * 64) * (kD + 8) * 2 + 2 * 128 * 72 * 2 + 2 * 64 * 4 * 4;
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(256) dkdv_wide_kernel(const dev_problem p, const dev_backward g) {
+  constexpr int kN = 128, kM = 64, kS = kD + 8, kP = kM + 8, kDW = kD / 2;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + kN * kS;
+  T* sQ = sV + kN * kS;       // [2][kM][kS]
+  T* sdO = sQ + 2 * kM * kS;  // [2][kM][kS]
+  T* sP = sdO + 2 * kM * kS;  // [kN][kP]: Pᵀ
+  T* sdS = sP + kN * kP;      // [kN][kP]: dSᵀ · scale
+  float* s_lse = reinterpret_cast<float*>(sdS + kN * kP);  // [2][kM], base 2, +inf for no key
+  float* s_delta = s_lse + 2 * kM;                          // [2][kM]
+  int* s_lo = reinterpret_cast<int*>(s_delta + 2 * kM);     // [2][kM]
+  int* s_hi = s_lo + 2 * kM;                                // [2][kM]
+
+  const int b = blockIdx.z, hk = blockIdx.y, group = p.Hq / p.Hkv;
+  const int k0 = blockIdx.x * kN;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
+  const int wk = warp >> 1, wx = warp & 1;  // keys [wk·32, +32); rows (GEMM 1) or columns (GEMM 2) half wx
+  const float sl2 = p.scale * kLog2e;
+  const T* K = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh + std::int64_t(k0) * p.k_sn;
+  const T* V = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh + std::int64_t(k0) * p.v_sn;
+  load_tile<kN, kD>(sK, K, p.k_sn, p.Nk - k0, kD);
+  load_tile<kN, kD>(sV, V, p.v_sn, p.Nk - k0, kD);
+  cp_async_commit();
+
+  float dk[2][kDW / 8][4], dv[2][kDW / 8][4];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) zero(dk[t]), zero(dv[t]);
+
+  const int nqb = (p.Nq + kM - 1) / kM;
+  auto reaches = [&](int qb, bool* whole) {
+    const std::int64_t q0 = std::int64_t(qb) * kM;
+    const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+    int lo_first, hi_first, lo_last, hi_last;
+    key_range(p, b, q0, lo_first, hi_first);
+    key_range(p, b, q0 + rows - 1, lo_last, hi_last);
+    if (whole) *whole = lo_last <= k0 && hi_first >= k0 + kN;
+    return !(hi_last <= k0 || lo_first >= k0 + kN);
+  };
+  auto advance = [&](int& hh, int& qb) {
+    do {
+      if (++qb == nqb) qb = 0, ++hh;
+    } while (hh < group && !reaches(qb, nullptr));
+  };
+  auto stage = [&](int hh, int qb, int buf) {
+    const int h = hk * group + hh;
+    const std::int64_t q0 = std::int64_t(qb) * kM;
+    const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+    load_tile<kM, kD>(sQ + buf * kM * kS, static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + q0 * p.q_sn, p.q_sn,
+                      rows, kD);
+    load_tile<kM, kD>(sdO + buf * kM * kS,
+                      static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn, g.do_sn, rows, kD);
+    cp_async_commit();
+    for (int r = threadIdx.x; r < kM; r += blockDim.x) {
+      const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
+      key_range(p, b, i, s_lo[buf * kM + r], s_hi[buf * kM + r]);
+      const float l = r < rows ? g.lse[row] : -kInf;
+      s_lse[buf * kM + r] = l == -kInf ? kInf : l * kLog2e;
+      s_delta[buf * kM + r] = r < rows ? g.delta[row] : 0.0f;
+    }
+  };
+
+  int hh = 0, qb = -1, buf = 0;
+  advance(hh, qb);
+  if (hh < group) stage(hh, qb, 0);
+  while (hh < group) {
+    cp_async_wait<0>();  // this step's tiles (and, the first time, K and V)
+    __syncthreads();     // ... visible to all; every warp is past the last step's dV/dK products
+    int nh = hh, nq = qb;
+    advance(nh, nq);
+    if (nh < group) stage(nh, nq, buf ^ 1);
+
+    bool whole;
+    reaches(qb, &whole);
+    const T* sQb = sQ + buf * kM * kS;
+    const T* sdOb = sdO + buf * kM * kS;
+    const float* lse_b = s_lse + buf * kM;
+    const float* delta_b = s_delta + buf * kM;
+
+    // GEMM 1: this warp's Sᵀ and dPᵀ, keys [wk·32, +32) × rows [wx·32, +32).
+    float st[2][4][4], dpt[2][4][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) zero(st[t]), zero(dpt[t]);
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      std::uint32_t ak[2][4], av[2][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        ldsm4(ak[t], a_at<kS>(sK, wk * 32 + t * 16, ks * 16, lane));
+        ldsm4(av[t], a_at<kS>(sV, wk * 32 + t * 16, ks * 16, lane));
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        std::uint32_t bq[4], bd[4];
+        ldsm4(bq, bn_at<kS>(sQb, wx * 32 + np * 16, ks * 16, lane));
+        ldsm4(bd, bn_at<kS>(sdOb, wx * 32 + np * 16, ks * 16, lane));
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          mma<T>(st[t][2 * np], ak[t], bq[0], bq[1]);
+          mma<T>(st[t][2 * np + 1], ak[t], bq[2], bq[3]);
+          mma<T>(dpt[t][2 * np], av[t], bd[0], bd[1]);
+          mma<T>(dpt[t][2 * np + 1], av[t], bd[2], bd[3]);
+        }
+      }
+    }
+
+    // Pᵀ and dSᵀ · scale to shared memory (16-bit, two rows' values per 32-bit store).
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int key = wk * 32 + t * 16 + gq + 8 * hf, r0 = wx * 32 + n * 8 + 2 * t4;
+          float pr[2], dx[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int r = r0 + c;
+            const float pv = ex2(st[t][n][2 * hf + c] * sl2 - lse_b[r]);
+            const float dv_ = pv * (dpt[t][n][2 * hf + c] - delta_b[r]) * p.scale;
+            const bool in = whole || (k0 + key >= s_lo[buf * kM + r] && k0 + key < s_hi[buf * kM + r]);
+            pr[c] = in ? pv : 0.0f;
+            dx[c] = in ? dv_ : 0.0f;
+          }
+          *reinterpret_cast<std::uint32_t*>(sP + key * kP + r0) = pack2<T>(pr[0], pr[1]);
+          *reinterpret_cast<std::uint32_t*>(sdS + key * kP + r0) = pack2<T>(dx[0], dx[1]);
+        }
+    __syncthreads();
+
+    // GEMM 2: dV += Pᵀ dO and dK += dSᵀ Q for keys [wk·32, +32) × columns [wx·kD/2, +kD/2).
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk) {
+      std::uint32_t ap[2][4], as[2][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        ldsm4(ap[t], a_at<kP>(sP, wk * 32 + t * 16, kk * 16, lane));
+        ldsm4(as[t], a_at<kP>(sdS, wk * 32 + t * 16, kk * 16, lane));
+      }
+#pragma unroll
+      for (int dd = 0; dd < kDW / 16; ++dd) {
+        std::uint32_t bo[4], bq[4];
+        ldsm4t(bo, bk_at<kS>(sdOb, kk * 16, wx * kDW + dd * 16, lane));
+        ldsm4t(bq, bk_at<kS>(sQb, kk * 16, wx * kDW + dd * 16, lane));
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          mma<T>(dv[t][2 * dd], ap[t], bo[0], bo[1]);
+          mma<T>(dv[t][2 * dd + 1], ap[t], bo[2], bo[3]);
+          mma<T>(dk[t][2 * dd], as[t], bq[0], bq[1]);
+          mma<T>(dk[t][2 * dd + 1], as[t], bq[2], bq[3]);
+        }
+      }
+    }
+    hh = nh, qb = nq, buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const std::int64_t j = k0 + wk * 32 + t * 16 + gq + 8 * hf;
+      if (j >= p.Nk) continue;
+      T* ok = static_cast<T*>(g.dk) + b * g.dk_sb + hk * g.dk_sh + j * g.dk_sn + wx * kDW;
+      T* ov = static_cast<T*>(g.dv) + b * g.dv_sb + hk * g.dv_sh + j * g.dv_sn + wx * kDW;
+#pragma unroll
+      for (int d = 0; d < kDW / 8; ++d) {
+        const int col = d * 8 + 2 * t4;
+        *reinterpret_cast<std::uint32_t*>(ok + col) = pack2<T>(dk[t][d][2 * hf], dk[t][d][2 * hf + 1]);
+        *reinterpret_cast<std::uint32_t*>(ov + col) = pack2<T>(dv[t][d][2 * hf], dv[t][d][2 * hf + 1]);
+      }
+    }
+}
+
 // ---- launchers ----
 
 template <class Kernel>
@@ -1167,7 +1353,20 @@ int run_backward(const dev_problem& p, const dev_backward& g) {
   constexpr int dq_bytes = dq_smem_bytes<kD>(), kv_bytes = dkdv_smem_bytes<kD>();
   if (cudaError_t e = allow_smem(dq_kernel<T, kD, kPlain>, dq_bytes); e != cudaSuccess) return int(e);
   if (cudaError_t e = allow_smem(dkdv_kernel<T, kD, kPlain>, kv_bytes); e != cudaSuccess) return int(e);
-  if (p.Nk > 0) dkdv_kernel<T, kD, kPlain><<<dim3((p.Nk + 63) / 64, p.Hkv, p.B), 128, kv_bytes>>>(p, g);
+  bool wide = false;
+  if constexpr (kPlain && kD <= 128) {
+    // The wide dk/dv where the device gives its shared memory (sm_90: 178 KB at D = 128; sm_80 has 163).
+    constexpr int wide_bytes = dkdv_wide_smem_bytes<kD>();
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+        optin >= wide_bytes) {
+      if (cudaError_t e = allow_smem(dkdv_wide_kernel<T, kD>, wide_bytes); e != cudaSuccess) return int(e);
+      wide = true;
+      if (p.Nk > 0) dkdv_wide_kernel<T, kD><<<dim3((p.Nk + 127) / 128, p.Hkv, p.B), 256, wide_bytes>>>(p, g);
+    }
+  }
+  if (!wide && p.Nk > 0) dkdv_kernel<T, kD, kPlain><<<dim3((p.Nk + 63) / 64, p.Hkv, p.B), 128, kv_bytes>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   if (p.Nq == 0) return int(cudaGetLastError());
   if constexpr (kPlain && kD <= 128) {
