@@ -195,6 +195,55 @@ __device__ __forceinline__ void mma_acc_rows(float (&acc)[N][4], const float (&c
     }
   }
 }
+// The wide blocks' shapes (two or more m-tiles of 16 rows per warp, rows row0 + 64·t): each B
+// fragment read from shared memory feeds the kT m-tiles.
+//   mma_rows_rows_wide: acc[t] (16 × 8·N) += A (shared rows) · B, B's tile rows being its n;
+//   mma_acc_rows_wide:  acc[t] (16 × 8·N) += C[t] (accumulator tiles rounded to T) · B, B's tile
+//                       rows being its k.
+template <class T, int kS, int kK, int kT, int N>
+__device__ __forceinline__ void mma_rows_rows_wide(float (&acc)[kT][N][4], const T* sA, int row0, const T* sB,
+                                                   int lane) {
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    std::uint32_t a[kT][4];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sA, t * 64 + row0, ks * 16, lane));
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      std::uint32_t bb[4];
+      ldsm4(bb, bn_at<kS>(sB, np * 16, ks * 16, lane));
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        mma<T>(acc[t][2 * np], a[t], bb[0], bb[1]);
+        mma<T>(acc[t][2 * np + 1], a[t], bb[2], bb[3]);
+      }
+    }
+  }
+}
+template <class T, int kS, int kT, int NK, int N>
+__device__ __forceinline__ void mma_acc_rows_wide(float (&acc)[kT][N][4], const float (&c)[kT][NK][4], const T* sB,
+                                                  int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NK / 2; ++kk) {
+    std::uint32_t a[kT][4];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      a[t][0] = pack2<T>(c[t][2 * kk][0], c[t][2 * kk][1]), a[t][1] = pack2<T>(c[t][2 * kk][2], c[t][2 * kk][3]);
+      a[t][2] = pack2<T>(c[t][2 * kk + 1][0], c[t][2 * kk + 1][1]);
+      a[t][3] = pack2<T>(c[t][2 * kk + 1][2], c[t][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dd = 0; dd < N / 2; ++dd) {
+      std::uint32_t bb[4];
+      ldsm4t(bb, bk_at<kS>(sB, kk * 16, dd * 16, lane));
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        mma<T>(acc[t][2 * dd], a[t], bb[0], bb[1]);
+        mma<T>(acc[t][2 * dd + 1], a[t], bb[2], bb[3]);
+      }
+    }
+  }
+}
 template <int N>
 __device__ __forceinline__ void zero(float (&acc)[N][4]) {
 #pragma unroll
@@ -339,6 +388,27 @@ __device__ __forceinline__ int next_kv(T* sK, T* sV, const T* K, const T* V, con
   return buf;
 }
 
+// The end of a row's online softmax (base 2): m the running max, l this lane's part of Σ. The
+// sink joins Σ, and the max when above it. out = O · inv; a row with no key gives inv = 0 and
+// lse = -inf, or the sink's logit with a sink.
+struct row_end {
+  float inv, m, sum;
+  __device__ float lse() const { return m == -kInf ? -kInf : (m + log2f(sum)) * kLn2; }
+};
+__device__ __forceinline__ row_end finish_row(const dev_problem& p, int h, float m, float l) {
+  float sum = quad_sum(l), mm = m, keep = 1.0f;
+  if (p.sinks) {
+    const float sk = p.sinks[h] * kLog2e;
+    if (sk != -kInf) {
+      const float mf = fmaxf(mm, sk);
+      keep = mm == -kInf ? 0.0f : ex2(mm - mf);
+      sum = sum * keep + ex2(sk - mf);
+      mm = mf;
+    }
+  }
+  return {m == -kInf ? 0.0f : keep / sum, mm, sum};
+}
+
 // ---- forward ----
 
 template <int kD>
@@ -461,18 +531,9 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   // a row with no key gives zeros, and lse = -inf, or the sink's logit with a sink.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = quad_sum(l[r]), mm = m[r], keep = 1.0f;
+    const row_end e = finish_row(p, h, m[r], l[r]);
+    const float inv = e.inv;
     const std::int64_t i = q0 + warp * 16 + g + 8 * r;
-    if (p.sinks) {
-      const float sk = p.sinks[h] * kLog2e;
-      if (sk != -kInf) {
-        const float mf = fmaxf(mm, sk);
-        keep = mm == -kInf ? 0.0f : ex2(mm - mf);
-        sum = sum * keep + ex2(sk - mf);
-        mm = mf;
-      }
-    }
-    const float inv = m[r] == -kInf ? 0.0f : keep / sum;
     if (i >= p.Nq) continue;
     T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
 #pragma unroll
@@ -481,7 +542,7 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
       if (col < p.Dv)
         *reinterpret_cast<std::uint32_t*>(out + col) = pack2<T>(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
-    if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = mm == -kInf ? -kInf : (mm + log2f(sum)) * kLn2;
+    if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = e.lse();
   }
 }
 
@@ -543,22 +604,7 @@ __global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, 
     float s[kT][kN / 8][4];
 #pragma unroll
     for (int t = 0; t < kT; ++t) zero(s[t]);
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      std::uint32_t a[kT][4];
-#pragma unroll
-      for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sQ, t * 64 + warp * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        std::uint32_t bb[4];
-        ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          mma<T>(s[t][2 * np], a[t], bb[0], bb[1]);
-          mma<T>(s[t][2 * np + 1], a[t], bb[2], bb[3]);
-        }
-      }
-    }
+    mma_rows_rows_wide<T, kS, kD>(s, sQ, warp * 16, sKb, lane);
 
     // Scores in base 2, then the online softmax of each row.
     const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
@@ -605,27 +651,7 @@ __global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, 
         }
     }
 
-    // O += P V: each V fragment serves both m-tiles.
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      std::uint32_t a[kT][4];
-#pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        a[t][0] = pack2<T>(s[t][2 * kk][0], s[t][2 * kk][1]), a[t][1] = pack2<T>(s[t][2 * kk][2], s[t][2 * kk][3]);
-        a[t][2] = pack2<T>(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
-        a[t][3] = pack2<T>(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dd = 0; dd < kD / 16; ++dd) {
-        std::uint32_t bb[4];
-        ldsm4t(bb, bk_at<kS>(sVb, kk * 16, dd * 16, lane));
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          mma<T>(o[t][2 * dd], a[t], bb[0], bb[1]);
-          mma<T>(o[t][2 * dd + 1], a[t], bb[2], bb[3]);
-        }
-      }
-    }
+    mma_acc_rows_wide<T, kS>(o, s, sVb, lane);  // O += P V: each V fragment serves both m-tiles
     __syncthreads();  // the other buffer is refilled next
   }
   cp_async_wait<0>();
@@ -634,24 +660,15 @@ __global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, 
   for (int t = 0; t < kT; ++t)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = quad_sum(l[t][r]), mm = m[t][r], keep = 1.0f;
+      const row_end e = finish_row(p, h, m[t][r], l[t][r]);
+      const float inv = e.inv;
       const std::int64_t i = q0 + t * 64 + warp * 16 + g + 8 * r;
-      if (p.sinks) {
-        const float sk = p.sinks[h] * kLog2e;
-        if (sk != -kInf) {
-          const float mf = fmaxf(mm, sk);
-          keep = mm == -kInf ? 0.0f : ex2(mm - mf);
-          sum = sum * keep + ex2(sk - mf);
-          mm = mf;
-        }
-      }
-      const float inv = m[t][r] == -kInf ? 0.0f : keep / sum;
       if (i >= p.Nq) continue;
       T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
 #pragma unroll
       for (int d = 0; d < kD / 8; ++d)
         *reinterpret_cast<std::uint32_t*>(out + d * 8 + 2 * t4) = pack2<T>(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
-      if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = mm == -kInf ? -kInf : (mm + log2f(sum)) * kLn2;
+      if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = e.lse();
     }
 }
 
@@ -864,38 +881,8 @@ __global__ void __launch_bounds__(128) dq_wide_kernel(const dev_problem p, const
     float s[kT][kN / 8][4], dp[kT][kN / 8][4];
 #pragma unroll
     for (int t = 0; t < kT; ++t) zero(s[t]), zero(dp[t]);
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      std::uint32_t a[kT][4];
-#pragma unroll
-      for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sQ, t * 64 + warp * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        std::uint32_t bb[4];
-        ldsm4(bb, bn_at<kS>(sKb, np * 16, ks * 16, lane));
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          mma<T>(s[t][2 * np], a[t], bb[0], bb[1]);
-          mma<T>(s[t][2 * np + 1], a[t], bb[2], bb[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      std::uint32_t a[kT][4];
-#pragma unroll
-      for (int t = 0; t < kT; ++t) ldsm4(a[t], a_at<kS>(sdO, t * 64 + warp * 16, ks * 16, lane));
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        std::uint32_t bb[4];
-        ldsm4(bb, bn_at<kS>(sVb, np * 16, ks * 16, lane));
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          mma<T>(dp[t][2 * np], a[t], bb[0], bb[1]);
-          mma<T>(dp[t][2 * np + 1], a[t], bb[2], bb[3]);
-        }
-      }
-    }
+    mma_rows_rows_wide<T, kS, kD>(s, sQ, warp * 16, sKb, lane);
+    mma_rows_rows_wide<T, kS, kD>(dp, sdO, warp * 16, sVb, lane);
 
     // dS · scale = P ∘ (dP - delta) · scale, in place of S.
     const bool ranged = !(k0 >= lo_max && k0 + kN <= hi_min);
@@ -910,27 +897,7 @@ __global__ void __launch_bounds__(128) dq_wide_kernel(const dev_problem p, const
           s[t][n][e] = !ranged || (j >= lo[t][r] && j < hi[t][r]) ? ds : 0.0f;
         }
 
-    // dQ += dS K: each K fragment serves both m-tiles.
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      std::uint32_t a[kT][4];
-#pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        a[t][0] = pack2<T>(s[t][2 * kk][0], s[t][2 * kk][1]), a[t][1] = pack2<T>(s[t][2 * kk][2], s[t][2 * kk][3]);
-        a[t][2] = pack2<T>(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
-        a[t][3] = pack2<T>(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dd = 0; dd < kD / 16; ++dd) {
-        std::uint32_t bb[4];
-        ldsm4t(bb, bk_at<kS>(sKb, kk * 16, dd * 16, lane));
-#pragma unroll
-        for (int t = 0; t < kT; ++t) {
-          mma<T>(dq[t][2 * dd], a[t], bb[0], bb[1]);
-          mma<T>(dq[t][2 * dd + 1], a[t], bb[2], bb[3]);
-        }
-      }
-    }
+    mma_acc_rows_wide<T, kS>(dq, s, sKb, lane);  // dQ += dS K: each K fragment serves both m-tiles
     __syncthreads();  // the other buffer is refilled next
   }
   cp_async_wait<0>();
@@ -961,6 +928,33 @@ __global__ void __launch_bounds__(128) dq_wide_kernel(const dev_problem p, const
       if (half < halves)
         g.dsinks_part[(std::int64_t(b) * p.Hq + h) * halves + half] = (red[t][0] + red[t][1]) + (red[t][2] + red[t][3]);
     }
+  }
+}
+
+// The dk/dv kernels' steps: whether query block qb (kM rows) reaches keys [k0, k0 + kN) — key
+// ranges are monotone in the row, so when its first row's range ends after k0 and its last row's
+// starts before k0 + kN — and `whole`: every row of the block holds all of those keys.
+template <int kN, int kM>
+__device__ __forceinline__ bool block_reaches(const dev_problem& p, int b, int k0, int qb, bool* whole) {
+  const std::int64_t q0 = std::int64_t(qb) * kM;
+  const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
+  int lo_first, hi_first, lo_last, hi_last;
+  key_range(p, b, q0, lo_first, hi_first);
+  key_range(p, b, q0 + rows - 1, lo_last, hi_last);
+  if (whole) *whole = lo_last <= k0 && hi_first >= k0 + kN;
+  return !(hi_last <= k0 || lo_first >= k0 + kN);
+}
+// A step's row values (rows q0.. of head h; `rows` of them real): key ranges, delta, and the lse
+// (kBase2: times log2 e, +inf for a row with no key, so that its p is 0).
+template <int kM, bool kBase2>
+__device__ __forceinline__ void stage_rows(const dev_problem& p, const dev_backward& g, int b, int h, std::int64_t q0,
+                                           int rows, float* lse, float* delta, int* lo, int* hi) {
+  for (int r = threadIdx.x; r < kM; r += blockDim.x) {
+    const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
+    key_range(p, b, i, lo[r], hi[r]);
+    const float l = r < rows ? g.lse[row] : -kInf;
+    lse[r] = !kBase2 ? l : l == -kInf ? kInf : l * kLog2e;
+    delta[r] = r < rows ? g.delta[row] : 0.0f;
   }
 }
 
@@ -1004,15 +998,7 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
   // the row, so a block reaches these keys when its first row's range ends after k0 and its last
   // row's starts before k0 + kN. `whole`: every row of the block holds all of these keys.
   const int nqb = (p.Nq + kM - 1) / kM;
-  auto reaches = [&](int qb, bool* whole) {
-    const std::int64_t q0 = std::int64_t(qb) * kM;
-    const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
-    int lo_first, hi_first, lo_last, hi_last;
-    key_range(p, b, q0, lo_first, hi_first);
-    key_range(p, b, q0 + rows - 1, lo_last, hi_last);
-    if (whole) *whole = lo_last <= k0 && hi_first >= k0 + kN;
-    return !(hi_last <= k0 || lo_first >= k0 + kN);
-  };
+  auto reaches = [&](int qb, bool* whole) { return block_reaches<kN, kM>(p, b, k0, qb, whole); };
   auto advance = [&](int& hh, int& qb) {
     do {
       if (++qb == nqb) qb = 0, ++hh;
@@ -1027,13 +1013,8 @@ __global__ void __launch_bounds__(128) dkdv_kernel(const dev_problem p, const de
     load_tile<kM, kD>(sdO + buf * kM * kS,
                       static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn, g.do_sn, rows, p.Dv);
     cp_async_commit();
-    for (int r = threadIdx.x; r < kM; r += blockDim.x) {
-      const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
-      key_range(p, b, i, s_lo[buf * kM + r], s_hi[buf * kM + r]);
-      const float l = r < rows ? g.lse[row] : -kInf;
-      s_lse[buf * kM + r] = !kPlain ? l : l == -kInf ? kInf : l * kLog2e;
-      s_delta[buf * kM + r] = r < rows ? g.delta[row] : 0.0f;
-    }
+    stage_rows<kM, kPlain>(p, g, b, h, q0, rows, s_lse + buf * kM, s_delta + buf * kM, s_lo + buf * kM,
+                           s_hi + buf * kM);
   };
 
   int hh = 0, qb = -1, buf = 0;
@@ -1173,15 +1154,7 @@ __global__ void __launch_bounds__(256) dkdv_wide_kernel(const dev_problem p, con
   for (int t = 0; t < 2; ++t) zero(dk[t]), zero(dv[t]);
 
   const int nqb = (p.Nq + kM - 1) / kM;
-  auto reaches = [&](int qb, bool* whole) {
-    const std::int64_t q0 = std::int64_t(qb) * kM;
-    const int rows = int(p.Nq - q0 < kM ? p.Nq - q0 : kM);
-    int lo_first, hi_first, lo_last, hi_last;
-    key_range(p, b, q0, lo_first, hi_first);
-    key_range(p, b, q0 + rows - 1, lo_last, hi_last);
-    if (whole) *whole = lo_last <= k0 && hi_first >= k0 + kN;
-    return !(hi_last <= k0 || lo_first >= k0 + kN);
-  };
+  auto reaches = [&](int qb, bool* whole) { return block_reaches<kN, kM>(p, b, k0, qb, whole); };
   auto advance = [&](int& hh, int& qb) {
     do {
       if (++qb == nqb) qb = 0, ++hh;
@@ -1196,13 +1169,8 @@ __global__ void __launch_bounds__(256) dkdv_wide_kernel(const dev_problem p, con
     load_tile<kM, kD>(sdO + buf * kM * kS,
                       static_cast<const T*>(g.dout) + b * g.do_sb + h * g.do_sh + q0 * g.do_sn, g.do_sn, rows, kD);
     cp_async_commit();
-    for (int r = threadIdx.x; r < kM; r += blockDim.x) {
-      const std::int64_t i = q0 + r, row = (std::int64_t(b) * p.Hq + h) * p.Nq + i;
-      key_range(p, b, i, s_lo[buf * kM + r], s_hi[buf * kM + r]);
-      const float l = r < rows ? g.lse[row] : -kInf;
-      s_lse[buf * kM + r] = l == -kInf ? kInf : l * kLog2e;
-      s_delta[buf * kM + r] = r < rows ? g.delta[row] : 0.0f;
-    }
+    stage_rows<kM, true>(p, g, b, h, q0, rows, s_lse + buf * kM, s_delta + buf * kM, s_lo + buf * kM,
+                         s_hi + buf * kM);
   };
 
   int hh = 0, qb = -1, buf = 0;
