@@ -147,6 +147,24 @@ TEST(CudaDevice, EveryMaskKindAndOption) {
       const bool float_mask = o.attn_mask && o.attn_mask->type() == dtype::f32;
       check_case(s, t, o, rng, std::string(dtype_name(t)) + " " + name, !float_mask);
     }
+  // D = 128 with the options the plain kernels take (their 128-row and 128-key blocks, ranged and
+  // whole): causal both ways, a window, kv lengths, sinks, GQA 2:1.
+  const shape_case w{2, 4, 2, 150, 260, 128, 128};
+  std::vector<std::pair<std::string, attention_options>> plain;
+  auto add_plain = [&](std::string name, auto set) {
+    attention_options o;
+    set(o);
+    plain.emplace_back(std::move(name), std::move(o));
+  };
+  add_plain("D128 causal top_left", [](attention_options& o) { o.is_causal = true; });
+  add_plain("D128 causal bottom_right", [](attention_options& o) {
+    o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  });
+  add_plain("D128 window (40, 7)", [](attention_options& o) { o.window_left = 40, o.window_right = 7; });
+  add_plain("D128 nonpad_kv_seqlen + sinks", [&](attention_options& o) {
+    o.nonpad_kv_seqlen = index_tensor({260, 131}), o.sinks = random_tensor({w.Hq}, dtype::f32, rng, -1, 2);
+  });
+  for (const auto& [name, o] : plain) check_case(w, dtype::bf16, o, rng, name);
 }
 
 TEST(CudaDevice, FullyMaskedRowsGiveZerosAndNoGradient) {
