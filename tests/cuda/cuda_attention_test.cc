@@ -108,12 +108,14 @@ TEST(CudaDevice, ShapesAndDtypesMatchTheReference) {
 TEST(CudaDevice, EveryMaskKindAndOption) {
   std::mt19937 rng(12);
   const shape_case s{2, 4, 2, 70, 90, 64, 64};
-  std::vector<std::pair<std::string, attention_options>> cases;
-  auto add = [&](std::string name, auto set) {
+  std::vector<std::pair<std::string, attention_options>> cases, plain;
+  auto add_to = [](auto& list, std::string name, auto set) {
     attention_options o;
     set(o);
-    cases.emplace_back(std::move(name), std::move(o));
+    list.emplace_back(std::move(name), std::move(o));
   };
+  auto add = [&](std::string name, auto set) { add_to(cases, std::move(name), set); };
+  auto add_plain = [&](std::string name, auto set) { add_to(plain, std::move(name), set); };
   add("causal top_left", [](attention_options& o) { o.is_causal = true; });
   add("causal bottom_right", [](attention_options& o) { o.is_causal = true, o.alignment = causal_alignment::bottom_right; });
   add("window (5, 3)", [](attention_options& o) { o.window_left = 5, o.window_right = 3; });
@@ -150,12 +152,6 @@ TEST(CudaDevice, EveryMaskKindAndOption) {
   // D = 128 with the options the plain kernels take (their 128-row and 128-key blocks, ranged and
   // whole): causal both ways, a window, kv lengths, sinks, GQA 2:1.
   const shape_case w{2, 4, 2, 150, 260, 128, 128};
-  std::vector<std::pair<std::string, attention_options>> plain;
-  auto add_plain = [&](std::string name, auto set) {
-    attention_options o;
-    set(o);
-    plain.emplace_back(std::move(name), std::move(o));
-  };
   add_plain("D128 causal top_left", [](attention_options& o) { o.is_causal = true; });
   add_plain("D128 causal bottom_right", [](attention_options& o) {
     o.is_causal = true, o.alignment = causal_alignment::bottom_right;
