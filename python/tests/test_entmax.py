@@ -37,6 +37,33 @@ def test_against_entmax(dist, fn, shape, masked):
 
 
 @pytest.mark.parametrize("dist,fn", [("sparsemax", sparsemax), ("entmax15", entmax15)])
+@pytest.mark.parametrize("kind", ["causal", "padding"])
+def test_fused_mask_tensor_against_entmax(dist, fn, kind):
+    """float32 on the fused kernels with a bool mask tensor that hides whole key blocks (a causal
+    [N, N] mask, key padding [B, 1, 1, N]): the blocks are skipped; forward and gradients against
+    the entmax package in float64 on the same float32 inputs."""
+    B, H, N, D = 2, 2, 300, 16
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(B, H, N, D, generator=g) * 2 for _ in range(3))
+    if kind == "causal":
+        mask = torch.ones(N, N, dtype=torch.bool).tril()
+    else:
+        mask = torch.ones(B, 1, 1, N, dtype=torch.bool)
+        mask[0, ..., 40:] = False
+    a = [t.clone().requires_grad_() for t in (q, k, v)]
+    b = [t.double().requires_grad_() for t in (q, k, v)]
+    out = at.attention_family(*a, score="scaled_dot", distribution=dist, attn_mask=mask, num_threads=2)
+    s = (b[0] @ b[1].transpose(-1, -2) / D ** 0.5).masked_fill(~mask, float("-inf"))
+    ref = fn(s, dim=-1) @ b[2]
+    assert_close(out.double(), ref, 1e-4, f"{dist} {kind} out")
+    dout = torch.randn(ref.shape, generator=g)
+    got = torch.autograd.grad(out, a, dout)
+    want = torch.autograd.grad(ref, b, dout.double())
+    for name, x, y in zip("qkv", got, want):
+        assert_close(x.double(), y, 1e-4, f"{dist} {kind} d{name}")
+
+
+@pytest.mark.parametrize("dist,fn", [("sparsemax", sparsemax), ("entmax15", entmax15)])
 def test_weights_against_entmax(dist, fn):
     import attn
 

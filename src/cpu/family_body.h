@@ -176,6 +176,18 @@ inline void fam_range(const family_lanes& lb, std::int64_t& kmin, std::int64_t& 
     if (lb.lo[x] < lb.hi[x]) kmin = imin(kmin, lb.lo[x]), kmax = imax(kmax, lb.hi[x]);
 }
 
+// The span of the key blocks lane_mask did not skip: the keep-the-scores distributions find
+// their statistics and weights over it alone (every key outside is -inf in every lane, where the
+// statistics add exact zeros, so they come out the same).
+struct live_keys {
+  std::int64_t lo, hi;
+  live_keys(std::int64_t kmin, std::int64_t kmax) : lo(kmax), hi(kmin) {}
+  void add(std::int64_t j0, std::int64_t nb, bool skipped) {
+    if (!skipped) lo = imin(lo, j0), hi = imax(hi, j0 + nb);
+  }
+  bool none() const { return lo >= hi; }
+};
+
 // ---- elementwise scores: z = Σ_x term(qp_x, kp_x), one term per (pair, feature) ----
 //   additive (Bahdanau)  term = w_x tanh(a + b)   ∂/∂a = ∂/∂b = w_x (1 - t²), ∂/∂w_x = t
 //   distance             term = (a - b)²          ∂/∂a = 2 (a - b) = -∂/∂b   (box, triangle)
@@ -548,35 +560,61 @@ inline void box_row_scores(const family_rows& pr, float* S) {
 }
 
 template <int CC>
-void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask);
+void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, const float* mask);
+
+// Every one of the n floats at a (n a multiple of W) is 0 (a NaN is not).
+inline bool all_zero(const float* a, std::int64_t n) {
+  vi nz{};
+  for (std::int64_t i = 0; i < n; i += W) nz |= load(a + i) != vf{};
+  return !any_lane(nz);
+}
+
+// The mask tile of keys [j0, j0 + nb) into `mask` ([nb][L]). True where the block may be
+// skipped (family_params::mask_skip, the tile -inf for every row): S [nb][L] is then -inf, what
+// its scores would have been, and G (when not null) 0.
+template <int CC>
+bool lane_mask(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
+  const std::int64_t L = CC * W;
+  const family_params& fp = lb.fp;
+  if (!fp.mask) return false;
+  if (fp.mask(fp.mask_ctx, j0, nb, mask, 1, L) != mask_tile_kind::excluded || !fp.mask_skip) return false;
+  for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, splat(-kInf));
+  if (G)
+    for (std::int64_t i = 0; i < nb * L; i += W) store(G + i, vf{});
+  return true;
+}
 
 // S[jj][x] (row stride L) = s of key j0 + jj for lane x; G likewise act'(z) (when not null).
+// True where the mask hides the block from every lane and it was skipped (lane_mask).
 template <int CC>
-void lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
+bool lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
   const std::int64_t L = CC * W;
+  if (lane_mask<CC>(lb, j0, nb, S, G, mask)) return true;
   if (box_by_products(lb.fp)) box_lane_scores<CC>(lb, j0, nb, S);
   else if (elementwise(lb.fp)) with_terms(lb.fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
   else gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   lane_transform<CC>(lb, j0, nb, S, G, mask);
+  return false;
 }
 
 // The same for dot scores on bf16 pair operands (j0 and nb even): z = zscale · (q·k).
 template <class Ops, int CC>
-void lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask) {
+bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask) {
   const std::int64_t L = CC * W;
+  if (lane_mask<CC>(lb, j0, nb, S, nullptr, mask)) return true;
   gemm<Ops>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
   if (lb.zscale != 1.0f)
     for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
   lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
+  return false;
 }
 
-// Scores S (raw z) of keys [j0, j0 + nb) → s = act(z + bias) + mask, -inf outside each lane's
-// key range; G = act'(z) when not null.
+// Scores S (raw z) of keys [j0, j0 + nb) → s = act(z + bias) + mask (the tile lane_mask filled),
+// -inf outside each lane's key range; G = act'(z) when not null.
 template <int CC>
-void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
+void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, const float* mask) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
-  if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, mask, 1, L);
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
   bool ranged = false;
   for (std::int64_t x = 0; x < lb.nl; ++x) ranged |= lb.lo[x] > j0 || lb.hi[x] < j0 + nb;
@@ -846,25 +884,34 @@ void fam_forward(const family_lanes& lb, float* ot) {
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
   const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
-    if constexpr (pairs) lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
-    else lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
+    if constexpr (pairs) return lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
+    else return lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
   };
+  std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
   if (keep) {
-    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) scores(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + (j0 - kmin) * L);
-    lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+    live_keys live(kmin, kmax);
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+      const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+      live.add(j0, nb, scores(j0, nb, sc.S + (j0 - kmin) * L));
+    }
+    if (live.none()) return;  // every block hidden: empty rows
+    k0 = live.lo, k1 = live.hi;
+    lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
   }
-  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-    const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+  for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0);
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
-    if (!keep) scores(j0, nb, S);
+    if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0 (lb.alpha comes zeroed)
     lane_alpha<Dist, CC>(lb, S, j0, nb);
     if constexpr (pairs) {  // dP's room (unused by the forward) holds α as words [nb/2][L]
+      if (lb.fp.mask_skip && all_zero(S, nb * L)) continue;
       const auto* aw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.dP));
       gemm<Ops>(lb.Dv, L, nb / 2, lb.vw + j0 / 2 * lb.vwss, 1, lb.vwss, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
     } else {
       if (lb.alpha)
         for (std::int64_t x = 0; x < lb.nl; ++x)
           for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
+      if (lb.fp.mask_skip && all_zero(S, nb * L)) continue;  // Oᵀ += Vᵀ 0: nothing
       gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
     }
   }
@@ -892,28 +939,37 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   // No gradient reaches the scores through the one-hot (hardmax) or the box indicator: the pass
   // only finds the row statistics (sigmoid still sums de for dsigmoid_bias).
   const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
+  // True where the mask hid the block (lane_mask): dP is then 0 (α = 0 meets it in r's sums).
   auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
-    if constexpr (pairs) {
-      lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
-      if (!no_dz) gemm<Ops>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
-    } else {
-      lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
-      if (!no_dz) gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
-    }
+    bool skipped;
+    if constexpr (pairs) skipped = lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
+    else skipped = lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
+    if (no_dz) return skipped;
+    if (skipped)
+      for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
+    else if constexpr (pairs)
+      gemm<Ops>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
+    else
+      gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+    return skipped;
   };
+  std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
   if (keep) {
+    live_keys live(kmin, kmax);
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-      const std::int64_t o = (j0 - kmin) * L;
-      scores_dp(j0, imin(kLaneKeyBlock, kmax - j0), sc.S + o, sc.dP + o, sc.G + o);
+      const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
+      live.add(j0, nb, scores_dp(j0, nb, sc.S + o, sc.dP + o, sc.G + o));
     }
-    lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+    if (live.none()) return;  // every block hidden: empty rows, dq = 0
+    k0 = live.lo, k1 = live.hi;
+    lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
     // r = Σ u dP / Σ u (no dP: r = 0)
     if (no_dz) return;
 #pragma GCC unroll 1
     for (int c = 0; c < CC; ++c) {
       const fam_stat st = load_stat<CC>(lb, c);
       vf num{}, den{};
-      for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
+      for (std::int64_t jj = k0 - kmin; jj < k1 - kmin; ++jj) {
         const vf s = load(sc.S + jj * L + c * W);
         const vf u = fam_u<Dist>(s, fam_alpha<Dist>(fp, s, splati(std::int32_t(kmin + jj)), st), st);
         num += u * load(sc.dP + jj * L + c * W), den += u;
@@ -922,10 +978,10 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     }
   }
   if (no_dz) return;
-  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-    const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0), o = keep ? (j0 - kmin) * L : 0;
+  for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0), o = keep ? (j0 - kmin) * L : 0;
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
-    if (!keep) scores_dp(j0, nb, S, dP, G);
+    if (!keep && scores_dp(j0, nb, S, dP, G)) continue;  // hidden by the mask: dz = 0
     vf sum_dz{}, sum_de{}, sum_dh{};
     const bool tri = fp.act == family_act::triangle;
 #pragma GCC unroll 4
@@ -944,6 +1000,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     double a = 0.0, b = 0.0, dh = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
+    if (fp.mask_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
     if constexpr (pairs) {  // dqᵀ += Kᵀ dS, dS as words [nb/2][L] in G's room (no act′ here)
       const auto* dsw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.G));
       gemm<Ops>(lb.P, L, nb / 2, lb.kpw + j0 / 2 * lb.kpwss, 1, lb.kpwss, dsw, L, io.dqt, L, true);
@@ -971,6 +1028,12 @@ void fam_dkdv(const family_rows& pr) {
   // hardmax (zero gradient) and box: dv alone (no gradient reaches the scores; sigmoid's single
   // pass still sums de)
   const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
+  if (fp.mask) {
+    // A block the mask hides from every row adds nothing to dv, dk, dq or the sums (mask_skip).
+    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.mask_skip) return;
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
+  }
   if constexpr (pairs) {
     gemm<Ops>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
     if (pr.zscale != 1.0f)
@@ -981,11 +1044,6 @@ void fam_dkdv(const family_rows& pr) {
     else if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
     else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
     if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
-  }
-  if (fp.mask) {
-    fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
-    for (std::int64_t r = 0; r < nq; ++r)
-      for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
   const vf bias = splat(fp.bias);
@@ -1051,12 +1109,15 @@ void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
   const family_params& fp = lb.fp;
   const lane_scratch sc(lb, kmax - kmin + kLaneKeyBlock);
   const bool need_g = !pairs && fp.act != family_act::identity;
+  live_keys live(kmin, kmax);
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
     const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
-    if constexpr (pairs) lane_scores_pairs<Ops, CC>(lb, j0, nb, sc.S + o, sc.mask);
-    else lane_scores<CC>(lb, j0, nb, sc.S + o, need_g ? sc.G + o : nullptr, sc.mask);
+    if constexpr (pairs) live.add(j0, nb, lane_scores_pairs<Ops, CC>(lb, j0, nb, sc.S + o, sc.mask));
+    else live.add(j0, nb, lane_scores<CC>(lb, j0, nb, sc.S + o, need_g ? sc.G + o : nullptr, sc.mask));
   }
-  lane_stats<Dist, CC>(lb, sc.S, kmax - kmin, kmin, sc.buf);
+  if (live.none()) return;  // every block hidden: nothing kept
+  const std::int64_t k0 = live.lo, k1 = live.hi;
+  lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
   if constexpr (Dist == family_dist::hardmax) {  // the one key kept is each lane's first arg max (cut)
     for (std::int64_t x = 0; x < lb.nl && out.kmax > 0; ++x) {
       const std::int32_t j = lb.st.cut[x];
@@ -1068,7 +1129,7 @@ void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
   }
   for (int c = 0; c < CC; ++c) {
     const fam_stat st = load_stat<CC>(lb, c);
-    for (std::int64_t jj = 0; jj < kmax - kmin; ++jj) {
+    for (std::int64_t jj = k0 - kmin; jj < k1 - kmin; ++jj) {
       const vf s = load(sc.S + jj * L + c * W);
       const vi j = splati(std::int32_t(kmin + jj));
       const vi in = fam_kept(s, j, st) & (s > splat(-kInf));

@@ -60,6 +60,12 @@ struct family_params {
   std::int64_t topk = 1;
   bias_fn mask = nullptr;     // fills the mask tile (0 / -inf for bool, the value for float); null: none
   const void* mask_ctx = nullptr;
+  // The kernels may skip a key block whose mask tile is -inf for every row (mask_tile_kind::
+  // excluded), and the P·V or dq product of a block whose weights or dz are all 0: set by the
+  // driver where the kernels' inputs (q, k, v, dout and the score's parameters) are all finite,
+  // so that every score of such a block is -inf, its α and de exactly 0, and the products add
+  // nothing — the same bits as running the block (NaN + -inf is NaN, 0·inf is NaN otherwise).
+  bool mask_skip = false;
 };
 
 // Per-row statistics, one entry per row (lane or tile row):

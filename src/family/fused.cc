@@ -174,6 +174,15 @@ cpu::family_params make_params(const fproblem& fp, const float* w_v, bool additi
   return prm;
 }
 
+// Every element of the f32 rows finite (a sum a compiler vectorises: inf - inf and NaN stay NaN).
+bool all_finite(const std::vector<float>& x, int nt) {
+  const std::int64_t n = std::int64_t(x.size());
+  float bad = 0.0f;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
+  for (std::int64_t i = 0; i < n; ++i) bad += x[std::size_t(i)] - x[std::size_t(i)];
+  return bad == 0.0f;
+}
+
 // The prepared inputs in f32, and the problem's partition into lane blocks.
 struct fused_inputs {
   const cpu::family_table& kt;
@@ -204,10 +213,20 @@ struct fused_inputs {
   std::vector<std::uint32_t> Qw, Kw, Vw, Qn, Vd, Kn;
   float zscale = 1.0f;
 
-  fused_inputs(const fproblem& fp, const fused_source& src, use u = use::f32)
+  // The kernels may skip key blocks the mask hides from every row (family_params::mask_skip).
+  bool mask_skip = false;
+
+  // dout: the backward's (its finiteness is part of mask_skip there).
+  fused_inputs(const fproblem& fp, const fused_source& src, use u = use::f32, const strided4* dout = nullptr)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
+    prepare(fp, src, u, nt);
+    mask_skip = may_skip(fp, src, dout, nt);
+  }
+
+ private:
+  void prepare(const fproblem& fp, const fused_source& src, use u, int nt) {
     if (u != use::f32) {
       zscale = float(src.scale);
       Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, nt);
@@ -232,6 +251,24 @@ struct fused_inputs {
     }
   }
 
+  // Whether a block the mask hides from every row may be skipped: every input the kernels read
+  // (the user's q, k, v — the bf16 products' words come from them — the prepared f32 rows, dout)
+  // and every parameter inside the score finite, so each score of the block is -inf and its
+  // α, de and products exactly 0. ATTN_FAMILY_MASK_SKIP=0 runs every block (for comparisons).
+  bool may_skip(const fproblem& fp, const fused_source& src, const strided4* dout, int nt) const {
+    if (fp.p.mask == mask_kind::none) return false;
+    if (const char* env = std::getenv("ATTN_FAMILY_MASK_SKIP"); env && std::string_view(env) == "0") return false;
+    if (!std::isfinite(fp.bias) || !std::isfinite(fp.h)) return false;
+    for (const std::vector<float>* x : {&Q, &K, &V, &w_v})
+      if (!all_finite(*x, nt)) return false;
+    if (src.direct && !(cpu::view_all_finite(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt) &&
+                        cpu::view_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt) &&
+                        cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt)))
+      return false;
+    return !dout || cpu::view_all_finite(*dout, fp.B, fp.Hq, fp.Nq, fp.Dv, nt);
+  }
+
+ public:
   // Dot scores of bfloat16 q, k, v (the user's tensors, direct) with an even head size, on an ISA
   // with a bf16 dot product. ATTN_FAMILY_BF16=0 keeps f32 products.
   static bool bf16_products(const fproblem& fp, const fused_source& src) {
@@ -304,7 +341,7 @@ struct lane_state {
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
         prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data();
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
 
   cpu::family_lanes set(const fproblem& fp, const fused_inputs& in, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
@@ -423,15 +460,6 @@ kept_rows find_kept(const fproblem& fp, const fused_inputs& in, std::int64_t K) 
     }
   }
   return kr;
-}
-
-// Every element of the f32 rows finite (a sum a compiler vectorises: inf - inf and NaN stay NaN).
-bool all_finite(const std::vector<float>& x, int nt) {
-  const std::int64_t n = std::int64_t(x.size());
-  float bad = 0.0f;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
-  for (std::int64_t i = 0; i < n; ++i) bad += x[std::size_t(i)] - x[std::size_t(i)];
-  return bad == 0.0f;
 }
 
 }  // namespace
@@ -574,7 +602,7 @@ struct row_pass {
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data();
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
 
   // dk, dv of the block's keys into the sink; single pass: also dq [G·Nq][Pp] of (b, hkv)
@@ -752,7 +780,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
                           bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))
                     ? use::backward_pairs_all
                     : use::backward_pairs_f32;
-  const fused_inputs in(fp, src, u);
+  const fused_inputs in(fp, src, u, &dout);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
     zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);

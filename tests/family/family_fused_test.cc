@@ -1077,6 +1077,81 @@ TEST(FamilyFused, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
+// Every output and gradient of a and b the same (NaN where the other has NaN).
+void expect_same(const result& a, const result& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_TRUE(same_bits(a.fwd.out, b.fwd.out)) << "out";
+  for (auto [name, x, y] : {std::tuple{"dq", &a.g.dq, &b.g.dq}, {"dk", &a.g.dk, &b.g.dk}, {"dv", &a.g.dv, &b.g.dv},
+                            {"dW", &a.g.dW, &b.g.dW}, {"db", &a.g.db, &b.g.db}, {"dW_q", &a.g.dW_q, &b.g.dW_q},
+                            {"dW_k", &a.g.dW_k, &b.g.dW_k}, {"dw_v", &a.g.dw_v, &b.g.dw_v}}) {
+    ASSERT_EQ(x->defined(), y->defined()) << name;
+    if (x->defined()) {
+      EXPECT_TRUE(same_bits(*x, *y)) << name;
+    }
+  }
+  for (auto [name, x, y] : {std::tuple{"dbandwidth", a.g.dbandwidth, b.g.dbandwidth},
+                            {"dsigmoid_bias", a.g.dsigmoid_bias, b.g.dsigmoid_bias}})
+    EXPECT_TRUE(x == y || (std::isnan(x) && std::isnan(y))) << name << " " << x << " vs " << y;
+}
+
+// Key blocks a mask tensor hides from every row — a causal mask passed as a bool [Nq, Nk], key
+// padding as a bool [B, 1, 1, Nk] with one batch entry padded past two key blocks — are skipped
+// by the fused kernels (their scores, P·V, dP, dq and dk/dv products) where every input is
+// finite. Against the float64 reference, and against the same kernels running every block
+// (ATTN_FAMILY_MASK_SKIP=0): the same bits, every ISA, the streaming distributions, dot-like,
+// additive and distance scores, f32 and bf16 (bf16 products), GQA 2:1, 2 threads. A NaN in a
+// hidden key or value, or in dout, keeps every block (NaN + -inf is NaN in the reference): the
+// same bits again, NaN included.
+TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
+  std::mt19937 rng(909);
+  const std::int64_t N = 300;  // three lane key blocks (128), five row key blocks (64)
+  Tensor causal = Tensor::zeros({N, N}, dtype::boolean);
+  for (std::int64_t i = 0; i < N; ++i)
+    for (std::int64_t j = 0; j <= i; ++j) causal.set({i, j}, 1.0);
+  Tensor padding = Tensor::zeros({2, 1, 1, N}, dtype::boolean);
+  for (std::int64_t j = 0; j < N; ++j) padding.set({0, 0, 0, j}, j < 40 ? 1.0 : 0.0), padding.set({1, 0, 0, j}, 1.0);
+  const std::vector<std::tuple<score_kind, dtype>> scores = {
+      {score_kind::scaled_dot, dtype::f32}, {score_kind::scaled_dot, dtype::bf16}, {score_kind::activated_general, dtype::f32},
+      {score_kind::additive, dtype::f32}, {score_kind::triangle, dtype::f32}};
+  std::vector<distribution_kind> dists = kFused;
+  dists.push_back(distribution_kind::kernel);
+  for (const auto& [s, t] : scores)
+    for (distribution_kind d : dists)
+      for (int m = 0; m < 2; ++m) {
+        const bool distance = s == score_kind::triangle;
+        if (distance != (d == distribution_kind::kernel) && d != distribution_kind::sigmoid) continue;
+        family_case c(s, d, rng, 2, 4, 2, N, N, 8, 6);
+        c.opt.score.activation = score_activation::relu;
+        c.opt.distribution.k = 5;
+        if (distance) c.opt.score.bandwidth = 3.0;
+        c.opt.attn_mask = (m == 0 ? causal : padding).view();
+        const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, t, rng);
+        const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+        for (const std::string& isa : isas()) {
+          isa_scope scope(isa.c_str());
+          const std::string what = isa + " " + case_name(s, d) + " " + std::string(dtype_name(t)) + (m == 0 ? " causal" : " padding");
+          const result got = run(c, q, k, v, dout, family_path::fused, 2);
+          expect_close(got, ref, t == dtype::bf16 ? 2 * tolerance_for(dtype::bf16) : 2e-4, what);
+          setenv("ATTN_FAMILY_MASK_SKIP", "0", 1);
+          const result every = run(c, q, k, v, dout, family_path::fused, 2);
+          unsetenv("ATTN_FAMILY_MASK_SKIP");
+          expect_same(got, every, what + ": skipped vs every block");
+          if (isa != isas().back()) continue;
+          // A NaN the mask hides from the first rows (causal: key N - 1; padding: key N - 1 of
+          // batch 0), in k, in v, and in dout of a row: the same bits as every block.
+          for (int w = 0; w < 3; ++w) {
+            Tensor kn = Tensor::copy_of(k.view()), vn = Tensor::copy_of(v.view()), dn = Tensor::copy_of(dout.view());
+            (w == 0 ? kn : w == 1 ? vn : dn).set({0, 1, N - 1, 0}, std::nan(""));
+            const result nan_got = run(c, q, kn, vn, dn, family_path::fused, 2);
+            setenv("ATTN_FAMILY_MASK_SKIP", "0", 1);
+            const result nan_every = run(c, q, kn, vn, dn, family_path::fused, 2);
+            unsetenv("ATTN_FAMILY_MASK_SKIP");
+            expect_same(nan_got, nan_every, what + " NaN in " + std::string(w == 0 ? "k" : w == 1 ? "v" : "dout"));
+          }
+        }
+      }
+}
+
 TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
   std::mt19937 rng(4);
   family_case c(score_kind::scaled_dot, distribution_kind::sigmoid, rng);
