@@ -109,15 +109,22 @@ void md_lane_keys(const family_lanes& lb, std::int64_t j0, std::int64_t nb, std:
 
 // Scores of keys [j0, j0 + nb) (nb <= kLaneKeyBlock) for features [c0, c0 + fc) into S (key
 // j0 at S, feature stride sc.fs), kMdKeys keys per product, the block's mask tile filled once.
+// True where the mask hides the block from every lane and it was skipped (family_params::
+// mask_skip): S is then -inf, what every score would have been.
 template <bool Exp, int CC>
-void md_lane_block(const family_lanes& lb, const md_lane_scratch& sc, std::int64_t j0, std::int64_t nb, std::int64_t c0,
+bool md_lane_block(const family_lanes& lb, const md_lane_scratch& sc, std::int64_t j0, std::int64_t nb, std::int64_t c0,
                    std::int64_t fc, float* S) {
   const family_params& fp = lb.fp;
   const std::int64_t L = CC * W;
-  if (fp.mask) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
+  if (fp.mask && fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L) == mask_tile_kind::excluded && fp.mask_skip) {
+    for (std::int64_t f = 0; f < fc; ++f)
+      for (std::int64_t i = 0; i < nb * L; i += W) store(S + f * sc.fs + i, splat(-kInf));
+    return true;
+  }
   for (std::int64_t jj = 0; jj < nb; jj += kMdKeys)
     md_lane_keys<Exp, CC>(lb, j0 + jj, imin(kMdKeys, nb - jj), c0, fc, S + jj * L, sc.fs, sc.T,
                           fp.mask ? sc.mask + jj * L : nullptr);
+  return false;
 }
 
 // Softmax online, as the core op's prefill (no scores kept): keys in groups of kMdKeys, the scores
@@ -139,7 +146,8 @@ void md_forward_online(const family_lanes& lb, const md_lane_scratch& sc0, std::
   for (std::int64_t i = 0; i < Dv * L; ++i) m[i] = -kInf, l[i] = 0.0f;
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += ks) {
     const std::int64_t nb = imin(ks, kmax - j0);
-    md_lane_block<Exp, CC>(lb, sc, j0, nb, 0, Dv, sc.S);
+    // A hidden group leaves m, l and o as they are (its max is -inf, its weights 0).
+    if (md_lane_block<Exp, CC>(lb, sc, j0, nb, 0, Dv, sc.S)) continue;
     for (std::int64_t f = 0; f < Dv; ++f) {
       const float* Sf = sc.S + f * sc.fs;
       const float* v = lb.v + f;
@@ -206,7 +214,7 @@ void md_forward(const family_lanes& lb, float* ot) {
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
       const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
       float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
-      if (!keep) md_lane_block<Exp, CC>(lb, sc, j0, nb, c0, fc, S);
+      if (!keep && md_lane_block<Exp, CC>(lb, sc, j0, nb, c0, fc, S)) continue;  // α = 0 (lb.alpha comes zeroed)
       for (std::int64_t f = 0; f < fc; ++f) {
         const family_lanes lf = md_feature(lb, c0 + f);
         const float* v = lb.v + c0 + f;
@@ -246,11 +254,14 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
   // Pass 1 (distributions with statistics): per feature chunk, the scores of every key, the
   // statistics, and r = Σ u dα / Σ u with dα = dout[c] v_j[c].
   const bool whole = keep && lb.Fc >= Dv;  // S keeps every feature: pass 2 reads e from it
+  live_keys live(kmin, kmax);  // whole: the blocks pass 2 visits (the others' de are 0)
   if (keep)
     for (std::int64_t c0 = 0; c0 < Dv; c0 += lb.Fc) {
       const std::int64_t fc = imin(lb.Fc, Dv - c0);
-      for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock)
-        md_lane_block<Exp, CC>(lb, sc, j0, imin(kLaneKeyBlock, kmax - j0), c0, fc, sc.S + (j0 - kmin) * L);
+      for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+        const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+        live.add(j0, nb, md_lane_block<Exp, CC>(lb, sc, j0, nb, c0, fc, sc.S + (j0 - kmin) * L));
+      }
       for (std::int64_t f = 0; f < fc; ++f) {
         const family_lanes lf = md_feature(lb, c0 + f);
         const float* Sf = sc.S + f * sc.fs;
@@ -275,9 +286,12 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
   for (std::int64_t i = 0; i < Dv * Ap; ++i) sc.dW[i] = 0.0f;
   for (std::int64_t i = 0; i < L * Ap; ++i) sc.TT[i] = 0.0f;
   vf sum_de{};
-  for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-    const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
-    if (fp.mask && !whole) fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L);
+  const std::int64_t k0 = whole ? live.lo : kmin, k1 = whole ? live.hi : kmax;
+  for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0);
+    // A block the mask hides from every lane: de = 0 for every key and feature (mask_skip).
+    if (fp.mask && !whole && fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L) == mask_tile_kind::excluded && fp.mask_skip)
+      continue;
     for (std::int64_t jj = 0; jj < nb; ++jj) {
       const std::int64_t j = j0 + jj;
       const float* E;
@@ -401,7 +415,8 @@ void md_dkdv(const family_rows& pr) {
     for (std::int64_t i = 0; i < Dv * Ap; ++i) dW[i] = 0.0f;
   vf sum_de{};
   if (fp.mask) {
-    fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1);
+    // A block the mask hides from every row adds nothing to dv, dk, dq, dw_v or the sums (mask_skip).
+    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.mask_skip) return;
     for (std::int64_t r = 0; r < nq; ++r)
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }

@@ -1099,7 +1099,8 @@ void expect_same(const result& a, const result& b, const std::string& what) {
 // by the fused kernels (their scores, P·V, dP, dq and dk/dv products) where every input is
 // finite. Against the float64 reference, and against the same kernels running every block
 // (ATTN_FAMILY_MASK_SKIP=0): the same bits, every ISA, the streaming distributions, dot-like,
-// additive and distance scores, f32 and bf16 (bf16 products), GQA 2:1, 2 threads. A NaN in a
+// additive (multi-dimensional too: its online softmax, sigmoid, sparsemax) and distance scores,
+// f32 and bf16 (bf16 products), GQA 2:1, 2 threads. A NaN in a
 // hidden key or value, or in dout, keeps every block (NaN + -inf is NaN in the reference): the
 // same bits again, NaN included.
 TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
@@ -1110,17 +1111,21 @@ TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
     for (std::int64_t j = 0; j <= i; ++j) causal.set({i, j}, 1.0);
   Tensor padding = Tensor::zeros({2, 1, 1, N}, dtype::boolean);
   for (std::int64_t j = 0; j < N; ++j) padding.set({0, 0, 0, j}, j < 40 ? 1.0 : 0.0), padding.set({1, 0, 0, j}, 1.0);
-  const std::vector<std::tuple<score_kind, dtype>> scores = {
-      {score_kind::scaled_dot, dtype::f32}, {score_kind::scaled_dot, dtype::bf16}, {score_kind::activated_general, dtype::f32},
-      {score_kind::additive, dtype::f32}, {score_kind::triangle, dtype::f32}};
+  // (score, dtype, multi-dimensional additive)
+  const std::vector<std::tuple<score_kind, dtype, bool>> scores = {
+      {score_kind::scaled_dot, dtype::f32, false}, {score_kind::scaled_dot, dtype::bf16, false},
+      {score_kind::activated_general, dtype::f32, false}, {score_kind::additive, dtype::f32, false},
+      {score_kind::additive, dtype::f32, true}, {score_kind::triangle, dtype::f32, false}};
   std::vector<distribution_kind> dists = kFused;
   dists.push_back(distribution_kind::kernel);
-  for (const auto& [s, t] : scores)
+  for (const auto& [s, t, md] : scores)
     for (distribution_kind d : dists)
       for (int m = 0; m < 2; ++m) {
         const bool distance = s == score_kind::triangle;
         if (distance != (d == distribution_kind::kernel) && d != distribution_kind::sigmoid) continue;
-        family_case c(s, d, rng, 2, 4, 2, N, N, 8, 6);
+        if (md && d != distribution_kind::softmax && d != distribution_kind::sigmoid && d != distribution_kind::sparsemax)
+          continue;
+        family_case c(s, d, rng, 2, 4, 2, N, N, 8, 6, md);
         c.opt.score.activation = score_activation::relu;
         c.opt.distribution.k = 5;
         if (distance) c.opt.score.bandwidth = 3.0;
@@ -1129,7 +1134,8 @@ TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
         const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
         for (const std::string& isa : isas()) {
           isa_scope scope(isa.c_str());
-          const std::string what = isa + " " + case_name(s, d) + " " + std::string(dtype_name(t)) + (m == 0 ? " causal" : " padding");
+          const std::string what = isa + " " + case_name(s, d) + (md ? " multi-dimensional " : " ") +
+                                   std::string(dtype_name(t)) + (m == 0 ? " causal" : " padding");
           const result got = run(c, q, k, v, dout, family_path::fused, 2);
           expect_close(got, ref, t == dtype::bf16 ? 2 * tolerance_for(dtype::bf16) : 2e-4, what);
           setenv("ATTN_FAMILY_MASK_SKIP", "0", 1);
