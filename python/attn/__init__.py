@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional, Tuple
 
 from . import _attn
-from ._arrays import arg as _arg, kind_of as _kind_of, opts as _opts, result as _result
+from ._arrays import arg as _arg, index as _index, kind_of as _kind_of, opts as _opts, result as _result
 
 _EXT = 0  # the extension returns NumPy arrays; _result gives them the caller's kind
 
@@ -119,7 +119,7 @@ def attention(q, k, v, *, attn_mask=None, is_causal: bool = False, alignment: st
       scale: default ``1/sqrt(D)``. window: ``(left, right)`` keys kept around pos_i, -1 unbounded.
       softcap: > 0 turns on ``softcap·tanh(s/softcap)``.
       alibi_slopes: ``[Hq]`` or ``[B, Hq]``. sinks: ``[Hq]`` per-head logits.
-      nonpad_kv_seqlen: int64 ``[B]`` valid keys per batch entry.
+      nonpad_kv_seqlen: integer ``[B]`` valid keys per batch entry.
       past_key, past_value: ONNX KV cache in front of k, v (present_* are returned).
       return_lse: also return the log-sum-exp. return_qk: "scaled", "softcapped", "biased" or
         "probabilities" returns that ``[B, Hq, Nq, Nk]`` intermediate (runs on the reference).
@@ -177,7 +177,7 @@ def attention_with_kv_cache(q, k_new, v_new, cache_key, cache_value, cache_lengt
     """One decoding step on an in-place KV cache (FlashAttention's ``flash_attn_with_kvcache``).
 
     ``cache_key [B, Hkv, capacity, D]`` and ``cache_value [B, Hkv, capacity, Dv]`` are writable
-    arrays of q's dtype; ``cache_lengths`` int64 ``[B]`` says how many tokens each batch entry
+    arrays of q's dtype; ``cache_lengths`` integer ``[B]`` says how many tokens each batch entry
     holds. ``k_new``/``v_new`` are written into rows ``[L_b, L_b + Nnew)`` and q attends to
     keys ``[0, L_b + Nnew)``, read in place. ``cache_lengths`` is not changed: add Nnew after.
 
@@ -189,7 +189,7 @@ def attention_with_kv_cache(q, k_new, v_new, cache_key, cache_value, cache_lengt
                         num_threads)
     ck, cv = _arg(cache_key), _arg(cache_value)
     out, lse, _, _, _, used = _attn.attention_with_kv_cache(_arg(q), _arg(k_new), _arg(v_new), ck,
-                                                            cv, _arg(cache_lengths), o, _EXT)
+                                                            cv, _index(cache_lengths), o, _EXT)
     out = _result(out, kind)
     return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
 
@@ -231,7 +231,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                      **extra):
     """Attention over B sequences packed back to back (FlashAttention's ``flash_attn_varlen_func``).
 
-    ``q [total_q, Hq, D]``, ``k [total_k, Hkv, D]``, ``v [total_k, Hkv, Dv]``; int64
+    ``q [total_q, Hq, D]``, ``k [total_k, Hkv, D]``, ``v [total_k, Hkv, Dv]``; integer
     ``cu_seqlens_q``/``cu_seqlens_k [B + 1]`` (0, then cumulative lengths): sequence b owns query
     rows ``[cu_q[b], cu_q[b+1])`` and key rows ``[cu_k[b], cu_k[b+1])``. ``max_seqlen_*`` bound
     the lengths. Every option applies to each sequence on its own ("bottom_right" is
@@ -245,8 +245,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     kind = _kind_of(q)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
                       num_threads, extra)
-    out, lse, used = _attn.attention_varlen(_arg(q), _arg(k), _arg(v), _arg(cu_seqlens_q),
-                                            _arg(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
+    out, lse, used = _attn.attention_varlen(_arg(q), _arg(k), _arg(v), _index(cu_seqlens_q),
+                                            _index(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
                                             o, _EXT)
     out = _result(out, kind)
     return VarlenResult(out, _result(lse, kind), used) if return_lse else out
@@ -267,7 +267,7 @@ def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
                       num_threads, extra)
     g = _attn.attention_varlen_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse),
-                                        _arg(cu_seqlens_q), _arg(cu_seqlens_k), int(max_seqlen_q),
+                                        _index(cu_seqlens_q), _index(cu_seqlens_k), int(max_seqlen_q),
                                         int(max_seqlen_k), o, _EXT)
     return VarlenGrads(*(_result(x, kind) for x in g[:5]), g[5])
 
@@ -282,7 +282,7 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     PagedAttention; FlashAttention's ``block_table``).
 
     ``k_pages [num_pages, page_size, Hkv, D]``, ``v_pages [num_pages, page_size, Hkv, Dv]``;
-    int64 ``block_table [B, max_pages]`` (the pages of each sequence, in order) and ``seq_lens
+    integer ``block_table [B, max_pages]`` (the pages of each sequence, in order) and ``seq_lens
     [B]`` (its keys). int8 pages come with float32 ``k_scales``/``v_scales [num_pages, page_size,
     Hkv]`` (see :func:`paged_kv_append`); int8 ``k_pages`` may also be blocked keys ``[num_pages,
     page_size / 16, Hkv, D / 4, 16, 4]`` (16 keys side by side for every 4 elements of d: the
@@ -296,8 +296,8 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     kind = _kind_of(q)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
                       num_threads, extra)
-    out, lse, used = _attn.attention_paged(_arg(q), _arg(k_pages), _arg(v_pages), _arg(block_table),
-                                           _arg(seq_lens), None if k_scales is None else _arg(k_scales),
+    out, lse, used = _attn.attention_paged(_arg(q), _arg(k_pages), _arg(v_pages), _index(block_table),
+                                           _index(seq_lens), None if k_scales is None else _arg(k_scales),
                                            None if v_scales is None else _arg(v_scales), o, _EXT)
     out = _result(out, kind)
     return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
@@ -310,7 +310,7 @@ def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages,
                            sinks=None, return_lse: bool = False, backend: str = "automatic",
                            num_threads: int = 0, **extra):
     """:func:`attention_paged` for a batch whose sequences bring different numbers of new tokens
-    (decode steps beside prefill chunks): ``q [total_q, Hq, D]`` packed with int64
+    (decode steps beside prefill chunks): ``q [total_q, Hq, D]`` packed with integer
     ``cu_seqlens_q [B + 1]`` (every length <= ``max_seqlen_q``), against the paged cache of the same
     B sequences. Sequence b's queries are its newest ``Nq_b`` tokens. Returns ``out [total_q, Hq,
     Dv]`` — or, with return_lse, a :class:`VarlenResult` whose lse is ``[Hq, total_q]``.
@@ -320,9 +320,9 @@ def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages,
     kind = _kind_of(q)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
                       num_threads, extra)
-    out, lse, used = _attn.attention_paged_varlen(_arg(q), _arg(cu_seqlens_q), int(max_seqlen_q),
-                                                  _arg(k_pages), _arg(v_pages), _arg(block_table),
-                                                  _arg(seq_lens), None if k_scales is None else _arg(k_scales),
+    out, lse, used = _attn.attention_paged_varlen(_arg(q), _index(cu_seqlens_q), int(max_seqlen_q),
+                                                  _arg(k_pages), _arg(v_pages), _index(block_table),
+                                                  _index(seq_lens), None if k_scales is None else _arg(k_scales),
                                                   None if v_scales is None else _arg(v_scales), o, _EXT)
     out = _result(out, kind)
     return VarlenResult(out, _result(lse, kind), used) if return_lse else out
@@ -336,7 +336,7 @@ def paged_kv_append(k_pages, v_pages, block_table, seq_lens, k_new, v_new, *, k_
     into ``k_scales``/``v_scales``; a non-finite value is an error and nothing is written).
     ``seq_lens`` is not changed: add Nnew after.
     """
-    _attn.paged_kv_append(_arg(k_pages), _arg(v_pages), _arg(block_table), _arg(seq_lens),
+    _attn.paged_kv_append(_arg(k_pages), _arg(v_pages), _index(block_table), _index(seq_lens),
                           None if k_scales is None else _arg(k_scales),
                           None if v_scales is None else _arg(v_scales), _arg(k_new), _arg(v_new))
 

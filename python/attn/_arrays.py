@@ -75,13 +75,35 @@ def arg(x):
     return x
 
 
+def index(x):
+    """An index array (cu_seqlens, block_table, seq_lens, cache_lengths, nonpad_kv_seqlen): attn
+    reads int64, and FlashAttention, vLLM and PyTorch users hold int32 ones — a signed or unsigned
+    integer array of at most 32 bits is widened to int64 (a copy: B + 1 or B × pages values,
+    exact). Anything else goes through as it is, to be checked by the extension."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind in "iu" and x.dtype.itemsize <= 4:
+            return x.astype(np.int64)
+        return arg(x)
+    t = _torch_module()
+    if t is not None and isinstance(x, t.Tensor) and x.dtype in (t.int32, t.int16, t.int8, t.uint8):
+        return arg(x.to(t.int64))
+    return arg(x)
+
+
+_INDEX_OPTIONS = {"nonpad_kv_seqlen"}
+
+
 def opts(**kw):
     """The options dict for the extension: None-valued entries dropped, tensors prepared."""
     out = {}
     for key, value in kw.items():
         if value is None:
             continue
-        if isinstance(value, (np.ndarray,)) or kind_of(value) == TORCH:
+        if key in _INDEX_OPTIONS:
+            value = index(value)
+        elif isinstance(value, (np.ndarray,)) or kind_of(value) == TORCH:
             value = arg(value)
         out[key] = value
     return out

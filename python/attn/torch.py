@@ -25,17 +25,13 @@ import torch
 from torch import Tensor, nn
 
 from . import _attn
-from ._arrays import NUMPY as _NP, TORCH as _TORCH, arg as _a, result as _r
+from ._arrays import NUMPY as _NP, TORCH as _TORCH, arg as _a, index as _i, result as _r
 
 __all__ = [
     "scaled_dot_product_attention", "attention", "attention_varlen", "MultiheadAttention", "attention_family",
     "AdditiveAttention", "GeneralAttention", "NadarayaWatson", "rotary", "t5_relative_bias",
     "sinusoidal",
 ]
-
-
-def _d(x):
-    return None if x is None else _a(x)
 
 
 # ---- the core op ----------------------------------------------------------------------------
@@ -85,7 +81,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = 
     ``return_lse``). The ONNX past/present cache is :func:`attn.attention`'s (not differentiable).
     """
     opts = _opts(is_causal=is_causal, alignment=alignment, scale=scale, window=tuple(window),
-                 softcap=softcap, nonpad_kv_seqlen=_d(nonpad_kv_seqlen), q_num_heads=q_num_heads,
+                 softcap=softcap, nonpad_kv_seqlen=_i(nonpad_kv_seqlen), q_num_heads=q_num_heads,
                  kv_num_heads=kv_num_heads, backend=backend, num_threads=num_threads)
     out, lse = _Attention.apply(q, k, v, attn_mask, alibi_slopes, sinks, opts)
     return (out, lse) if return_lse else out
@@ -100,7 +96,7 @@ class _Varlen(torch.autograd.Function):
         for key, t in (("alibi_slopes", alibi), ("sinks", sinks)):
             if t is not None:
                 o[key] = _a(t)
-        out, lse, _ = _attn.attention_varlen(_a(q), _a(k), _a(v), _a(cu_q), _a(cu_k), max_q, max_k, o, _NP)
+        out, lse, _ = _attn.attention_varlen(_a(q), _a(k), _a(v), _i(cu_q), _i(cu_k), max_q, max_k, o, _NP)
         out, lse = _r(out, _TORCH), _r(lse, _TORCH)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.opts, ctx.max = o, (max_q, max_k)
@@ -111,7 +107,7 @@ class _Varlen(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         g = _attn.attention_varlen_backward(_a(q), _a(k), _a(v), _a(out), _a(dout.contiguous()), _a(lse),
-                                            _a(cu_q), _a(cu_k), *ctx.max, ctx.opts, _NP)
+                                            _i(cu_q), _i(cu_k), *ctx.max, ctx.opts, _NP)
         dq, dk, dv, dalibi, dsinks = (_r(x, _TORCH) for x in g[:5])
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
@@ -126,7 +122,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                      return_lse: bool = False, backend: str = "automatic", num_threads: int = 0):
     """:func:`attn.attention_varlen` for torch tensors (FlashAttention's ``flash_attn_varlen_func``
     on the CPU), differentiable in q, k, v, ``alibi_slopes`` and ``sinks``. ``q [total_q, Hq, D]``,
-    ``k``/``v [total_k, Hkv, ·]``, int64 ``cu_seqlens_* [B + 1]``. Returns ``out`` (and ``lse
+    ``k``/``v [total_k, Hkv, ·]``, integer ``cu_seqlens_* [B + 1]`` (int32 as FlashAttention's is
+    widened to int64). Returns ``out`` (and ``lse
     [Hq, total_q]`` with ``return_lse``).
     """
     opts = _opts(is_causal=is_causal, alignment=alignment, scale=scale, window=tuple(window),
@@ -204,7 +201,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if "window" in opts:
         opts["window"] = tuple(opts["window"])
     if "nonpad_kv_seqlen" in opts:
-        opts["nonpad_kv_seqlen"] = _d(opts["nonpad_kv_seqlen"])
+        opts["nonpad_kv_seqlen"] = _i(opts["nonpad_kv_seqlen"])
     out, _ = _Attention.apply(q, k, v, m, attn_extras.get("alibi_slopes"), attn_extras.get("sinks"), opts)
     if lead is not None:
         return out.reshape(*lead, *out.shape[-3:])

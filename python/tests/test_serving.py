@@ -252,3 +252,60 @@ def test_serving_bad_input_by_message():
     with pytest.raises(ValueError, match="paged_kv_append: "):
         attn.paged_kv_append(kp, kp, table, np.array([8], np.int64), np.zeros((1, 1, 1, 8), np.float32),
                              np.zeros((1, 1, 1, 8), np.float32))
+
+
+def test_int32_index_arrays_as_flash_attention_and_vllm_pass_them():
+    """cu_seqlens, block_table, seq_lens, cache_lengths and nonpad_kv_seqlen as int32 (what
+    FlashAttention's varlen API and vLLM hand over) — torch and NumPy, int16/uint8 too — give
+    exactly the int64 result; other index dtypes are refused by message."""
+    rng = np.random.default_rng(5)
+    lq = [5, 0, 9]
+    q = torch.randn(sum(lq), 4, 8)
+    k, v = torch.randn(sum(lq), 2, 8), torch.randn(sum(lq), 2, 8)
+    cu64 = cu_of(lq)
+    want = at.attention_varlen(q, k, v, cu64, cu64, 9, 9, is_causal=True)
+    for cu in (cu64.to(torch.int32), cu64.to(torch.int16), cu64.numpy().astype(np.int32), cu64.to(torch.uint8)):
+        torch.testing.assert_close(attn.attention_varlen(q, k, v, cu, cu, 9, 9, is_causal=True), want, atol=0, rtol=0)
+    # attn.torch's varlen: forward and gradients with int32 cu_seqlens
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out = at.attention_varlen(qg, kg, vg, cu64.to(torch.int32), cu64.to(torch.int32), 9, 9, is_causal=True)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    out.sum().backward()
+    q64, k64, v64 = (x.clone().requires_grad_() for x in (q, k, v))
+    at.attention_varlen(q64, k64, v64, cu64, cu64, 9, 9, is_causal=True).sum().backward()
+    for a, b in ((qg, q64), (kg, k64), (vg, v64)):
+        torch.testing.assert_close(a.grad, b.grad, atol=0, rtol=0)
+    # paged: block_table and seq_lens int32, appended with int32 too
+    B, Hkv, L, D = 2, 2, 12, 8
+    K = rng.standard_normal((B, Hkv, L, D)).astype(np.float32)
+    V = rng.standard_normal((B, Hkv, L, D)).astype(np.float32)
+    qd = rng.standard_normal((B, 4, 1, D)).astype(np.float32)
+    kp, vp, table = paged_from_dense(K, V, 4, rng)
+    lens = np.array([12, 7], dtype=np.int64)
+    want = attn.attention_paged(qd, kp, vp, table, lens, is_causal=True)
+    got = attn.attention_paged(qd, kp, vp, table.astype(np.int32), torch.from_numpy(lens).to(torch.int32), is_causal=True)
+    np.testing.assert_array_equal(got, want)
+    kp2, vp2 = kp.copy(), vp.copy()
+    new = rng.standard_normal((B, Hkv, 1, D)).astype(np.float32)
+    attn.paged_kv_append(kp, vp, table, np.array([11, 6], np.int64), new, new)
+    attn.paged_kv_append(kp2, vp2, table.astype(np.int32), np.array([11, 6], np.int32), new, new)
+    np.testing.assert_array_equal(kp, kp2)
+    np.testing.assert_array_equal(vp, vp2)
+    # the dense KV cache and nonpad_kv_seqlen
+    cache_k = np.zeros((B, Hkv, 8, D), np.float32)
+    cache_v = np.zeros((B, Hkv, 8, D), np.float32)
+    cache_k2, cache_v2 = cache_k.copy(), cache_v.copy()
+    a = attn.attention_with_kv_cache(qd, new, new, cache_k, cache_v, np.array([3, 0], np.int64), is_causal=True)
+    b = attn.attention_with_kv_cache(qd, new, new, cache_k2, cache_v2, np.array([3, 0], np.int32), is_causal=True)
+    np.testing.assert_array_equal(a, b)
+    qs, ks = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 6, 8)
+    n64 = torch.tensor([6, 2])
+    want = attn.attention(qs, ks, ks, nonpad_kv_seqlen=n64)
+    torch.testing.assert_close(attn.attention(qs, ks, ks, nonpad_kv_seqlen=n64.to(torch.int32)), want, atol=0, rtol=0)
+    torch.testing.assert_close(at.scaled_dot_product_attention(qs, ks, ks, nonpad_kv_seqlen=n64.to(torch.int32)), want,
+                               atol=0, rtol=0)
+    # not an index dtype: refused, naming the argument
+    with pytest.raises(TypeError, match="attention_varlen: cu_seqlens_q has dtype float32"):
+        attn.attention_varlen(q, k, v, cu64.float(), cu64, 9, 9)
+    with pytest.raises(TypeError, match="attention_paged: block_table has dtype"):
+        attn.attention_paged(qd, kp, vp, table.astype(np.uint64), lens)
