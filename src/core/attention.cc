@@ -437,6 +437,9 @@ bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t
 // again by the float64 reference. One pass over out and lse, on the call's threads (each row
 // read in its own dtype: at small shapes a serial, element-by-element scan cost a sixth of the
 // forward); the rows redone are the rare ones, in row order.
+// Elements below which a scan of the front runs on the calling thread alone.
+constexpr std::int64_t kSerialScan = std::int64_t(1) << 16;
+
 void recompute_special_rows(const problem& p, const forward_outputs& fo) {
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
   std::vector<char> special(std::size_t(nrows), 0);
@@ -480,7 +483,11 @@ void recompute_special_rows(const problem& p, const forward_outputs& fo) {
     for (std::int64_t d = 0; d < Dv; ++d) bad += !std::isfinite(out.load(b, h, i, d));
     return bad == 0;
   };
-#pragma omp parallel for num_threads(std::max(1, p.num_threads)) schedule(static)
+  // A decode step's out is a few thousand elements: one thread reads them in microseconds, where
+  // waking the others (a futex each, under OMP_WAIT_POLICY=passive) costs more than the scan.
+  const std::int64_t work = nrows * (p.Dv + (fo.qk_mode == qk_output::none ? 0 : p.Nk));
+  const int nt = work < kSerialScan ? 1 : std::max(1, p.num_threads);
+#pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t row = 0; row < nrows; ++row) {
     const std::int64_t i = row % p.Nq, h = row / p.Nq % p.Hq, b = row / p.Nq / p.Hq;
     const double lse = fo.lse_type == dtype::f32 ? double(static_cast<const float*>(fo.lse)[row])

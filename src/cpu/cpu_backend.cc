@@ -87,6 +87,9 @@ struct rows_f32 {
   const float* row(std::int64_t b, std::int64_t h, std::int64_t n) const { return data + b * sb + h * sh + n * sn; }
 };
 
+// Elements below which as_rows converts on one thread.
+constexpr std::int64_t kSerialCopy = std::int64_t(1) << 16;
+
 rows_f32 as_rows(const strided4& t, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
   rows_f32 r;
   if (t.type == dtype::f32 && (t.sx == 1 || X <= 1)) {
@@ -98,6 +101,9 @@ rows_f32 as_rows(const strided4& t, std::int64_t B, std::int64_t H, std::int64_t
   r.data = r.own.get();
   r.sn = X, r.sh = N * X, r.sb = H * N * X;
   float* dst = r.own.get();
+  // A decode step's q is a few thousand elements: converted on the calling thread, where waking
+  // the others (a futex each under OMP_WAIT_POLICY=passive) would cost more than the copy.
+  if (B * H * N * X < kSerialCopy) nt = 1;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t row = 0; row < B * H * N; ++row) {
     const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
@@ -418,8 +424,9 @@ void forward_out(const problem& p, const forward_outputs& o) {
   }
   if (nchunk == 1) return;
 
-  // Split-KV merge, chunk by chunk in key order.
-#pragma omp parallel num_threads(nt)
+  // Split-KV merge, chunk by chunk in key order: a decode step's few partial rows on the calling
+  // thread (waking the others again would cost more than the merge).
+#pragma omp parallel num_threads(units * nchunk * per < kSerialCopy ? 1 : nt)
   {
     lane_setup ls(L, 0);
     fbuf acc = alloc_floats(per);
