@@ -185,10 +185,7 @@ bool mask_may_skip(const problem& p, int nt) {
          view_all_finite(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
 }
 
-// (bc->probe follows skip_excluded: the mask fill may leave a tile it finds excluded unwritten
-// only where the kernels skip such tiles.)
-score_params make_score_params(const problem& p, bias_ctx* bc, float scale, bool skip_excluded = false) {
-  bc->probe = skip_excluded;
+score_params make_score_params(const problem& p, const bias_ctx* bc, float scale, bool skip_excluded = false) {
   score_params sp;
   sp.scale = scale;
   sp.softcap = float(p.softcap);

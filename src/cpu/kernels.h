@@ -50,14 +50,10 @@ using bias_fn = mask_tile_kind (*)(const void* ctx, std::int64_t j0, std::int64_
 // tile (bool bytes: 0 / -inf; f32: the value), keys n <= jj < nb are past a short mask (-inf),
 // rows valid <= r < total are padding (0). kernel_table::mask_tile writes
 // tile[r·row_stride + jj·key_stride]; it is the same values as a scalar loop, in any layout.
-// probe: the caller skips a tile that is -inf for every valid row (mask_tile_kind::excluded);
-// mask_tile then finds that first, reading the rows up to their first kept key, and returns
-// excluded without writing the tile.
 struct mask_rows {
   const void* const* row = nullptr;
   bool is_bool = false;
   std::int64_t total = 0, valid = 0, n = 0;
-  bool probe = false;
 };
 
 // What every score transform needs: x = scale·q·k → softcap → + mask + ALiBi → -inf outside [lo, hi).

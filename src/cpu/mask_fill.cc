@@ -25,7 +25,7 @@ cpu::mask_tile_kind fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb
     const std::size_t esize = is_bool ? sizeof(bool) : sizeof(float);
     for (std::int64_t r = 0; r < c.valid; ++r)
       rows[r] = static_cast<const char*>(m.data) + std::size_t(m.offset(c.b, c.h[r], c.i[r], j0)) * esize;
-    return c.kt->mask_tile(mask_rows{rows, is_bool, c.total, c.valid, cols - j0, c.probe}, nb, tile, rs, ks);
+    return c.kt->mask_tile(mask_rows{rows, is_bool, c.total, c.valid, cols - j0}, nb, tile, rs, ks);
   }
   for (std::int64_t r = 0; r < c.total; ++r) {
     float* t = tile + r * rs;

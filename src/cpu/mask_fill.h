@@ -19,9 +19,6 @@ struct bias_ctx {
   std::int64_t b = 0, valid = 0, total = 0;
   const std::int64_t* h = nullptr;
   const std::int64_t* i = nullptr;
-  // The caller skips a tile that is -inf for every valid row: fill_bias may then return
-  // mask_tile_kind::excluded without writing it (mask_rows::probe).
-  bool probe = false;
 };
 
 // A cpu::bias_fn over a bias_ctx.

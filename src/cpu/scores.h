@@ -110,35 +110,8 @@ inline void lane_blocks(const mask_rows& m, std::int64_t r0, std::int64_t jj, fl
   for (int x = 0; x < W; ++x) store(tile + (jj + c * W + x) * ks + r0, v[x]);
 }
 
-// Whether every valid row (m.valid > 0) of keys [0, n) is excluded — bool bytes all 0, f32 values
-// all -inf; keys past n are anyway — reading each row up to its first kept key, writing nothing.
-inline bool all_excluded(const mask_rows& m, std::int64_t n) {
-  for (std::int64_t r = 0; r < m.valid; ++r) {
-    if (r > 0 && m.row[r] == m.row[r - 1]) continue;  // rows sharing one mask row (key padding)
-    std::int64_t jj = 0;
-    if (m.is_bool) {
-      const auto* b = static_cast<const unsigned char*>(m.row[r]);
-      for (; jj + 4 * W <= n; jj += 4 * W) {
-        vu words;
-        __builtin_memcpy(&words, b + jj, 4 * W);
-        if (any_lane(words != vu{})) return false;
-      }
-      for (; jj < n; ++jj)
-        if (b[jj]) return false;
-    } else {
-      const float* f = static_cast<const float*>(m.row[r]);
-      for (; jj + W <= n; jj += W)
-        if (any_lane(load(f + jj) != splat(-kInf))) return false;
-      for (; jj < n; ++jj)
-        if (f[jj] != -kInf) return false;
-    }
-  }
-  return true;
-}
-
 mask_tile_kind mask_tile(const mask_rows& m, std::int64_t nb, float* tile, std::int64_t rs, std::int64_t ks) {
   const std::int64_t n = imax(0, imin(m.n, nb));
-  if (m.probe && m.valid > 0 && all_excluded(m, n)) return mask_tile_kind::excluded;  // the caller skips it
   bool shared = m.valid > 0;  // every valid row reads the same mask row (key padding)
   for (std::int64_t r = 1; r < m.valid && shared; ++r) shared = m.row[r] == m.row[0];
   mask_seen seen;

@@ -341,7 +341,7 @@ struct lane_state {
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
         prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data();
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = mc.probe = in.mask_skip;
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
 
   cpu::family_lanes set(const fproblem& fp, const fused_inputs& in, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
@@ -602,7 +602,7 @@ struct row_pass {
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data();
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = mc.probe = in.mask_skip;
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
 
   // dk, dv of the block's keys into the sink; single pass: also dq [G·Nq][Pp] of (b, hkv)
