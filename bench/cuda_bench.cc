@@ -1,10 +1,12 @@
-// bench/cuda_bench.cc — the cuda backend's kernels timed on device tensors (attn/cuda.h): forward
-// and backward at the shapes of issue 16, median of --reps after --warmup, TFLOP/s counted as
-// FlashAttention counts them (forward 4·B·H·Nq·Nk·D, halved when causal; backward 2.5× that).
+// bench/cuda_bench.cc — the cuda backend's kernels timed on device tensors (attn/cuda.h), written
+// into tensors allocated once (attention_into, attention_backward_into): forward and backward at
+// the shapes of issue 16, each the median of --reps calls (a call, then a wait for the device)
+// after --warmup, TFLOP/s counted as FlashAttention counts them (forward 4·B·H·Nq·Nk·D, halved
+// when causal; backward 2.5× that), and the forward's K/V read rate (decode shapes: --nq 1).
 // Peers on the same GPU: bench/cuda_peers.py (torch SDPA's flash, cuDNN and efficient backends).
 //
-//   attn_cuda_bench [--batch 4] [--heads 16] [--kv-heads 16] [--n 4096] [--d 128] [--dtype bf16|f16]
-//                   [--causal] [--reps 20] [--warmup 3]
+//   attn_cuda_bench [--batch 4] [--heads 16] [--kv-heads 16] [--n 4096 | --nq N --nk N] [--d 128]
+//                   [--dtype bf16|f16] [--causal] [--forward-only] [--reps 20] [--warmup 3]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,9 +22,9 @@
 namespace {
 
 struct args {
-  std::int64_t batch = 4, heads = 16, kv_heads = 16, n = 4096, d = 128;
+  std::int64_t batch = 4, heads = 16, kv_heads = 16, nq = 4096, nk = 4096, d = 128;
   attn::dtype type = attn::dtype::bf16;
-  bool causal = false;
+  bool causal = false, forward_only = false;
   int reps = 20, warmup = 3;
 };
 
@@ -37,7 +39,10 @@ args parse(int argc, char** argv) {
     if (k == "--batch") a.batch = std::stoll(next());
     else if (k == "--heads") a.heads = std::stoll(next());
     else if (k == "--kv-heads") a.kv_heads = std::stoll(next());
-    else if (k == "--n") a.n = std::stoll(next());
+    else if (k == "--n") a.nq = a.nk = std::stoll(next());
+    else if (k == "--nq") a.nq = std::stoll(next());
+    else if (k == "--nk") a.nk = std::stoll(next());
+    else if (k == "--forward-only") a.forward_only = true;
     else if (k == "--d") a.d = std::stoll(next());
     else if (k == "--dtype") a.type = next() == "f16" ? attn::dtype::f16 : attn::dtype::bf16;
     else if (k == "--causal") a.causal = true;
@@ -83,23 +88,30 @@ int main(int argc, char** argv) {
     }
     std::mt19937 rng(1);
     using attn::cuda::DeviceTensor;
-    const DeviceTensor q = DeviceTensor::from_host(random_host({a.batch, a.heads, a.n, a.d}, a.type, rng));
-    const DeviceTensor k = DeviceTensor::from_host(random_host({a.batch, a.kv_heads, a.n, a.d}, a.type, rng));
-    const DeviceTensor v = DeviceTensor::from_host(random_host({a.batch, a.kv_heads, a.n, a.d}, a.type, rng));
-    const DeviceTensor dout = DeviceTensor::from_host(random_host({a.batch, a.heads, a.n, a.d}, a.type, rng));
+    const DeviceTensor q = DeviceTensor::from_host(random_host({a.batch, a.heads, a.nq, a.d}, a.type, rng));
+    const DeviceTensor k = DeviceTensor::from_host(random_host({a.batch, a.kv_heads, a.nk, a.d}, a.type, rng));
+    const DeviceTensor v = DeviceTensor::from_host(random_host({a.batch, a.kv_heads, a.nk, a.d}, a.type, rng));
+    const DeviceTensor dout = DeviceTensor::from_host(random_host({a.batch, a.heads, a.nq, a.d}, a.type, rng));
     attn::attention_options o;
     o.is_causal = a.causal;
-    attn::cuda::device_result fwd = attn::cuda::attention(q, k, v, o);
-    const double fwd_ms = median_ms([&] { fwd = attn::cuda::attention(q, k, v, o); }, a.reps, a.warmup);
+    const DeviceTensor out(a.type, {a.batch, a.heads, a.nq, a.d}), lse(attn::dtype::f32, {a.batch, a.heads, a.nq});
+    const DeviceTensor dq(a.type, q.shape()), dk(a.type, k.shape()), dv(a.type, v.shape());
+    const double fwd_ms = median_ms([&] { attn::cuda::attention_into(q, k, v, out, lse, o); }, a.reps, a.warmup);
     const double bwd_ms =
-        median_ms([&] { attn::cuda::attention_backward(q, k, v, fwd.out, fwd.lse, dout, o); }, a.reps, a.warmup);
-    const double flops = 4.0 * double(a.batch * a.heads) * double(a.n) * double(a.n) * double(a.d) * (a.causal ? 0.5 : 1.0);
-    std::printf("{\"impl\": \"attn_cuda\", \"device\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"N\": %lld, "
-                "\"D\": %lld, \"dtype\": \"%s\", \"causal\": %s, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
-                "\"bwd_ms\": %.4f, \"bwd_tflops\": %.1f}\n",
+        a.forward_only ? 0.0
+                       : median_ms([&] { attn::cuda::attention_backward_into(q, k, v, out, lse, dout, dq, dk, dv, o); },
+                                   a.reps, a.warmup);
+    const double flops =
+        4.0 * double(a.batch * a.heads) * double(a.nq) * double(a.nk) * double(a.d) * (a.causal ? 0.5 : 1.0);
+    const double kv_bytes = 2.0 * double(a.batch * a.kv_heads) * double(a.nk) * double(a.d) * 2.0;
+    const char* splits = std::getenv("ATTN_CUDA_SPLITS");
+    std::printf("{\"impl\": \"attn_cuda\", \"device\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"Nq\": %lld, "
+                "\"Nk\": %lld, \"D\": %lld, \"dtype\": \"%s\", \"causal\": %s, \"ATTN_CUDA_SPLITS\": \"%s\", "
+                "\"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, \"fwd_kv_gbps\": %.0f, \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f}\n",
                 attn::cuda::device_name().c_str(), (long long)a.batch, (long long)a.heads, (long long)a.kv_heads,
-                (long long)a.n, (long long)a.d, std::string(attn::dtype_name(a.type)).c_str(), a.causal ? "true" : "false",
-                fwd_ms, flops / fwd_ms * 1e-9, bwd_ms, 2.5 * flops / bwd_ms * 1e-9);
+                (long long)a.nq, (long long)a.nk, (long long)a.d, std::string(attn::dtype_name(a.type)).c_str(),
+                a.causal ? "true" : "false", splits ? splits : "", fwd_ms, flops / fwd_ms * 1e-9, kv_bytes / fwd_ms * 1e-6,
+                bwd_ms, a.forward_only ? 0.0 : 2.5 * flops / bwd_ms * 1e-9);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

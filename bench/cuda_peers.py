@@ -4,6 +4,10 @@ median of CUDA-event timings. The peers of the cuda backend (docs/CUDA.md), run 
 GPU in the same call.
 
   python bench/cuda_peers.py --batch 4 --heads 16 --n 4096 --d 128 --dtype bf16 [--causal]
+  python bench/cuda_peers.py --batch 1 --heads 32 --kv-heads 8 --nq 1 --nk 32768 --forward-only
+
+Forward is timed once per call like attn_cuda_bench (CUDA events around one call); the K/V read
+rate is reported for decode shapes. GQA (--kv-heads) runs with enable_gqa=True.
 """
 
 import argparse
@@ -34,7 +38,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--nq", type=int, default=None)
+    p.add_argument("--nk", type=int, default=None)
+    p.add_argument("--forward-only", action="store_true")
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
     p.add_argument("--causal", action="store_true")
@@ -42,20 +50,28 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     a = p.parse_args()
     dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
-    shape = (a.batch, a.heads, a.n, a.d)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dt, requires_grad=True) for _ in range(3))
-    dout = torch.randn(shape, device="cuda", dtype=dt)
-    flops = 4.0 * a.batch * a.heads * a.n * a.n * a.d * (0.5 if a.causal else 1.0)
+    hkv = a.kv_heads or a.heads
+    nq, nk = a.nq or a.n, a.nk or a.n
+    q = torch.randn((a.batch, a.heads, nq, a.d), device="cuda", dtype=dt, requires_grad=True)
+    k, v = (torch.randn((a.batch, hkv, nk, a.d), device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
+    dout = torch.randn((a.batch, a.heads, nq, a.d), device="cuda", dtype=dt)
+    flops = 4.0 * a.batch * a.heads * nq * nk * a.d * (0.5 if a.causal else 1.0)
+    kv_bytes = 2.0 * a.batch * hkv * nk * a.d * 2
+    gqa = {"enable_gqa": True} if hkv != a.heads else {}
     for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
                      ("efficient", SDPBackend.EFFICIENT_ATTENTION)]:
         try:
             with sdpa_kernel(be):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=a.causal)
-                fwd = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=a.causal), a.reps, a.warmup)
-                bwd = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), a.reps, a.warmup)
+                def run():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=a.causal, **gqa)
+                out = run()
+                fwd = median_ms(run, a.reps, a.warmup)
+                bwd = 0.0 if a.forward_only else median_ms(
+                    lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), a.reps, a.warmup)
             print(json.dumps({"impl": f"torch_{name}", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "fwd_ms": fwd, "fwd_tflops": flops / fwd * 1e-9, "bwd_ms": bwd,
-                              "bwd_tflops": 2.5 * flops / bwd * 1e-9}))
+                              "Nq": nq, "Nk": nk, "Hkv": hkv,
+                              "fwd_ms": fwd, "fwd_tflops": flops / fwd * 1e-9, "fwd_kv_gbps": kv_bytes / fwd * 1e-6,
+                              "bwd_ms": bwd, "bwd_tflops": 2.5 * flops / bwd * 1e-9 if bwd else 0.0}))
         except Exception as e:  # noqa: BLE001 — a backend this torch cannot run here is reported
             print(json.dumps({"impl": f"torch_{name}", "not_run": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}))
 

@@ -8,6 +8,7 @@
 //       auto q = attn::cuda::DeviceTensor::from_host(q_host);   // or DeviceTensor(dtype, shape)
 //       auto r = attn::cuda::attention(q, k, v, opt);            // r.out, r.lse on the device
 //       auto g = attn::cuda::attention_backward(q, k, v, r.out, r.lse, dout, opt);
+//       attn::cuda::attention_into(q, k, v, out, lse, opt);      // into given tensors, no allocation
 //
 // The kernels take float16 and bfloat16 inputs (float32 accumulation, tensor cores), head sizes
 // D and Dv that are multiples of 8 up to 256, and every option of attention_options except the
@@ -63,6 +64,12 @@ struct device_result {
 };
 device_result attention(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
                         const attention_options& options = {});
+// The same, written into given tensors (out: q's dtype and attention's out shape; lse: float32
+// [B, Hq, Nq]) and without waiting for the kernels: nothing is allocated but stream-ordered
+// scratch, for decode loops and for timing the kernels alone. attn::error on a wrong shape or
+// dtype, naming the tensor.
+void attention_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v, const DeviceTensor& out,
+                    const DeviceTensor& lse, const attention_options& options = {});
 
 struct device_grads {
   DeviceTensor dq, dk, dv;
@@ -72,5 +79,11 @@ struct device_grads {
 device_grads attention_backward(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
                                 const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
                                 const attention_options& options = {});
+// The same, written into given dq, dk, dv (the dtype and shape of q, k, v); the result's dq, dk,
+// dv are those tensors (DeviceTensor shares its memory), the slope and sink gradients on the host.
+device_grads attention_backward_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                                     const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
+                                     const DeviceTensor& dq, const DeviceTensor& dk, const DeviceTensor& dv,
+                                     const attention_options& options = {});
 
 }  // namespace attn::cuda

@@ -58,8 +58,10 @@ const device_probe& probe() {
 class device_buffer {
  public:
   device_buffer() = default;
+  // Stream-ordered on the default stream (no device-wide synchronisation at either end), so the
+  // scratch of a call into given tensors costs no wait.
   explicit device_buffer(std::size_t bytes) {
-    if (bytes) check(cudaMalloc(&p_, bytes), fmt::format("cudaMalloc of {} bytes", bytes).c_str());
+    if (bytes) check(cudaMallocAsync(&p_, bytes, 0), fmt::format("cudaMallocAsync of {} bytes", bytes).c_str());
   }
   device_buffer(const void* host, std::size_t bytes) : device_buffer(bytes) {
     if (bytes) check(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
@@ -72,7 +74,7 @@ class device_buffer {
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   ~device_buffer() {
-    if (p_) cudaFree(p_);
+    if (p_) cudaFreeAsync(p_, 0);
   }
   template <class T = void>
   T* get() const {
@@ -193,8 +195,13 @@ std::string why_not(const problem& p, const backend_request& req) {
 }
 
 std::string path(const problem& p, const backend_request& req) {
+  int split_blocks = 0;
+  const int splits = req.backward ? 1 : forward_splits(int(p.B), int(p.Hq), int(p.Nq), int(p.Nk), &split_blocks);
   return fmt::format("{}, head size {} on {}, {} f32 accumulation, host tensors copied to the device",
-                     req.backward ? "flash backward (delta, dk/dv, dq kernels)" : "flash forward",
+                     req.backward ? "flash backward (delta, dk/dv, dq kernels)"
+                     : splits > 1 ? fmt::format("flash forward, split-KV: {} splits of {} keys, merged by lse", splits,
+                                                64 * split_blocks)
+                                  : std::string("flash forward"),
                      padded_head_size(int(p.D), int(p.Dv)), probe().name, dtype_name(p.q.type));
 }
 
@@ -402,6 +409,14 @@ Shape out_shape_of(const DeviceTensor& q, const problem& p) {
   return q.shape().size() == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
 }
 
+// A tensor given to the API (a result written into, or an input saved by the forward) must have
+// this dtype and shape.
+void expect_like(const char* op, const char* name, const DeviceTensor& t, dtype type, const Shape& shape) {
+  if (t.shape() != shape || t.type() != type)
+    fail(op, fmt::format("{} is {} {}, expected {} {}", name, dtype_name(t.type()), shape_str(t.shape()),
+                         dtype_name(type), shape_str(shape)));
+}
+
 // lse (device, f32 [rows]) += sign · the row shifts of a shifted mask (problem_storage).
 void shift_lse(const problem& p, const problem_storage& store, float* lse, double sign) {
   const std::int64_t rows = p.B * p.Hq * p.Nq;
@@ -418,48 +433,53 @@ void shift_lse(const problem& p, const problem_storage& store, float* lse, doubl
 
 }  // namespace
 
-device_result attention(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
-                        const attention_options& options) {
-  const char* op = "attn::cuda::attention";
+void attention_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v, const DeviceTensor& out,
+                    const DeviceTensor& lse, const attention_options& options) {
+  const char* op = "attn::cuda::attention_into";
   problem_storage store;
   const problem p = device_problem(op, q, k, v, options, store, false);
+  expect_like(op, "out", out, q.type(), out_shape_of(q, p));
+  expect_like(op, "lse", lse, dtype::f32, {p.B, p.Hq, p.Nq});
   uploads up;
   dev_problem d = describe(p, up);
   set_qkv(d, p);
-  device_result r;
-  r.out = DeviceTensor(q.type(), out_shape_of(q, p));
-  r.lse = DeviceTensor(dtype::f32, {p.B, p.Hq, p.Nq});
-  const strided4 o = as_bhnx(r.out.view(), p.Hq);
+  const strided4 o = as_bhnx(out.view(), p.Hq);
   dev_forward f;
-  f.out = r.out.data(), f.o_sb = o.sb, f.o_sh = o.sh, f.o_sn = o.sn;
-  f.lse = static_cast<float*>(r.lse.data());
+  f.out = out.data(), f.o_sb = o.sb, f.o_sh = o.sh, f.o_sn = o.sn;
+  f.lse = static_cast<float*>(lse.data());
   if (p.B * p.Hq * p.Nq != 0) check(cudaError_t(launch_forward(d, f)), "the forward kernel");
   if (store.shift.defined()) shift_lse(p, store, f.lse, +1.0);
+}
+
+device_result attention(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                        const attention_options& options) {
+  problem_storage store;
+  const problem p = device_problem("attn::cuda::attention", q, k, v, options, store, false);
+  device_result r{DeviceTensor(q.type(), out_shape_of(q, p)), DeviceTensor(dtype::f32, {p.B, p.Hq, p.Nq})};
+  attention_into(q, k, v, r.out, r.lse, options);
   return r;
 }
 
-device_grads attention_backward(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
-                                const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
-                                const attention_options& options) {
+device_grads attention_backward_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                                     const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
+                                     const DeviceTensor& dq, const DeviceTensor& dk, const DeviceTensor& dv,
+                                     const attention_options& options) {
   const char* op = "attn::cuda::attention_backward";
   problem_storage store;
   const problem p = device_problem(op, q, k, v, options, store, true);
   const Shape os = out_shape_of(q, p);
-  for (const auto& [name, t] : {std::pair<const char*, const DeviceTensor*>{"out", &out}, {"dout", &dout}})
-    if (t->shape() != os || t->type() != q.type())
-      fail(op, fmt::format("{} is {} {}, expected {} {} like q", name, dtype_name(t->type()), shape_str(t->shape()),
-                           dtype_name(q.type()), shape_str(os)));
-  if (lse.shape() != Shape{p.B, p.Hq, p.Nq} || lse.type() != dtype::f32)
-    fail(op, fmt::format("lse is {} {}, expected float32 {}", dtype_name(lse.type()), shape_str(lse.shape()),
-                         shape_str(Shape{p.B, p.Hq, p.Nq})));
+  expect_like(op, "out", out, q.type(), os);
+  expect_like(op, "dout", dout, q.type(), os);
+  expect_like(op, "lse", lse, dtype::f32, {p.B, p.Hq, p.Nq});
+  expect_like(op, "dq", dq, q.type(), q.shape());
+  expect_like(op, "dk", dk, q.type(), k.shape());
+  expect_like(op, "dv", dv, q.type(), v.shape());
   uploads up;
   dev_problem d = describe(p, up);
   set_qkv(d, p);
 
   device_grads r;
-  r.dq = DeviceTensor(q.type(), q.shape());
-  r.dk = DeviceTensor(q.type(), k.shape());
-  r.dv = DeviceTensor(q.type(), v.shape());
+  r.dq = dq, r.dk = dk, r.dv = dv;
   const std::int64_t rows = p.B * p.Hq * p.Nq;
   const device_buffer delta(std::size_t(rows) * 4);
   const std::int64_t nqb = (p.Nq + kBackwardQueryBlock - 1) / kBackwardQueryBlock;
@@ -509,6 +529,14 @@ device_grads attention_backward(const DeviceTensor& q, const DeviceTensor& k, co
     if (!p.sinks.empty()) r.dsinks = ds.to(options.sinks->type());
   }
   return r;
+}
+
+device_grads attention_backward(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                                const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
+                                const attention_options& options) {
+  require_available("attn::cuda::attention_backward");
+  return attention_backward_into(q, k, v, out, lse, dout, DeviceTensor(q.type(), q.shape()),
+                                 DeviceTensor(q.type(), k.shape()), DeviceTensor(q.type(), v.shape()), options);
 }
 
 }  // namespace cuda

@@ -346,10 +346,10 @@ struct query_block {
   row_terms terms[2];
 };
 template <int kM, int kN>
-__device__ __forceinline__ query_block own_rows(const dev_problem& p, int* cells) {
+__device__ __forceinline__ query_block own_rows(const dev_problem& p, int* cells, int qblock) {
   query_block q;
   q.b = blockIdx.z, q.h = blockIdx.y, q.hk = q.h / (p.Hq / p.Hkv);
-  q.q0 = std::int64_t(blockIdx.x) * kM;
+  q.q0 = std::int64_t(qblock) * kM;
   q.rows = int(p.Nq - q.q0 < kM ? p.Nq - q.q0 : kM);
   int kmin, kmax;
   block_key_range(p, q.b, q.q0, q.rows, cells, kmin, kmax, q.lo_max, q.hi_min);
@@ -395,10 +395,10 @@ struct row_end {
   float inv, m, sum;
   __device__ float lse() const { return m == -kInf ? -kInf : (m + log2f(sum)) * kLn2; }
 };
-__device__ __forceinline__ row_end finish_row(const dev_problem& p, int h, float m, float l) {
+__device__ __forceinline__ row_end finish_row(const float* sinks, int h, float m, float l) {
   float sum = quad_sum(l), mm = m, keep = 1.0f;
-  if (p.sinks) {
-    const float sk = p.sinks[h] * kLog2e;
+  if (sinks) {
+    const float sk = sinks[h] * kLog2e;
     if (sk != -kInf) {
       const float mf = fmaxf(mm, sk);
       keep = mm == -kInf ? 0.0f : ex2(mm - mf);
@@ -428,8 +428,16 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   T* sK = sQ + kM * kS;      // [2][kN][kS]
   T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
 
-  const query_block qb = own_rows<kM, kN>(p, cells);
-  const int b = qb.b, h = qb.h, rows = qb.rows, lo_max = qb.lo_max, hi_min = qb.hi_min, jb0 = qb.jb0, jb1 = qb.jb1;
+  // Split-KV (f.splits > 1): blockIdx.x = query block · splits + split, and the block visits only
+  // the split's key blocks [split · split_blocks, + split_blocks) of its range.
+  const int split = f.splits > 1 ? int(blockIdx.x) % f.splits : 0;
+  const query_block qb = own_rows<kM, kN>(p, cells, f.splits > 1 ? int(blockIdx.x) / f.splits : int(blockIdx.x));
+  const int b = qb.b, h = qb.h, rows = qb.rows, lo_max = qb.lo_max, hi_min = qb.hi_min;
+  int jb0 = qb.jb0, jb1 = qb.jb1;
+  if (f.splits > 1) {
+    jb0 = max(jb0, split * f.split_blocks), jb1 = min(jb1, (split + 1) * f.split_blocks);
+    if (jb1 < jb0) jb1 = jb0;
+  }
   const std::int64_t q0 = qb.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int(&lo)[2] = qb.lo, (&hi)[2] = qb.hi;
@@ -528,13 +536,25 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   cp_async_wait<0>();
 
   // out = O / Σ, lse = m + log Σ (base 2 until here). The sink joins Σ, and the max when above it:
-  // a row with no key gives zeros, and lse = -inf, or the sink's logit with a sink.
+  // a row with no key gives zeros, and lse = -inf, or the sink's logit with a sink. A split writes
+  // its own out and lse in float32, without the sink (combine_kernel adds it once).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const row_end e = finish_row(p, h, m[r], l[r]);
+    const row_end e = finish_row(f.splits > 1 ? nullptr : p.sinks, h, m[r], l[r]);
     const float inv = e.inv;
     const std::int64_t i = q0 + warp * 16 + g + 8 * r;
     if (i >= p.Nq) continue;
+    if (f.splits > 1) {
+      const std::int64_t row = ((std::int64_t(split) * p.B + b) * p.Hq + h) * p.Nq + i;
+      float* po = f.part_out + row * p.Dv;
+#pragma unroll
+      for (int d = 0; d < kD / 8; ++d) {
+        const int col = d * 8 + 2 * t4;
+        if (col < p.Dv) *reinterpret_cast<float2*>(po + col) = make_float2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+      }
+      if (t4 == 0) f.part_lse[row] = e.lse();
+      continue;
+    }
     T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
 #pragma unroll
     for (int d = 0; d < kD / 8; ++d) {
@@ -660,7 +680,7 @@ __global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, 
   for (int t = 0; t < kT; ++t)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const row_end e = finish_row(p, h, m[t][r], l[t][r]);
+      const row_end e = finish_row(p.sinks, h, m[t][r], l[t][r]);
       const float inv = e.inv;
       const std::int64_t i = q0 + t * 64 + warp * 16 + g + 8 * r;
       if (i >= p.Nq) continue;
@@ -670,6 +690,43 @@ __global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, 
         *reinterpret_cast<std::uint32_t*>(out + d * 8 + 2 * t4) = pack2<T>(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
       if (t4 == 0) f.lse[(std::int64_t(b) * p.Hq + h) * p.Nq + i] = e.lse();
     }
+}
+
+// Split-KV's last step, one warp a row: the splits' float32 outs merged by their lse, the sink
+// joining the denominator once. A row with no key in any split (and no sink) gives zeros and
+// lse = -inf; a NaN in a split's out or lse reaches the row (0 · NaN is NaN).
+template <class T>
+__global__ void combine_kernel(const dev_problem p, const dev_forward f) {
+  const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq;
+  const std::int64_t row = std::int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31, h = int((row / p.Nq) % p.Hq);
+  const std::int64_t b = row / (std::int64_t(p.Nq) * p.Hq), i = row % p.Nq;
+  float mx = -kInf;
+  bool nan = false;
+  for (int s = 0; s < f.splits; ++s) {
+    const float x = f.part_lse[s * rows + row];
+    nan |= x != x;
+    mx = fmaxf(mx, x);
+  }
+  const float sk = p.sinks ? p.sinks[h] : -kInf;
+  mx = fmaxf(mx, sk);
+  const bool empty = mx == -kInf;
+  const float base = empty ? 0.0f : mx;
+  float total = sk == -kInf ? 0.0f : expf(sk - base);
+  for (int s = 0; s < f.splits; ++s) total += expf(f.part_lse[s * rows + row] - base);
+  const float inv = empty ? 0.0f : 1.0f / total;
+  T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
+  for (int d = 2 * lane; d < p.Dv; d += 64) {
+    float a0 = 0.0f, a1 = 0.0f;
+    for (int s = 0; s < f.splits; ++s) {
+      const float w = expf(f.part_lse[s * rows + row] - base) * inv;
+      const float2 x = *reinterpret_cast<const float2*>(f.part_out + (s * rows + row) * p.Dv + d);
+      a0 += w * x.x, a1 += w * x.y;
+    }
+    *reinterpret_cast<std::uint32_t*>(out + d) = pack2<T>(a0, a1);
+  }
+  if (lane == 0) f.lse[row] = nan ? __int_as_float(0x7fffffff) : empty ? -kInf : base + logf(total);
 }
 
 // ---- backward ----
@@ -709,7 +766,7 @@ __global__ void __launch_bounds__(128) dq_kernel(const dev_problem p, const dev_
   T* sK = sdO + kM * kS;     // [2][kN][kS]
   T* sV = sK + 2 * kN * kS;  // [2][kN][kS]
 
-  const query_block qb = own_rows<kM, kN>(p, cells);
+  const query_block qb = own_rows<kM, kN>(p, cells, int(blockIdx.x));
   const int b = qb.b, h = qb.h, rows = qb.rows, lo_max = qb.lo_max, hi_min = qb.hi_min, jb0 = qb.jb0, jb1 = qb.jb1;
   const std::int64_t q0 = qb.q0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
@@ -1296,12 +1353,32 @@ template <class T, int kD, bool kPlain>
 int run_forward(const dev_problem& p, const dev_forward& f) {
   constexpr int bytes = fwd_smem_bytes<kD>();
   if (cudaError_t e = allow_smem(forward_kernel<T, kD, kPlain>, bytes); e != cudaSuccess) return int(e);
+  if (f.splits > 1) {
+    // Partial outs and lse in one stream-ordered allocation (no device-wide synchronisation).
+    const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq;
+    void* ws = nullptr;
+    if (cudaError_t e = cudaMallocAsync(&ws, std::size_t(f.splits * rows) * (p.Dv + 1) * 4, 0);
+        e != cudaSuccess)
+      return int(e);
+    dev_forward fs = f;
+    fs.part_out = static_cast<float*>(ws);
+    fs.part_lse = fs.part_out + f.splits * rows * p.Dv;
+    const dim3 grid(unsigned((p.Nq + 63) / 64 * f.splits), p.Hq, p.B);
+    forward_kernel<T, kD, kPlain><<<grid, 128, bytes>>>(p, fs);
+    combine_kernel<T><<<unsigned((rows + 3) / 4), 128>>>(p, fs);
+    cudaError_t e = cudaGetLastError();
+    const cudaError_t freed = cudaFreeAsync(ws, 0);
+    return int(e != cudaSuccess ? e : freed);
+  }
   const dim3 grid((p.Nq + 63) / 64, p.Hq, p.B);
   forward_kernel<T, kD, kPlain><<<grid, 128, bytes>>>(p, f);
   return int(cudaGetLastError());
 }
 template <class T, int kD>
-int run_forward(const dev_problem& p, const dev_forward& f) {
+int run_forward(const dev_problem& p, const dev_forward& f0) {
+  dev_forward f = f0;
+  f.splits = forward_splits(p.B, p.Hq, p.Nq, p.Nk, &f.split_blocks);
+  if (f.splits > 1) return plain_scores(p, kD) ? run_forward<T, kD, true>(p, f) : run_forward<T, kD, false>(p, f);
   if (!plain_scores(p, kD)) return run_forward<T, kD, false>(p, f);
   if constexpr (kD <= 128) {
     constexpr int bytes = fwd_wide_smem_bytes<kD>();

@@ -1,4 +1,6 @@
 // src/cuda/forward.cu — the forward kernel's instantiations (f16, bf16 × head sizes 64, 128, 256).
+#include <cstdlib>
+
 #include "cuda/flash.cuh"
 
 namespace attn::detail::cuda {
@@ -16,6 +18,27 @@ int shared_bytes(int padded_d, bool backward) {
     case 256: return pick(fwd_smem_bytes<256>(), dq_smem_bytes<256>(), dkdv_smem_bytes<256>());
     default: return 0;
   }
+}
+
+int forward_splits(int B, int Hq, int Nq, int Nk, int* split_blocks) {
+  const int nkb = (Nk + 63) / 64;
+  const std::int64_t blocks = std::int64_t((Nq + 63) / 64) * Hq * B;
+  int splits = 1;
+  if (const char* e = std::getenv("ATTN_CUDA_SPLITS"); e && *e) {
+    splits = std::atoi(e);
+    splits = splits < 1 ? 1 : splits > nkb ? nkb : splits;
+  } else if (blocks > 0 && nkb >= 8) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 1;
+    const std::int64_t want = (2 * std::int64_t(sms) + blocks - 1) / blocks;
+    splits = int(want < nkb / 4 ? want : nkb / 4);
+    if (splits > 128) splits = 128;
+  }
+  if (splits <= 1) return 1;
+  *split_blocks = (nkb + splits - 1) / splits;
+  return (nkb + *split_blocks - 1) / *split_blocks;  // no split left empty by the rounding
 }
 
 int launch_forward(const dev_problem& p, const dev_forward& f) {

@@ -36,11 +36,14 @@ struct dev_problem {
 };
 
 // Forward outputs: out [B, Hq, Nq, Dv] (the input type) with the strides below, lse f32
-// contiguous [B, Hq, Nq].
+// contiguous [B, Hq, Nq]. The launcher sets the rest: split-KV's split count, key blocks per
+// split and float32 scratch (part_out [splits, B, Hq, Nq, Dv], part_lse [splits, B, Hq, Nq]).
 struct dev_forward {
   void* out = nullptr;
   std::int64_t o_sb = 0, o_sh = 0, o_sn = 0;
   float* lse = nullptr;
+  int splits = 1, split_blocks = 0;
+  float *part_out = nullptr, *part_lse = nullptr;
 };
 
 // Backward: out, dout [B, Hq, Nq, Dv] and lse as saved by the forward; dq, dk, dv written (not
@@ -64,6 +67,15 @@ int padded_head_size(int D, int Dv);
 // Dynamic shared memory per block of the kernels for a padded head size (the largest of the
 // forward's, or of the backward's kernels): D = 256 needs more than sm_80's 163 KB.
 int shared_bytes(int padded_d, bool backward);
+// How many splits of the key blocks the forward takes (1: none) and, through split_blocks, the
+// 64-key blocks per split. Split-KV (FlashDecoding) is for grids too small to fill the device,
+// decode above all (Nq = 1: B·Hq blocks of one live row each): the keys of each 64-row query
+// block are cut into runs of whole key blocks, each run a block of its own, and a combine kernel
+// merges the runs by their lse. The grid aims at two blocks per SM (the 64-row kernel's
+// residency), with at least 4 key blocks (256 keys) per split, 128 splits at most.
+// ATTN_CUDA_SPLITS=n forces n splits wherever there are n key blocks (1: never split); the GPU
+// check runs every sweep so.
+int forward_splits(int B, int Hq, int Nq, int Nk, int* split_blocks);
 // Query rows per block of the dq kernel (the unit of dalibi_part / dsinks_part).
 constexpr int kBackwardQueryBlock = 64;
 

@@ -38,5 +38,15 @@ device_grads attention_backward(const DeviceTensor&, const DeviceTensor&, const 
                                 const DeviceTensor&, const DeviceTensor&, const attention_options&) {
   detail::fail("attn::cuda::attention_backward", detail::kWhy);
 }
+void attention_into(const DeviceTensor&, const DeviceTensor&, const DeviceTensor&, const DeviceTensor&,
+                    const DeviceTensor&, const attention_options&) {
+  detail::fail("attn::cuda::attention_into", detail::kWhy);
+}
+device_grads attention_backward_into(const DeviceTensor&, const DeviceTensor&, const DeviceTensor&,
+                                     const DeviceTensor&, const DeviceTensor&, const DeviceTensor&,
+                                     const DeviceTensor&, const DeviceTensor&, const DeviceTensor&,
+                                     const attention_options&) {
+  detail::fail("attn::cuda::attention_backward_into", detail::kWhy);
+}
 }  // namespace cuda
 }  // namespace attn

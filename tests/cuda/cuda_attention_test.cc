@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -161,6 +162,75 @@ TEST(CudaDevice, EveryMaskKindAndOption) {
     o.nonpad_kv_seqlen = index_tensor({260, 131}), o.sinks = random_tensor({w.Hq}, dtype::f32, rng, -1, 2);
   });
   for (const auto& [name, o] : plain) check_case(w, dtype::bf16, o, rng, name);
+}
+
+// Sets ATTN_CUDA_SPLITS for a scope (the forward reads it at each launch), then puts back what was
+// there: the GPU check also runs the whole suite with splits forced.
+class scoped_splits {
+ public:
+  explicit scoped_splits(const char* value) {
+    if (const char* e = std::getenv("ATTN_CUDA_SPLITS")) old_ = e, had_ = true;
+    setenv("ATTN_CUDA_SPLITS", value, 1);
+  }
+  ~scoped_splits() { had_ ? setenv("ATTN_CUDA_SPLITS", old_.c_str(), 1) : unsetenv("ATTN_CUDA_SPLITS"); }
+
+ private:
+  std::string old_;
+  bool had_ = false;
+};
+
+// Decode shapes (a few query rows, thousands of keys) take split-KV: each query block's keys in
+// runs of their own blocks, merged by lse. Against the reference, against the same kernel unsplit
+// (ATTN_CUDA_SPLITS=1), bitwise equal from one run to the next; empty splits (a window, kv
+// lengths of 0) and the sink joining once included.
+TEST(CudaDevice, SplitKvDecodeMatchesTheReferenceAndTheUnsplitKernel) {
+  std::mt19937 rng(17);
+  const std::vector<shape_case> shapes = {
+      {1, 8, 2, 1, 3000, 128, 128}, {2, 4, 4, 5, 1500, 64, 64}, {1, 2, 1, 1, 2100, 256, 256}, {1, 4, 2, 1, 1800, 96, 96}};
+  for (const shape_case& s : shapes) {
+    std::vector<std::pair<std::string, attention_options>> cases;
+    auto add = [&](std::string name, auto set) {
+      attention_options o;
+      set(o);
+      cases.emplace_back(std::move(name), std::move(o));
+    };
+    add("plain", [](attention_options&) {});
+    add("sinks", [&](attention_options& o) { o.sinks = random_tensor({s.Hq}, dtype::f32, rng, -1, 2); });
+    add("kv lengths (one 0) + sinks", [&](attention_options& o) {
+      std::vector<std::int64_t> len(std::size_t(s.B), s.Nk * 2 / 5);
+      len[0] = s.B > 1 ? 0 : s.Nk - 77;
+      o.nonpad_kv_seqlen = index_tensor(len);
+      o.sinks = random_tensor({s.Hq}, dtype::f32, rng, -1, 2);
+    });
+    add("causal bottom_right + window 700", [](attention_options& o) {
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right, o.window_left = 700;
+    });
+    add("softcap + alibi + bool mask", [&](attention_options& o) {
+      o.softcap = 4.0, o.alibi_slopes = random_tensor({s.Hq}, dtype::f32, rng, 0, 0.01);
+      o.attn_mask = random_bool({s.Nq, s.Nk}, rng, 0.7);
+    });
+    for (const auto& [name, o] : cases) {
+      const std::string what = fmt::format("B{} Hq{} Hkv{} Nq{} Nk{} D{}: {}", s.B, s.Hq, s.Hkv, s.Nq, s.Nk, s.D, name);
+      SCOPED_TRACE(what);
+      const Tensor q = random_tensor({s.B, s.Hq, s.Nq, s.D}, dtype::bf16, rng);
+      const Tensor k = random_tensor({s.B, s.Hkv, s.Nk, s.D}, dtype::bf16, rng);
+      const Tensor v = random_tensor({s.B, s.Hkv, s.Nk, s.Dv}, dtype::bf16, rng);
+      EXPECT_NE(explain_backend(q, k, v, o, false, kCuda).find("split-KV"), std::string::npos);
+      const attention_result want = attention(q, k, v, o, kRef), got = attention(q, k, v, o, kCuda);
+      EXPECT_TRUE(all_close(got.out, want.out, 1.6e-2, 1.6e-2)) << "out";
+      EXPECT_TRUE(all_close(got.lse, want.lse, 2e-3, 2e-4)) << "lse";
+      const attention_result again = attention(q, k, v, o, kCuda);
+      EXPECT_EQ(again.out.to_vector(), got.out.to_vector()) << "deterministic";
+      EXPECT_EQ(again.lse.to_vector(), got.lse.to_vector()) << "deterministic";
+      scoped_splits off("1");
+      EXPECT_EQ(explain_backend(q, k, v, o, false, kCuda).find("split-KV"), std::string::npos);
+      const attention_result whole = attention(q, k, v, o, kCuda);
+      EXPECT_TRUE(all_close(got.out, whole.out, 1.6e-2, 1.6e-2)) << "split against unsplit";
+      EXPECT_TRUE(all_close(got.lse, whole.lse, 1e-4, 1e-4)) << "split against unsplit";
+    }
+  }
+  // Backward from a split forward's out and lse (the backward kernels do not split).
+  check_case({1, 8, 2, 1, 3000, 128, 128}, dtype::bf16, {}, rng, "decode backward");
 }
 
 TEST(CudaDevice, FullyMaskedRowsGiveZerosAndNoGradient) {
