@@ -6,9 +6,9 @@
 # efficient) on the same GPU, decode shapes (split-KV) included. Logs go to $OUT (or
 # ./cuda-check-out). Needs .cuda-bundle from scripts/cuda-bundle.sh.
 #
-#   bash scripts/cuda-device-check.sh [quick|bench|profile]
+#   bash scripts/cuda-device-check.sh [quick|bench|profile|decode]
 #     quick: the tests alone; bench: no sanitizers; profile: the tests, then ncu's sections for each
-#     plain kernel
+#     plain kernel; decode: the tests, then the decode shapes' kernel times and timings alone
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-cuda-check-out}
@@ -23,6 +23,9 @@ echo "== cuda.device, the forward split wherever it can be (ATTN_CUDA_SPLITS=3)"
 ATTN_CUDA_SPLITS=3 timeout 300 "$b/cuda_attention_test" --device 2>&1 | tee "$out/test-splits.log" | tail -n 3 || status=1
 grep -q "PASSED" "$out/test-splits.log" && ! grep -q "FAILED" "$out/test-splits.log" || { grep -E "Failure|FAILED|Expected|Which is|actual" "$out/test-splits.log" | head -n 40; status=1; }
 [ "${1:-}" = quick ] && exit $status
+if [ "${1:-}" = decode ]; then  # the tests above, then decode's kernels and timings alone
+  decode_only=1
+fi
 if [ "${1:-}" = profile ]; then
   # One launch of each plain kernel at the bench's shape, ncu's main sections (speed of light,
   # stall reasons, pipes, memory), for finding what bounds them.
@@ -35,7 +38,7 @@ if [ "${1:-}" = profile ]; then
   done
   exit $status
 fi
-if [ "${1:-}" != bench ] && command -v compute-sanitizer >/dev/null; then
+if [ "${1:-}" != bench ] && [ -z "${decode_only:-}" ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$b/cuda_attention_test" --device \
@@ -45,17 +48,21 @@ if [ "${1:-}" != bench ] && command -v compute-sanitizer >/dev/null; then
 fi
 if command -v ncu >/dev/null; then
   echo "== each kernel's time (ncu, clocks locked to base: shares, not speeds)"
-  timeout 120 ncu --metrics gpu__time_duration.sum -k 'regex:forward|dq|dkdv|delta' "$b/attn_cuda_bench" --reps 1 --warmup 0 \
-    2>&1 | grep -E '^  [a-z_]+.*\(|gpu__time_duration' | sed -E 's/\(attn::detail::cuda::dev_problem.*//' | tee "$out/ncu.txt"
+  if [ -z "${decode_only:-}" ]; then
+    timeout 120 ncu --metrics gpu__time_duration.sum -k 'regex:forward|dq|dkdv|delta' "$b/attn_cuda_bench" --reps 1 --warmup 0 \
+      2>&1 | grep -E '^  [a-z_]+.*\(|gpu__time_duration' | sed -E 's/\(attn::detail::cuda::dev_problem.*//' | tee "$out/ncu.txt"
+  fi
   timeout 60 ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum -k 'regex:forward|combine' "$b/attn_cuda_bench" \
     --batch 1 --heads 32 --kv-heads 8 --nq 1 --nk 32768 --forward-only --reps 1 --warmup 0 \
     2>&1 | grep -E '^  [a-z_]+.*\(|gpu__time_duration|dram__bytes' | sed -E 's/\(attn::detail::cuda::dev_problem.*//' | tee -a "$out/ncu.txt"
 fi
 echo "== timings (same GPU, same call)"
-for shape in "--d 128" "--d 128 --causal" "--d 64"; do
-  "$b/attn_cuda_bench" $shape 2>&1 | tee -a "$out/bench.jsonl"
-  python3 bench/cuda_peers.py $shape 2>&1 | tee -a "$out/bench.jsonl"
-done
+if [ -z "${decode_only:-}" ]; then
+  for shape in "--d 128" "--d 128 --causal" "--d 64"; do
+    "$b/attn_cuda_bench" $shape 2>&1 | tee -a "$out/bench.jsonl"
+    python3 bench/cuda_peers.py $shape 2>&1 | tee -a "$out/bench.jsonl"
+  done
+fi
 echo "== decode (Nq = 1): split-KV, the same kernel unsplit (ATTN_CUDA_SPLITS=1), torch"
 for shape in "--batch 1 --heads 32 --kv-heads 8 --nq 1 --nk 32768" "--batch 8 --heads 32 --kv-heads 8 --nq 1 --nk 8192" \
              "--batch 1 --heads 16 --kv-heads 16 --nq 1 --nk 131072"; do

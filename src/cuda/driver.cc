@@ -195,13 +195,23 @@ std::string why_not(const problem& p, const backend_request& req) {
 }
 
 std::string path(const problem& p, const backend_request& req) {
-  int split_blocks = 0;
-  const int splits = req.backward ? 1 : forward_splits(int(p.B), int(p.Hq), int(p.Nq), int(p.Nk), &split_blocks);
+  // The forward's plan reads sizes and which options are set: a stand-in pointer marks a mask or slopes.
+  static const float set = 0.0f;
+  dev_problem d;
+  d.B = int(p.B), d.Hq = int(p.Hq), d.Hkv = int(p.Hkv), d.Nq = int(p.Nq), d.Nk = int(p.Nk);
+  d.causal = p.causal;
+  d.alignment = p.alignment == causal_alignment::top_left ? 0 : p.alignment == causal_alignment::bottom_right ? 1 : 2;
+  d.window_left = p.window_left, d.window_right = p.window_right;
+  d.mask = p.mask != mask_kind::none ? &set : nullptr, d.alibi = p.alibi.empty() ? nullptr : &set;
+  const forward_plan plan = req.backward ? forward_plan{} : plan_forward(d);
   return fmt::format("{}, head size {} on {}, {} f32 accumulation, host tensors copied to the device",
                      req.backward ? "flash backward (delta, dk/dv, dq kernels)"
-                     : splits > 1 ? fmt::format("flash forward, split-KV: {} splits of {} keys, merged by lse", splits,
-                                                64 * split_blocks)
-                                  : std::string("flash forward"),
+                     : plan.splits > 1
+                         ? fmt::format("flash forward, split-KV: {} splits of {} keys, merged by lse{}", plan.splits,
+                                       64 * plan.split_blocks,
+                                       plan.row_heads ? fmt::format(" (the GQA group's {} heads as rows)", plan.row_heads)
+                                                      : std::string())
+                         : std::string("flash forward"),
                      padded_head_size(int(p.D), int(p.Dv)), probe().name, dtype_name(p.q.type));
 }
 

@@ -388,6 +388,12 @@ __device__ __forceinline__ int next_kv(T* sK, T* sV, const T* K, const T* V, con
   return buf;
 }
 
+// The head whose sink row i of head h takes: h, or under the decode swap (row_heads > 0) the
+// query head h·row_heads + i (rows past Nq clamped: their result is not stored).
+__device__ __forceinline__ int sink_head(const dev_problem& p, int h, std::int64_t i) {
+  return p.row_heads ? h * p.row_heads + int(i < p.Nq ? i : p.Nq - 1) : h;
+}
+
 // The end of a row's online softmax (base 2): m the running max, l this lane's part of Σ. The
 // sink joins Σ, and the max when above it. out = O · inv; a row with no key gives inv = 0 and
 // lse = -inf, or the sink's logit with a sink.
@@ -455,8 +461,14 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   cp_async_commit();
 
   std::uint32_t qf[kQInRegs ? kD / 16 : 1][4];
+  // A warp whose 16 rows are all past Nq (decode: 3 of 4) only helps load K/V.
+  const bool live = warp * 16 < rows;
   for (int jb = jb0; jb < jb1; ++jb) {
     const int buf = next_kv<kN, kD>(sK, sV, K, V, p, jb, jb0, jb1), k0 = jb * kN;
+    if (!live) {
+      __syncthreads();  // the other buffer is refilled next
+      continue;
+    }
     const T* sKb = sK + buf * kN * kS;
     const T* sVb = sV + buf * kN * kS;
     if constexpr (kQInRegs) {
@@ -540,9 +552,9 @@ __global__ void __launch_bounds__(128) forward_kernel(const dev_problem p, const
   // its own out and lse in float32, without the sink (combine_kernel adds it once).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const row_end e = finish_row(f.splits > 1 ? nullptr : p.sinks, h, m[r], l[r]);
-    const float inv = e.inv;
     const std::int64_t i = q0 + warp * 16 + g + 8 * r;
+    const row_end e = finish_row(f.splits > 1 ? nullptr : p.sinks, sink_head(p, h, i), m[r], l[r]);
+    const float inv = e.inv;
     if (i >= p.Nq) continue;
     if (f.splits > 1) {
       const std::int64_t row = ((std::int64_t(split) * p.B + b) * p.Hq + h) * p.Nq + i;
@@ -692,41 +704,52 @@ __global__ void __launch_bounds__(128) forward_wide_kernel(const dev_problem p, 
     }
 }
 
-// Split-KV's last step, one warp a row: the splits' float32 outs merged by their lse, the sink
-// joining the denominator once. A row with no key in any split (and no sink) gives zeros and
-// lse = -inf; a NaN in a split's out or lse reaches the row (0 · NaN is NaN).
+// Split-KV's last step, one block of 128 threads a row (splits <= 128): each thread one split's
+// lse, the block's max and Σ by shuffles, the weights in shared memory, then each thread two
+// columns summed over the splits (float32 outs read coalesced). The sink joins the denominator
+// once. A row with no key in any split (and no sink) gives zeros and lse = -inf; a NaN in a
+// split's out or lse reaches the row (0 · NaN is NaN).
 template <class T>
-__global__ void combine_kernel(const dev_problem p, const dev_forward f) {
-  const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq;
-  const std::int64_t row = std::int64_t(blockIdx.x) * 4 + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int lane = threadIdx.x & 31, h = int((row / p.Nq) % p.Hq);
+__global__ void __launch_bounds__(128) combine_kernel(const dev_problem p, const dev_forward f) {
+  __shared__ float w[128], part_max[4], part_sum[4];
+  __shared__ int part_nan[4];
+  const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq, row = blockIdx.x;
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31, h = int((row / p.Nq) % p.Hq);
   const std::int64_t b = row / (std::int64_t(p.Nq) * p.Hq), i = row % p.Nq;
-  float mx = -kInf;
-  bool nan = false;
-  for (int s = 0; s < f.splits; ++s) {
-    const float x = f.part_lse[s * rows + row];
-    nan |= x != x;
-    mx = fmaxf(mx, x);
-  }
-  const float sk = p.sinks ? p.sinks[h] : -kInf;
+  const float x = t < f.splits ? f.part_lse[t * rows + row] : -kInf;
+  float mx = x;
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const int nan_w = __any_sync(0xffffffffu, x != x);
+  if (lane == 0) part_max[warp] = mx, part_nan[warp] = nan_w;
+  __syncthreads();
+  mx = fmaxf(fmaxf(part_max[0], part_max[1]), fmaxf(part_max[2], part_max[3]));
+  const bool nan = part_nan[0] | part_nan[1] | part_nan[2] | part_nan[3];
+  const float sk = p.sinks ? p.sinks[sink_head(p, h, i)] : -kInf;
   mx = fmaxf(mx, sk);
   const bool empty = mx == -kInf;
   const float base = empty ? 0.0f : mx;
-  float total = sk == -kInf ? 0.0f : expf(sk - base);
-  for (int s = 0; s < f.splits; ++s) total += expf(f.part_lse[s * rows + row] - base);
+  const float e = expf(x - base);  // 0 for t >= splits and empty splits, NaN for a NaN lse
+  float sum = e;
+  for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) part_sum[warp] = sum;
+  __syncthreads();
+  const float total = part_sum[0] + part_sum[1] + part_sum[2] + part_sum[3] + (sk == -kInf ? 0.0f : expf(sk - base));
   const float inv = empty ? 0.0f : 1.0f / total;
-  T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
-  for (int d = 2 * lane; d < p.Dv; d += 64) {
+  w[t] = e * inv;
+  __syncthreads();
+  const int d = 2 * t;
+  if (d < p.Dv) {
     float a0 = 0.0f, a1 = 0.0f;
+    const float* src = f.part_out + row * p.Dv + d;
+#pragma unroll 4
     for (int s = 0; s < f.splits; ++s) {
-      const float w = expf(f.part_lse[s * rows + row] - base) * inv;
-      const float2 x = *reinterpret_cast<const float2*>(f.part_out + (s * rows + row) * p.Dv + d);
-      a0 += w * x.x, a1 += w * x.y;
+      const float2 v = *reinterpret_cast<const float2*>(src + s * rows * p.Dv);
+      a0 += w[s] * v.x, a1 += w[s] * v.y;
     }
+    T* out = static_cast<T*>(f.out) + b * f.o_sb + h * f.o_sh + i * f.o_sn;
     *reinterpret_cast<std::uint32_t*>(out + d) = pack2<T>(a0, a1);
   }
-  if (lane == 0) f.lse[row] = nan ? __int_as_float(0x7fffffff) : empty ? -kInf : base + logf(total);
+  if (t == 0) f.lse[row] = nan ? __int_as_float(0x7fffffff) : empty ? -kInf : base + logf(total);
 }
 
 // ---- backward ----
@@ -1365,7 +1388,7 @@ int run_forward(const dev_problem& p, const dev_forward& f) {
     fs.part_lse = fs.part_out + f.splits * rows * p.Dv;
     const dim3 grid(unsigned((p.Nq + 63) / 64 * f.splits), p.Hq, p.B);
     forward_kernel<T, kD, kPlain><<<grid, 128, bytes>>>(p, fs);
-    combine_kernel<T><<<unsigned((rows + 3) / 4), 128>>>(p, fs);
+    combine_kernel<T><<<unsigned(rows), 128>>>(p, fs);
     cudaError_t e = cudaGetLastError();
     const cudaError_t freed = cudaFreeAsync(ws, 0);
     return int(e != cudaSuccess ? e : freed);
@@ -1375,10 +1398,21 @@ int run_forward(const dev_problem& p, const dev_forward& f) {
   return int(cudaGetLastError());
 }
 template <class T, int kD>
-int run_forward(const dev_problem& p, const dev_forward& f0) {
-  dev_forward f = f0;
-  f.splits = forward_splits(p.B, p.Hq, p.Nq, p.Nk, &f.split_blocks);
-  if (f.splits > 1) return plain_scores(p, kD) ? run_forward<T, kD, true>(p, f) : run_forward<T, kD, false>(p, f);
+int run_forward(const dev_problem& p0, const dev_forward& f0) {
+  const forward_plan plan = plan_forward(p0);
+  if (plan.splits > 1) {
+    dev_problem p = p0;
+    dev_forward f = f0;
+    f.splits = plan.splits, f.split_blocks = plan.split_blocks;
+    if (const int group = plan.row_heads) {  // the decode swap (params.h)
+      p.Hq = p0.Hkv, p.Nq = group, p.causal = 0, p.row_heads = group;
+      p.q_sn = p0.q_sh, p.q_sh = p0.q_sh * group;
+      f.o_sn = f0.o_sh, f.o_sh = f0.o_sh * group;
+    }
+    return plain_scores(p, kD) ? run_forward<T, kD, true>(p, f) : run_forward<T, kD, false>(p, f);
+  }
+  const dev_problem& p = p0;
+  const dev_forward& f = f0;
   if (!plain_scores(p, kD)) return run_forward<T, kD, false>(p, f);
   if constexpr (kD <= 128) {
     constexpr int bytes = fwd_wide_smem_bytes<kD>();

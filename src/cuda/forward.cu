@@ -20,13 +20,16 @@ int shared_bytes(int padded_d, bool backward) {
   }
 }
 
-int forward_splits(int B, int Hq, int Nq, int Nk, int* split_blocks) {
+namespace {
+// Splits of the key blocks for a grid of B·Hq·⌈Nq/64⌉ blocks (params.h); 1: none.
+int key_splits(int B, int Hq, int Nq, int Nk, int* split_blocks) {
   const int nkb = (Nk + 63) / 64;
   const std::int64_t blocks = std::int64_t((Nq + 63) / 64) * Hq * B;
   int splits = 1;
+  if (std::int64_t(B) * Hq * Nq > 0x7fffffff) return 1;  // combine_kernel's grid: a block a row
   if (const char* e = std::getenv("ATTN_CUDA_SPLITS"); e && *e) {
     splits = std::atoi(e);
-    splits = splits < 1 ? 1 : splits > nkb ? nkb : splits;
+    splits = splits < 1 ? 1 : splits > nkb ? nkb : splits > 128 ? 128 : splits;
   } else if (blocks > 0 && nkb >= 8) {
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -39,6 +42,22 @@ int forward_splits(int B, int Hq, int Nq, int Nk, int* split_blocks) {
   if (splits <= 1) return 1;
   *split_blocks = (nkb + splits - 1) / splits;
   return (nkb + *split_blocks - 1) / *split_blocks;  // no split left empty by the rounding
+}
+}  // namespace
+
+forward_plan plan_forward(const dev_problem& p) {
+  forward_plan r;
+  const bool swap = p.Nq == 1 && p.Hq > p.Hkv && !p.mask && !p.alibi && p.window_left < 0 && p.window_right < 0 &&
+                    (!p.causal || p.alignment == 1);
+  if (swap) {
+    r.splits = key_splits(p.B, p.Hkv, p.Hq / p.Hkv, p.Nk, &r.split_blocks);
+    if (r.splits > 1) {
+      r.row_heads = p.Hq / p.Hkv;
+      return r;
+    }
+  }
+  r.splits = key_splits(p.B, p.Hq, p.Nq, p.Nk, &r.split_blocks);
+  return r;
 }
 
 int launch_forward(const dev_problem& p, const dev_forward& f) {

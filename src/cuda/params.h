@@ -33,6 +33,9 @@ struct dev_problem {
   std::int64_t m_sb = 0, m_sh = 0, m_sn = 0, mask_cols = 0;
   const float* alibi = nullptr;  // device [B·Hq] or null
   const float* sinks = nullptr;  // device [Hq] or null
+  // The decode swap (launch_forward): > 0 when the rows of head h are the query heads
+  // h·row_heads + i of a GQA group (their sink is sinks[h·row_heads + i]).
+  int row_heads = 0;
 };
 
 // Forward outputs: out [B, Hq, Nq, Dv] (the input type) with the strides below, lse f32
@@ -67,15 +70,24 @@ int padded_head_size(int D, int Dv);
 // Dynamic shared memory per block of the kernels for a padded head size (the largest of the
 // forward's, or of the backward's kernels): D = 256 needs more than sm_80's 163 KB.
 int shared_bytes(int padded_d, bool backward);
-// How many splits of the key blocks the forward takes (1: none) and, through split_blocks, the
-// 64-key blocks per split. Split-KV (FlashDecoding) is for grids too small to fill the device,
-// decode above all (Nq = 1: B·Hq blocks of one live row each): the keys of each 64-row query
-// block are cut into runs of whole key blocks, each run a block of its own, and a combine kernel
-// merges the runs by their lse. The grid aims at two blocks per SM (the 64-row kernel's
-// residency), with at least 4 key blocks (256 keys) per split, 128 splits at most.
-// ATTN_CUDA_SPLITS=n forces n splits wherever there are n key blocks (1: never split); the GPU
-// check runs every sweep so.
-int forward_splits(int B, int Hq, int Nq, int Nk, int* split_blocks);
+// How the forward runs a problem. Split-KV (FlashDecoding) is for grids too small to fill the
+// device, decode above all (Nq = 1: B·Hq blocks of one live row each): the keys of each 64-row
+// query block are cut into `splits` runs of `split_blocks` whole 64-key blocks, each run a block
+// of its own, and a combine kernel merges the runs by their lse. The grid aims at two blocks per
+// SM (the 64-row kernel's residency), with at least 4 key blocks (256 keys) per split, 128 splits
+// at most. ATTN_CUDA_SPLITS=n forces n splits (up to 128) wherever there are n key blocks (1: never split);
+// the GPU check runs every sweep so.
+// The decode swap (FlashAttention-2's, for one query row and GQA), row_heads = the group size:
+// with Nq = 1 and nothing that tells the group's query heads apart but their q (no mask, ALiBi or
+// window; causal only bottom-right, which keeps every key), the group's heads become the rows of
+// one query block over their shared K/V head — q's and out's head stride is the row stride, and
+// lse [B, Hq, 1] is already [B, Hkv, group] — so K/V are read once per group and `group` rows of
+// the block are live instead of one. Taken with split-KV only.
+struct forward_plan {
+  int splits = 1, split_blocks = 0, row_heads = 0;
+};
+// Reads the problem's sizes and which options are set (mask and alibi as null or not), no data.
+forward_plan plan_forward(const dev_problem& p);
 // Query rows per block of the dq kernel (the unit of dalibi_part / dsinks_part).
 constexpr int kBackwardQueryBlock = 64;
 

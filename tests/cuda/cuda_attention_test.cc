@@ -180,7 +180,7 @@ class scoped_splits {
 };
 
 // Decode shapes (a few query rows, thousands of keys) take split-KV: each query block's keys in
-// runs of their own blocks, merged by lse. Against the reference, against the same kernel unsplit
+// runs of their own blocks, merged by lse; with one query row and GQA, the group's heads as rows. Against the reference, against the same kernel unsplit
 // (ATTN_CUDA_SPLITS=1), bitwise equal from one run to the next; empty splits (a window, kv
 // lengths of 0) and the sink joining once included.
 TEST(CudaDevice, SplitKvDecodeMatchesTheReferenceAndTheUnsplitKernel) {
@@ -202,6 +202,9 @@ TEST(CudaDevice, SplitKvDecodeMatchesTheReferenceAndTheUnsplitKernel) {
       o.nonpad_kv_seqlen = index_tensor(len);
       o.sinks = random_tensor({s.Hq}, dtype::f32, rng, -1, 2);
     });
+    add("causal bottom_right", [](attention_options& o) {
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+    });
     add("causal bottom_right + window 700", [](attention_options& o) {
       o.is_causal = true, o.alignment = causal_alignment::bottom_right, o.window_left = 700;
     });
@@ -215,7 +218,11 @@ TEST(CudaDevice, SplitKvDecodeMatchesTheReferenceAndTheUnsplitKernel) {
       const Tensor q = random_tensor({s.B, s.Hq, s.Nq, s.D}, dtype::bf16, rng);
       const Tensor k = random_tensor({s.B, s.Hkv, s.Nk, s.D}, dtype::bf16, rng);
       const Tensor v = random_tensor({s.B, s.Hkv, s.Nk, s.Dv}, dtype::bf16, rng);
-      EXPECT_NE(explain_backend(q, k, v, o, false, kCuda).find("split-KV"), std::string::npos);
+      const std::string how = explain_backend(q, k, v, o, false, kCuda);
+      EXPECT_NE(how.find("split-KV"), std::string::npos) << how;
+      // One query row of a GQA group with nothing per row but q: the group's heads are the rows.
+      const bool swap = s.Nq == 1 && s.Hq > s.Hkv && !o.attn_mask && !o.alibi_slopes && o.window_left < 0;
+      EXPECT_EQ(how.find("heads as rows") != std::string::npos, swap) << how;
       const attention_result want = attention(q, k, v, o, kRef), got = attention(q, k, v, o, kCuda);
       EXPECT_TRUE(all_close(got.out, want.out, 1.6e-2, 1.6e-2)) << "out";
       EXPECT_TRUE(all_close(got.lse, want.lse, 2e-3, 2e-4)) << "lse";
