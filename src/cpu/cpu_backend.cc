@@ -323,6 +323,8 @@ void forward_out(const problem& p, const forward_outputs& o) {
   fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
   // (decode never skips a block, and a scan of the whole cache would cost what decode does)
   const bool skip = L != kt.lanes_small && mask_may_skip(p, nt);
+  // A mask broadcast over heads is read once here, not once per head (cpu/mask_fill.h).
+  const mask_spans spans = p.mask_view.sh == 0 && p.Hq > 1 && !decode_only(p) ? find_mask_spans(p, nt) : mask_spans{};
 
   // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
@@ -367,7 +369,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         // q is pre-scaled on the f32 path; the bf16 path scales the scores.
         ls.prescale = !raw_q;
         ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
-        bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+        bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data(), bc.spans = &spans;
         bc.b = b, bc.valid = ls.nl;
         const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f, skip);
         for (std::int64_t x = 0; x < L; ++x) {
@@ -582,6 +584,8 @@ void backward(const problem& p, const backward_io& io) {
   std::unique_ptr<bf16_pack> pack = dp && !fused ? std::make_unique<bf16_pack>(p, nt, true, true, true, false) : nullptr;
   const float scale = float(p.scale);
   const bool skip = mask_may_skip(p, nt);
+  // The two passes read each mask row more than once: its spans are found once (cpu/mask_fill.h).
+  const mask_spans spans = find_mask_spans(p, nt);
 
   // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
@@ -636,7 +640,7 @@ void backward(const problem& p, const backward_io& io) {
       fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
       std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
       bias_ctx bc;
-      bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data();
+      bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data(), bc.spans = &spans;
       const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f, skip);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
@@ -702,7 +706,7 @@ void backward(const problem& p, const backward_io& io) {
     std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
     std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
     bias_ctx bc;
-    bc.p = &p, bc.kt = &kt, bc.h = hs.data(), bc.i = is.data();
+    bc.p = &p, bc.kt = &kt, bc.h = hs.data(), bc.i = is.data(), bc.spans = &spans;
     const score_params sp = make_score_params(p, &bc, scale, skip);
     // bf16: the key block's words, transposed.
     std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);

@@ -215,6 +215,9 @@ struct fused_inputs {
 
   // The kernels may skip key blocks the mask hides from every row (family_params::mask_skip).
   bool mask_skip = false;
+  // The mask rows' kept spans (cpu/mask_fill.h), where the kernels would read a mask row more
+  // than once: a mask broadcast over heads, or the backward's two passes.
+  mask_spans spans;
 
   // dout: the backward's (its finiteness is part of mask_skip there).
   fused_inputs(const fproblem& fp, const fused_source& src, use u = use::f32, const strided4* dout = nullptr)
@@ -223,6 +226,7 @@ struct fused_inputs {
     const int nt = std::max(1, fp.p.num_threads);
     prepare(fp, src, u, nt);
     mask_skip = may_skip(fp, src, dout, nt);
+    if (fp.p.mask != mask_kind::none && ((fp.p.mask_view.sh == 0 && fp.Hq > 1) || dout)) spans = find_mask_spans(fp.p, nt);
   }
 
  private:
@@ -261,10 +265,15 @@ struct fused_inputs {
     if (!std::isfinite(fp.bias) || !std::isfinite(fp.h)) return false;
     for (const std::vector<float>* x : {&Q, &K, &V, &w_v})
       if (!all_finite(*x, nt)) return false;
-    if (src.direct && !(cpu::view_all_finite(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt) &&
-                        cpu::view_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt) &&
-                        cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt)))
-      return false;
+    // The user's tensors, where no f32 copy of them was checked above (a copy of a tensor with an
+    // inf or NaN has one too: q·scale, k and v convert exactly or overflow; location's K is W_a).
+    if (src.direct) {
+      const bool q_seen = !Q.empty(), k_seen = !K.empty() && fp.kernel != kernel_kind::location, v_seen = !V.empty();
+      if ((!q_seen && !cpu::view_all_finite(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt)) ||
+          (!k_seen && !cpu::view_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt)) ||
+          (!v_seen && !cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt)))
+        return false;
+    }
     return !dout || cpu::view_all_finite(*dout, fp.B, fp.Hq, fp.Nq, fp.Dv, nt);
   }
 
@@ -340,7 +349,7 @@ struct lane_state {
       : L(in.L), P(fp.Pq), F(fp.F), lo(L), hi(L), cut(std::size_t(L * F)), h(L), i(L), qt(alloc_floats(fp.Pq * L)),
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
         prm(make_params(fp, in.w_v.data(), in.exp_form)) {
-    mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data();
+    mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
 
@@ -601,7 +610,7 @@ struct row_pass {
                                       : cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
-    mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data();
+    mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
 

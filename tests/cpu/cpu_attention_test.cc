@@ -398,6 +398,75 @@ TEST(cpu_attention, mask_blocks_skipped_or_unbiased) {
       }
 }
 
+// Masks broadcast over heads are classified once per call from their rows' kept spans
+// (cpu/mask_fill.h): the tiles they call excluded or unbiased are not read. Forward and every
+// gradient bitwise equal to reading every tile (ATTN_MASK_SPANS=0) and close to the reference,
+// for masks whose spans are whole (causal, padding, packed sequences), holed (a kept key inside
+// the excluded part, a nonzero bias inside the kept part), short (fewer columns than keys), with
+// a row that keeps nothing; f32 and bf16, both backward schedules, every ISA level.
+TEST(cpu_attention, mask_spans_change_no_bit) {
+  const std::int64_t N = 260, Hq = 4, Hkv = 2, D = 16;
+  std::mt19937 rng(23);
+  auto make = [&](std::int64_t b, std::int64_t rows, std::int64_t cols, bool is_bool, auto keep, auto bias) {
+    Tensor m = Tensor::zeros({b, 1, rows, cols}, is_bool ? dtype::boolean : dtype::f32);
+    for (std::int64_t x = 0; x < b; ++x)
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const bool k = keep(x, i, j);
+          if (is_bool) m.data_as<bool>()[(x * rows + i) * cols + j] = k;
+          else m.data_as<float>()[(x * rows + i) * cols + j] = k ? float(bias(x, i, j)) : -INFINITY;
+        }
+    return m;
+  };
+  auto zero = [](std::int64_t, std::int64_t, std::int64_t) { return 0.0; };
+  std::vector<std::pair<std::string, Tensor>> masks = {
+      {"bool causal", make(1, N, N, true, [](auto, auto i, auto j) { return j <= i; }, zero)},
+      {"bool padding [2, 1, 1, N]", make(2, 1, N, true, [](auto x, auto, auto j) { return x == 1 || j < 70; }, zero)},
+      {"f32 causal 0/-inf", make(1, N, N, false, [](auto, auto i, auto j) { return j <= i; }, zero)},
+      {"bool packed sequences 100 + 90 + 70",
+       make(1, N, N, true, [](auto, auto i, auto j) { return (i < 100) == (j < 100) && (i < 190) == (j < 190); }, zero)},
+      {"bool causal, holes and an empty row",
+       make(1, N, N, true, [](auto, auto i, auto j) { return i != 77 && ((j <= i && j != i / 2) || (i == 5 && j == 250)); },
+            zero)},
+      {"f32 causal with a bias inside", make(1, N, N, false, [](auto, auto i, auto j) { return j <= i; },
+                                              [](auto, auto i, auto j) { return i == 200 && j == 3 ? -1.5 : 0.0; })},
+      {"bool short [N, 150] causal", make(1, N, 150, true, [](auto, auto i, auto j) { return j <= i; }, zero)},
+  };
+  const execution ref_exec{.use_backend = backend::reference}, cpu_exec{.use_backend = backend::cpu};
+  for (dtype type : {dtype::f32, dtype::bf16}) {
+    Tensor q = random_tensor({2, Hq, N, D}, type, rng), k = random_tensor({2, Hkv, N, D}, type, rng),
+           v = random_tensor({2, Hkv, N, D}, type, rng), dout = random_tensor({2, Hq, N, D}, type, rng);
+    for (const auto& [name, mask] : masks) {
+      attention_options o;
+      o.attn_mask = mask;
+      const auto ref = attention(q, k, v, o, ref_exec);
+      const auto gr = attention_backward(q, k, v, ref.out, dout, ref.lse, o, ref_exec);
+      for (const std::string& isa : isas())
+        for (const char* schedule : {"fused", "two_pass"}) {
+          SCOPED_TRACE(fmt::format("{} {} {} {}", name, std::string(dtype_name(type)), isa, schedule));
+          isa_scope scope(isa.c_str());
+          backward_scope bs(schedule);
+          const auto got = attention(q, k, v, o, cpu_exec);
+          const auto gg = attention_backward(q, k, v, ref.out, dout, ref.lse, o, cpu_exec);
+          setenv("ATTN_MASK_SPANS", "0", 1);
+          const auto every = attention(q, k, v, o, cpu_exec);
+          const auto ge = attention_backward(q, k, v, ref.out, dout, ref.lse, o, cpu_exec);
+          unsetenv("ATTN_MASK_SPANS");
+          EXPECT_EQ(got.out.to_vector(), every.out.to_vector()) << "out";
+          EXPECT_EQ(got.lse.to_vector(), every.lse.to_vector()) << "lse";
+          EXPECT_EQ(gg.dq.to_vector(), ge.dq.to_vector()) << "dq";
+          EXPECT_EQ(gg.dk.to_vector(), ge.dk.to_vector()) << "dk";
+          EXPECT_EQ(gg.dv.to_vector(), ge.dv.to_vector()) << "dv";
+          const double ft = fwd_tol(type), bt = bwd_tol(type);
+          EXPECT_TRUE(all_close(got.out, ref.out, ft, ft)) << "out against the reference";
+          EXPECT_TRUE(all_close(gg.dq, gr.dq, bt, bt)) << "dq against the reference";
+          EXPECT_TRUE(all_close(gg.dk, gr.dk, bt, bt)) << "dk against the reference";
+          EXPECT_TRUE(all_close(gg.dv, gr.dv, bt, bt)) << "dv against the reference";
+        }
+    }
+  }
+}
+
 // Results are bitwise identical for any number of threads, forward and backward, including the
 // split-KV decode path and the parameter gradients.
 TEST(cpu_attention, bitwise_identical_across_threads) {
