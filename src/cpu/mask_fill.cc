@@ -43,8 +43,16 @@ void bool_row_span(const std::uint8_t* s, std::int64_t n, std::int64_t& lo, std:
 }
 
 void f32_row_span(const float* s, std::int64_t n, std::int64_t& lo, std::int64_t& hi, std::uint8_t& whole) {
+  // Sixteen at a time (loops without an early exit, which the compiler vectorises), then one.
+  auto all_excluded = [&](std::int64_t j) {
+    bool all = true;
+    for (int x = 0; x < 16; ++x) all &= s[j + x] == -kInfF;
+    return all;
+  };
   std::int64_t a = 0, e = n;
+  while (a + 16 <= n && all_excluded(a)) a += 16;
   while (a < n && s[a] == -kInfF) ++a;
+  while (e - 16 >= a && all_excluded(e - 16)) e -= 16;
   while (e > a && s[e - 1] == -kInfF) --e;
   lo = a < n ? a : 0, hi = a < n ? e : 0;
   bool nonzero = false;  // NaN counts as nonzero
@@ -97,10 +105,24 @@ cpu::mask_tile_kind fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb
       zeros = zeros && sp.whole[x] && lo <= j0 && j1 <= hi;
     }
     if (zeros || excluded) {
-      for (std::int64_t r = 0; r < c.total; ++r) {
-        const float x = !zeros && r < c.valid ? -kInfF : 0.0f;
-        float* t = tile + r * rs;
-        for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = x;
+      // In the order of memory: the lane layout (row stride 1) key by key, else row by row.
+      const std::int64_t hidden = zeros ? 0 : c.valid;  // rows written -inf
+      if (rs == 1) {
+        for (std::int64_t jj = 0; jj < nb; ++jj) {
+          float* t = tile + jj * ks;
+          std::fill(t, t + hidden, -kInfF);
+          std::fill(t + hidden, t + c.total, 0.0f);
+        }
+      } else {
+        for (std::int64_t r = 0; r < c.total; ++r) {
+          const float x = r < hidden ? -kInfF : 0.0f;
+          float* t = tile + r * rs;
+          if (ks == 1) {
+            std::fill(t, t + nb, x);
+          } else {
+            for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = x;
+          }
+        }
       }
       return zeros ? mask_tile_kind::zeros : mask_tile_kind::excluded;
     }
