@@ -521,26 +521,57 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
 // One pass over q and k, on the call's threads (a maximum: the same whatever the order), each row
 // read in its own dtype (f32 and bf16 directly: the pass is O(N·D), which a small backward
 // notices).
+namespace {
+// Σ y² over the finite y = load(d) of a row, d < D, in eight partial sums (lane d % 8: a fixed
+// order whatever the threads).
+template <class Load>
+double finite_sum_of_squares(std::int64_t D, Load load) {
+  double acc[8] = {};
+  for (std::int64_t d = 0; d < D; ++d) {
+    const double y = load(d);
+    if (std::isfinite(y)) acc[d % 8] += y * y;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+// The same for a float32 row with unit stride, in the same order: when the row is finite (an
+// integer test of the exponents first), loops without a branch that the compiler vectorises.
+double finite_sum_of_squares(std::int64_t D, const float* r) {
+  std::uint32_t bad = 0;
+  for (std::int64_t d = 0; d < D; ++d) {
+    std::uint32_t u;
+    std::memcpy(&u, r + d, 4);
+    bad |= std::uint32_t((u & 0x7f800000u) == 0x7f800000u);
+  }
+  if (bad) return finite_sum_of_squares(D, [r](std::int64_t d) { return double(r[d]); });
+  double acc[8] = {};
+  std::int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += double(r[d + l]) * double(r[d + l]);
+  for (; d < D; ++d) acc[d % 8] += double(r[d]) * double(r[d]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+}  // namespace
+
 double qk_term_bound(const problem& p) {
   const int nt = std::max(1, p.num_threads);
   const auto max_norm = [nt](const strided4& x, std::int64_t B, std::int64_t H, std::int64_t D, auto rows_of) {
     double m = 0;
-    const auto add = [](double& ss, double y) {
-      if (std::isfinite(y)) ss += y * y;
-    };
 #pragma omp parallel for collapse(2) reduction(max : m) num_threads(nt) schedule(static)
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t n = 0; n < rows_of(b); ++n) {
           double ss = 0;
-          if (x.type == dtype::f32) {
+          if (x.type == dtype::f32 && x.sx == 1) {
             const float* r = x.ptr<float>(b, h, n, 0);
-            for (std::int64_t d = 0; d < D; ++d) add(ss, double(r[d * x.sx]));
+            ss = finite_sum_of_squares(D, r);
+          } else if (x.type == dtype::f32) {
+            const float* r = x.ptr<float>(b, h, n, 0);
+            ss = finite_sum_of_squares(D, [r, &x](std::int64_t d) { return double(r[d * x.sx]); });
           } else if (x.type == dtype::bf16) {
             const std::uint16_t* r = x.ptr<std::uint16_t>(b, h, n, 0);
-            for (std::int64_t d = 0; d < D; ++d) add(ss, double(bf16_to_f32(r[d * x.sx])));
+            ss = finite_sum_of_squares(D, [r, &x](std::int64_t d) { return double(bf16_to_f32(r[d * x.sx])); });
           } else {
-            for (std::int64_t d = 0; d < D; ++d) add(ss, x.load(b, h, n, d));
+            ss = finite_sum_of_squares(D, [&x, b, h, n](std::int64_t d) { return x.load(b, h, n, d); });
           }
           m = std::max(m, ss);
         }

@@ -749,10 +749,17 @@ void backward(const problem& p, const backward_io& io) {
         transpose(p.k, p.D, ktw.data());
         transpose(p.v, p.Dv, vtw.data());
       } else {
-        for (std::int64_t d = 0; d < p.D; ++d)
-          for (std::int64_t x = 0; x < ld; ++x) ktp[d * ld + x] = x < nb ? K.row(b, hkv, j0 + x)[d] : 0.0f;
-        for (std::int64_t d = 0; d < p.Dv; ++d)
-          for (std::int64_t x = 0; x < ld; ++x) vtp[d * ld + x] = x < nb ? V.row(b, hkv, j0 + x)[d] : 0.0f;
+        // Kᵀ and Vᵀ of the block [d][ld]: each row read once, in order; columns past nb zero.
+        const auto transpose = [&](const rows_f32& t, std::int64_t X, float* out) {
+          for (std::int64_t x = 0; x < nb; ++x) {
+            const float* r = t.row(b, hkv, j0 + x);
+            for (std::int64_t d = 0; d < X; ++d) out[d * ld + x] = r[d];
+          }
+          if (nb < ld)
+            for (std::int64_t d = 0; d < X; ++d) std::fill(out + d * ld + nb, out + (d + 1) * ld, 0.0f);
+        };
+        transpose(K, p.D, ktp);
+        transpose(V, p.Dv, vtp);
       }
       std::fill(dkt, dkt + p.D * ld, 0.0f);
       std::fill(dvt, dvt + p.Dv * ld, 0.0f);
