@@ -2,7 +2,8 @@
 // into tensors allocated once (attention_into, attention_backward_into): forward and backward at
 // the shapes of issue 16, each the median of --reps calls (a call, then a wait for the device)
 // after --warmup, TFLOP/s counted as FlashAttention counts them (forward 4·B·H·Nq·Nk·D, halved
-// when causal; backward 2.5× that), and the forward's K/V read rate (decode shapes: --nq 1).
+// when causal; backward 2.5× that), the forward's K/V read rate (decode shapes: --nq 1), and
+// fwd_loop_ms: calls back to back with one wait at the end (what a decode loop sees).
 // Peers on the same GPU: bench/cuda_peers.py (torch SDPA's flash, cuDNN and efficient backends).
 //
 //   attn_cuda_bench [--batch 4] [--heads 16] [--kv-heads 16] [--n 4096 | --nq N --nk N] [--d 128]
@@ -97,6 +98,17 @@ int main(int argc, char** argv) {
     const DeviceTensor out(a.type, {a.batch, a.heads, a.nq, a.d}), lse(attn::dtype::f32, {a.batch, a.heads, a.nq});
     const DeviceTensor dq(a.type, q.shape()), dk(a.type, k.shape()), dv(a.type, v.shape());
     const double fwd_ms = median_ms([&] { attn::cuda::attention_into(q, k, v, out, lse, o); }, a.reps, a.warmup);
+    // Back to back, one wait at the end: the rate of a loop that never waits (a decode loop),
+    // bounded by the host side of a call when that is longer than its kernels.
+    double loop_ms = 0.0;
+    {
+      const int n = std::max(a.reps, 50);
+      attn::cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) attn::cuda::attention_into(q, k, v, out, lse, o);
+      attn::cuda::synchronize();
+      loop_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
+    }
     const double bwd_ms =
         a.forward_only ? 0.0
                        : median_ms([&] { attn::cuda::attention_backward_into(q, k, v, out, lse, dout, dq, dk, dv, o); },
@@ -107,10 +119,11 @@ int main(int argc, char** argv) {
     const char* splits = std::getenv("ATTN_CUDA_SPLITS");
     std::printf("{\"impl\": \"attn_cuda\", \"device\": \"%s\", \"B\": %lld, \"H\": %lld, \"Hkv\": %lld, \"Nq\": %lld, "
                 "\"Nk\": %lld, \"D\": %lld, \"dtype\": \"%s\", \"causal\": %s, \"ATTN_CUDA_SPLITS\": \"%s\", "
-                "\"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, \"fwd_kv_gbps\": %.0f, \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f}\n",
+                "\"fwd_ms\": %.4f, \"fwd_loop_ms\": %.4f, \"fwd_tflops\": %.1f, \"fwd_kv_gbps\": %.0f, \"bwd_ms\": %.4f, "
+                "\"bwd_tflops\": %.1f}\n",
                 attn::cuda::device_name().c_str(), (long long)a.batch, (long long)a.heads, (long long)a.kv_heads,
                 (long long)a.nq, (long long)a.nk, (long long)a.d, std::string(attn::dtype_name(a.type)).c_str(),
-                a.causal ? "true" : "false", splits ? splits : "", fwd_ms, flops / fwd_ms * 1e-9, kv_bytes / fwd_ms * 1e-6,
+                a.causal ? "true" : "false", splits ? splits : "", fwd_ms, loop_ms, flops / fwd_ms * 1e-9, kv_bytes / fwd_ms * 1e-6,
                 bwd_ms, a.forward_only ? 0.0 : 2.5 * flops / bwd_ms * 1e-9);
     return 0;
   } catch (const std::exception& e) {

@@ -12,10 +12,8 @@
 
 namespace attn::detail {
 namespace {
-constexpr float kInfF = std::numeric_limits<float>::infinity();
-}  // namespace
 
-namespace {
+constexpr float kInfF = std::numeric_limits<float>::infinity();
 
 // Row spans of a bool mask: bytes are 0 or 1, scanned eight at a time.
 void bool_row_span(const std::uint8_t* s, std::int64_t n, std::int64_t& lo, std::int64_t& hi, std::uint8_t& whole) {
@@ -115,12 +113,12 @@ cpu::mask_tile_kind fill_bias(const void* vctx, std::int64_t j0, std::int64_t nb
         }
       } else {
         for (std::int64_t r = 0; r < c.total; ++r) {
-          const float x = r < hidden ? -kInfF : 0.0f;
+          const float value = r < hidden ? -kInfF : 0.0f;
           float* t = tile + r * rs;
           if (ks == 1) {
-            std::fill(t, t + nb, x);
+            std::fill(t, t + nb, value);
           } else {
-            for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = x;
+            for (std::int64_t jj = 0; jj < nb; ++jj) t[jj * ks] = value;
           }
         }
       }

@@ -1366,16 +1366,19 @@ __global__ void __launch_bounds__(256) dkdv_wide_kernel(const dev_problem p, con
 
 // ---- launchers ----
 
-template <class Kernel>
-inline cudaError_t allow_smem(Kernel k, int bytes) {
-  return bytes > 48 * 1024 ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
-                           : cudaSuccess;
+// The dynamic shared memory a kernel may take beyond 48 KB, set once per kernel (the first call's
+// answer is kept: the attribute is the process's, for the device current at that call).
+template <auto Kernel, int kBytes>
+inline cudaError_t allow_smem() {
+  static const cudaError_t e =
+      kBytes > 48 * 1024 ? cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes) : cudaSuccess;
+  return e;
 }
 
 template <class T, int kD, bool kPlain>
 int run_forward(const dev_problem& p, const dev_forward& f) {
   constexpr int bytes = fwd_smem_bytes<kD>();
-  if (cudaError_t e = allow_smem(forward_kernel<T, kD, kPlain>, bytes); e != cudaSuccess) return int(e);
+  if (cudaError_t e = allow_smem<forward_kernel<T, kD, kPlain>, bytes>(); e != cudaSuccess) return int(e);
   if (f.splits > 1) {
     // Partial outs and lse in one stream-ordered allocation (no device-wide synchronisation).
     const std::int64_t rows = std::int64_t(p.B) * p.Hq * p.Nq;
@@ -1416,7 +1419,7 @@ int run_forward(const dev_problem& p0, const dev_forward& f0) {
   if (!plain_scores(p, kD)) return run_forward<T, kD, false>(p, f);
   if constexpr (kD <= 128) {
     constexpr int bytes = fwd_wide_smem_bytes<kD>();
-    if (cudaError_t e = allow_smem(forward_wide_kernel<T, kD>, bytes); e != cudaSuccess) return int(e);
+    if (cudaError_t e = allow_smem<forward_wide_kernel<T, kD>, bytes>(); e != cudaSuccess) return int(e);
     forward_wide_kernel<T, kD><<<dim3((p.Nq + 127) / 128, p.Hq, p.B), 128, bytes>>>(p, f);
     return int(cudaGetLastError());
   } else {
@@ -1430,19 +1433,23 @@ int run_backward(const dev_problem& p, const dev_backward& g) {
   if (rows > 0) delta_kernel<T><<<unsigned((rows + 3) / 4), 128>>>(p, g);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return int(e);
   constexpr int dq_bytes = dq_smem_bytes<kD>(), kv_bytes = dkdv_smem_bytes<kD>();
-  if (cudaError_t e = allow_smem(dq_kernel<T, kD, kPlain>, dq_bytes); e != cudaSuccess) return int(e);
-  if (cudaError_t e = allow_smem(dkdv_kernel<T, kD, kPlain>, kv_bytes); e != cudaSuccess) return int(e);
+  if (cudaError_t e = allow_smem<dq_kernel<T, kD, kPlain>, dq_bytes>(); e != cudaSuccess) return int(e);
+  if (cudaError_t e = allow_smem<dkdv_kernel<T, kD, kPlain>, kv_bytes>(); e != cudaSuccess) return int(e);
   bool wide = false;
   if constexpr (kPlain && kD == 128) {
     // The wide dk/dv where the device gives its shared memory (sm_90: 178 KB; sm_80 has 163). On
     // the H100, backward at B4 H16 N4096 in one call: D = 128, wide 177-180 TFLOP/s against
     // 147-150 (GQA 4:1 alike); D = 64, the 64-key kernel 130-134 against 128-129, so it stays.
     constexpr int wide_bytes = dkdv_wide_smem_bytes<kD>();
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-        optin >= wide_bytes) {
-      if (cudaError_t e = allow_smem(dkdv_wide_kernel<T, kD>, wide_bytes); e != cudaSuccess) return int(e);
+    static const int optin = [] {  // the current device's, asked once
+      int dev = 0, bytes = 0;
+      return cudaGetDevice(&dev) == cudaSuccess &&
+                     cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess
+                 ? bytes
+                 : 0;
+    }();
+    if (optin >= wide_bytes) {
+      if (cudaError_t e = allow_smem<dkdv_wide_kernel<T, kD>, wide_bytes>(); e != cudaSuccess) return int(e);
       wide = true;
       if (p.Nk > 0) dkdv_wide_kernel<T, kD><<<dim3((p.Nk + 127) / 128, p.Hkv, p.B), 256, wide_bytes>>>(p, g);
     }
@@ -1452,7 +1459,7 @@ int run_backward(const dev_problem& p, const dev_backward& g) {
   if (p.Nq == 0) return int(cudaGetLastError());
   if constexpr (kPlain && kD <= 128) {
     constexpr int wide_bytes = dq_wide_smem_bytes<kD>();
-    if (cudaError_t e = allow_smem(dq_wide_kernel<T, kD>, wide_bytes); e != cudaSuccess) return int(e);
+    if (cudaError_t e = allow_smem<dq_wide_kernel<T, kD>, wide_bytes>(); e != cudaSuccess) return int(e);
     dq_wide_kernel<T, kD><<<dim3((p.Nq + 127) / 128, p.Hq, p.B), 128, wide_bytes>>>(p, g);
   } else {
     dq_kernel<T, kD, kPlain><<<dim3((p.Nq + 63) / 64, p.Hq, p.B), 128, dq_bytes>>>(p, g);

@@ -31,10 +31,13 @@ int key_splits(int B, int Hq, int Nq, int Nk, int* split_blocks) {
     splits = std::atoi(e);
     splits = splits < 1 ? 1 : splits > nkb ? nkb : splits > 128 ? 128 : splits;
   } else if (blocks > 0 && nkb >= 8) {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 1;
+    static const int sms = [] {  // the current device's, asked once
+      int dev = 0, n = 0;
+      return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess
+                 ? n
+                 : 0;
+    }();
+    if (sms == 0) return 1;
     const std::int64_t want = (2 * std::int64_t(sms) + blocks - 1) / blocks;
     splits = int(want < nkb / 4 ? want : nkb / 4);
     if (splits > 128) splits = 128;
