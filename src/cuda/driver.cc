@@ -345,7 +345,10 @@ std::string device_name() {
   require_available("attn::cuda::device_name");
   return probe().name;
 }
-void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void synchronize() {
+  require_available("attn::cuda::synchronize");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
 
 DeviceTensor::DeviceTensor(dtype t, Shape shape) : type_(t), shape_(std::move(shape)) {
   require_available("attn::cuda::DeviceTensor");
@@ -441,13 +444,10 @@ void shift_lse(const problem& p, const problem_storage& store, float* lse, doubl
   check(cudaMemcpy(lse, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
 }
 
-}  // namespace
-
-void attention_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v, const DeviceTensor& out,
-                    const DeviceTensor& lse, const attention_options& options) {
-  const char* op = "attn::cuda::attention_into";
-  problem_storage store;
-  const problem p = device_problem(op, q, k, v, options, store, false);
+// The forward of a validated problem into out and lse (checked here: given by the caller, or
+// allocated to fit by attention()).
+void forward_into(const char* op, const problem& p, const problem_storage& store, const DeviceTensor& q,
+                  const DeviceTensor& out, const DeviceTensor& lse) {
   expect_like(op, "out", out, q.type(), out_shape_of(q, p));
   expect_like(op, "lse", lse, dtype::f32, {p.B, p.Hq, p.Nq});
   uploads up;
@@ -461,29 +461,41 @@ void attention_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTe
   if (store.shift.defined()) shift_lse(p, store, f.lse, +1.0);
 }
 
+}  // namespace
+
+void attention_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v, const DeviceTensor& out,
+                    const DeviceTensor& lse, const attention_options& options) {
+  const char* op = "attn::cuda::attention_into";
+  problem_storage store;
+  const problem p = device_problem(op, q, k, v, options, store, false);
+  forward_into(op, p, store, q, out, lse);
+}
+
 device_result attention(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
                         const attention_options& options) {
+  const char* op = "attn::cuda::attention";
   problem_storage store;
-  const problem p = device_problem("attn::cuda::attention", q, k, v, options, store, false);
+  const problem p = device_problem(op, q, k, v, options, store, false);
   device_result r{DeviceTensor(q.type(), out_shape_of(q, p)), DeviceTensor(dtype::f32, {p.B, p.Hq, p.Nq})};
-  attention_into(q, k, v, r.out, r.lse, options);
+  forward_into(op, p, store, q, r.out, r.lse);
   return r;
 }
 
-device_grads attention_backward_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
-                                     const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
-                                     const DeviceTensor& dq, const DeviceTensor& dk, const DeviceTensor& dv,
-                                     const attention_options& options) {
-  const char* op = "attn::cuda::attention_backward";
-  problem_storage store;
-  const problem p = device_problem(op, q, k, v, options, store, true);
+namespace {
+
+// The forward's results given to a backward: out and dout like attention's out, lse float32 [B, Hq, Nq].
+void expect_saved(const char* op, const problem& p, const DeviceTensor& q, const DeviceTensor& out,
+                  const DeviceTensor& lse, const DeviceTensor& dout) {
   const Shape os = out_shape_of(q, p);
   expect_like(op, "out", out, q.type(), os);
   expect_like(op, "dout", dout, q.type(), os);
   expect_like(op, "lse", lse, dtype::f32, {p.B, p.Hq, p.Nq});
-  expect_like(op, "dq", dq, q.type(), q.shape());
-  expect_like(op, "dk", dk, q.type(), k.shape());
-  expect_like(op, "dv", dv, q.type(), v.shape());
+}
+
+// The backward of a validated problem (expect_saved; dq, dk, dv of q, k, v's dtype and shapes).
+device_grads backward_into(const problem& p, const problem_storage& store, const attention_options& options,
+                           const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
+                           const DeviceTensor& dq, const DeviceTensor& dk, const DeviceTensor& dv) {
   uploads up;
   dev_problem d = describe(p, up);
   set_qkv(d, p);
@@ -541,12 +553,31 @@ device_grads attention_backward_into(const DeviceTensor& q, const DeviceTensor& 
   return r;
 }
 
+}  // namespace
+
+device_grads attention_backward_into(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
+                                     const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
+                                     const DeviceTensor& dq, const DeviceTensor& dk, const DeviceTensor& dv,
+                                     const attention_options& options) {
+  const char* op = "attn::cuda::attention_backward_into";
+  problem_storage store;
+  const problem p = device_problem(op, q, k, v, options, store, true);
+  expect_saved(op, p, q, out, lse, dout);
+  expect_like(op, "dq", dq, q.type(), q.shape());
+  expect_like(op, "dk", dk, q.type(), k.shape());
+  expect_like(op, "dv", dv, q.type(), v.shape());
+  return backward_into(p, store, options, out, lse, dout, dq, dk, dv);
+}
+
 device_grads attention_backward(const DeviceTensor& q, const DeviceTensor& k, const DeviceTensor& v,
                                 const DeviceTensor& out, const DeviceTensor& lse, const DeviceTensor& dout,
                                 const attention_options& options) {
-  require_available("attn::cuda::attention_backward");
-  return attention_backward_into(q, k, v, out, lse, dout, DeviceTensor(q.type(), q.shape()),
-                                 DeviceTensor(q.type(), k.shape()), DeviceTensor(q.type(), v.shape()), options);
+  const char* op = "attn::cuda::attention_backward";
+  problem_storage store;
+  const problem p = device_problem(op, q, k, v, options, store, true);
+  expect_saved(op, p, q, out, lse, dout);  // before dq, dk and dv are allocated
+  return backward_into(p, store, options, out, lse, dout, DeviceTensor(q.type(), q.shape()),
+                       DeviceTensor(q.type(), k.shape()), DeviceTensor(q.type(), v.shape()));
 }
 
 }  // namespace cuda

@@ -50,6 +50,16 @@ TEST(CudaContract, RefusesWithAReasonWhenUnavailable) {
   EXPECT_THROW_MSG(cuda::DeviceTensor::from_host(q), why);
   EXPECT_THROW_MSG(cuda::device_name(), why);
   EXPECT_NE(explain_backend(q, q, q, {}, false, kCuda).find(why), std::string::npos);
+  // Every entry of attn/cuda.h refuses by its own name, before it looks at its (here empty) tensors.
+  const cuda::DeviceTensor none;
+  EXPECT_THROW_MSG(cuda::attention(none, none, none), "attn::cuda::attention: " + why);
+  EXPECT_THROW_MSG(cuda::attention_into(none, none, none, none, none), "attn::cuda::attention_into: " + why);
+  EXPECT_THROW_MSG(cuda::attention_backward(none, none, none, none, none, none),
+                   "attn::cuda::attention_backward: " + why);
+  EXPECT_THROW_MSG(cuda::attention_backward_into(none, none, none, none, none, none, none, none, none),
+                   "attn::cuda::attention_backward_into: " + why);
+  EXPECT_THROW_MSG(cuda::synchronize(), why);
+  EXPECT_THROW_MSG(cuda::DeviceTensor(dtype::bf16, {1, 2}), why);
 }
 
 // ---- on a GPU ----
@@ -322,6 +332,17 @@ TEST(CudaDevice, BadInputIsRefusedByName) {
   EXPECT_THROW_MSG(cuda::attention(dq, wrong, dq), "attn::cuda::attention:");
   const cuda::device_result r = cuda::attention(dq, dq, dq);
   EXPECT_THROW_MSG(cuda::attention_backward(dq, dq, dq, r.out, r.out, r.out, {}), "lse is bfloat16 [1, 1, 4, 64]");
+  // The _into calls name the tensor given in a wrong dtype or shape, and their own name.
+  const cuda::DeviceTensor lse_f16(dtype::f16, {1, 1, 4}), out_short(dtype::bf16, {1, 1, 3, 64});
+  EXPECT_THROW_MSG(cuda::attention_into(dq, dq, dq, out_short, r.lse),
+                   "attn::cuda::attention_into: out is bfloat16 [1, 1, 3, 64], expected bfloat16 [1, 1, 4, 64]");
+  EXPECT_THROW_MSG(cuda::attention_into(dq, dq, dq, r.out, lse_f16), "lse is float16 [1, 1, 4], expected float32 [1, 1, 4]");
+  EXPECT_THROW_MSG(cuda::attention_into(dq, wrong, dq, r.out, r.lse), "attn::cuda::attention_into:");
+  const cuda::DeviceTensor g(dtype::bf16, {1, 1, 4, 64}), g_f16(dtype::f16, {1, 1, 4, 64});
+  EXPECT_THROW_MSG(cuda::attention_backward_into(dq, dq, dq, r.out, r.lse, r.out, g, g_f16, g),
+                   "attn::cuda::attention_backward_into: dk is float16 [1, 1, 4, 64], expected bfloat16 [1, 1, 4, 64]");
+  EXPECT_THROW_MSG(cuda::attention_backward_into(dq, dq, dq, r.out, r.lse, out_short, g, g, g),
+                   "dout is bfloat16 [1, 1, 3, 64]");
   EXPECT_THROW_MSG(cuda::DeviceTensor(dtype::f16, {2, -1}), "negative dimension");
 }
 
