@@ -1,6 +1,7 @@
 // src/cpu/bf16_words.cc — bf16_words.h.
 #include "cpu/bf16_words.h"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace attn::detail::cpu {
@@ -31,6 +32,25 @@ std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, st
       if (j >= N) break;
       const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
       for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << (16 * half);
+    }
+  }
+  return r;
+}
+
+std::vector<std::uint32_t> bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                             std::int64_t X, std::int64_t Npairs, int nt) {
+  std::vector<std::uint32_t> r(std::size_t(B * H * X * Npairs), 0u);
+  // A block of 16 pairs of rows at a time: read along the rows, written 16 words per column.
+  constexpr std::int64_t kPairs = 16;
+  const std::int64_t blocks = (N + 2 * kPairs - 1) / (2 * kPairs);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t t = 0; t < B * H * blocks; ++t) {
+    const std::int64_t jb = t % blocks, bh = t / blocks, h = bh % H, b = bh / H;
+    std::uint32_t* o = r.data() + bh * X * Npairs;
+    for (std::int64_t j = 2 * kPairs * jb; j < std::min(N, 2 * kPairs * (jb + 1)); ++j) {
+      const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
+      const int shift = int(j % 2) * 16;
+      for (std::int64_t x = 0; x < X; ++x) o[x * Npairs + j / 2] |= std::uint32_t(p[x * s.sx]) << shift;
     }
   }
   return r;

@@ -22,6 +22,11 @@ std::vector<std::uint32_t> bf16_row_words(const strided4& s, std::int64_t B, std
 std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                            std::int64_t X, std::int64_t Npairs, int nt);
 
+// The same pairs transposed: [B·H][X][Npairs] words, word (x, j') = s[2j'][x] | s[2j' + 1][x] << 16
+// (rows at or past N zero) — each column's keys in pairs, as the AMX forward's Vᵀ (amx.h).
+std::vector<std::uint32_t> bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+                                             std::int64_t X, std::int64_t Npairs, int nt);
+
 // Every element of the bfloat16 view finite (exponent bits not all ones).
 bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);
 // The same for a view of any float dtype (float16, bfloat16, float32, float64).

@@ -223,15 +223,20 @@ std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32
 // Keys and values of every (b, hkv) for the AVX512_BF16 kernels, packed once per call
 // (bf16_words.h): rows [Nk'][D|Dv] (as words, D and Dv even) and key pairs [Nk'/2][D|Dv]
 // (Nk' = Nk rounded up to even, the extra key zero); only the layouts asked for.
+// The AMX forward (amx.h) takes key rows and Vᵀ pairs, padded with kAmxPad zero keys (its
+// products take keys 32 at a time).
 struct bf16_pack {
-  std::vector<std::uint32_t> k, v, kp, vp;
+  static constexpr std::int64_t kAmxPad = 32;
+  std::vector<std::uint32_t> k, v, kp, vp, vt;
   std::int64_t nk2 = 0;
 
-  bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs) : nk2((p.Nk + 1) / 2 * 2) {
+  bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs, bool amx = false)
+      : nk2((p.Nk + 1) / 2 * 2 + (amx ? kAmxPad : 0)) {
     if (k_rows) k = bf16_row_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2, nt);
     if (v_rows) v = bf16_row_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, nt);
     if (k_pairs) kp = bf16_pair_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
     if (v_pairs) vp = bf16_pair_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
+    if (amx) vt = bf16_pair_words_t(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
   }
   // Row 0 of the (b, hkv) whose first packed row is `base`, as the kernels' bf16 rows.
   static const std::uint16_t* rows(const std::vector<std::uint32_t>& w, std::int64_t base, std::int64_t X) {
@@ -250,6 +255,7 @@ void pack_lane_words(const strided4& t, std::int64_t b, const lane_setup& ls, st
 struct forward_plan {
   std::int64_t lanes = 0, lane_blocks = 0, units = 0;  // L, blocks of L rows per (b, hkv), B·Hkv·blocks
   bool bf16_dots = false;  // bf16 inputs, even D, prefill-sized lane blocks: vdpbf16ps tiles
+  bool amx = false;        // the same on AMX tiles (the amx level; D a multiple of 32, Dv of 16)
   bool k16 = false;        // decode reads bf16 key/value rows as they are (memory-bound: no f32 copy)
   bool raw_q = false;      // bf16 q with bf16 or int8 K/V rows: q stays exact (unscaled) for the
                            // bf16 decode dots; the scores are scaled instead
@@ -288,6 +294,7 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   f.lane_blocks = ceil_div(p.Nq * p.group(), f.lanes);
   f.units = p.B * p.Hkv * f.lane_blocks;
   f.bf16_dots = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && f.lanes == kt.lanes;
+  f.amx = f.bf16_dots && kt.forward_amx && p.D % 32 == 0 && p.Dv % 16 == 0;
   f.k16 = f.lanes == kt.lanes_small && p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) &&
           (p.v.sx == 1 || p.Dv <= 1);
   f.k8 = p.k.type == dtype::i8;
@@ -314,7 +321,8 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const std::int64_t L = plan.lanes, nlb = plan.lane_blocks, units = plan.units;
   const bool dp = plan.bf16_dots, k16 = plan.k16, raw_q = plan.raw_q, k8 = plan.k8, paged = plan.paged;
   const bool kv_in_place = k16 || k8 || paged;  // paged f32 rows too (why_not checks the strides)
-  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, true) : nullptr;
+  const bool amx = plan.amx;
+  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, !amx, amx) : nullptr;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
   const rows_f32 K = dp || kv_in_place ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp || kv_in_place ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
@@ -411,8 +419,14 @@ void forward_out(const problem& p, const forward_outputs& o) {
         const std::int64_t u = us[0], hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
         pack_lane_words(p.q, b, lss[0], p.D, qp.data());
         const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
-        bf16_operands op{qp.data(), bf16_pack::rows(pack->k, base, p.D), p.D, pack->vp.data() + base / 2 * p.Dv};
-        kt.forward_bf16(lbs[0], op, ios[0]);
+        bf16_operands op{qp.data(), bf16_pack::rows(pack->k, base, p.D), p.D};
+        if (amx) {
+          op.vt = pack->vt.data() + base / 2 * p.Dv, op.ldvt = pack->nk2 / 2;
+          kt.forward_amx(lbs[0], op, ios[0]);
+        } else {
+          op.vp = pack->vp.data() + base / 2 * p.Dv;
+          kt.forward_bf16(lbs[0], op, ios[0]);
+        }
       } else {
         kt.forward(lbs[0], ios[0]);
       }
@@ -915,7 +929,7 @@ std::string describe(const problem& p, const backend_request& req) {
                      fp.paged ? ", paged" : "", fp.heads > 1 ? fmt::format(", {} kv heads per task", fp.heads) : std::string());
   else
     s += fmt::format("prefill{}, {}{}", fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "", type,
-                     fp.bf16_dots ? " with bf16 dot products" : "");
+                     fp.amx ? " with bf16 dot products on AMX tiles" : fp.bf16_dots ? " with bf16 dot products" : "");
   return s;
 }
 

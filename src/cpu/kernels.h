@@ -194,11 +194,15 @@ static inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ld
 // qp[(d/2)·L + x]), k [Nk'][ldk] rows with ldk even, vp [Nk'/2][Dv] (keys 2j', 2j'+1 of column
 // x at vp[j'·Dv + x]); Nk' = Nk rounded up to even, the extra row zero. D is even; scores are
 // scaled by score_params::scale.
+// The AMX forward (kernel_table::forward_amx) takes Vᵀ instead of vp: vt [Dv][ldvt] (keys 2j',
+// 2j'+1 of column x at vt[x·ldvt + j']), and k and vt padded with 32 zero keys past Nk (amx.h).
 struct bf16_operands {
   const std::uint32_t* qp = nullptr;
   const std::uint16_t* k = nullptr;
   std::int64_t ldk = 0;
   const std::uint32_t* vp = nullptr;
+  const std::uint32_t* vt = nullptr;
+  std::int64_t ldvt = 0;
 };
 
 // bf16 operands of the backward on an ISA with a bf16 dot product (D and Dv even; words = bf16
@@ -225,7 +229,7 @@ struct bf16_dkdv_operands {
 };
 
 struct kernel_table {
-  const char* name;       // "generic", "avx2", "avx512", "avx512bf16"
+  const char* name;       // "generic", "avx2", "avx512", "avx512bf16", "amx"
   int W;                  // floats per vector
   int lanes;              // L for prefill-sized lane blocks
   int lanes_small;        // L when the whole (b, hkv) has at most this many rows (decode)
@@ -253,6 +257,9 @@ struct kernel_table {
   // mask row (a key padding mask) are filled key by key, without the transpose.
   mask_tile_kind (*mask_tile)(const mask_rows&, std::int64_t nb, float* tile, std::int64_t row_stride,
                               std::int64_t key_stride) = nullptr;
+  // The same forward with its products on AMX tiles (the amx level only; null elsewhere): D a
+  // multiple of 32, Dv of 16, bf16_operands::vt set.
+  void (*forward_amx)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr;
 };
 
 static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
@@ -274,6 +281,7 @@ const kernel_table& kernels_generic();
 const kernel_table& kernels_avx2();
 const kernel_table& kernels_avx512();
 const kernel_table& kernels_avx512bf16();
+const kernel_table& kernels_amx();  // avx512bf16's table and forward_amx (kernels_avx512bf16.cc)
 
 // Runtime ISA dispatch — the one place that asks the CPU what it supports (isa.cc). The
 // environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on

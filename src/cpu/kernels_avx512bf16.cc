@@ -3,7 +3,8 @@
 // vdpbf16ps (simd_avx512bf16.h: 32 bf16 products summed in pairs into 16 fp32 accumulators).
 // Scores, softmax and outputs accumulate in fp32; P and dS are rounded to bf16 (nearest even)
 // for the products that consume them, as FlashAttention does on GPUs. Flags in sources.cmake,
-// code in kernel_body.h.
+// code in kernel_body.h. The amx level's table is this one with the bf16 prefill forward on AMX
+// tiles (amx.h; this unit's flags add AMX-TILE and AMX-BF16).
 namespace attn::detail::cpu {
 namespace {
 constexpr int W = 16;  // floats per vector
@@ -14,10 +15,20 @@ constexpr int R = 6;   // tile rows: R·C accumulators
 
 #include "cpu/simd_avx512bf16.h"
 #include "cpu/kernel_body.h"
+#include "cpu/amx.h"
 
 namespace attn::detail::cpu {
 const kernel_table& kernels_avx512bf16() {
   static constexpr kernel_table table = make_table<avx512bf16_dot>("avx512bf16");
+  return table;
+}
+
+const kernel_table& kernels_amx() {
+  static constexpr kernel_table table = [] {
+    kernel_table t = make_table<avx512bf16_dot>("amx");
+    t.forward_amx = forward_amx<avx512bf16_dot>;
+    return t;
+  }();
   return table;
 }
 }  // namespace attn::detail::cpu

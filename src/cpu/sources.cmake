@@ -5,8 +5,9 @@
 # second table built the same way from rowwise_body.h, and the fused family kernels
 # (family_kernels.h, driven by src/family/fused.cc) a third, from family_body.h (its
 # avx512bf16 level adds the bf16 forward of dot scores).
-# ATTN_CPU_MAX_LEVEL (0 generic, 1 avx2, 2 avx512, 3 avx512bf16; default 3) leaves the levels
-# above it out of a build (isa.cc then never picks them): fuzz/ builds up to avx2, for build time.
+# ATTN_CPU_MAX_LEVEL (0 generic, 1 avx2, 2 avx512, 3 avx512bf16 and amx; default 3) leaves the
+# levels above it out of a build (isa.cc then never picks them): fuzz/ builds up to avx2, for
+# build time.
 if(NOT DEFINED ATTN_CPU_MAX_LEVEL)
   set(ATTN_CPU_MAX_LEVEL 3)
 endif()
@@ -23,9 +24,17 @@ set(ATTN_ISA_FLAGS_generic "-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx2 "-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx512 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx512bf16 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx512vnni;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
+# The amx level (isa.cc) is the avx512bf16 table with the bf16 prefill forward on AMX tiles
+# (amx.h): only that unit takes the tile instructions.
+set(ATTN_KERNEL_FLAGS_avx512bf16 "${ATTN_ISA_FLAGS_avx512bf16};-mamx-tile;-mamx-bf16")
 foreach(isa IN LISTS ATTN_CPU_LEVELS)
   target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc)
-  set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc PROPERTIES COMPILE_OPTIONS "${ATTN_ISA_FLAGS_${isa}}")
+  if(DEFINED ATTN_KERNEL_FLAGS_${isa})
+    set(flags "${ATTN_KERNEL_FLAGS_${isa}}")
+  else()
+    set(flags "${ATTN_ISA_FLAGS_${isa}}")
+  endif()
+  set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc PROPERTIES COMPILE_OPTIONS "${flags}")
   set(tables family)
   if(NOT isa STREQUAL "avx512bf16")  # no bf16 dot product in the row-wise kernels
     list(APPEND tables rowwise)

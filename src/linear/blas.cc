@@ -41,7 +41,7 @@ struct library {
 bool cpu_has_avx512() {
   int levels = 0;
   detail::cpu::available_isas(&levels);
-  return levels >= 3;  // generic, avx2, avx512[, avx512bf16]
+  return levels >= 3;  // generic, avx2, avx512[, avx512bf16[, amx]]
 }
 
 library open_library() {

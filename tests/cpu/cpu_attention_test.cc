@@ -609,6 +609,53 @@ TEST(cpu_attention, bf16_every_isa) {
   }
 }
 
+// The shapes the bf16 prefill forward runs on AMX tiles (amx.h: D a multiple of 32, Dv of 16, more
+// rows than decode takes), with every option, on every ISA this machine has: on the amx level the
+// path says so and the tiles' results meet the reference and are bitwise the same for 1, 2 and 3
+// threads; key counts around the tiles' 32 keys (1, 31, 129, 300) and lane blocks that end inside
+// a tile, Dv = 48 for the odd tile of Oᵀ rows.
+TEST(cpu_attention, amx_shapes_every_isa) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(2026);
+    auto pick = [&](std::initializer_list<std::int64_t> v) {
+      return *(v.begin() + std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng));
+    };
+    auto coin = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+    for (int n = 0; n < 28; ++n) {
+      config c;
+      c.type = dtype::bf16;
+      c.B = pick({1, 2}), c.Hkv = pick({1, 2}), c.Hq = c.Hkv * pick({1, 4});
+      c.Nq = pick({40, 65, 130}), c.Nk = pick({1, 31, 77, 128, 129, 300});
+      c.D = pick({32, 64, 128}), c.Dv = pick({16, 48, 64});
+      c.three_d = coin(0.2);
+      c.transposed = !c.three_d && coin(0.3);
+      c.mask = coin(0.5) ? mask_type::none : coin(0.5) ? mask_type::boolean : mask_type::additive;
+      c.mask_rank = coin(0.5) ? 2 : 4, c.mask_short = coin(0.3), c.mask_heads = coin(0.5);
+      c.opt.is_causal = coin(0.5);
+      c.opt.alignment = coin(0.5) ? causal_alignment::top_left : causal_alignment::bottom_right;
+      if (coin(0.3)) c.opt.window_left = pick({0, 9, 40}), c.opt.window_right = pick({-1, 0, 33});
+      if (coin(0.2)) c.opt.softcap = 20;
+      c.kv_len = coin(0.2), c.alibi = coin(0.2), c.sinks = coin(0.3);
+      std::mt19937 in_rng{std::uint32_t(n)};
+      const inputs in = make_inputs(c, in_rng);
+      const std::string path = explain_backend(in.qv, in.kv, in.vv, in.opt, false, {.use_backend = backend::cpu});
+      if (isa == "amx") EXPECT_NE(path.find("on AMX tiles"), std::string::npos) << path;
+      else EXPECT_EQ(path.find("AMX"), std::string::npos) << path;
+      check_case(c, std::uint32_t(n));
+      std::vector<double> first;
+      for (int threads : {1, 2, 3}) {
+        const auto r = attention(in.qv, in.kv, in.vv, in.opt, {.use_backend = backend::cpu, .num_threads = threads});
+        std::vector<double> all = r.out.to_vector(), lse = r.lse.to_vector();
+        all.insert(all.end(), lse.begin(), lse.end());
+        if (first.empty()) first = all;
+        EXPECT_EQ(0, std::memcmp(all.data(), first.data(), all.size() * sizeof(double))) << threads << " threads";
+      }
+    }
+  }
+}
+
 // The forward's running max moves only where a key block's max exceeds it by more than a slack
 // (prefill.h, kMaxSlack = 8): scores that climb block by block by less than the slack (weights
 // above 1, no rescale), by just under it, by far more (a rescale of O and l), fall again, climb

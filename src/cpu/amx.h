@@ -1,0 +1,134 @@
+// src/cpu/amx.h — the bf16 prefill forward on AMX tiles (the amx level of isa.cc: a CPU with
+// AMX-TILE and AMX-BF16 whose OS grants the tile state to the process). The lane-layout forward
+// of prefill.h with its two products on tiles instead of vdpbf16ps register tiles: the same
+// blocks of kLaneKeyBlock keys, the same mask fill, block skipping and online softmax
+// (softmax_block, which rounds P to bf16 in key pairs), only the products differ —
+//   Sᵀ [keys][L]  = K · Qᵀ   A: key rows as words (bf16 pairs along d), B: the lane words of q
+//   Oᵀ [Dv][L]   += Vᵀ · P   A: Vᵀ as words (pairs of keys along each d), B: P in key pairs
+// by tdpbf16ps: C[16][16] f32 += A[16 rows][16 words] · B[16 words][16 columns], 512 bf16
+// products summed per element per instruction (the products are exact, the sums f32; the tile
+// unit flushes bf16 denormals to zero, which no attention score or weight notices).
+//
+// Shapes the tiles take (the driver's plan_forward asks for nothing else): D a multiple of 32
+// (whole tiles of 16 words along d), Dv a multiple of 16, L = 64 lanes. Blocks of keys are
+// computed 32 at a time: the driver pads the packed keys and values with 32 zero keys past Nk, and
+// the P rows past a short block are zeroed here, so that a padded key weighs exactly 0 (a
+// non-finite V past the lanes' key range reaches a row as NaN, which the front recomputes, as it
+// does for the vdpbf16ps kernels' pair key).
+//
+// Included by kernels_avx512bf16.cc after kernel_body.h (its flags add -mamx-tile -mamx-bf16; no
+// other translation unit emits a tile instruction).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/kernels.h"
+#include "cpu/prefill.h"
+
+namespace attn::detail::cpu {
+namespace {
+
+// Every tile 16 rows of 64 bytes (palette 1). The configuration is per thread: loaded at the
+// start of each lane block, released at its end.
+inline void amx_configure() {
+  alignas(64) unsigned char cfg[64] = {};
+  cfg[0] = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg[16 + 2 * t] = 64;  // bytes per row (little-endian uint16)
+    cfg[48 + t] = 16;      // rows
+  }
+  _tile_loadconfig(cfg);
+}
+
+// C [M][N] (+)= A · B in bf16 pairs: A word (m, k') at a[m·lda + k'], B word (k', n) at
+// b[k'·ldb + n], C (m, n) at c[m·ldc + n] (f32); accumulate: C's values are added to, else
+// overwritten. M a multiple of 16, N of 32, K (words) of 16. Tiles: C 0-3 (2 × 2 blocks of
+// 16 × 16), A 4-5, B 6-7.
+inline void amx_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const std::uint32_t* a, std::int64_t lda,
+                     const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+  const long sa = long(lda) * 4, sb = long(ldb) * 4, sc = long(ldc) * 4;
+  std::int64_t m = 0;
+  for (; m + 32 <= M; m += 32)
+    for (std::int64_t n = 0; n < N; n += 32) {
+      float* c00 = c + m * ldc + n;
+      float* c10 = c00 + 16 * ldc;
+      if (accumulate) {
+        _tile_loadd(0, c00, sc);
+        _tile_loadd(1, c00 + 16, sc);
+        _tile_loadd(2, c10, sc);
+        _tile_loadd(3, c10 + 16, sc);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (std::int64_t k = 0; k < K; k += 16) {
+        _tile_loadd(4, a + m * lda + k, sa);
+        _tile_loadd(6, b + k * ldb + n, sb);
+        _tile_loadd(7, b + k * ldb + n + 16, sb);
+        _tile_loadd(5, a + (m + 16) * lda + k, sa);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c00, sc);
+      _tile_stored(1, c00 + 16, sc);
+      _tile_stored(2, c10, sc);
+      _tile_stored(3, c10 + 16, sc);
+    }
+  if (m < M)  // 16 rows left
+    for (std::int64_t n = 0; n < N; n += 32) {
+      float* c00 = c + m * ldc + n;
+      if (accumulate) {
+        _tile_loadd(0, c00, sc);
+        _tile_loadd(1, c00 + 16, sc);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+      }
+      for (std::int64_t k = 0; k < K; k += 16) {
+        _tile_loadd(4, a + m * lda + k, sa);
+        _tile_loadd(6, b + k * ldb + n, sb);
+        _tile_loadd(7, b + k * ldb + n + 16, sb);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      _tile_stored(0, c00, sc);
+      _tile_stored(1, c00 + 16, sc);
+    }
+}
+
+// The forward of one lane block (lb.L = C·W lanes) from bf16_operands with in.vt set: keys
+// in.k [Nk + pad][ldk], Vᵀ in.vt [Dv][ldvt] words. Scratch as forward_bf16's.
+template <class Dot>
+void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io& io) {
+  using Ops = bf16_pair_operands<Dot>;
+  constexpr std::int64_t L = C * W;
+  static_assert(L % 32 == 0 && kLaneKeyBlock % 32 == 0);
+  float* S = lb.scratch;
+  float* bias = S + kLaneKeyBlock * L;
+  float* alpha = bias + kLaneKeyBlock * L;
+  std::uint32_t* packed = lane_packed(lb);
+  const auto* kw = reinterpret_cast<const std::uint32_t*>(in.k);
+  const std::int64_t ldk = in.ldk / 2;
+  const score_consts sc(lb.sp);
+  const lane_range kr(lb);
+  amx_configure();
+  for (std::int64_t j0 = kr.kmin / 2 * 2; j0 < kr.kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = round_up<2>(imin(kLaneKeyBlock, kr.kmax - j0)), nt = round_up<32>(nb);
+    const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
+    if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
+    amx_gemm(nt, L, lb.D / 2, kw + j0 * ldk, ldk, in.qp, L, S, L, false);
+    const std::uint32_t* pw = softmax_block<Ops, C>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed);
+    for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(packed + i, vu{});
+    amx_gemm(lb.Dv, L, nt / 2, in.vt + j0 / 2, in.ldvt, pw, L, io.ot, L, true);
+  }
+  _tile_release();
+}
+
+}  // namespace
+}  // namespace attn::detail::cpu
