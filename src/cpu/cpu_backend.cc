@@ -334,14 +334,23 @@ void forward_out(const problem& p, const forward_outputs& o) {
   // A mask broadcast over heads is read once here, not once per head (cpu/mask_fill.h).
   const mask_spans spans = p.mask_view.sh == 0 && p.Hq > 1 && !decode_only(p) ? find_mask_spans(p, nt) : mask_spans{};
 
-  // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
+  // Normalises and writes the rows of one lane block from its (m, l, oᵀ): unit-stride f32 and
+  // bf16 rows by the kernels' transposing store, others element by element.
+  constexpr std::int64_t kMaxLanes = 64;  // (every table's lanes)
+  const bool rows_out = (o.out.type == dtype::f32 || o.out.type == dtype::bf16) && (o.out.sx == 1 || p.Dv <= 1) &&
+                        L <= kMaxLanes;
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
+    float inv[kMaxLanes];
+    void* rows[kMaxLanes];
     for (std::int64_t x = 0; x < ls.nl; ++x) {  // l NaN (a NaN score): out NaN, redone by the front
-      const float inv = l[x] > 0.0f || std::isnan(l[x]) ? 1.0f / l[x] : 0.0f;
-      store_row(o.out, b, ls.h[x], ls.i[x], p.Dv, ot + x, ls.L, inv);
+      inv[x] = l[x] > 0.0f || std::isnan(l[x]) ? 1.0f / l[x] : 0.0f;
+      if (!rows_out) store_row(o.out, b, ls.h[x], ls.i[x], p.Dv, ot + x, ls.L, inv[x]);
+      else if (o.out.type == dtype::f32) rows[x] = o.out.ptr<float>(b, ls.h[x], ls.i[x], 0);
+      else rows[x] = o.out.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0);
       const double lse = l[x] > 0.0f || std::isnan(l[x]) ? double(m[x] + std::log(l[x])) : kNegInf;
       store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
     }
+    if (rows_out) kt.store_lanes(ot, ls.L, ls.nl, p.Dv, inv, rows, o.out.type == dtype::bf16);
   };
 
   // Tasks: (unit, chunk), or with plan.heads (b, lane block, chunk) running every kv head.

@@ -110,6 +110,34 @@ void dkdv_bf16(const dkdv_pair& pr, const bf16_dkdv_operands& in) {
   dkdv_rows<bf16_pair_operands<Dot>>(pr, op);
 }
 
+// Oᵀ [Dv][L] of lanes [0, nl) → row x (rows[x], unit stride) = Oᵀ[·][x]·inv[x], as float32 or
+// bfloat16 rounded as f32_to_bf16 (nearest even, NaN kept quiet) — W × W blocks transposed in
+// registers, where a store per element read a column of Oᵀ (L floats apart) and rounded it alone.
+void store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv, void* const* rows,
+                 bool bf16) {
+  typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
+  vf blk[W];
+  for (std::int64_t x0 = 0; x0 < nl; x0 += W)
+    for (std::int64_t d0 = 0; d0 < Dv; d0 += W) {
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) blk[i] = d0 + i < Dv ? load(ot + (d0 + i) * L + x0) : vf{};
+      transpose(blk);
+      const std::int64_t n = imin(W, Dv - d0);
+      for (std::int64_t i = 0; i < W && x0 + i < nl; ++i) {
+        const vf r = blk[i] * splat(inv[x0 + i]);
+        if (!bf16) {
+          __builtin_memcpy(static_cast<float*>(rows[x0 + i]) + d0, &r, std::size_t(n) * 4);
+          continue;
+        }
+        const vu u = (vu)r;
+        const vu nan = (vu)((u & splatu(0x7fffffffu)) > splatu(0x7f800000u));
+        const vu even = (u + splatu(0x7fffu) + ((u >> 16) & splatu(1u))) >> 16;
+        const vh h = __builtin_convertvector((((u >> 16) | splatu(0x40u)) & nan) | (even & ~nan), vh);
+        __builtin_memcpy(static_cast<std::uint16_t*>(rows[x0 + i]) + d0, &h, std::size_t(n) * 2);
+      }
+    }
+}
+
 // The table of this ISA; the bf16 entries only where it has a bf16 dot product.
 template <class Dot>
 constexpr kernel_table make_table(const char* name) {
@@ -117,6 +145,7 @@ constexpr kernel_table make_table(const char* name) {
   if constexpr (Dot::available) t.forward_bf16 = forward_bf16<Dot>, t.dq_bf16 = dq_bf16<Dot>, t.dkdv_bf16 = dkdv_bf16<Dot>;
   t.int16_decode = Dot::int16;
   t.mask_tile = mask_tile;
+  t.store_lanes = store_lanes;
   return t;
 }
 

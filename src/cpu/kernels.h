@@ -260,6 +260,10 @@ struct kernel_table {
   // The same forward with its products on AMX tiles (the amx level only; null elsewhere): D a
   // multiple of 32, Dv of 16, bf16_operands::vt set.
   void (*forward_amx)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr;
+  // The forward's rows out of Oᵀ [Dv][L]: lane x < nl, times inv[x], to rows[x] (unit stride) as
+  // float32 (bf16 false) or bfloat16 rounded as f32_to_bf16.
+  void (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
+                      void* const* rows, bool bf16) = nullptr;
 };
 
 static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
