@@ -130,5 +130,63 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
   _tile_release();
 }
 
+// C [M][N] (+)= A · B for any M: whole 16-row blocks on the tiles, the rest on the register
+// tile's bf16 pairs (tile.h) — for a C whose rows past M belong to someone else (dq).
+template <class Dot>
+void amx_gemm_rows(std::int64_t M, std::int64_t N, std::int64_t K, const std::uint32_t* a, std::int64_t lda,
+                   const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+  const std::int64_t m16 = M / 16 * 16;
+  if (m16) amx_gemm(m16, N, K, a, lda, b, ldb, c, ldc, accumulate);
+  if (M > m16)
+    gemm<bf16_pair_operands<Dot>>(M - m16, N, K, a + m16 * lda, lda, 1, b, ldb, c + m16 * ldc, ldc, accumulate);
+}
+
+// The fused backward's row-layout pass (prefill.h, dkdv_rows) with its five products on the
+// tiles: S = Q Kᵀ, dP = dO Vᵀ, dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS, dQ += dS K. The driver gives what
+// the tiles need (bf16_dkdv_operands): pr.ldk a multiple of 32 (the key block's columns past nb
+// zero), q and dout rows readable 16 rows at a time (their packs padded with zero rows), Qᵀ and
+// dOᵀ in pairs of rows (qt, dot: [D|Dv][ldt] words from the pair's first row) readable to
+// round_up(nq, 32) rows, and krw [ld/2][ldq] (the dq product; ldq a multiple of 32).
+// Scratch: S, dP, bias [16·⌈nq/16⌉][ld], then P and dS in row pairs [16][ld] each.
+template <class Dot>
+void dkdv_amx(const dkdv_pair& pr, const bf16_dkdv_operands& in) {
+  using Ops = bf16_pair_operands<Dot>;
+  const std::int64_t ld = pr.ldk, nq = pr.nq, nq16 = round_up<16>(nq), npw = round_up<32>(nq) / 2;
+  float* S = pr.scratch;
+  float* dP = S + nq16 * ld;
+  float* bias = dP + nq16 * ld;
+  auto* pw = reinterpret_cast<std::uint32_t*>(bias + nq16 * ld);
+  std::uint32_t* dsw = pw + npw * ld;
+  const score_consts sc(pr.sp);
+  mask_tile_kind mk = mask_tile_kind::zeros;
+  if (sc.bias) {
+    mk = pr.sp.bias(pr.sp.bias_ctx, pr.j0, pr.nb, bias, ld, 1);
+    if (mk == mask_tile_kind::excluded && pr.sp.skip_excluded) {  // no row sees the block: ds = 0
+      if (pr.ds_out)
+        for (std::int64_t i = 0; i < nq * ld; ++i) pr.ds_out[i] = 0.0f;
+      return;
+    }
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
+  }
+  amx_configure();
+  const auto* q = reinterpret_cast<const std::uint32_t*>(in.q);
+  const auto* dout = reinterpret_cast<const std::uint32_t*>(in.dout);
+  amx_gemm(nq16, ld, pr.D / 2, q, pr.D / 2, in.ktp, ld, S, ld, false);
+  amx_gemm(nq16, ld, pr.Dv / 2, dout, pr.Dv / 2, in.vtp, ld, dP, ld, false);
+  dkdv_scores(pr, sc, S, dP, bias, mk);
+  Ops::pack_rows(S, nq, ld, pw);
+  Ops::pack_rows(dP, nq, ld, dsw);
+  for (std::int64_t i = (nq + 1) / 2 * ld; i < npw * ld; i += W) storeu(pw + i, vu{}), storeu(dsw + i, vu{});
+  amx_gemm(pr.Dv, ld, npw, in.dot, in.ldt, pw, ld, pr.dvt, ld, true);
+  amx_gemm(pr.D, ld, npw, in.qt, in.ldt, dsw, ld, pr.dkt, ld, true);
+  if (pr.dq) {  // dS in key pairs [nq][ld/2] (in bias's room, free now) · K by key pairs
+    auto* dsk = reinterpret_cast<std::uint32_t*>(bias);
+    for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(dsk + i / 2, load(dP + i));
+    amx_gemm_rows<Dot>(nq, pr.ldq, ld / 2, dsk, ld / 2, pr.krw, pr.ldq, pr.dq, pr.dqs, true);
+  }
+  _tile_release();
+}
+
 }  // namespace
 }  // namespace attn::detail::cpu

@@ -561,6 +561,7 @@ void forward(const problem& p, const forward_outputs& o) {
 struct backward_plan {
   bool bf16_dots = false;  // bf16 inputs and dout, even D and Dv, prefill-sized lane blocks
   bool fused = false;      // one pass over (b, hkv) units: dq accumulated per key block
+  bool amx = false;        // the fused pass on AMX tiles (the amx level; D and Dv multiples of 32)
 };
 
 // The gradient of a float mask shared by batch entries (B > 1) or by kv heads (Hkv > 1): the
@@ -590,6 +591,9 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
   // two passes, whose dk/dv tasks can group them.
   const dmask_sharing sh = shared_dmask(p, dmask);
   if (sh.b || sh.h) b.fused = false;
+  // AMX tiles for the fused pass (the two passes keep f32 products on the amx level).
+  b.amx = b.fused && kt.dkdv_amx && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 32 == 0 &&
+          p.Dv % 32 == 0 && lanes_for(p, kt) == kt.lanes;
   return b;
 }
 
@@ -598,7 +602,7 @@ void backward(const problem& p, const backward_io& io) {
   const int nt = std::max(1, p.num_threads);
   const std::int64_t G = p.group(), L = lanes_for(p, kt), nlb = ceil_div(p.Nq * G, L);
   const backward_plan plan = plan_backward(p, kt, io.dout.type, io.dmask.data != nullptr);
-  const bool dp = plan.bf16_dots, fused = plan.fused;
+  const bool amx = plan.amx, dp = plan.bf16_dots || amx, fused = plan.fused;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
   const rows_f32 K = dp ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
@@ -699,13 +703,17 @@ void backward(const problem& p, const backward_io& io) {
   // bf16 pass 2: q and dout rows as words [B·Hq][Nq][X/2] (read as uint16: the rows) and by
   // pairs of rows [B·Hq][ceil(Nq/2)][X], packed once for every key block (query blocks start on
   // even rows, so a block's pairs are the call's; the pair past an odd Nq is zero).
-  const std::int64_t nqp = (p.Nq + 1) / 2;
-  const std::vector<std::uint32_t> Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, p.Nq, nt) : std::vector<std::uint32_t>{};
-  const std::vector<std::uint32_t> DOw =
-      dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, p.Nq, nt) : std::vector<std::uint32_t>{};
-  const std::vector<std::uint32_t> Qp = dp ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : std::vector<std::uint32_t>{};
-  const std::vector<std::uint32_t> DOp =
-      dp ? bf16_pair_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, nt) : std::vector<std::uint32_t>{};
+  // AMX (amx.h, dkdv_amx): the rows padded with zero rows to whole tiles of 16, and instead of
+  // the pairs Qᵀ and dOᵀ in pairs of rows [B·Hq][D|Dv][nqt], zero to whole query blocks.
+  const std::vector<std::uint32_t> none;
+  const std::int64_t nqp = (p.Nq + 1) / 2, nqw = amx ? ceil_div(p.Nq, 16) * 16 : p.Nq;
+  const std::int64_t nqt = amx ? ceil_div(p.Nq, kRowQueryBlock) * kRowQueryBlock / 2 : 0;
+  const std::vector<std::uint32_t> Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, nqw, nt) : none;
+  const std::vector<std::uint32_t> DOw = dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqw, nt) : none;
+  const std::vector<std::uint32_t> Qp = dp && !amx ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : none;
+  const std::vector<std::uint32_t> DOp = dp && !amx ? bf16_pair_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, nt) : none;
+  const std::vector<std::uint32_t> Qt = amx ? bf16_pair_words_t(p.q, p.B, p.Hq, p.Nq, p.D, nqt, nt) : none;
+  const std::vector<std::uint32_t> DOt = amx ? bf16_pair_words_t(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqt, nt) : none;
 
   // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the
   // group. Fused: one task per (b, hkv) walks its key blocks in order and also accumulates
@@ -742,7 +750,7 @@ void backward(const problem& p, const backward_io& io) {
     auto key_block = [&](std::int64_t t) {
       const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
       const std::int64_t j0 = kb * kRowKeyBlock, nb = std::min(kRowKeyBlock, p.Nk - j0);
-      const std::int64_t ld = ceil_div(nb, kt.W) * kt.W;
+      const std::int64_t ld = ceil_div(nb, amx ? 32 : kt.W) * (amx ? 32 : kt.W);  // (AMX: whole tiles of keys)
       if (fused && dp) {  // the block's keys by pairs, unscaled (dq is scaled when stored)
         auto* krw = reinterpret_cast<std::uint32_t*>(krows);
         std::fill(krw, krw + ld / 2 * ldq, 0u);
@@ -816,10 +824,16 @@ void backward(const problem& p, const backward_io& io) {
             kt.dkdv(pr);
           } else {
             const std::int64_t bh = b * p.Hq + h;
-            const auto* q16 = reinterpret_cast<const std::uint16_t*>(Qw.data() + (bh * p.Nq + i0) * (p.D / 2));
-            const auto* do16 = reinterpret_cast<const std::uint16_t*>(DOw.data() + (bh * p.Nq + i0) * (p.Dv / 2));
-            kt.dkdv_bf16(pr, bf16_dkdv_operands{q16, do16, Qp.data() + (bh * nqp + i0 / 2) * p.D,
-                                                DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
+            const auto* q16 = reinterpret_cast<const std::uint16_t*>(Qw.data() + (bh * nqw + i0) * (p.D / 2));
+            const auto* do16 = reinterpret_cast<const std::uint16_t*>(DOw.data() + (bh * nqw + i0) * (p.Dv / 2));
+            if (amx) {
+              bf16_dkdv_operands op{q16, do16, nullptr, nullptr, ktw.data(), vtw.data()};
+              op.qt = Qt.data() + bh * p.D * nqt + i0 / 2, op.dot = DOt.data() + bh * p.Dv * nqt + i0 / 2, op.ldt = nqt;
+              kt.dkdv_amx(pr, op);
+            } else {
+              kt.dkdv_bf16(pr, bf16_dkdv_operands{q16, do16, Qp.data() + (bh * nqp + i0 / 2) * p.D,
+                                                  DOp.data() + (bh * nqp + i0 / 2) * p.Dv, ktw.data(), vtw.data()});
+            }
           }
           // dmask += ds where the mask's element is (one task writes each, in order); keys past a
           // short mask have none (their ds is 0: they are excluded).
@@ -930,7 +944,9 @@ std::string describe(const problem& p, const backend_request& req) {
   if (req.backward) {
     const backward_plan bp = plan_backward(p, kt, p.q.type, req.dmask);  // dout's dtype is not known here: assume q's
     s += fmt::format("{} backward, {}{}", bp.fused ? "fused (dq, dk, dv in one pass)" : "two-pass (dq, then dk/dv)", type,
-                     bp.bf16_dots ? " with bf16 dot products when dout is bf16" : "");
+                     bp.amx         ? " with bf16 dot products on AMX tiles when dout is bf16"
+                     : bp.bf16_dots ? " with bf16 dot products when dout is bf16"
+                                    : "");
   }
   else if (fp.lanes == kt.lanes_small)
     s += fmt::format("decode ({} rows per pass{}), {}{}{}{}", fp.lanes, fp.nchunk > 1 ? fmt::format(", split-KV in {} chunks", fp.nchunk) : "",

@@ -226,6 +226,11 @@ struct bf16_dkdv_operands {
   const std::uint32_t* dopairs = nullptr;
   const std::uint32_t* ktp = nullptr;
   const std::uint32_t* vtp = nullptr;
+  // The AMX pass (kernel_table::dkdv_amx) takes Qᵀ and dOᵀ in pairs of rows instead of qpairs
+  // and dopairs: word (d, r') = rows 2r', 2r'+1 of column d at qt[d·ldt + r'] (amx.h).
+  const std::uint32_t* qt = nullptr;
+  const std::uint32_t* dot = nullptr;
+  std::int64_t ldt = 0;
 };
 
 struct kernel_table {
@@ -260,6 +265,9 @@ struct kernel_table {
   // The same forward with its products on AMX tiles (the amx level only; null elsewhere): D a
   // multiple of 32, Dv of 16, bf16_operands::vt set.
   void (*forward_amx)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr;
+  // The fused backward's row pass with its products on AMX tiles (amx level only): D and Dv
+  // multiples of 32, pr.ldk of 32, the padded operands of bf16_dkdv_operands.
+  void (*dkdv_amx)(const dkdv_pair&, const bf16_dkdv_operands&) = nullptr;
   // The forward's rows out of Oᵀ [Dv][L]: lane x < nl, times inv[x], to rows[x] (unit stride) as
   // float32 (bf16 false) or bfloat16 rounded as f32_to_bf16.
   void (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,

@@ -27,9 +27,11 @@ const kernel_table& kernels_amx() {
   static constexpr kernel_table table = [] {
     kernel_table t = make_table<avx512bf16_dot>("amx");
     t.forward_amx = forward_amx<avx512bf16_dot>;
-    // The backward multiplies bf16 inputs widened to f32: on the AMX Xeon measured, vdpbf16ps
-    // runs at half the rate of the f32 FMA (probes 224 against 447 GFLOP/s, 2 threads), and the
-    // bf16-pair backward took 240-248 ms where the f32 one takes 152 (B1 H8 N2048 D128).
+    t.dkdv_amx = dkdv_amx<avx512bf16_dot>;
+    // Elsewhere the backward multiplies bf16 inputs widened to f32: on the AMX Xeon measured,
+    // vdpbf16ps runs at half the rate of the f32 FMA (probes 224 against 447 GFLOP/s, 2
+    // threads), and the bf16-pair backward took 240-248 ms where the f32 one takes 152 (B1 H8
+    // N2048 D128).
     t.dq_bf16 = nullptr, t.dkdv_bf16 = nullptr;
     return t;
   }();

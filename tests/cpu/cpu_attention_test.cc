@@ -613,7 +613,8 @@ TEST(cpu_attention, bf16_every_isa) {
 // rows than decode takes), with every option, on every ISA this machine has: on the amx level the
 // path says so and the tiles' results meet the reference and are bitwise the same for 1, 2 and 3
 // threads; key counts around the tiles' 32 keys (1, 31, 129, 300) and lane blocks that end inside
-// a tile, Dv = 48 for the odd tile of Oᵀ rows.
+// a tile, Dv = 48 for the odd tile of Oᵀ rows. The backward likewise, in its fused pass (AMX
+// tiles where D and Dv are multiples of 32; query blocks that end inside a tile).
 TEST(cpu_attention, amx_shapes_every_isa) {
   for (const std::string& isa : isas()) {
     SCOPED_TRACE("isa " + isa);
@@ -628,7 +629,7 @@ TEST(cpu_attention, amx_shapes_every_isa) {
       c.type = dtype::bf16;
       c.B = pick({1, 2}), c.Hkv = pick({1, 2}), c.Hq = c.Hkv * pick({1, 4});
       c.Nq = pick({40, 65, 130}), c.Nk = pick({1, 31, 77, 128, 129, 300});
-      c.D = pick({32, 64, 128}), c.Dv = pick({16, 48, 64});
+      c.D = pick({32, 64, 128}), c.Dv = pick({16, 32, 48, 64, 96});
       c.three_d = coin(0.2);
       c.transposed = !c.three_d && coin(0.3);
       c.mask = coin(0.5) ? mask_type::none : coin(0.5) ? mask_type::boolean : mask_type::additive;
@@ -644,6 +645,14 @@ TEST(cpu_attention, amx_shapes_every_isa) {
       if (isa == "amx") EXPECT_NE(path.find("on AMX tiles"), std::string::npos) << path;
       else EXPECT_EQ(path.find("AMX"), std::string::npos) << path;
       check_case(c, std::uint32_t(n));
+      {  // the backward's fused pass (on AMX tiles where D and Dv are multiples of 32)
+        backward_scope fused("fused");
+        const std::string bpath = explain_backend(in.qv, in.kv, in.vv, in.opt, true, {.use_backend = backend::cpu});
+        // (a float mask's gradient shared by batch entries or kv heads keeps the two passes)
+        const bool tiles = isa == "amx" && c.D % 32 == 0 && c.Dv % 32 == 0 && bpath.find("fused (") != std::string::npos;
+        EXPECT_EQ(bpath.find("on AMX tiles") != std::string::npos, tiles) << bpath;
+        check_case(c, std::uint32_t(n));
+      }
       std::vector<double> first;
       for (int threads : {1, 2, 3}) {
         const auto r = attention(in.qv, in.kv, in.vv, in.opt, {.use_backend = backend::cpu, .num_threads = threads});
