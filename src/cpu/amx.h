@@ -1,7 +1,7 @@
 // src/cpu/amx.h — the bf16 prefill forward on AMX tiles (the amx level of isa.cc: a CPU with
 // AMX-TILE and AMX-BF16 whose OS grants the tile state to the process). The lane-layout forward
-// of prefill.h with its two products on tiles instead of vdpbf16ps register tiles: the same
-// blocks of kLaneKeyBlock keys, the same mask fill, block skipping and online softmax
+// of prefill.h with its two products on tiles instead of vdpbf16ps register tiles: blocks of
+// kAmxKeyBlock keys, the same mask fill, block skipping and online softmax
 // (softmax_block, which rounds P to bf16 in key pairs), only the products differ —
 //   Sᵀ [keys][L]  = K · Qᵀ   A: key rows as words (bf16 pairs along d), B: the lane words of q
 //   Oᵀ [Dv][L]   += Vᵀ · P   A: Vᵀ as words (pairs of keys along each d), B: P in key pairs
@@ -102,24 +102,33 @@ inline void amx_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const std::
     }
 }
 
+// Keys per block of the AMX forward: twice the vdpbf16ps kernels' (each block loads and stores Oᵀ
+// once on the tiles: B1 H8 N2048 D128, 2 threads, 15.6-16.3 ms against 16.8-17.0 with 128 and
+// 16.3-16.7 with 512, alternating). S, the mask tile and P of a block fit the lane scratch.
+inline constexpr std::int64_t kAmxKeyBlock = 256;
+
 // The forward of one lane block (lb.L = C·W lanes) from bf16_operands with in.vt set: keys
-// in.k [Nk + pad][ldk], Vᵀ in.vt [Dv][ldvt] words. Scratch as forward_bf16's.
+// in.k [Nk + pad][ldk], Vᵀ in.vt [Dv][ldvt] words. Scratch (forward_bf16's): S and the mask tile
+// [kAmxKeyBlock][L], α [L], P in key pairs [kAmxKeyBlock / 2][L].
 template <class Dot>
 void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io& io) {
   using Ops = bf16_pair_operands<Dot>;
   constexpr std::int64_t L = C * W;
-  static_assert(L % 32 == 0 && kLaneKeyBlock % 32 == 0);
+  static_assert(L % 32 == 0 && kAmxKeyBlock % 32 == 0);
+  constexpr std::int64_t KB = kAmxKeyBlock;
+  static_assert(2 * KB * L + L + KB / 2 * L <= lane_scratch_floats(L, 0, 0) + bf16_scratch_floats(L),
+                "the lane scratch holds S, the mask tile, α and P of a key block");
   float* S = lb.scratch;
-  float* bias = S + kLaneKeyBlock * L;
-  float* alpha = bias + kLaneKeyBlock * L;
-  std::uint32_t* packed = lane_packed(lb);
+  float* bias = S + KB * L;
+  float* alpha = bias + KB * L;
+  auto* packed = reinterpret_cast<std::uint32_t*>(alpha + L);
   const auto* kw = reinterpret_cast<const std::uint32_t*>(in.k);
   const std::int64_t ldk = in.ldk / 2;
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
   amx_configure();
-  for (std::int64_t j0 = kr.kmin / 2 * 2; j0 < kr.kmax; j0 += kLaneKeyBlock) {
-    const std::int64_t nb = round_up<2>(imin(kLaneKeyBlock, kr.kmax - j0)), nt = round_up<32>(nb);
+  for (std::int64_t j0 = kr.kmin / 2 * 2; j0 < kr.kmax; j0 += KB) {
+    const std::int64_t nb = round_up<2>(imin(KB, kr.kmax - j0)), nt = round_up<32>(nb);
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
     amx_gemm(nt, L, lb.D / 2, kw + j0 * ldk, ldk, in.qp, L, S, L, false);

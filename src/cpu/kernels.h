@@ -182,7 +182,7 @@ inline constexpr std::int64_t kRowKeyBlock = 64;
 
 // Scratch sizes, in floats. `static`: the kernel body calls them too, and an inline function
 // with external linkage could be merged by the linker with a copy compiled for another ISA.
-static inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
+static constexpr inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
   // decode (decode.h, decode_layout; W <= L): q and o rows, per-lane state, mask, padded block
   const std::int64_t decode = (2 * L + 4) * (D + Dv + 4 * L) + 9 * L * (L + 4) + 64;
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
@@ -274,7 +274,7 @@ struct kernel_table {
                       void* const* rows, bool bf16) = nullptr;
 };
 
-static inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
+static constexpr inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
 
 // Whether decode reads an int8 cache with q and the weights as int16 (decode.h,
 // int16_pair_operands), as far as the shape tells: an ISA with the int16 dot product, bf16 q,
