@@ -7,6 +7,8 @@
 // the benchmarks themselves report medians).
 #include "bench_probe.h"
 
+#include "attn/attention.h"
+
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -107,6 +109,35 @@ __attribute__((target("avx512f,avx512bf16"))) double dpbf16_avx512(std::int64_t 
   return _mm512_reduce_add_ps(s);
 }
 
+// tdpbf16ps on four 16 × 16 accumulator tiles from fixed operand tiles (bf16 operands in L1,
+// loaded once): 16·16·32·2 flops per instruction — the AMX level's bf16 products (src/cpu/amx.h).
+// The tile state is the thread's: configured here, released at the end.
+__attribute__((target("amx-tile,amx-bf16"))) double dpbf16_amx(std::int64_t iters) {
+  alignas(64) unsigned char cfg[64] = {};
+  cfg[0] = 1;
+  for (int t = 0; t < 8; ++t) cfg[16 + 2 * t] = 64, cfg[48 + t] = 16;
+  _tile_loadconfig(cfg);
+  alignas(64) static const std::uint16_t ops[16 * 32] = {};  // zeros: no denormals, no overflow
+  alignas(64) float out[16 * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ops, 64);
+  _tile_loadd(5, ops, 64);
+  _tile_loadd(6, ops, 64);
+  _tile_loadd(7, ops, 64);
+  for (std::int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return double(out[0]);
+}
+
 __attribute__((target("avx512f"))) std::uint64_t read_avx512(const std::byte* p, std::size_t bytes) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (std::size_t i = 0; i + 256 <= bytes; i += 256) {
@@ -144,10 +175,19 @@ struct fma_kernel {
   const char* isa;
 };
 
+// Whether the cpu backend runs the amx level (its kernels' name in a bf16 prefill's path): then
+// its bf16 products are AMX tiles, and so is the bf16 probe. (The library has asked the OS for
+// the tile state by then.)
+bool cpu_backend_uses_amx() {
+  const Tensor q = Tensor::zeros({1, 1, 64, 64}, dtype::bf16);
+  return explain_backend(q, q, q, {}, false, {.use_backend = backend::cpu}).find("amx kernels") != std::string::npos;
+}
+
 // The one ISA choice for the FMA probe.
 fma_kernel pick_fma_kernel(dtype t) {
 #ifdef ATTN_BENCH_X86
   __builtin_cpu_init();
+  if (t == dtype::bf16 && cpu_backend_uses_amx()) return {dpbf16_amx, 4 * 16.0 * 16 * 32 * 2, "amx_bf16"};
   if (t == dtype::bf16 && __builtin_cpu_supports("avx512bf16")) return {dpbf16_avx512, kAcc * 16.0 * 4, "avx512_bf16"};
   if (__builtin_cpu_supports("avx512f")) return {fma_avx512, kAcc * 16.0 * 2, "avx512f"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {fma_avx2, kAcc * 8.0 * 2, "avx2+fma"};
