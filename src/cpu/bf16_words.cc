@@ -57,9 +57,11 @@ std::vector<std::uint32_t> bf16_pair_words_t(const strided4& s, std::int64_t B, 
     }
     std::uint32_t* o = r.data() + bh * X * Npairs + kPairs * jb;
     const std::int64_t np = std::min(kPairs, Npairs - kPairs * jb);
-    for (std::int64_t x = 0; x < X; ++x)
-      for (std::int64_t i = 0; i < np; ++i)
-        o[x * Npairs + i] = std::uint32_t(rows[2 * i][x * step[2 * i]]) | std::uint32_t(rows[2 * i + 1][x * step[2 * i + 1]]) << 16;
+    for (std::int64_t i = 0; i < np; ++i) {  // pair by pair: its two rows read in order
+      const std::uint16_t *r0 = rows[2 * i], *r1 = rows[2 * i + 1];
+      const std::int64_t s0 = step[2 * i], s1 = step[2 * i + 1];
+      for (std::int64_t x = 0; x < X; ++x) o[x * Npairs + i] = std::uint32_t(r0[x * s0]) | std::uint32_t(r1[x * s1]) << 16;
+    }
   }
   return r;
 }

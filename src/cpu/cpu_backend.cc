@@ -214,10 +214,6 @@ std::int64_t lanes_for(const problem& p, const kernel_table& kt) {
 
 // ---- forward ----
 
-// bf16 bits of element (b, h, n, x) of a bf16 view.
-std::uint16_t bits(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t x) {
-  return static_cast<const std::uint16_t*>(t.data)[t.offset(b, h, n, x)];
-}
 std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32_t(hi) << 16; }
 
 // Keys and values of every (b, hkv) for the AVX512_BF16 kernels, packed once per call
@@ -246,9 +242,17 @@ struct bf16_pack {
 
 // Lane words [X/2][L] of rows (b, h[x], i[x]) of a bf16 view (zero past the valid lanes).
 void pack_lane_words(const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X, std::uint32_t* out) {
-  for (std::int64_t x = 0; x < ls.L; ++x)
-    for (std::int64_t d = 0; d < X; d += 2)
-      out[d / 2 * ls.L + x] = x < ls.nl ? word(bits(t, b, ls.h[x], ls.i[x], d), bits(t, b, ls.h[x], ls.i[x], d + 1)) : 0;
+  for (std::int64_t x = 0; x < ls.L; ++x) {
+    if (x >= ls.nl) {
+      for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ls.L + x] = 0;
+      continue;
+    }
+    const std::uint16_t* r = t.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0);
+    if (t.sx == 1)  // the row's own words (the low half first, as word() pairs them)
+      for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ls.L + x] = word(r[d], r[d + 1]);
+    else
+      for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ls.L + x] = word(r[d * t.sx], r[(d + 1) * t.sx]);
+  }
 }
 
 // How the forward runs a problem; decided here alone, for forward() and for explain_backend.
