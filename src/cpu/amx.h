@@ -139,6 +139,38 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
   _tile_release();
 }
 
+// The backward's dq pass (prefill.h, dq_lanes) with its three products on the tiles: Sᵀ = K·Qᵀ,
+// dPᵀ = V·dOᵀ, dqᵀ += Kᵀ·dS. in: key and value rows padded with 32 zero keys (as the forward's),
+// the lane words of q and dout, and Kᵀ in key pairs (kt [D][ldkt]). Scratch as dq_bf16's.
+template <class Dot>
+void dq_amx(const lane_block& lb, const bf16_dq_operands& in, const dq_io& io) {
+  using Ops = bf16_pair_operands<Dot>;
+  constexpr std::int64_t L = C * W;
+  float* S = lb.scratch;
+  float* bias = S + kLaneKeyBlock * L;
+  float* dP = bias + kLaneKeyBlock * L;
+  std::uint32_t* packed = lane_packed(lb);
+  for (std::int64_t i = 0; i < lb.D * L; ++i) io.dqt[i] = 0.0f;
+  const auto* kw = reinterpret_cast<const std::uint32_t*>(in.k);
+  const auto* vw = reinterpret_cast<const std::uint32_t*>(in.v);
+  const std::int64_t ldk = lb.D / 2, ldv = lb.Dv / 2;
+  const score_consts sc(lb.sp);
+  const lane_range kr(lb);
+  amx_configure();
+  for (std::int64_t j0 = kr.kmin / 2 * 2; j0 < kr.kmax; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = round_up<2>(imin(kLaneKeyBlock, kr.kmax - j0)), nt = round_up<32>(nb);
+    const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
+    if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;  // no row sees the block: ds = 0
+    amx_gemm(nt, L, ldk, kw + j0 * ldk, ldk, in.qp, L, S, L, false);
+    amx_gemm(nt, L, ldv, vw + j0 * ldv, ldv, in.dop, L, dP, L, false);
+    dq_scores<C>(lb, io, sc, S, bias, mk, dP, j0, nb);
+    Ops::pack_rows(S, nb, L, packed);
+    for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(packed + i, vu{});
+    amx_gemm(lb.D, L, nt / 2, in.kt + j0 / 2, in.ldkt, packed, L, io.dqt, L, true);
+  }
+  _tile_release();
+}
+
 // C [M][N] (+)= A · B for any M: whole 16-row blocks on the tiles, the rest on the register
 // tile's bf16 pairs (tile.h) — for a C whose rows past M belong to someone else (dq).
 template <class Dot>

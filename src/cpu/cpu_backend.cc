@@ -223,16 +223,17 @@ std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32
 // products take keys 32 at a time).
 struct bf16_pack {
   static constexpr std::int64_t kAmxPad = 32;
-  std::vector<std::uint32_t> k, v, kp, vp, vt;
+  std::vector<std::uint32_t> k, v, kp, vp, kt, vt;
   std::int64_t nk2 = 0;
 
+  // amx: every layout padded with kAmxPad keys; key pairs transposed (kt: Kᵀ, the dq pass's) in
+  // place of kp, value pairs (vt: Vᵀ, the forward's) in place of vp.
   bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs, bool amx = false)
       : nk2((p.Nk + 1) / 2 * 2 + (amx ? kAmxPad : 0)) {
     if (k_rows) k = bf16_row_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2, nt);
     if (v_rows) v = bf16_row_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, nt);
-    if (k_pairs) kp = bf16_pair_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
-    if (v_pairs) vp = bf16_pair_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
-    if (amx) vt = bf16_pair_words_t(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
+    if (k_pairs) (amx ? kt : kp) = (amx ? bf16_pair_words_t : bf16_pair_words)(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
+    if (v_pairs) (amx ? vt : vp) = (amx ? bf16_pair_words_t : bf16_pair_words)(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
   }
   // Row 0 of the (b, hkv) whose first packed row is `base`, as the kernels' bf16 rows.
   static const std::uint16_t* rows(const std::vector<std::uint32_t>& w, std::int64_t base, std::int64_t X) {
@@ -326,7 +327,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const bool dp = plan.bf16_dots, k16 = plan.k16, raw_q = plan.raw_q, k8 = plan.k8, paged = plan.paged;
   const bool kv_in_place = k16 || k8 || paged;  // paged f32 rows too (why_not checks the strides)
   const bool amx = plan.amx;
-  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, !amx, amx) : nullptr;
+  std::unique_ptr<bf16_pack> pack = dp ? std::make_unique<bf16_pack>(p, nt, true, false, false, true, amx) : nullptr;
   const rows_f32 Q = dp ? rows_f32{} : as_rows(p.q, p.B, p.Hq, p.Nq, p.D, nt);
   const rows_f32 K = dp || kv_in_place ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp || kv_in_place ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
@@ -595,8 +596,8 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
   // two passes, whose dk/dv tasks can group them.
   const dmask_sharing sh = shared_dmask(p, dmask);
   if (sh.b || sh.h) b.fused = false;
-  // AMX tiles for the fused pass (the two passes keep f32 products on the amx level).
-  b.amx = b.fused && kt.dkdv_amx && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 32 == 0 &&
+  // AMX tiles for either schedule (the amx level; other shapes keep f32 products there).
+  b.amx = kt.dkdv_amx && kt.dq_amx && p.q.type == dtype::bf16 && dout_type == dtype::bf16 && p.D % 32 == 0 &&
           p.Dv % 32 == 0 && lanes_for(p, kt) == kt.lanes;
   return b;
 }
@@ -612,7 +613,7 @@ void backward(const problem& p, const backward_io& io) {
   const rows_f32 V = dp ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   const rows_f32 dO = dp ? rows_f32{} : as_rows(io.dout, p.B, p.Hq, p.Nq, p.Dv, nt);
   // (the packed K/V of the dq pass; the fused schedule has none)
-  std::unique_ptr<bf16_pack> pack = dp && !fused ? std::make_unique<bf16_pack>(p, nt, true, true, true, false) : nullptr;
+  std::unique_ptr<bf16_pack> pack = dp && !fused ? std::make_unique<bf16_pack>(p, nt, true, true, true, false, amx) : nullptr;
   const float scale = float(p.scale);
   const bool skip = mask_may_skip(p, nt);
   // The two passes read each mask row more than once: its spans are found once (cpu/mask_fill.h).
@@ -693,9 +694,14 @@ void backward(const problem& p, const backward_io& io) {
           pack_lane_words(p.q, b, ls, p.D, qp.data());
           pack_lane_words(io.dout, b, ls, p.Dv, dop.data());
           const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
-          kt.dq_bf16(lb, bf16_dq_operands{qp.data(), dop.data(), bf16_pack::rows(pack->k, base, p.D),
-                                          bf16_pack::rows(pack->v, base, p.Dv), pack->kp.data() + base / 2 * p.D},
-                     dio);
+          bf16_dq_operands op{qp.data(), dop.data(), bf16_pack::rows(pack->k, base, p.D), bf16_pack::rows(pack->v, base, p.Dv)};
+          if (amx) {
+            op.kt = pack->kt.data() + base / 2 * p.D, op.ldkt = pack->nk2 / 2;
+            kt.dq_amx(lb, op, dio);
+          } else {
+            op.kpairs = pack->kp.data() + base / 2 * p.D;
+            kt.dq_bf16(lb, op, dio);
+          }
         } else {
           kt.dq(lb, dio);
         }

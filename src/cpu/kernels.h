@@ -215,6 +215,10 @@ struct bf16_dq_operands {
   const std::uint16_t* k = nullptr;
   const std::uint16_t* v = nullptr;
   const std::uint32_t* kpairs = nullptr;
+  // The AMX pass (kernel_table::dq_amx) takes Kᵀ in key pairs instead of kpairs: kt [D][ldkt]
+  // (keys 2j', 2j'+1 of column d at kt[d·ldkt + j']), and k, v, kt padded with 32 zero keys.
+  const std::uint32_t* kt = nullptr;
+  std::int64_t ldkt = 0;
 };
 //   dk/dv pass (row layout): q, dout: the pair's rows [nq][D|Dv]; qpairs [nq'/2][D], dopairs
 //     [nq'/2][Dv] (rows 2r', 2r'+1; nq' = nq rounded up to even, the extra row zero);
@@ -265,9 +269,11 @@ struct kernel_table {
   // The same forward with its products on AMX tiles (the amx level only; null elsewhere): D a
   // multiple of 32, Dv of 16, bf16_operands::vt set.
   void (*forward_amx)(const lane_block&, const bf16_operands&, const forward_io&) = nullptr;
-  // The fused backward's row pass with its products on AMX tiles (amx level only): D and Dv
-  // multiples of 32, pr.ldk of 32, the padded operands of bf16_dkdv_operands.
+  // The backward's row pass (dk, dv; dq too when fused) with its products on AMX tiles (amx
+  // level only): D and Dv multiples of 32, pr.ldk of 32, the padded operands of bf16_dkdv_operands.
   void (*dkdv_amx)(const dkdv_pair&, const bf16_dkdv_operands&) = nullptr;
+  // The two-pass backward's dq pass on AMX tiles (likewise; bf16_dq_operands::kt set).
+  void (*dq_amx)(const lane_block&, const bf16_dq_operands&, const dq_io&) = nullptr;
   // The forward's rows out of Oᵀ [Dv][L]: lane x < nl, times inv[x], to rows[x] (unit stride) as
   // float32 (bf16 false) or bfloat16 rounded as f32_to_bf16.
   void (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,

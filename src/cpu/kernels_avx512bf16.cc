@@ -28,9 +28,10 @@ const kernel_table& kernels_amx() {
     kernel_table t = make_table<avx512bf16_dot>("amx");
     t.forward_amx = forward_amx<avx512bf16_dot>;
     t.dkdv_amx = dkdv_amx<avx512bf16_dot>;
-    // Elsewhere the backward multiplies bf16 inputs widened to f32: on the AMX Xeon measured,
-    // vdpbf16ps runs at half the rate of the f32 FMA (probes 224 against 447 GFLOP/s, 2
-    // threads), and the bf16-pair backward took 240-248 ms where the f32 one takes 152 (B1 H8
+    t.dq_amx = dq_amx<avx512bf16_dot>;
+    // Shapes off the tiles multiply bf16 inputs widened to f32 in the backward: on the AMX Xeon
+    // measured, vdpbf16ps runs at half the rate of the f32 FMA (probes 224 against 447 GFLOP/s,
+    // 2 threads), and the bf16-pair backward took 240-248 ms where the f32 one takes 152 (B1 H8
     // N2048 D128).
     t.dq_bf16 = nullptr, t.dkdv_bf16 = nullptr;
     return t;
