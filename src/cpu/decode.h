@@ -762,6 +762,15 @@ bool int8_as_int16(const lane_block* lbs, int n) {
   }
 }
 
+// Whether decode multiplies bf16 rows by the ISA's bf16 dot product (bf16 pairs) — where it has
+// one, unless Dot says bf16_decode = false (the amx level: its vdpbf16ps runs at half the f32
+// FMA rate, and decode takes the rows widened to f32).
+template <class Dot>
+constexpr bool bf16_pairs_in_decode() {
+  if constexpr (requires { Dot::bf16_decode; }) return Dot::available && Dot::bf16_decode;
+  else return Dot::available;
+}
+
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
 void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
@@ -782,7 +791,7 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
   }
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
-    if constexpr (Dot::available)
+    if constexpr (bf16_pairs_in_decode<Dot>())
       if (lb.q_bf16) return decode_rows<RG, bf16_pair_operands<Dot>, std::uint16_t>(lbs, ios, n, false);
     return decode_rows<RG, f32_operands, std::uint16_t>(lbs, ios, n, false);
   }
