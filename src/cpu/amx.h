@@ -42,64 +42,59 @@ inline void amx_configure() {
   _tile_loadconfig(cfg);
 }
 
-// C [M][N] (+)= A · B in bf16 pairs: A word (m, k') at a[m·lda + k'], B word (k', n) at
-// b[k'·ldb + n], C (m, n) at c[m·ldc + n] (f32); accumulate: C's values are added to, else
-// overwritten. M a multiple of 16, N of 32, K (words) of 16. Tiles: C 0-3 (2 × 2 blocks of
-// 16 × 16), A 4-5, B 6-7.
-inline void amx_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const std::uint32_t* a, std::int64_t lda,
-                     const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+// C [16·MR][N] (+)= A · B, one strip of MR row tiles (MR = 1 or 2; tiles C 0-3, A 4-5, B 6-7):
+// per 32 columns, 2 × MR accumulators over K in steps of 16 words.
+template <int MR>
+inline void amx_strip(std::int64_t N, std::int64_t K, const std::uint32_t* a, std::int64_t lda, const std::uint32_t* b,
+                      std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
   const long sa = long(lda) * 4, sb = long(ldb) * 4, sc = long(ldc) * 4;
-  std::int64_t m = 0;
-  for (; m + 32 <= M; m += 32)
-    for (std::int64_t n = 0; n < N; n += 32) {
-      float* c00 = c + m * ldc + n;
-      float* c10 = c00 + 16 * ldc;
-      if (accumulate) {
-        _tile_loadd(0, c00, sc);
-        _tile_loadd(1, c00 + 16, sc);
-        _tile_loadd(2, c10, sc);
-        _tile_loadd(3, c10 + 16, sc);
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
+  for (std::int64_t n = 0; n < N; n += 32) {
+    float* c0 = c + n;
+    float* c1 = c0 + 16 * ldc;
+    if (accumulate) {
+      _tile_loadd(0, c0, sc);
+      _tile_loadd(1, c0 + 16, sc);
+      if constexpr (MR == 2) {
+        _tile_loadd(2, c1, sc);
+        _tile_loadd(3, c1 + 16, sc);
+      }
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      if constexpr (MR == 2) {
         _tile_zero(2);
         _tile_zero(3);
       }
-      for (std::int64_t k = 0; k < K; k += 16) {
-        _tile_loadd(4, a + m * lda + k, sa);
-        _tile_loadd(6, b + k * ldb + n, sb);
-        _tile_loadd(7, b + k * ldb + n + 16, sb);
-        _tile_loadd(5, a + (m + 16) * lda + k, sa);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
+    }
+    for (std::int64_t k = 0; k < K; k += 16) {
+      _tile_loadd(4, a + k, sa);
+      _tile_loadd(6, b + k * ldb + n, sb);
+      _tile_loadd(7, b + k * ldb + n + 16, sb);
+      if constexpr (MR == 2) _tile_loadd(5, a + 16 * lda + k, sa);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if constexpr (MR == 2) {
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
       }
-      _tile_stored(0, c00, sc);
-      _tile_stored(1, c00 + 16, sc);
-      _tile_stored(2, c10, sc);
-      _tile_stored(3, c10 + 16, sc);
     }
-  if (m < M)  // 16 rows left
-    for (std::int64_t n = 0; n < N; n += 32) {
-      float* c00 = c + m * ldc + n;
-      if (accumulate) {
-        _tile_loadd(0, c00, sc);
-        _tile_loadd(1, c00 + 16, sc);
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
-      }
-      for (std::int64_t k = 0; k < K; k += 16) {
-        _tile_loadd(4, a + m * lda + k, sa);
-        _tile_loadd(6, b + k * ldb + n, sb);
-        _tile_loadd(7, b + k * ldb + n + 16, sb);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-      }
-      _tile_stored(0, c00, sc);
-      _tile_stored(1, c00 + 16, sc);
+    _tile_stored(0, c0, sc);
+    _tile_stored(1, c0 + 16, sc);
+    if constexpr (MR == 2) {
+      _tile_stored(2, c1, sc);
+      _tile_stored(3, c1 + 16, sc);
     }
+  }
+}
+
+// C [M][N] (+)= A · B in bf16 pairs: A word (m, k') at a[m·lda + k'], B word (k', n) at
+// b[k'·ldb + n], C (m, n) at c[m·ldc + n] (f32); accumulate: C's values are added to, else
+// overwritten. M a multiple of 16, N of 32, K (words) of 16: strips of 32 rows, then one of 16.
+inline void amx_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const std::uint32_t* a, std::int64_t lda,
+                     const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+  std::int64_t m = 0;
+  for (; m + 32 <= M; m += 32) amx_strip<2>(N, K, a + m * lda, lda, b, ldb, c + m * ldc, ldc, accumulate);
+  if (m < M) amx_strip<1>(N, K, a + m * lda, lda, b, ldb, c + m * ldc, ldc, accumulate);
 }
 
 // Keys per block of the AMX forward: twice the vdpbf16ps kernels' (each block loads and stores Oᵀ
