@@ -1,4 +1,4 @@
-// src/cpu/amx.h — the bf16 prefill forward on AMX tiles (the amx level of isa.cc: a CPU with
+// src/cpu/amx.h — bf16 prefill on AMX tiles, the forward and the backward (the amx level of isa.cc: a CPU with
 // AMX-TILE and AMX-BF16 whose OS grants the tile state to the process). The lane-layout forward
 // of prefill.h with its two products on tiles instead of vdpbf16ps register tiles: blocks of
 // kAmxKeyBlock keys, the same mask fill, block skipping and online softmax
@@ -177,8 +177,8 @@ void amx_gemm_rows(std::int64_t M, std::int64_t N, std::int64_t K, const std::ui
     gemm<bf16_pair_operands<Dot>>(M - m16, N, K, a + m16 * lda, lda, 1, b, ldb, c + m16 * ldc, ldc, accumulate);
 }
 
-// The fused backward's row-layout pass (prefill.h, dkdv_rows) with its five products on the
-// tiles: S = Q Kᵀ, dP = dO Vᵀ, dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS, dQ += dS K. The driver gives what
+// The backward's row-layout pass (prefill.h, dkdv_rows) with its products on the tiles: S = Q Kᵀ,
+// dP = dO Vᵀ, dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS, and in the fused schedule dQ += dS K. The driver gives what
 // the tiles need (bf16_dkdv_operands): pr.ldk a multiple of 32 (the key block's columns past nb
 // zero), q and dout rows readable 16 rows at a time (their packs padded with zero rows), Qᵀ and
 // dOᵀ in pairs of rows (qt, dot: [D|Dv][ldt] words from the pair's first row) readable to

@@ -219,8 +219,8 @@ std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32
 // Keys and values of every (b, hkv) for the AVX512_BF16 kernels, packed once per call
 // (bf16_words.h): rows [Nk'][D|Dv] (as words, D and Dv even) and key pairs [Nk'/2][D|Dv]
 // (Nk' = Nk rounded up to even, the extra key zero); only the layouts asked for.
-// The AMX forward (amx.h) takes key rows and Vᵀ pairs, padded with kAmxPad zero keys (its
-// products take keys 32 at a time).
+// The AMX kernels (amx.h) take key pairs transposed (the forward's Vᵀ, the dq pass's Kᵀ) and
+// every layout padded with kAmxPad zero keys (their products take keys 32 at a time).
 struct bf16_pack {
   static constexpr std::int64_t kAmxPad = 32;
   std::vector<std::uint32_t> k, v, kp, vp, kt, vt;
@@ -566,7 +566,7 @@ void forward(const problem& p, const forward_outputs& o) {
 struct backward_plan {
   bool bf16_dots = false;  // bf16 inputs and dout, even D and Dv, prefill-sized lane blocks
   bool fused = false;      // one pass over (b, hkv) units: dq accumulated per key block
-  bool amx = false;        // the fused pass on AMX tiles (the amx level; D and Dv multiples of 32)
+  bool amx = false;        // the passes on AMX tiles (the amx level; D and Dv multiples of 32)
 };
 
 // The gradient of a float mask shared by batch entries (B > 1) or by kv heads (Hkv > 1): the
