@@ -122,7 +122,9 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
   amx_configure();
-  for (std::int64_t j0 = kr.kmin / 2 * 2; j0 < kr.kmax; j0 += KB) {
+  // Blocks start on a multiple of 32 keys, so that each row of a Vᵀ tile starts on a cache line
+  // (the keys before kmin are outside every lane's range: the transform excludes them).
+  for (std::int64_t j0 = kr.kmin / 32 * 32; j0 < kr.kmax; j0 += KB) {
     const std::int64_t nb = round_up<2>(imin(KB, kr.kmax - j0)), nt = round_up<32>(nb);
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
@@ -152,7 +154,7 @@ void dq_amx(const lane_block& lb, const bf16_dq_operands& in, const dq_io& io) {
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
   amx_configure();
-  for (std::int64_t j0 = kr.kmin / 2 * 2; j0 < kr.kmax; j0 += kLaneKeyBlock) {
+  for (std::int64_t j0 = kr.kmin / 32 * 32; j0 < kr.kmax; j0 += kLaneKeyBlock) {  // as forward_amx's
     const std::int64_t nb = round_up<2>(imin(kLaneKeyBlock, kr.kmax - j0)), nt = round_up<32>(nb);
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;  // no row sees the block: ds = 0

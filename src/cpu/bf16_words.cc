@@ -6,10 +6,10 @@
 
 namespace attn::detail::cpu {
 
-std::vector<std::uint32_t> bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                           std::int64_t X, std::int64_t Np, int nt) {
   const std::int64_t Xw = X / 2;
-  std::vector<std::uint32_t> r(std::size_t(B * H * Np * Xw), 0u);
+  words r(std::size_t(B * H * Np * Xw), 0u);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t row = 0; row < B * H * N; ++row) {
     const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
@@ -20,9 +20,9 @@ std::vector<std::uint32_t> bf16_row_words(const strided4& s, std::int64_t B, std
   return r;
 }
 
-std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                            std::int64_t X, std::int64_t Npairs, int nt) {
-  std::vector<std::uint32_t> r(std::size_t(B * H * Npairs * X), 0u);
+  words r(std::size_t(B * H * Npairs * X), 0u);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t row = 0; row < B * H * Npairs; ++row) {
     const std::int64_t jp = row % Npairs, h = row / Npairs % H, b = row / Npairs / H;
@@ -37,9 +37,9 @@ std::vector<std::uint32_t> bf16_pair_words(const strided4& s, std::int64_t B, st
   return r;
 }
 
-std::vector<std::uint32_t> bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                              std::int64_t X, std::int64_t Npairs, int nt) {
-  std::vector<std::uint32_t> r(std::size_t(B * H * X * Npairs), 0u);
+  words r(std::size_t(B * H * X * Npairs), 0u);
   // 16 pairs of rows at a time (8 KiB of 128-value bf16 rows, in L1): each column's 16 words
   // written in order.
   constexpr std::int64_t kPairs = 16;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <new>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -25,5 +27,28 @@ inline fbuf alloc_floats(std::int64_t n, const char* op) {
   if (!r) fail(op, fmt::format("cannot allocate {} bytes of working memory", bytes));
   return r;
 }
+
+// std::allocator with 64-byte alignment: a vector's data starts on a cache line, so that rows
+// whose byte stride is a multiple of 64 start on cache lines too. An AMX tile row of 64 bytes
+// that straddles two lines costs twice the loads: malloc's 16-byte alignment made the tile
+// products about 3× slower (tileloadd from L1 and L2, measured on a Xeon with AMX).
+template <class T>
+struct aligned64 {
+  using value_type = T;
+  aligned64() = default;
+  template <class U>
+  aligned64(const aligned64<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(T) + 63) / 64 * 64;
+    if (void* p = std::aligned_alloc(64, bytes)) return static_cast<T*>(p);
+    throw std::bad_alloc();
+  }
+  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  template <class U>
+  bool operator==(const aligned64<U>&) const noexcept { return true; }
+};
+
+// 32-bit words of packed bf16 pairs (bf16_words.h), cache-line aligned.
+using words = std::vector<std::uint32_t, aligned64<std::uint32_t>>;
 
 }  // namespace attn::detail::cpu

@@ -223,20 +223,21 @@ std::uint32_t word(std::uint16_t lo, std::uint16_t hi) { return lo | std::uint32
 // every layout padded with kAmxPad zero keys (their products take keys 32 at a time).
 struct bf16_pack {
   static constexpr std::int64_t kAmxPad = 32;
-  std::vector<std::uint32_t> k, v, kp, vp, kt, vt;
+  words k, v, kp, vp, kt, vt;
   std::int64_t nk2 = 0;
 
-  // amx: every layout padded with kAmxPad keys; key pairs transposed (kt: Kᵀ, the dq pass's) in
-  // place of kp, value pairs (vt: Vᵀ, the forward's) in place of vp.
+  // amx: every layout padded to a multiple of 32 keys and kAmxPad more, so that the rows of Kᵀ
+  // and Vᵀ (nk2 / 2 words) start on cache lines as the tiles want; key pairs transposed (kt: Kᵀ,
+  // the dq pass's) in place of kp, value pairs (vt: Vᵀ, the forward's) in place of vp.
   bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs, bool amx = false)
-      : nk2((p.Nk + 1) / 2 * 2 + (amx ? kAmxPad : 0)) {
+      : nk2(amx ? (p.Nk + 31) / 32 * 32 + kAmxPad : (p.Nk + 1) / 2 * 2) {
     if (k_rows) k = bf16_row_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2, nt);
     if (v_rows) v = bf16_row_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, nt);
     if (k_pairs) (amx ? kt : kp) = (amx ? bf16_pair_words_t : bf16_pair_words)(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
     if (v_pairs) (amx ? vt : vp) = (amx ? bf16_pair_words_t : bf16_pair_words)(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
   }
   // Row 0 of the (b, hkv) whose first packed row is `base`, as the kernels' bf16 rows.
-  static const std::uint16_t* rows(const std::vector<std::uint32_t>& w, std::int64_t base, std::int64_t X) {
+  static const std::uint16_t* rows(const words& w, std::int64_t base, std::int64_t X) {
     return reinterpret_cast<const std::uint16_t*>(w.data() + base * X / 2);
   }
 };
@@ -369,7 +370,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
     lss.reserve(std::size_t(nh));
     for (std::int64_t h = 0; h < nh; ++h) lss.emplace_back(L, p.D);
     fbuf scratch = alloc_floats(nh * scratch_floats);
-    std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0);
+    words qp(dp ? std::size_t(p.D / 2 * L) : 0);
     fbuf mlo = alloc_floats(nh * per);
     std::vector<bias_ctx> bcs(static_cast<std::size_t>(nh));
     std::vector<lane_block> lbs(static_cast<std::size_t>(nh));
@@ -670,7 +671,7 @@ void backward(const problem& p, const backward_io& io) {
       lane_setup ls(L, p.D);
       fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
       fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
-      std::vector<std::uint32_t> qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
+      words qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
       bias_ctx bc;
       bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data(), bc.spans = &spans;
       const score_params sp = make_score_params(p, &bc, dp ? scale : 1.0f, skip);
@@ -715,15 +716,15 @@ void backward(const problem& p, const backward_io& io) {
   // even rows, so a block's pairs are the call's; the pair past an odd Nq is zero).
   // AMX (amx.h, dkdv_amx): the rows padded with zero rows to whole tiles of 16, and instead of
   // the pairs Qᵀ and dOᵀ in pairs of rows [B·Hq][D|Dv][nqt], zero to whole query blocks.
-  const std::vector<std::uint32_t> none;
+  const words none;
   const std::int64_t nqp = (p.Nq + 1) / 2, nqw = amx ? ceil_div(p.Nq, 16) * 16 : p.Nq;
   const std::int64_t nqt = amx ? ceil_div(p.Nq, kRowQueryBlock) * kRowQueryBlock / 2 : 0;
-  const std::vector<std::uint32_t> Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, nqw, nt) : none;
-  const std::vector<std::uint32_t> DOw = dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqw, nt) : none;
-  const std::vector<std::uint32_t> Qp = dp && !amx ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : none;
-  const std::vector<std::uint32_t> DOp = dp && !amx ? bf16_pair_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, nt) : none;
-  const std::vector<std::uint32_t> Qt = amx ? bf16_pair_words_t(p.q, p.B, p.Hq, p.Nq, p.D, nqt, nt) : none;
-  const std::vector<std::uint32_t> DOt = amx ? bf16_pair_words_t(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqt, nt) : none;
+  const words Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, nqw, nt) : none;
+  const words DOw = dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqw, nt) : none;
+  const words Qp = dp && !amx ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : none;
+  const words DOp = dp && !amx ? bf16_pair_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, nt) : none;
+  const words Qt = amx ? bf16_pair_words_t(p.q, p.B, p.Hq, p.Nq, p.D, nqt, nt) : none;
+  const words DOt = amx ? bf16_pair_words_t(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqt, nt) : none;
 
   // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the
   // group. Fused: one task per (b, hkv) walks its key blocks in order and also accumulates
@@ -750,7 +751,7 @@ void backward(const problem& p, const backward_io& io) {
     bc.p = &p, bc.kt = &kt, bc.h = hs.data(), bc.i = is.data(), bc.spans = &spans;
     const score_params sp = make_score_params(p, &bc, scale, skip);
     // bf16: the key block's words, transposed.
-    std::vector<std::uint32_t> ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);
+    words ktw(dp ? std::size_t(p.D / 2 * ldk) : 0), vtw(dp ? std::size_t(p.Dv / 2 * ldk) : 0);
     // dq rows of head g of the group (fused): where they accumulate and their stride.
     auto dq_rows = [&](std::int64_t b, std::int64_t hkv, std::int64_t g, std::int64_t i) -> float* {
       return dq_direct ? io.dq.ptr<float>(b, hkv * G + g, i, 0) : dqbuf.get() + (g * p.Nq + i) * ldq;

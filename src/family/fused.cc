@@ -91,11 +91,11 @@ std::vector<float> load_f32(const strided4& s, std::int64_t B, std::int64_t H, s
 // bf16 operands of the bf16 kernels (family_kernels.h: family_lanes::qtw, kw, vw), from bfloat16
 // views [B, H, N, X] (any strides), X even (cpu/bf16_words.h): rows of X/2 words with `pad` zero
 // rows after each (b, h)'s N; values by pairs of keys, [B·H][⌊N/2⌋ + 1][X] words.
-std::vector<std::uint32_t> load_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+cpu::words load_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                                       std::int64_t pad, int nt) {
   return cpu::bf16_row_words(s, B, H, N, X, N + pad, nt);
 }
-std::vector<std::uint32_t> load_value_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
+cpu::words load_value_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                             std::int64_t X, int nt) {
   return cpu::bf16_pair_words(s, B, H, N, X, N / 2 + 1, nt);
 }
@@ -210,7 +210,7 @@ struct fused_inputs {
   // backward_pairs_all: the words of both passes (two passes, K and V finite).
   enum class use { f32, forward_pairs, backward_pairs, backward_pairs_f32, backward_pairs_all };
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
-  std::vector<std::uint32_t> Qw, Kw, Vw, Qn, Vd, Kn;
+  cpu::words Qw, Kw, Vw, Qn, Vd, Kn;
   float zscale = 1.0f;
 
   // The kernels may skip key blocks the mask hides from every row (family_params::mask_skip).
@@ -799,7 +799,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
   const int nt = std::max(1, fp.p.num_threads);
   const std::vector<float> dO = pairs && (single || in.pairs) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
-  std::vector<std::uint32_t> dOw, dOn;
+  cpu::words dOw, dOn;
   if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
   const cpu::family_stats stats{T.data(), LSE.data(), CUT.data(), Rr.data()};
   const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
