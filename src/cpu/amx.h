@@ -98,8 +98,12 @@ inline void amx_gemm(std::int64_t M, std::int64_t N, std::int64_t K, const std::
 }
 
 // Keys per block of the AMX forward: twice the vdpbf16ps kernels' (each block loads and stores Oᵀ
-// once on the tiles: B1 H8 N2048 D128, 2 threads, 15.6-16.3 ms against 16.8-17.0 with 128 and
-// 16.3-16.7 with 512, alternating). S, the mask tile and P of a block fit the lane scratch.
+// once on the tiles). Measured again once the packs were cache-line aligned, B1 H8 N4096 D128:
+// 1 thread 92.6 ms against 97.6 with 128 keys and 92.7 with 512; 2 threads 47.5, 49.3, 46.6.
+// (Running the softmax of block b in slices between the tile steps of block b+1's Sᵀ, so that
+// the vector units work while the tiles multiply, was slower: 93-107 ms against 87-90; the two
+// S blocks, K and P do not fit L1, and the softmax's loads queue behind the tile loads.)
+// S, the mask tile and P of a block fit the lane scratch.
 inline constexpr std::int64_t kAmxKeyBlock = 256;
 
 // The forward of one lane block (lb.L = C·W lanes) from bf16_operands with in.vt set: keys
