@@ -69,6 +69,13 @@ constexpr std::int64_t kHeadRunBytes = 65536;
 constexpr std::int64_t kHeadGroupBytes = 16384;
 // Query rows per row-layout block in the dk/dv pass.
 constexpr std::int64_t kRowQueryBlock = 64;
+// The row-layout backward pass on AMX tiles takes 128 query rows against 128 keys: its
+// accumulating products (dVᵀ += dOᵀ P, dKᵀ += Qᵀ dS, dQ += dS K) then load and store their tile
+// accumulators once per 4 steps of 16 words, not per 2 (bf16 backward, 2 threads: B1 H8 N2048
+// D128 55.5, 58.0 → 45.5, 54.3 ms; causal 46.6, 48.3 → 37.9, 38.3; H16 N2048 D64 61.7, 61.0 →
+// 58.8, 53.0; H16 N512 D64 7.3, 7.6 → 8.0, 7.8; 256 rows or keys did no better).
+constexpr std::int64_t kAmxRowQueryBlock = 128;
+constexpr std::int64_t kAmxRowKeyBlock = 128;
 // The fused backward (one pass: dq, dk, dv) runs one task per (b, hkv), so it is chosen only
 // when there are at least this many: fewer leave threads idle, and the two passes, which split
 // every (b, hkv) into blocks, are then faster. A constant of the shape, never the thread count.
@@ -718,7 +725,8 @@ void backward(const problem& p, const backward_io& io) {
   // the pairs Qᵀ and dOᵀ in pairs of rows [B·Hq][D|Dv][nqt], zero to whole query blocks.
   const words none;
   const std::int64_t nqp = (p.Nq + 1) / 2, nqw = amx ? ceil_div(p.Nq, 16) * 16 : p.Nq;
-  const std::int64_t nqt = amx ? ceil_div(p.Nq, kRowQueryBlock) * kRowQueryBlock / 2 : 0;
+  const std::int64_t qb = amx ? kAmxRowQueryBlock : kRowQueryBlock;
+  const std::int64_t nqt = amx ? ceil_div(p.Nq, qb) * qb / 2 : 0;
   const words Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, nqw, nt) : none;
   const words DOw = dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqw, nt) : none;
   const words Qp = dp && !amx ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : none;
@@ -730,23 +738,24 @@ void backward(const problem& p, const backward_io& io) {
   // group. Fused: one task per (b, hkv) walks its key blocks in order and also accumulates
   // dq += dS·(scale·K) — a fixed order for every dq element, whatever the thread count — into
   // the f32 dq itself when its rows are whole vectors, else into a per-task buffer.
-  const std::int64_t nkb = ceil_div(p.Nk, kRowKeyBlock);
+  const std::int64_t rkb = amx ? kAmxRowKeyBlock : kRowKeyBlock;
+  const std::int64_t nkb = ceil_div(p.Nk, rkb);
   const std::int64_t ntask = p.B * p.Hkv * nkb;
   std::vector<double> dalibi_part(io.dalibi ? std::size_t(ntask * G) : 0, 0.0);
   const std::int64_t ldq = ceil_div(p.D, kt.W) * kt.W;
   const bool dq_direct = fused && io.dq.type == dtype::f32 && (io.dq.sx == 1 || p.D <= 1) && ldq == p.D;
 #pragma omp parallel num_threads(nt)
   {
-    const std::int64_t ldk = ceil_div(kRowKeyBlock, kt.W) * kt.W;
-    fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? kRowKeyBlock * ldq : 0));
+    const std::int64_t ldk = ceil_div(rkb, kt.W) * kt.W;
+    fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? rkb * ldq : 0));
     float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;
     float* krows = dvt + p.Dv * ldk;  // fused: [kRowKeyBlock][ldq] scale·k rows
     fbuf dqbuf;  // fused, dq not in place: one unit's dq rows [G][Nq][ldq], made by a thread's first unit
     // (so at most min(threads, units) of them: together no larger than dq in f32)
-    fbuf scratch = alloc_floats(row_scratch_floats(kRowQueryBlock, ldk));
-    fbuf dsb = io.dmask.data ? alloc_floats(kRowQueryBlock * ldk) : fbuf{};  // a pair's ds, for dmask
-    std::vector<std::int32_t> lo(kRowQueryBlock), hi(kRowQueryBlock), pos(kRowQueryBlock);
-    std::vector<std::int64_t> hs(kRowQueryBlock), is(kRowQueryBlock);
+    fbuf scratch = alloc_floats(row_scratch_floats(qb, ldk));
+    fbuf dsb = io.dmask.data ? alloc_floats(qb * ldk) : fbuf{};  // a pair's ds, for dmask
+    std::vector<std::int32_t> lo(qb), hi(qb), pos(qb);
+    std::vector<std::int64_t> hs(qb), is(qb);
     bias_ctx bc;
     bc.p = &p, bc.kt = &kt, bc.h = hs.data(), bc.i = is.data(), bc.spans = &spans;
     const score_params sp = make_score_params(p, &bc, scale, skip);
@@ -760,7 +769,7 @@ void backward(const problem& p, const backward_io& io) {
     // Key block t = (b, hkv, kb) against every query row of the group.
     auto key_block = [&](std::int64_t t) {
       const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
-      const std::int64_t j0 = kb * kRowKeyBlock, nb = std::min(kRowKeyBlock, p.Nk - j0);
+      const std::int64_t j0 = kb * rkb, nb = std::min(rkb, p.Nk - j0);
       const std::int64_t ld = ceil_div(nb, amx ? 32 : kt.W) * (amx ? 32 : kt.W);  // (AMX: whole tiles of keys)
       if (fused && dp) {  // the block's keys by pairs, unscaled (dq is scaled when stored)
         auto* krw = reinterpret_cast<std::uint32_t*>(krows);
@@ -807,8 +816,8 @@ void backward(const problem& p, const backward_io& io) {
       std::fill(dvt, dvt + p.Dv * ld, 0.0f);
       for (std::int64_t g = 0; g < G; ++g) {
         const std::int64_t h = hkv * G + g;
-        for (std::int64_t i0 = 0; i0 < p.Nq; i0 += kRowQueryBlock) {
-          const std::int64_t nq = std::min(kRowQueryBlock, p.Nq - i0);
+        for (std::int64_t i0 = 0; i0 < p.Nq; i0 += qb) {
+          const std::int64_t nq = std::min(qb, p.Nq - i0);
           bool any = false;
           for (std::int64_t r = 0; r < nq; ++r) {
             const auto [a, e] = p.key_range(b, i0 + r);

@@ -176,7 +176,7 @@ struct qk_io {
 };
 
 // Key-block sizes: the lane-layout kernels visit keys in blocks of kLaneKeyBlock; the row
-// layout packs kRowKeyBlock keys per task.
+// layout packs kRowKeyBlock keys per task (on AMX tiles the driver's kAmxRowKeyBlock, 128).
 inline constexpr std::int64_t kLaneKeyBlock = 128;
 inline constexpr std::int64_t kRowKeyBlock = 64;
 
