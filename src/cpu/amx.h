@@ -125,11 +125,20 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
   const std::int64_t ldk = in.ldk / 2;
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
+  // Keys below `split` are inside every lane's range but for lo (the first lane's hi, causal or a
+  // right window, rounded down to 32): a block ends there, so that only the blocks from there
+  // on take the transform's per-lane range (a causal diagonal: 64 + 31 keys, not up to 256).
+  std::int64_t split = kr.kmax;
+  for (std::int64_t x = 0; x < lb.nl; ++x)
+    if (lb.lo[x] < lb.hi[x]) split = imin(split, lb.hi[x]);
+  split = split / 32 * 32;
   amx_configure();
   // Blocks start on a multiple of 32 keys, so that each row of a Vᵀ tile starts on a cache line
   // (the keys before kmin are outside every lane's range: the transform excludes them).
-  for (std::int64_t j0 = kr.kmin / 32 * 32; j0 < kr.kmax; j0 += KB) {
-    const std::int64_t nb = round_up<2>(imin(KB, kr.kmax - j0)), nt = round_up<32>(nb);
+  for (std::int64_t j0 = kr.kmin / 32 * 32, j1; j0 < kr.kmax; j0 = j1) {
+    j1 = imin(j0 + KB, kr.kmax);
+    if (j0 < split && split < j1) j1 = split;
+    const std::int64_t nb = round_up<2>(j1 - j0), nt = round_up<32>(nb);
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
     amx_gemm(nt, L, lb.D / 2, kw + j0 * ldk, ldk, in.qp, L, S, L, false);

@@ -240,8 +240,10 @@ struct bf16_pack {
       : nk2(amx ? (p.Nk + 31) / 32 * 32 + kAmxPad : (p.Nk + 1) / 2 * 2) {
     if (k_rows) k = bf16_row_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2, nt);
     if (v_rows) v = bf16_row_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, nt);
-    if (k_pairs) (amx ? kt : kp) = (amx ? bf16_pair_words_t : bf16_pair_words)(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
-    if (v_pairs) (amx ? vt : vp) = (amx ? bf16_pair_words_t : bf16_pair_words)(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
+    if (k_pairs && amx) kt = bf16_pair_words_t(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
+    if (k_pairs && !amx) kp = bf16_pair_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
+    if (v_pairs && amx) vt = bf16_pair_words_t(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
+    if (v_pairs && !amx) vp = bf16_pair_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
   }
   // Row 0 of the (b, hkv) whose first packed row is `base`, as the kernels' bf16 rows.
   static const std::uint16_t* rows(const words& w, std::int64_t base, std::int64_t X) {
