@@ -251,8 +251,21 @@ struct bf16_pack {
   }
 };
 
-// Lane words [X/2][L] of rows (b, h[x], i[x]) of a bf16 view (zero past the valid lanes).
-void pack_lane_words(const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X, std::uint32_t* out) {
+// Lane words [X/2][L] of rows (b, h[x], i[x]) of a bf16 view (zero past the valid lanes): by the
+// kernels' register transposes where every row is unit-stride words on 4-byte boundaries.
+void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X,
+                     std::uint32_t* out) {
+  constexpr std::int64_t kMaxLanes = 64;  // (every table's lanes)
+  if ((t.sx == 1 || X <= 1) && ls.L <= kMaxLanes) {
+    const std::uint32_t* rows[kMaxLanes];
+    bool words = true;
+    for (std::int64_t x = 0; x < ls.nl && words; ++x) {
+      const std::uint16_t* r = t.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0);
+      words = reinterpret_cast<std::uintptr_t>(r) % 4 == 0;
+      rows[x] = reinterpret_cast<const std::uint32_t*>(r);
+    }
+    if (words) return kt.lane_words(rows, ls.L, ls.nl, X / 2, out);
+  }
   for (std::int64_t x = 0; x < ls.L; ++x) {
     if (x >= ls.nl) {
       for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ls.L + x] = 0;
@@ -441,7 +454,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         kt.decode_heads(lbs.data(), ios.data(), int(nh));
       } else if (dp) {
         const std::int64_t u = us[0], hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-        pack_lane_words(p.q, b, lss[0], p.D, qp.data());
+        pack_lane_words(kt, p.q, b, lss[0], p.D, qp.data());
         const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
         bf16_operands op{qp.data(), bf16_pack::rows(pack->k, base, p.D), p.D};
         if (amx) {
@@ -701,8 +714,8 @@ void backward(const problem& p, const backward_io& io) {
         const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
         const dq_io dio{dot.get(), lv.get(), lv.get() + L, dqt.get()};
         if (dp) {
-          pack_lane_words(p.q, b, ls, p.D, qp.data());
-          pack_lane_words(io.dout, b, ls, p.Dv, dop.data());
+          pack_lane_words(kt, p.q, b, ls, p.D, qp.data());
+          pack_lane_words(kt, io.dout, b, ls, p.Dv, dop.data());
           const std::int64_t base = (b * p.Hkv + hkv) * pack->nk2;
           bf16_dq_operands op{qp.data(), dop.data(), bf16_pack::rows(pack->k, base, p.D), bf16_pack::rows(pack->v, base, p.Dv)};
           if (amx) {

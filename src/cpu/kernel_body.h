@@ -138,6 +138,26 @@ void store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t 
     }
 }
 
+// Words of rows → lane words: rows[x] (x < nl; Xw words of unit stride) to out [Xw][L], lane x
+// of word w at out[w·L + x], lanes past nl zero — W × W blocks transposed in registers, where a
+// store per word wrote a column of `out` (L words apart).
+void lane_words(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw, std::uint32_t* out) {
+  vf blk[W];
+  for (std::int64_t x0 = 0; x0 < L; x0 += W)
+    for (std::int64_t w0 = 0; w0 < Xw; w0 += W) {
+      const std::int64_t n = imin(W, Xw - w0);
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) {
+        blk[i] = vf{};
+        if (x0 + i >= nl) continue;
+        if (n == W) blk[i] = (vf)loadu(rows[x0 + i] + w0);
+        else __builtin_memcpy(&blk[i], rows[x0 + i] + w0, std::size_t(n) * 4);
+      }
+      transpose(blk);
+      for (std::int64_t j = 0; j < n; ++j) storeu(out + (w0 + j) * L + x0, (vu)blk[j]);
+    }
+}
+
 // The table of this ISA; the bf16 entries only where it has a bf16 dot product.
 template <class Dot>
 constexpr kernel_table make_table(const char* name) {
@@ -146,6 +166,7 @@ constexpr kernel_table make_table(const char* name) {
   t.int16_decode = Dot::int16;
   t.mask_tile = mask_tile;
   t.store_lanes = store_lanes;
+  t.lane_words = lane_words;
   return t;
 }
 

@@ -278,6 +278,10 @@ struct kernel_table {
   // float32 (bf16 false) or bfloat16 rounded as f32_to_bf16.
   void (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
                       void* const* rows, bool bf16) = nullptr;
+  // The other way, for the bf16 products' operands: rows[x] (x < nl, Xw words of bf16 pairs at
+  // unit stride) to lane words out [Xw][L], lanes past nl zero.
+  void (*lane_words)(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw,
+                     std::uint32_t* out) = nullptr;
 };
 
 static constexpr inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
