@@ -70,6 +70,40 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
   // Key by key, the CC vectors of a key's row side by side: S is walked in memory order, and the
   // CC maxima and sums are independent chains.
   vf mx[CC], mz[CC], sum[CC];
+  if constexpr (Ops::kPack == 2) {
+    // One pass where every lane has a running max already: the weights against it, the block's
+    // max alongside; kept unless some lane's max moves (by more than the slack), which after the
+    // first blocks is rare — then the block is redone below from S, which this pass only reads.
+    // Where nothing moves the two ways give the same bits: the same max, the same m·log2 e in
+    // the exponent, α = e⁰ = 1 exactly.
+    bool finite = plain;
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const vf m_old = load(io.m + c * W);
+      finite = finite && !any_lane(m_old == splat(-kInf));
+      mz[c] = m_old * splat(kLog2e), mx[c] = splat(-kInf), sum[c] = vf{};
+    }
+    if (finite) {
+      for (std::int64_t jj = 0; jj < nb; jj += 2)
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; ++c) {
+          const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
+          mx[c] = vmax(vmax(mx[c], s0), s1);
+          const vf p0 = vexp2<4>(s0 * zs - mz[c]), p1 = vexp2<4>(s1 * zs - mz[c]);
+          sum[c] += p0;
+          sum[c] += p1;
+          storeu(packed + jj / 2 * L + c * W, Ops::pair_rows(p0, p1));
+        }
+      bool moved = false;
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) moved = moved || any_lane(mx[c] * sc.scale > load(io.m + c * W) + splat(kMaxSlack));
+      if (!moved) {
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; ++c) store(io.l + c * W, load(io.l + c * W) + sum[c]);
+        return packed;
+      }
+    }
+  }
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) mx[c] = splat(-kInf), sum[c] = vf{};
   if (plain) {

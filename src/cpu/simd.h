@@ -50,6 +50,13 @@ constexpr float kInf = __builtin_inff();
 
 // ---- math ----
 
+// c[0] + f·(c[1] + f·(c[2] + …)) by Horner's rule, one multiply-add per coefficient.
+inline vf horner(vf, float c) { return splat(c); }
+template <class... Cs>
+inline vf horner(vf f, float c, Cs... cs) {
+  return horner(f, cs...) * f + splat(c);
+}
+
 // e^x: n = round(x·log2 e), r = x - n·ln 2 (two-part ln 2), e^r by its Taylor-like minimax
 // polynomial (Cephes expf), times 2^n built in the exponent bits. ≈ 2 ulp; exactly 0 below
 // -87.3, so masked keys (-inf) weigh exactly nothing. NaN stays NaN (the clamps are written so
@@ -63,12 +70,8 @@ inline vf vexp(vf x) {
   const vf n = t - magic;
   vf r = xc - n * splat(0.693359375f);
   r = r - n * splat(-2.12194440e-4f);
-  vf y = splat(1.9875691500e-4f);
-  y = y * r + splat(1.3981999507e-3f);
-  y = y * r + splat(8.3334519073e-3f);
-  y = y * r + splat(4.1665795894e-2f);
-  y = y * r + splat(1.6666665459e-1f);
-  y = y * r + splat(5.0000001201e-1f);
+  vf y = horner(r, 5.0000001201e-1f, 1.6666665459e-1f, 4.1665795894e-2f, 8.3334519073e-3f, 1.3981999507e-3f,
+                1.9875691500e-4f);
   y = y * (r * r) + r + splat(1.0f);
   const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
   const vf p = y * (vf)e;
@@ -79,12 +82,6 @@ inline vf vexp(vf x) {
 // the one multiply-add that forms the exponent (FlashAttention's softmax_scale_log2).
 constexpr float kLog2e = 1.44269504088896341f;
 
-// 2^u: n = round(u), f = u - n ∈ [-1/2, 1/2] (exact), 2^f by a degree-6 polynomial with
-// c0 = 1 (minimax for the relative error: 2.6e-9 before rounding, so ≈ 1-2 ulp in all; 2^0 is
-// exactly 1), times 2^n. About half the instructions of vexp: no two-part reduction by ln 2,
-// and on AVX-512 the rounding and the scaling by 2^n are one instruction each (vrndscaleps,
-// vscalefps). Exactly 0 for u below -125 (portable) or -149 (AVX-512: denormals above that),
-// so masked keys (-inf) weigh exactly nothing; NaN stays NaN (the clamps compare false).
 // 2^f for f ∈ [-1/2, 1/2]: the polynomial of vexp2 — degree 6 (2.6e-9), or degree 4 (2.9e-6
 // relative, measured in float32 over the interval; a Lawson fit with c0 = 1) for weights that are
 // rounded to bfloat16 next (8 significant bits: a relative step of 3.9e-3, so the rounding of
@@ -92,22 +89,19 @@ constexpr float kLog2e = 1.44269504088896341f;
 template <int Degree = 6>
 inline vf exp2_reduced(vf f) {
   static_assert(Degree == 6 || Degree == 4);
-  if constexpr (Degree == 4) {
-    vf y = splat(9.5828529447e-03f);
-    y = y * f + splat(5.5906426162e-02f);
-    y = y * f + splat(2.4024099112e-01f);
-    y = y * f + splat(6.9312417507e-01f);
-    return y * f + splat(1.0f);
-  } else {
-    vf y = splat(1.5594677595e-4f);
-    y = y * f + splat(1.3406643906e-3f);
-    y = y * f + splat(9.6176929747e-3f);
-    y = y * f + splat(5.5503105510e-2f);
-    y = y * f + splat(2.4022652783e-1f);
-    y = y * f + splat(6.9314721497e-1f);
-    return y * f + splat(1.0f);
-  }
+  if constexpr (Degree == 4)
+    return horner(f, 1.0f, 6.9312417507e-01f, 2.4024099112e-01f, 5.5906426162e-02f, 9.5828529447e-03f);
+  else
+    return horner(f, 1.0f, 6.9314721497e-1f, 2.4022652783e-1f, 5.5503105510e-2f, 9.6176929747e-3f, 1.3406643906e-3f,
+                  1.5594677595e-4f);
 }
+
+// 2^u: n = round(u), f = u - n ∈ [-1/2, 1/2] (exact), 2^f by a degree-6 polynomial with
+// c0 = 1 (minimax for the relative error: 2.6e-9 before rounding, so ≈ 1-2 ulp in all; 2^0 is
+// exactly 1), times 2^n. About half the instructions of vexp: no two-part reduction by ln 2,
+// and on AVX-512 the rounding and the scaling by 2^n are one instruction each (vrndscaleps,
+// vscalefps). Exactly 0 for u below -125 (portable) or -149 (AVX-512: denormals above that),
+// so masked keys (-inf) weigh exactly nothing; NaN stays NaN (the clamps compare false).
 template <int Degree = 6>
 inline vf vexp2(vf u) {
 #if defined(__AVX512F__)
