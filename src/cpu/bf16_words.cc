@@ -9,12 +9,16 @@ namespace attn::detail::cpu {
 words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                           std::int64_t X, std::int64_t Np, int nt) {
   const std::int64_t Xw = X / 2;
-  words r(std::size_t(B * H * Np * Xw), 0u);
+  words r(std::size_t(B * H * Np * Xw));  // every word written below: rows [0, N), then zero rows to Np
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t row = 0; row < B * H * N; ++row) {
-    const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
+  for (std::int64_t row = 0; row < B * H * Np; ++row) {
+    const std::int64_t n = row % Np, h = row / Np % H, b = row / Np / H;
+    std::uint32_t* o = r.data() + row * Xw;
+    if (n >= N) {
+      std::fill(o, o + Xw, 0u);
+      continue;
+    }
     const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
-    std::uint32_t* o = r.data() + ((b * H + h) * Np + n) * Xw;
     for (std::int64_t w = 0; w < Xw; ++w) o[w] = std::uint32_t(p[2 * w * s.sx]) | std::uint32_t(p[(2 * w + 1) * s.sx]) << 16;
   }
   return r;
@@ -39,11 +43,15 @@ words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::in
 
 words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
                                              std::int64_t X, std::int64_t Npairs, int nt) {
-  words r(std::size_t(B * H * X * Npairs), 0u);
+  words r(std::size_t(B * H * X * Npairs));  // every word written below
   // 16 pairs of rows at a time (8 KiB of 128-value bf16 rows, in L1): each column's 16 words
-  // written in order.
+  // written in order; the pairs past the last block zero.
   constexpr std::int64_t kPairs = 16;
   const std::int64_t blocks = (N + 2 * kPairs - 1) / (2 * kPairs);
+  const std::int64_t covered = std::min(Npairs, blocks * kPairs);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (std::int64_t col = 0; col < B * H * X; ++col)
+    std::fill(r.data() + col * Npairs + covered, r.data() + (col + 1) * Npairs, 0u);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t t = 0; t < B * H * blocks; ++t) {
     const std::int64_t jb = t % blocks, bh = t / blocks, h = bh % H, b = bh / H;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -44,6 +45,17 @@ struct aligned64 {
     throw std::bad_alloc();
   }
   void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  // words(n) leaves its n words unset (default-initialised), as new T[n] would: the packs write
+  // every word they hold, and a zero fill first was one more pass over fresh pages. words(n, 0u)
+  // fills as usual.
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
   template <class U>
   bool operator==(const aligned64<U>&) const noexcept { return true; }
 };
