@@ -6,8 +6,8 @@
 
 namespace attn::detail::cpu {
 
-words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                          std::int64_t X, std::int64_t Np, int nt) {
+words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                     std::int64_t Np, int nt) {
   const std::int64_t Xw = X / 2;
   words r(std::size_t(B * H * Np * Xw));  // every word written below: rows [0, N), then zero rows to Np
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -24,8 +24,8 @@ words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int
   return r;
 }
 
-words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                           std::int64_t X, std::int64_t Npairs, int nt) {
+words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                      std::int64_t Npairs, int nt) {
   words r(std::size_t(B * H * Npairs * X), 0u);
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t row = 0; row < B * H * Npairs; ++row) {
@@ -41,8 +41,8 @@ words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::in
   return r;
 }
 
-words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                             std::int64_t X, std::int64_t Npairs, int nt) {
+words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                        std::int64_t Npairs, int nt) {
   words r(std::size_t(B * H * X * Npairs));  // every word written below
   // 16 pairs of rows at a time (8 KiB of 128-value bf16 rows, in L1): each column's 16 words
   // written in order; the pairs past the last block zero.

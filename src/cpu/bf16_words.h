@@ -15,18 +15,18 @@ namespace attn::detail::cpu {
 
 // Pairs along a row: [B·H][Np][X/2] words, word w of row n = s[n][2w] | s[n][2w + 1] << 16
 // (the bits of rows [N, Np) zero). X even. Read as uint16 this is the rows [Np][X] themselves.
-words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                          std::int64_t X, std::int64_t Np, int nt);
+words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                     std::int64_t Np, int nt);
 
 // Pairs across two rows (keys j, j + 1): [B·H][Npairs][X] words, word (j', x) =
 // s[2j'][x] | s[2j' + 1][x] << 16 (rows at or past N zero). Npairs >= ceil(N / 2).
-words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                           std::int64_t X, std::int64_t Npairs, int nt);
+words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                      std::int64_t Npairs, int nt);
 
 // The same pairs transposed: [B·H][X][Npairs] words, word (x, j') = s[2j'][x] | s[2j' + 1][x] << 16
 // (rows at or past N zero) — each column's keys in pairs, as the AMX forward's Vᵀ (amx.h).
-words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                             std::int64_t X, std::int64_t Npairs, int nt);
+words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                        std::int64_t Npairs, int nt);
 
 // Every element of the bfloat16 view finite (exponent bits not all ones).
 bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);

@@ -258,13 +258,13 @@ void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, 
   constexpr std::int64_t kMaxLanes = 64;  // (every table's lanes)
   if ((t.sx == 1 || X <= 1) && ls.L <= kMaxLanes) {
     const std::uint32_t* rows[kMaxLanes];
-    bool words = true;
-    for (std::int64_t x = 0; x < ls.nl && words; ++x) {
+    bool aligned = true;  // every row on a 4-byte boundary: readable as words
+    for (std::int64_t x = 0; x < ls.nl && aligned; ++x) {
       const std::uint16_t* r = t.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0);
-      words = reinterpret_cast<std::uintptr_t>(r) % 4 == 0;
+      aligned = reinterpret_cast<std::uintptr_t>(r) % 4 == 0;
       rows[x] = reinterpret_cast<const std::uint32_t*>(r);
     }
-    if (words) return kt.lane_words(rows, ls.L, ls.nl, X / 2, out);
+    if (aligned) return kt.lane_words(rows, ls.L, ls.nl, X / 2, out);
   }
   for (std::int64_t x = 0; x < ls.L; ++x) {
     if (x >= ls.nl) {
@@ -764,7 +764,7 @@ void backward(const problem& p, const backward_io& io) {
     const std::int64_t ldk = ceil_div(rkb, kt.W) * kt.W;
     fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? rkb * ldq : 0));
     float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;
-    float* krows = dvt + p.Dv * ldk;  // fused: [kRowKeyBlock][ldq] scale·k rows
+    float* krows = dvt + p.Dv * ldk;  // fused: [rkb][ldq] scale·k rows
     fbuf dqbuf;  // fused, dq not in place: one unit's dq rows [G][Nq][ldq], made by a thread's first unit
     // (so at most min(threads, units) of them: together no larger than dq in f32)
     fbuf scratch = alloc_floats(row_scratch_floats(qb, ldk));

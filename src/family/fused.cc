@@ -92,11 +92,11 @@ std::vector<float> load_f32(const strided4& s, std::int64_t B, std::int64_t H, s
 // views [B, H, N, X] (any strides), X even (cpu/bf16_words.h): rows of X/2 words with `pad` zero
 // rows after each (b, h)'s N; values by pairs of keys, [B·H][⌊N/2⌋ + 1][X] words.
 cpu::words load_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
-                                      std::int64_t pad, int nt) {
+                      std::int64_t pad, int nt) {
   return cpu::bf16_row_words(s, B, H, N, X, N + pad, nt);
 }
-cpu::words load_value_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-                                            std::int64_t X, int nt) {
+cpu::words load_value_pairs(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                            int nt) {
   return cpu::bf16_pair_words(s, B, H, N, X, N / 2 + 1, nt);
 }
 using cpu::bf16_all_finite;
