@@ -128,10 +128,7 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
   // Keys below `split` are inside every lane's range but for lo (the first lane's hi, causal or a
   // right window, rounded down to 32): a block ends there, so that only the blocks from there
   // on take the transform's per-lane range (a causal diagonal: 64 + 31 keys, not up to 256).
-  std::int64_t split = kr.kmax;
-  for (std::int64_t x = 0; x < lb.nl; ++x)
-    if (lb.lo[x] < lb.hi[x]) split = imin(split, lb.hi[x]);
-  split = split / 32 * 32;
+  const std::int64_t split = imin(kr.kmax, kr.hmin) / 32 * 32;
   amx_configure();
   // Blocks start on a multiple of 32 keys, so that each row of a Vᵀ tile starts on a cache line
   // (the keys before kmin are outside every lane's range: the transform excludes them).

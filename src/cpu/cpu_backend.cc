@@ -67,6 +67,9 @@ constexpr std::int64_t kHeadRunBytes = 65536;
 // task read pages of 16 at 86–87 % of dense where all 8 read them at 78–86 %. Heads whose rows interleave
 // (token-major) all go together, so that each block's rows are whole.
 constexpr std::int64_t kHeadGroupBytes = 16384;
+// The most lanes a kernel table has (every table's lanes today): the drivers' per-lane-block
+// arrays of row pointers are this long, and larger lane blocks take the element-by-element paths.
+constexpr std::int64_t kMaxLanes = 64;
 // Query rows per row-layout block in the dk/dv pass.
 constexpr std::int64_t kRowQueryBlock = 64;
 // The row-layout backward pass on AMX tiles takes 128 query rows against 128 keys: its
@@ -255,7 +258,6 @@ struct bf16_pack {
 // kernels' register transposes where every row is unit-stride words on 4-byte boundaries.
 void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X,
                      std::uint32_t* out) {
-  constexpr std::int64_t kMaxLanes = 64;  // (every table's lanes)
   if ((t.sx == 1 || X <= 1) && ls.L <= kMaxLanes) {
     const std::uint32_t* rows[kMaxLanes];
     bool aligned = true;  // every row on a 4-byte boundary: readable as words
@@ -364,7 +366,6 @@ void forward_out(const problem& p, const forward_outputs& o) {
 
   // Normalises and writes the rows of one lane block from its (m, l, oᵀ): unit-stride f32 and
   // bf16 rows by the kernels' transposing store, others element by element.
-  constexpr std::int64_t kMaxLanes = 64;  // (every table's lanes)
   const bool rows_out = (o.out.type == dtype::f32 || o.out.type == dtype::bf16) && (o.out.sx == 1 || p.Dv <= 1) &&
                         L <= kMaxLanes;
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {

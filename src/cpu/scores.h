@@ -176,9 +176,10 @@ inline vf weight_log2(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos
 // Keys [kmin, kmax) that some valid lane of the block may see, within the call's [klo, khi).
 struct lane_range {
   std::int64_t kmin, kmax;
-  explicit lane_range(const lane_block& lb) : kmin(lb.khi), kmax(lb.klo) {
+  std::int64_t hmin;  // the smallest hi: keys below it are past every lane's lo only
+  explicit lane_range(const lane_block& lb) : kmin(lb.khi), kmax(lb.klo), hmin(lb.khi) {
     for (std::int64_t x = 0; x < lb.nl; ++x)
-      if (lb.lo[x] < lb.hi[x]) kmin = imin(kmin, lb.lo[x]), kmax = imax(kmax, lb.hi[x]);
+      if (lb.lo[x] < lb.hi[x]) kmin = imin(kmin, lb.lo[x]), kmax = imax(kmax, lb.hi[x]), hmin = imin(hmin, lb.hi[x]);
     kmin = imax(kmin, lb.klo), kmax = imin(kmax, lb.khi);
   }
 };
