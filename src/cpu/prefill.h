@@ -52,6 +52,26 @@ constexpr std::int64_t round_up(std::int64_t n) {
 // hold for any m the block sums were taken against.
 constexpr float kMaxSlack = 8.0f;
 
+// The weights 2^{S·zs - mz} of a block's keys in pairs (nb is even: keys jj, jj + 1 of the lanes
+// → one vector of words), summed into sum; with Max, the block's max of S into mx as well (the
+// one-pass form). The weights are rounded to bf16 for the product, so 2^x takes vexp2's degree-4
+// polynomial (simd.h).
+template <class Ops, int CC, bool Max>
+inline void pair_weights(const float* S, std::int64_t nb, vf zs, const vf* mz, vf* mx, vf* sum,
+                         typename Ops::word* packed) {
+  const std::int64_t L = CC * W;
+  for (std::int64_t jj = 0; jj < nb; jj += 2)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
+      if constexpr (Max) mx[c] = vmax(vmax(mx[c], s0), s1);
+      const vf p0 = vexp2<4>(s0 * zs - mz[c]), p1 = vexp2<4>(s1 * zs - mz[c]);
+      sum[c] += p0;
+      sum[c] += p1;
+      storeu(packed + jj / 2 * L + c * W, Ops::pair_rows(p0, p1));
+    }
+}
+
 // The online-softmax step of keys [j0, j0 + nb) on the scores S (and the mask tile `bias`, of
 // kind mk, when sc.bias), then Oᵀ *= α where some lane's max moved. Writes P as Ops words (f32:
 // into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of a lane in one word) and returns them.
@@ -84,16 +104,7 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
       mz[c] = m_old * splat(kLog2e), mx[c] = splat(-kInf), sum[c] = vf{};
     }
     if (finite) {
-      for (std::int64_t jj = 0; jj < nb; jj += 2)
-#pragma GCC unroll 4
-        for (int c = 0; c < CC; ++c) {
-          const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
-          mx[c] = vmax(vmax(mx[c], s0), s1);
-          const vf p0 = vexp2<4>(s0 * zs - mz[c]), p1 = vexp2<4>(s1 * zs - mz[c]);
-          sum[c] += p0;
-          sum[c] += p1;
-          storeu(packed + jj / 2 * L + c * W, Ops::pair_rows(p0, p1));
-        }
+      pair_weights<Ops, CC, true>(S, nb, zs, mz, mx, sum, packed);
       bool moved = false;
 #pragma GCC unroll 4
       for (int c = 0; c < CC; ++c) moved = moved || any_lane(mx[c] * sc.scale > load(io.m + c * W) + splat(kMaxSlack));
@@ -149,17 +160,8 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
         store(sj, p);
         sum[c] += p;
       }
-  } else {  // nb is even: keys jj, jj + 1 of the lanes → one vector of words. The weights are
-    // rounded to bf16 for the product, so 2^x takes vexp2's degree-4 polynomial (simd.h).
-    for (std::int64_t jj = 0; jj < nb; jj += 2)
-#pragma GCC unroll 4
-      for (int c = 0; c < CC; ++c) {
-        const vf p0 = vexp2<4>(load(S + jj * L + c * W) * zs - mz[c]);
-        const vf p1 = vexp2<4>(load(S + (jj + 1) * L + c * W) * zs - mz[c]);
-        sum[c] += p0;
-        sum[c] += p1;
-        storeu(packed + jj / 2 * L + c * W, Ops::pair_rows(p0, p1));
-      }
+  } else {
+    pair_weights<Ops, CC, false>(S, nb, zs, mz, mx, sum, packed);
   }
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) store(io.l + c * W, load(io.l + c * W) * load(alpha + c * W) + sum[c]);

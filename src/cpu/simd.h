@@ -63,8 +63,8 @@ inline vf horner(vf f, float c, Cs... cs) {
 // that a NaN compares false and passes through): a NaN score makes its row NaN, as in the
 // reference, and the front then recomputes that row there (attention.cc).
 inline vf vexp(vf x) {
-  const vf lo = vmax(splat(-87.3f), x);                  // vmaxps; NaN stays NaN (vexp2's note)
-  const vf xc = splat(88.0f) < lo ? splat(88.0f) : lo;   // vminps
+  const vf lo = vmax(splat(-87.3f), x);                  // a compare and a blend; NaN stays NaN
+  const vf xc = splat(88.0f) < lo ? splat(88.0f) : lo;   // likewise
   const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
   const vf t = xc * splat(1.44269504088896341f) + magic;
   const vf n = t - magic;
@@ -115,8 +115,8 @@ inline vf vexp2(vf u) {
     return __builtin_ia32_scalefps512_mask(y, n, y, 0xffff, 4);
   }
 #endif
-  const vf lo = vmax(splat(-125.0f), u);                     // NaN stays NaN (as above)
-  const vf uc = splat(127.0f) < lo ? splat(127.0f) : lo;     // one vminps
+  const vf lo = vmax(splat(-125.0f), u);                     // compare + blend; NaN stays NaN
+  const vf uc = splat(127.0f) < lo ? splat(127.0f) : lo;     // likewise
   const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
   const vf n = (uc + magic) - magic;
   const vf y = exp2_reduced<Degree>(uc - n);
@@ -124,7 +124,6 @@ inline vf vexp2(vf u) {
   return u < splat(-125.0f) ? vf{} : p;
 }
 
-// Whether any / every lane of a comparison's result is set.
 // Whether any lane of m is non-zero: one vptestmd (AVX-512) or vptest (AVX) — a loop over the
 // lanes compiles to an extract and an or per lane, and the sparse distributions' scans test every
 // key vector. A template, so that the branch of the other width is discarded, not checked.
