@@ -79,6 +79,8 @@ constexpr std::int64_t kRowQueryBlock = 64;
 // 58.8, 53.0; H16 N512 D64 7.3, 7.6 → 8.0, 7.8; 256 rows or keys did no better).
 constexpr std::int64_t kAmxRowQueryBlock = 128;
 constexpr std::int64_t kAmxRowKeyBlock = 128;
+// The most keys of a row-layout backward block (the stack arrays of its register transposes).
+constexpr std::int64_t kMaxKeyBlock = std::max(kRowKeyBlock, kAmxRowKeyBlock);
 // The fused backward (one pass: dq, dk, dv) runs one task per (b, hkv), so it is chosen only
 // when there are at least this many: fewer leave threads idle, and the two passes, which split
 // every (b, hkv) into blocks, are then faster. A constant of the shape, never the thread count.
@@ -782,6 +784,22 @@ void backward(const problem& p, const backward_io& io) {
       return dq_direct ? io.dq.ptr<float>(b, hkv * G + g, i, 0) : dqbuf.get() + (g * p.Nq + i) * ldq;
     };
     const std::int64_t dqs = dq_direct ? io.dq.sn : ldq;
+    // dKᵀ or dVᵀ [X][ld] of keys j0 … j0 + nb → their rows of t, times mul: unit-stride f32 and
+    // bf16 rows by the kernels' W × W register transposes (the same bits as store_row's).
+    auto store_key_rows = [&](const strided4& t, std::int64_t b, std::int64_t hkv, std::int64_t j0, std::int64_t nb,
+                              std::int64_t X, const float* xt, std::int64_t ld, float mul) {
+      if ((t.type == dtype::f32 || t.type == dtype::bf16) && (t.sx == 1 || X <= 1)) {
+        float muls[kMaxKeyBlock];
+        void* rows[kMaxKeyBlock];
+        for (std::int64_t x = 0; x < nb; ++x) {
+          muls[x] = mul;
+          rows[x] = t.type == dtype::f32 ? static_cast<void*>(t.ptr<float>(b, hkv, j0 + x, 0))
+                                         : static_cast<void*>(t.ptr<std::uint16_t>(b, hkv, j0 + x, 0));
+        }
+        return kt.store_lanes(xt, ld, nb, X, muls, rows, t.type == dtype::bf16);
+      }
+      for (std::int64_t x = 0; x < nb; ++x) store_row(t, b, hkv, j0 + x, X, xt + x, ld, mul);
+    };
     // Key block t = (b, hkv, kb) against every query row of the group.
     auto key_block = [&](std::int64_t t) {
       const std::int64_t kb = t % nkb, hkv = t / nkb % p.Hkv, b = t / nkb / p.Hkv;
@@ -794,7 +812,10 @@ void backward(const problem& p, const backward_io& io) {
           const std::uint16_t* k = p.k.ptr<std::uint16_t>(b, hkv, j0 + x, 0);
           std::uint32_t* w = krw + x / 2 * ldq;
           const int shift = 16 * int(x % 2);
-          for (std::int64_t d = 0; d < p.D; ++d) w[d] |= std::uint32_t(k[d * p.k.sx]) << shift;
+          if (p.k.sx == 1)  // (a loop the compiler vectorises)
+            for (std::int64_t d = 0; d < p.D; ++d) w[d] |= std::uint32_t(k[d]) << shift;
+          else
+            for (std::int64_t d = 0; d < p.D; ++d) w[d] |= std::uint32_t(k[d * p.k.sx]) << shift;
         }
       } else if (fused) {
         for (std::int64_t x = 0; x < nb; ++x) {
@@ -804,6 +825,16 @@ void backward(const problem& p, const backward_io& io) {
       }
       if (dp) {  // word (d/2, x) = (row x's d, d + 1), zero past nb
         const auto transpose = [&](const strided4& t, std::int64_t X, std::uint32_t* out) {
+          if (t.sx == 1 || X <= 1) {  // rows of words on 4-byte boundaries: the W × W register transposes
+            const std::uint32_t* rows[kMaxKeyBlock] = {};
+            bool aligned = true;
+            for (std::int64_t x = 0; x < nb && aligned; ++x) {
+              const std::uint16_t* r = t.ptr<std::uint16_t>(b, hkv, j0 + x, 0);
+              aligned = reinterpret_cast<std::uintptr_t>(r) % 4 == 0;
+              rows[x] = reinterpret_cast<const std::uint32_t*>(r);
+            }
+            if (aligned) return kt.lane_words(rows, ld, nb, X / 2, out);
+          }
           for (std::int64_t x = 0; x < ld; ++x) {
             if (x >= nb) {
               for (std::int64_t d = 0; d < X; d += 2) out[d / 2 * ld + x] = 0;
@@ -816,14 +847,12 @@ void backward(const problem& p, const backward_io& io) {
         transpose(p.k, p.D, ktw.data());
         transpose(p.v, p.Dv, vtw.data());
       } else {
-        // Kᵀ and Vᵀ of the block [d][ld]: each row read once, in order; columns past nb zero.
+        // Kᵀ and Vᵀ of the block [d][ld], columns past nb zero: rows_f32 rows are unit-stride, so
+        // the W × W register transposes of lane_words (a float is a word).
         const auto transpose = [&](const rows_f32& t, std::int64_t X, float* out) {
-          for (std::int64_t x = 0; x < nb; ++x) {
-            const float* r = t.row(b, hkv, j0 + x);
-            for (std::int64_t d = 0; d < X; ++d) out[d * ld + x] = r[d];
-          }
-          if (nb < ld)
-            for (std::int64_t d = 0; d < X; ++d) std::fill(out + d * ld + nb, out + (d + 1) * ld, 0.0f);
+          const std::uint32_t* rows[kMaxKeyBlock] = {};
+          for (std::int64_t x = 0; x < nb; ++x) rows[x] = reinterpret_cast<const std::uint32_t*>(t.row(b, hkv, j0 + x));
+          kt.lane_words(rows, ld, nb, X, reinterpret_cast<std::uint32_t*>(out));
         };
         transpose(K, p.D, ktp);
         transpose(V, p.Dv, vtp);
@@ -889,10 +918,8 @@ void backward(const problem& p, const backward_io& io) {
           }
         }
       }
-      for (std::int64_t x = 0; x < nb; ++x) {
-        store_row(io.dk, b, hkv, j0 + x, p.D, dkt + x, ld, scale);
-        store_row(io.dv, b, hkv, j0 + x, p.Dv, dvt + x, ld, 1.0f);
-      }
+      store_key_rows(io.dk, b, hkv, j0, nb, p.D, dkt, ld, scale);
+      store_key_rows(io.dv, b, hkv, j0, nb, p.Dv, dvt, ld, 1.0f);
     };
     if (!fused) {
       // Tasks t = (b·Hkv + hkv)·nkb + kb; the (b, hkv) that share a mask gradient's elements run

@@ -125,15 +125,21 @@ void store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t 
       const std::int64_t n = imin(W, Dv - d0);
       for (std::int64_t i = 0; i < W && x0 + i < nl; ++i) {
         const vf r = blk[i] * splat(inv[x0 + i]);
+        // A whole vector by one store; a memcpy of a run-time length (the last d0 of a Dv that is
+        // not a multiple of W) went through the stack and `rep movsq` — 2/3 of this function's time.
         if (!bf16) {
-          __builtin_memcpy(static_cast<float*>(rows[x0 + i]) + d0, &r, std::size_t(n) * 4);
+          float* row = static_cast<float*>(rows[x0 + i]) + d0;
+          if (n == W) store(row, r);
+          else __builtin_memcpy(row, &r, std::size_t(n) * 4);
           continue;
         }
         const vu u = (vu)r;
         const vu nan = (vu)((u & splatu(0x7fffffffu)) > splatu(0x7f800000u));
         const vu even = (u + splatu(0x7fffu) + ((u >> 16) & splatu(1u))) >> 16;
         const vh h = __builtin_convertvector((((u >> 16) | splatu(0x40u)) & nan) | (even & ~nan), vh);
-        __builtin_memcpy(static_cast<std::uint16_t*>(rows[x0 + i]) + d0, &h, std::size_t(n) * 2);
+        std::uint16_t* row = static_cast<std::uint16_t*>(rows[x0 + i]) + d0;
+        if (n == W) __builtin_memcpy(row, &h, sizeof h);
+        else __builtin_memcpy(row, &h, std::size_t(n) * 2);
       }
     }
 }
