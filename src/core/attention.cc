@@ -550,6 +550,19 @@ double finite_sum_of_squares(std::int64_t D, const float* r) {
   for (; d < D; ++d) acc[d % 8] += double(r[d]) * double(r[d]);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+// The same for a bfloat16 row with unit stride (a bf16 is the high half of its float32).
+double finite_sum_of_squares(std::int64_t D, const std::uint16_t* r) {
+  const auto value = [r](std::int64_t d) { return double(bf16_to_f32(r[d])); };
+  std::uint32_t bad = 0;
+  for (std::int64_t d = 0; d < D; ++d) bad |= std::uint32_t((r[d] & 0x7f80u) == 0x7f80u);
+  if (bad) return finite_sum_of_squares(D, value);
+  double acc[8] = {};
+  std::int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += value(d + l) * value(d + l);
+  for (; d < D; ++d) acc[d % 8] += value(d) * value(d);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
 }  // namespace
 
 double qk_term_bound(const problem& p) {
@@ -567,6 +580,8 @@ double qk_term_bound(const problem& p) {
           } else if (x.type == dtype::f32) {
             const float* r = x.ptr<float>(b, h, n, 0);
             ss = finite_sum_of_squares(D, [r, &x](std::int64_t d) { return double(r[d * x.sx]); });
+          } else if (x.type == dtype::bf16 && x.sx == 1) {
+            ss = finite_sum_of_squares(D, static_cast<const std::uint16_t*>(x.ptr<std::uint16_t>(b, h, n, 0)));
           } else if (x.type == dtype::bf16) {
             const std::uint16_t* r = x.ptr<std::uint16_t>(b, h, n, 0);
             ss = finite_sum_of_squares(D, [r, &x](std::int64_t d) { return double(bf16_to_f32(r[d * x.sx])); });

@@ -283,6 +283,20 @@ void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, 
   }
 }
 
+// Rows (b, h[x], i[x]) of t, lanes x < nl, from xt [X][L] (lane x's column) times mul[x]: unit-
+// stride f32 and bf16 rows by the kernels' W × W register transposes, other views element by element.
+void store_lane_rows(const kernel_table& kt, const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X,
+                     const float* xt, const float* mul) {
+  if ((t.type == dtype::f32 || t.type == dtype::bf16) && (t.sx == 1 || X <= 1) && ls.L <= kMaxLanes) {
+    void* rows[kMaxLanes] = {};
+    for (std::int64_t x = 0; x < ls.nl; ++x)
+      rows[x] = t.type == dtype::f32 ? static_cast<void*>(t.ptr<float>(b, ls.h[x], ls.i[x], 0))
+                                     : static_cast<void*>(t.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0));
+    return kt.store_lanes(xt, ls.L, ls.nl, X, mul, rows, t.type == dtype::bf16);
+  }
+  for (std::int64_t x = 0; x < ls.nl; ++x) store_row(t, b, ls.h[x], ls.i[x], X, xt + x, ls.L, mul[x]);
+}
+
 // How the forward runs a problem; decided here alone, for forward() and for explain_backend.
 struct forward_plan {
   std::int64_t lanes = 0, lane_blocks = 0, units = 0;  // L, blocks of L rows per (b, hkv), B·Hkv·blocks
@@ -366,22 +380,15 @@ void forward_out(const problem& p, const forward_outputs& o) {
   // A mask broadcast over heads is read once here, not once per head (cpu/mask_fill.h).
   const mask_spans spans = p.mask_view.sh == 0 && p.Hq > 1 && !decode_only(p) ? find_mask_spans(p, nt) : mask_spans{};
 
-  // Normalises and writes the rows of one lane block from its (m, l, oᵀ): unit-stride f32 and
-  // bf16 rows by the kernels' transposing store, others element by element.
-  const bool rows_out = (o.out.type == dtype::f32 || o.out.type == dtype::bf16) && (o.out.sx == 1 || p.Dv <= 1) &&
-                        L <= kMaxLanes;
+  // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
     float inv[kMaxLanes];
-    void* rows[kMaxLanes];
     for (std::int64_t x = 0; x < ls.nl; ++x) {  // l NaN (a NaN score): out NaN, redone by the front
       inv[x] = l[x] > 0.0f || std::isnan(l[x]) ? 1.0f / l[x] : 0.0f;
-      if (!rows_out) store_row(o.out, b, ls.h[x], ls.i[x], p.Dv, ot + x, ls.L, inv[x]);
-      else if (o.out.type == dtype::f32) rows[x] = o.out.ptr<float>(b, ls.h[x], ls.i[x], 0);
-      else rows[x] = o.out.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0);
       const double lse = l[x] > 0.0f || std::isnan(l[x]) ? double(m[x] + std::log(l[x])) : kNegInf;
       store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
     }
-    if (rows_out) kt.store_lanes(ot, ls.L, ls.nl, p.Dv, inv, rows, o.out.type == dtype::bf16);
+    store_lane_rows(kt, o.out, b, ls, p.Dv, ot, inv);
   };
 
   // Tasks: (unit, chunk), or with plan.heads (b, lane block, chunk) running every kv head.
@@ -628,6 +635,19 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
   return b;
 }
 
+// Σ_x a(x)·b(x) in float64, in eight partial sums (lane x % 8): the same order whatever the
+// strides, so the loop over unit-stride rows, which the compiler vectorises, gives the bits of
+// the strided one.
+template <class A, class Bv>
+double dot8(std::int64_t n, A a, Bv b) {
+  double acc[8] = {};
+  std::int64_t x = 0;
+  for (; x + 8 <= n; x += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a(x + l) * b(x + l);
+  for (; x < n; ++x) acc[x % 8] += a(x) * b(x);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 void backward(const problem& p, const backward_io& io) {
   const kernel_table& kt = select_kernels();
   const int nt = std::max(1, p.num_threads);
@@ -652,25 +672,34 @@ void backward(const problem& p, const backward_io& io) {
   for (std::int64_t r = 0; r < nrows; ++r) {
     const std::int64_t i = r % p.Nq, h = r / p.Nq % p.Hq, b = r / p.Nq / p.Hq;
     double s = 0.0;
+    const std::int64_t ox = io.out.sx;
     if (dp) {  // dout bf16; out read as what it is
       const std::uint16_t* d = io.dout.ptr<std::uint16_t>(b, h, i, 0);
-      const std::int64_t dx = io.dout.sx, ox = io.out.sx;
+      const std::int64_t dx = io.dout.sx;
+      const auto dl = [d, dx](std::int64_t x) { return double(bf16_to_f32(d[x * dx])); };
       if (io.out.type == dtype::bf16) {
         const std::uint16_t* o = io.out.ptr<std::uint16_t>(b, h, i, 0);
-        for (std::int64_t x = 0; x < p.Dv; ++x) s += double(bf16_to_f32(d[x * dx])) * double(bf16_to_f32(o[x * ox]));
+        if (dx == 1 && ox == 1)
+          s = dot8(p.Dv, [d](std::int64_t x) { return double(bf16_to_f32(d[x])); },
+                   [o](std::int64_t x) { return double(bf16_to_f32(o[x])); });
+        else
+          s = dot8(p.Dv, dl, [o, ox](std::int64_t x) { return double(bf16_to_f32(o[x * ox])); });
       } else if (io.out.type == dtype::f32) {
         const float* o = io.out.ptr<float>(b, h, i, 0);
-        for (std::int64_t x = 0; x < p.Dv; ++x) s += double(bf16_to_f32(d[x * dx])) * double(o[x * ox]);
+        s = dot8(p.Dv, dl, [o, ox](std::int64_t x) { return double(o[x * ox]); });
       } else {
-        for (std::int64_t x = 0; x < p.Dv; ++x) s += double(bf16_to_f32(d[x * dx])) * io.out.load(b, h, i, x);
+        s = dot8(p.Dv, dl, [&](std::int64_t x) { return io.out.load(b, h, i, x); });
       }
     } else if (io.out.type == dtype::f32) {  // the same sum, out read as what it is
       const float* d = dO.row(b, h, i);
       const float* o = io.out.ptr<float>(b, h, i, 0);
-      for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * double(o[x * io.out.sx]);
+      if (ox == 1)
+        s = dot8(p.Dv, [d](std::int64_t x) { return double(d[x]); }, [o](std::int64_t x) { return double(o[x]); });
+      else
+        s = dot8(p.Dv, [d](std::int64_t x) { return double(d[x]); }, [o, ox](std::int64_t x) { return double(o[x * ox]); });
     } else {
       const float* d = dO.row(b, h, i);
-      for (std::int64_t x = 0; x < p.Dv; ++x) s += double(d[x]) * io.out.load(b, h, i, x);
+      s = dot8(p.Dv, [d](std::int64_t x) { return double(d[x]); }, [&](std::int64_t x) { return io.out.load(b, h, i, x); });
     }
     delta[r] = float(s);
     const double l = load_as_double(io.lse, io.lse_type, r);
@@ -696,6 +725,8 @@ void backward(const problem& p, const backward_io& io) {
       lane_setup ls(L, p.D);
       fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
       fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
+      float scales[kMaxLanes];  // dq = scale · Σ dS K, every lane
+      std::fill(scales, scales + kMaxLanes, scale);
       words qp(dp ? std::size_t(p.D / 2 * L) : 0), dop(dp ? std::size_t(p.Dv / 2 * L) : 0);
       bias_ctx bc;
       bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data(), bc.spans = &spans;
@@ -710,9 +741,11 @@ void backward(const problem& p, const backward_io& io) {
           const bool ok = x < ls.nl;
           lv[x] = ok ? lse[r] : kInfF;
           lv[L + x] = ok ? delta[r] : 0.0f;
-          if (dp) continue;
-          const float* d = dO.row(b, ls.h[x], ls.i[x]);
-          for (std::int64_t y = 0; y < p.Dv; ++y) dot[y * L + x] = ok ? d[y] : 0.0f;
+        }
+        if (!dp) {  // doutᵀ [Dv][L] (lanes past nl zero) from dout's unit-stride f32 rows
+          const std::uint32_t* rows[kMaxLanes] = {};
+          for (std::int64_t x = 0; x < ls.nl; ++x) rows[x] = reinterpret_cast<const std::uint32_t*>(dO.row(b, ls.h[x], ls.i[x]));
+          kt.lane_words(rows, L, ls.nl, p.Dv, reinterpret_cast<std::uint32_t*>(dot.get()));
         }
         const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
         const dq_io dio{dot.get(), lv.get(), lv.get() + L, dqt.get()};
@@ -731,7 +764,7 @@ void backward(const problem& p, const backward_io& io) {
         } else {
           kt.dq(lb, dio);
         }
-        for (std::int64_t x = 0; x < ls.nl; ++x) store_row(io.dq, b, ls.h[x], ls.i[x], p.D, dqt.get() + x, L, scale);
+        store_lane_rows(kt, io.dq, b, ls, p.D, dqt.get(), scales);
       }
     }
   }
