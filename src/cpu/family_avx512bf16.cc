@@ -1,6 +1,8 @@
 // src/cpu/family_avx512bf16.cc — the fused family kernels (family_kernels.h) for the avx512bf16
 // level: the avx512 kernels plus forward_bf16, the forward of dot scores whose products take
-// bf16 pairs with vdpbf16ps (simd_avx512bf16.h). Flags in sources.cmake, code in family_body.h.
+// bf16 pairs with vdpbf16ps (simd_avx512bf16.h); and the amx level's forward of dot scores on
+// AMX tiles (family_amx). Flags in sources.cmake (the kernel flags: -mamx-tile -mamx-bf16), code
+// in family_body.h and, for the tiles, below.
 namespace attn::detail::cpu {
 namespace {
 constexpr int W = 16;  // floats per vector
@@ -11,10 +13,85 @@ constexpr int R = 6;  // tile rows
 
 #include "cpu/simd_avx512bf16.h"
 #include "cpu/family_body.h"
+#include "cpu/amx_gemm.h"
 
 namespace attn::detail::cpu {
+namespace {
+
+// fam_forward of bf16 pair operands with its two products on AMX tiles (amx_gemm.h):
+//   Sᵀ [keys][L] = K · Qᵀ    A: key rows as words (kw), B: the lanes' query words (qtw)
+//   Oᵀ [Dv][L]  += Vᵀ · A    A: Vᵀ in key pairs (vtw), B: α in key pairs
+// Blocks of kLaneKeyBlock keys computed 32 at a time: the scores of the keys past a short block
+// land in rows the next block (or the scratch's spare block) overwrites; α's pairs past it are
+// zeroed, and the keys past Nk are zero keys and values (family_lanes::vtw), so they add nothing.
+// The rest — masks, activation, ranges, statistics, α — is fam_forward's.
+template <family_dist Dist>
+void fam_forward_amx(const family_lanes& lb, float* ot) {
+  using Ops = bf16_pair_operands<avx512bf16_dot>;
+  constexpr std::int64_t L = C * W;
+  static_assert(L % 32 == 0 && kLaneKeyBlock % 32 == 0);
+  for (std::int64_t i = 0; i < lb.Dv * L; ++i) ot[i] = 0.0f;
+  set_empty_stats<C>(lb);
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;  // whole key pairs, as fam_forward's
+  constexpr bool keep = family_keeps_scores(Dist);
+  const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
+  amx_configure();
+  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
+    if (lane_mask<C>(lb, j0, nb, S, nullptr, sc.mask)) return true;
+    amx_gemm((nb + 31) / 32 * 32, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, lb.qtw, L, S, L, false);
+    if (lb.zscale != 1.0f)
+      for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
+    lane_transform<C>(lb, j0, nb, S, nullptr, sc.mask);
+    return false;
+  };
+  std::int64_t k0 = kmin, k1 = kmax;
+  if (keep) {
+    live_keys live(kmin, kmax);
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+      const std::int64_t nb = imin(kLaneKeyBlock, kmax - j0);
+      live.add(j0, nb, scores(j0, nb, sc.S + (j0 - kmin) * L));
+    }
+    if (live.none()) return _tile_release();  // every block hidden: empty rows
+    k0 = live.lo, k1 = live.hi;
+    lane_stats<Dist, C>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
+  }
+  for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0), nt = (nb + 31) / 32 * 32;
+    float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
+    if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0
+    lane_alpha<Dist, C>(lb, S, j0, nb);
+    if (lb.fp.mask_skip && all_zero(S, nb * L)) continue;
+    auto* aw = reinterpret_cast<std::uint32_t*>(sc.dP);  // dP's room holds α as words [nt/2][L]
+    Ops::pack_rows(S, nb, L, aw);
+    for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(aw + i, vu{});
+    amx_gemm(lb.Dv, L, nt / 2, lb.vtw + j0 / 2, lb.ldvt, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
+  }
+  _tile_release();
+}
+
+void fam_forward_amx_entry(const family_lanes& lb, float* ot) {
+  with_dist(lb.fp.dist, [&](auto d) { fam_forward_amx<decltype(d)::value>(lb, ot); });
+}
+
+}  // namespace
+
 const family_table& family_avx512bf16() {
   static constexpr family_table table = make_family_table<avx512bf16_dot>("avx512bf16");
+  return table;
+}
+
+// The amx level: f32 products everywhere (vdpbf16ps runs at half the FMA rate on the AMX Xeons;
+// isa.cc) but the bf16 forward of dot scores, which takes the tiles.
+const family_table& family_amx() {
+  static const family_table table = [] {
+    family_table t = family_avx512();
+    t.name = "amx";
+    t.forward_amx = fam_forward_amx_entry;
+    return t;
+  }();
   return table;
 }
 }  // namespace attn::detail::cpu

@@ -119,6 +119,12 @@ struct family_lanes {
   const std::uint32_t* vrw = nullptr;
   const std::uint32_t* kpw = nullptr;
   std::int64_t vrwsn = 0, kpwss = 0;
+  // forward_amx (the amx level; P a multiple of 32, Dv of 16, L of 32): qtw and kw as for
+  // forward_bf16, but the keys past Nk zero up to Nk + 32 (tiles of 32 keys), and the values as
+  // Vᵀ in key pairs: word (d, j') at vtw[d·ldvt + j'] = v[2j'][d] | v[2j' + 1][d] << 16, zero past
+  // the last key up to ldvt >= ⌈Nk/2⌉ + 16.
+  const std::uint32_t* vtw = nullptr;
+  std::int64_t ldvt = 0;
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
@@ -311,12 +317,16 @@ struct family_table {
   // dout [Nq][Dvp].
   void (*linear_forward)(const family_linear&, float* out);
   void (*linear_backward)(const family_linear&, const float* dout, const family_linear_grads&);
+  // The forward of dot scores on AMX tiles (family_lanes::qtw, kw, vtw), every distribution;
+  // the amx level's table alone (family_amx), whose other entries are the avx512 table's.
+  void (*forward_amx)(const family_lanes&, float* ot) = nullptr;
 };
 
 const family_table& family_generic();
 const family_table& family_avx2();
 const family_table& family_avx512();
 const family_table& family_avx512bf16();
+const family_table& family_amx();
 
 // The table for this CPU (isa.cc; ATTN_CPU_ISA caps it).
 const family_table& select_family_kernels();

@@ -112,13 +112,13 @@ const rowwise_table& select_rowwise() {
 const family_table& select_family_kernels() {
   switch (capped_level()) {
 #if ATTN_CPU_MAX_LEVEL >= 3
+    // The amx level: the bf16 forward of dot scores on tiles; everything else multiplies in f32
+    // rather than by vdpbf16ps, which the AMX Xeons run at half their FMA rate (B1 H8 N2048 D64
+    // bf16 scaled_dot × sigmoid, 2 threads: 51.4-51.7 ms with vdpbf16ps, 35.8-37.4 in f32).
+    case 4: return family_amx();
     case 3: return family_avx512bf16();
 #endif
 #if ATTN_CPU_MAX_LEVEL >= 2
-    // The family kernels have no tile path; on the amx level they multiply in f32 rather than
-    // by vdpbf16ps, which the AMX Xeons run at half their FMA rate (B1 H8 N2048 D64 bf16
-    // scaled_dot × sigmoid, 2 threads: 51.4-51.7 ms with vdpbf16ps, 35.8-37.4 in f32).
-    case 4:
     case 2: return family_avx512();
 #endif
 #if ATTN_CPU_MAX_LEVEL >= 1

@@ -24,8 +24,9 @@ set(ATTN_ISA_FLAGS_generic "-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx2 "-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx512 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
 set(ATTN_ISA_FLAGS_avx512bf16 "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx512vnni;-mavx2;-mfma;-mf16c;-ffp-contract=fast")
-# The amx level (isa.cc) is the avx512bf16 table with the bf16 prefill forward on AMX tiles
-# (amx.h): only that unit takes the tile instructions.
+# The amx level (isa.cc) is the avx512bf16 table with the bf16 prefill on AMX tiles (amx.h), and
+# the family's avx512 table with its bf16 forward of dot scores on tiles (family_avx512bf16.cc):
+# only those two units take the tile instructions.
 set(ATTN_KERNEL_FLAGS_avx512bf16 "${ATTN_ISA_FLAGS_avx512bf16};-mamx-tile;-mamx-bf16")
 foreach(isa IN LISTS ATTN_CPU_LEVELS)
   target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/kernels_${isa}.cc)
@@ -41,6 +42,12 @@ foreach(isa IN LISTS ATTN_CPU_LEVELS)
   endif()
   foreach(table IN LISTS tables)
     target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc)
-    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc PROPERTIES COMPILE_OPTIONS "${ATTN_ISA_FLAGS_${isa}}")
+    # (the family's avx512bf16 unit also holds the amx level's forward on tiles: the kernel flags)
+    if(table STREQUAL "family" AND DEFINED ATTN_KERNEL_FLAGS_${isa})
+      set(flags "${ATTN_KERNEL_FLAGS_${isa}}")
+    else()
+      set(flags "${ATTN_ISA_FLAGS_${isa}}")
+    endif()
+    set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/${table}_${isa}.cc PROPERTIES COMPILE_OPTIONS "${flags}")
   endforeach()
 endforeach()

@@ -208,9 +208,13 @@ struct fused_inputs {
   // backward_pairs: the words of the row-layout pass alone (single pass); backward_pairs_f32: those
   // and the f32 inputs of the dq pass (two passes).
   // backward_pairs_all: the words of both passes (two passes, K and V finite).
-  enum class use { f32, forward_pairs, backward_pairs, backward_pairs_f32, backward_pairs_all };
+  // forward_amx: the forward on AMX tiles (forward_amx): q and key words as forward_pairs', the
+  // keys [B·Hkv][Nk + 32][P/2] (zero keys to whole tiles of 32), Vᵀ in key pairs [B·Hkv][Dv][ldvt].
+  enum class use { f32, forward_pairs, forward_amx, backward_pairs, backward_pairs_f32, backward_pairs_all };
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
-  cpu::words Qw, Kw, Vw, Qn, Vd, Kn;
+  bool amx = false;                       // the forward's lane blocks take words, on tiles
+  cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt;
+  std::int64_t kpad = 1, ldvt = 0;  // zero keys past Nk in Kw; Vt's row stride (words)
   float zscale = 1.0f;
 
   // The kernels may skip key blocks the mask hides from every row (family_params::mask_skip).
@@ -234,7 +238,14 @@ struct fused_inputs {
     if (u != use::f32) {
       zscale = float(src.scale);
       Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, nt);
-      Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1, nt);
+      kpad = u == use::forward_amx ? 32 : 1;
+      Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
+      if (u == use::forward_amx) {
+        amx = true;
+        ldvt = ((fp.Nk + 1) / 2 + 16 + 15) / 16 * 16;  // whole cache lines
+        Vt = cpu::bf16_pair_words_t(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, ldvt, nt);
+        return;
+      }
       if (u == use::forward_pairs) {
         pairs = true;
         Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
@@ -287,12 +298,23 @@ struct fused_inputs {
            fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 && src.k.type == dtype::bf16 &&
            src.v.type == dtype::bf16 && fp.Pq % 2 == 0 && fp.Pq == fp.Pk;
   }
+  // The same on AMX tiles (the amx level's forward_amx): whole tiles along P (32 values) and Dv
+  // (16), and a dense forward (dense: not the sparse rows' kept keys).
+  static bool amx_products(const fproblem& fp, const fused_source& src, bool dense) {
+    const char* env = std::getenv("ATTN_FAMILY_BF16");
+    if (env && std::string_view(env) == "0") return false;
+    const cpu::family_table& kt = cpu::select_family_kernels();
+    return kt.forward_amx != nullptr && kt.lanes % 32 == 0 && dense && src.direct && fp.F == 1 &&
+           fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 && src.k.type == dtype::bf16 &&
+           src.v.type == dtype::bf16 && fp.Pq % 32 == 0 && fp.Pq == fp.Pk && fp.Dv % 16 == 0;
+  }
   // The forward: V finite too (the key pairs may put a key no row sees beside the first one a
   // row sees: its α = 0 must not meet an inf).
-  static use forward_use(const fproblem& fp, const fused_source& src) {
-    return bf16_products(fp, src) && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))
-               ? use::forward_pairs
-               : use::f32;
+  static use forward_use(const fproblem& fp, const fused_source& src, bool dense) {
+    const bool amx = amx_products(fp, src, dense);
+    if (!amx && !bf16_products(fp, src)) return use::f32;
+    if (!bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))) return use::f32;
+    return amx ? use::forward_amx : use::forward_pairs;
   }
 
  private:
@@ -367,7 +389,7 @@ struct lane_state {
       const auto [a, e] = fp.p.key_range(b, i[x]);
       lo[x] = std::int32_t(a), hi[x] = std::int32_t(e);
       const std::int64_t qrow = (b * fp.Hq + h[x]) * fp.Nq + i[x];
-      if (in.pairs) {  // words [P/2][L] in qt's room
+      if (in.pairs || in.amx) {  // words [P/2][L] in qt's room
         auto* qw = reinterpret_cast<std::uint32_t*>(qt.get());
         for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = in.Qw[std::size_t(qrow * (P / 2) + w)];
         continue;
@@ -381,7 +403,7 @@ struct lane_state {
     for (std::int64_t x = 0; x < nl; ++x)
       if (lo[x] < hi[x]) kmin = std::min<std::int64_t>(kmin, lo[x]), kmax = std::max<std::int64_t>(kmax, hi[x]);
     // (+2: the bf16 forward widens the range to whole key pairs)
-    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0) + (in.pairs ? 2 : 0);
+    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0) + (in.pairs || in.amx ? 2 : 0);
     std::int64_t Fc = F;
     if (cpu::family_keeps_scores(prm.dist)) {
       Fc = std::clamp<std::int64_t>(kMdScoreFloats / std::max<std::int64_t>(span * L, 1), 1, F);
@@ -395,9 +417,10 @@ struct lane_state {
     cpu::family_lanes lb;
     lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
     lb.qt = qt.get();
-    if (in.pairs) {
+    if (in.pairs || in.amx) {
       lb.qtw = reinterpret_cast<const std::uint32_t*>(qt.get());
-      lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + 1) * (P / 2), lb.kwsn = P / 2;
+      lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + in.kpad) * (P / 2), lb.kwsn = P / 2;
+      if (in.amx) lb.vtw = in.Vt.data() + (b * fp.Hkv + hkv) * fp.Dv * in.ldvt, lb.ldvt = in.ldvt;
       if (!in.Vw.empty()) lb.vw = in.Vw.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * fp.Dv, lb.vwss = fp.Dv;
       if (!in.Kn.empty()) {  // the backward's dq pass
         lb.vrw = in.Vd.data() + (b * fp.Hkv + hkv) * (fp.Nk + 1) * (fp.Dv / 2), lb.vrwsn = fp.Dv / 2;
@@ -493,7 +516,7 @@ bool kept_reusable(const fproblem& fp) {
 const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm,
                           kept_rows* kept) {
   const std::int64_t K = sparse_rows(fp);
-  const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src));
+  const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src, K == 0));
   if (!fused_keeps_stats(fp)) log_norm = nullptr;
   if (log_norm) std::fill(log_norm, log_norm + fp.B * fp.Hq * fp.Nq * fp.F, -kInfF);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
@@ -544,7 +567,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
     for (std::int64_t u = 0; u < in.units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
       const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
-      (in.pairs ? in.kt.forward_bf16 : fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
+      (in.amx ? in.kt.forward_amx : in.pairs ? in.kt.forward_bf16 : fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
       for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
       if (log_norm)  // softmax: t = lse (+inf: no key); kernel: lse = Σ e (0: none); [row][F]
         for (std::int64_t x = 0; x < ls.nl; ++x)
@@ -554,6 +577,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
           }
     }
   }
+  if (in.amx) return "amx, bf16 products on AMX tiles";
   return in.pairs ? "avx512bf16, bf16 products" : in.kt.name;  // forward_bf16 is that table's alone
 }
 

@@ -438,6 +438,59 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
   }
 }
 
+// On the amx level the forward of bf16 dot scores runs on AMX tiles (P a multiple of 32, Dv of
+// 16): every distribution, every mask kind, GQA, Nk from 1 to past two key blocks (odd, so the
+// zero keys and the tiles' padding are read), against the reference on the rounded inputs, the
+// same call with f32 products, and 1 against 2 threads bit for bit. Elsewhere the same calls
+// take the other levels' paths, checked the same way.
+TEST(FamilyFused, Bf16TileForwardMatchesReference) {
+  bool saw_tiles = false;
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(67);
+    for (distribution_kind d : kFused)
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 19, 70, 33, 129}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{1, 31, 301, 64, 133}[std::size_t((mask + int(d)) % 5)];
+        const std::int64_t D = mask % 2 ? 64 : 32, Dv = std::vector<std::int64_t>{16, 48, 32, 64, 16}[std::size_t(mask)];
+        const bool gqa = mask % 2;
+        family_case c(mask % 3 ? score_kind::scaled_dot : score_kind::dot, d, rng, 2, gqa ? 4 : 2, gqa ? 2 : 2, Nq,
+                      Nk, D, Dv);
+        if (d == distribution_kind::sigmoid) c.opt.distribution.sigmoid_bias = -0.5;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+        SCOPED_TRACE(isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " +
+                     std::to_string(Nk));
+        const execution e{.path = family_path::fused, .num_threads = 2};
+        const family_result got = attention_family(q, k, v, c.opt, e);
+        const bool tiles = got.path.find("AMX tiles") != std::string::npos;
+        saw_tiles |= tiles;
+        const bool sparse_rows = d == distribution_kind::hardmax || (d == distribution_kind::topk);
+        if (isa == "amx" && !sparse_rows) {
+          EXPECT_TRUE(tiles) << got.path;
+        }
+        if (isa != "amx") {
+          EXPECT_FALSE(tiles) << got.path;
+        }
+        // identity's weights are not normalised (α = s, sums of O(1) terms that cancel): the bf16
+        // rounding of each α adds up over the keys, as √Nk
+        const double tol = tolerance_for(dtype::bf16) * (d == distribution_kind::identity ? std::sqrt(double(Nk)) : 1.0);
+        const family_result ref = attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
+        EXPECT_TRUE(all_close(got.out, ref.out, tol)) << got.path;
+        EXPECT_TRUE(same_bits(attention_family(q, k, v, c.opt, {.path = family_path::fused, .num_threads = 1}).out, got.out));
+        setenv("ATTN_FAMILY_BF16", "0", 1);
+        const family_result f32 = attention_family(q, k, v, c.opt, e);
+        unsetenv("ATTN_FAMILY_BF16");
+        EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+        EXPECT_TRUE(all_close(got.out, f32.out, tol));
+      }
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "amx") != all.end()) {
+    EXPECT_TRUE(saw_tiles);
+  }
+}
+
 // The backward of bf16 dot scores takes bf16 products in its row-layout pass: the whole single
 // pass (sigmoid, identity; B·Hkv >= 8), the dk/dv pass of the two passes (the other
 // distributions, and sigmoid with fewer (b, hkv)); α and dz rounded to bf16 for the products that
