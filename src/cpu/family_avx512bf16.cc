@@ -72,6 +72,79 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
   _tile_release();
 }
 
+// fam_dkdv's single pass (dq with it) of dot scores with its five products on AMX tiles:
+//   S  [nq][ld]  = Q · Kᵀ        A: query rows as words (qw), B: the key block's words (ktw)
+//   dP [nq][ld]  = dO · Vᵀ       A: dout rows (dow), B: vtw
+//   dVᵀ [Dv][ld] += dOᵀ · α      A: dOᵀ in row pairs (dot2), B: α in row pairs
+//   dq  [nq][P]  += dz · K       A: dz in key pairs, B: the keys by pairs (krw)
+//   dKᵀ [P][ld]  += Qᵀ · dz      A: Qᵀ in row pairs (qt2), B: dz in row pairs
+// Rows are computed 16 at a time (M16): the rows past nq (the next rows or the driver's zero
+// rows) give S and dP rows nothing reads — α and dz are packed from rows < nq, zero pairs past
+// them to whole tiles, and dq takes rows < nq from the product's scratch.
+template <family_dist Dist>
+void fam_dkdv_amx(const family_rows& pr) {
+  using Ops = bf16_pair_operands<avx512bf16_dot>;
+  const std::int64_t ld = pr.ldk, nq = pr.nq, M16 = (nq + 15) / 16 * 16, nqp = (nq + 1) / 2, K16 = (nqp + 15) / 16 * 16;
+  const family_params& fp = pr.fp;
+  float* S = pr.scratch;
+  float* dP = S + M16 * ld;
+  float* mask = dP + M16 * ld;
+  auto* packed = reinterpret_cast<std::uint32_t*>(mask + M16 * ld);  // α, then dz, as words [K16][ld]
+  float* dqb = mask + 2 * M16 * ld;                                   // dz · K [M16][Pp]
+  if (fp.mask) {
+    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.mask_skip) return;
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
+  }
+  amx_configure();
+  amx_gemm(M16, ld, pr.P / 2, pr.qw, pr.qwsn, pr.ktw, ld, S, ld, false);
+  if (pr.zscale != 1.0f)
+    for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
+  amx_gemm(M16, ld, pr.Dv / 2, pr.dow, pr.dwsn, pr.vtw, ld, dP, ld, false);
+  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  const vf bias = splat(fp.bias);
+  vf sum_dz{}, sum_de{};
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
+    fam_stat st;
+    st.t = splat(pr.st.t[r]), st.lse = splat(pr.st.lse[r]), st.r = splat(pr.st.r[r]), st.cut = splati(pr.st.cut[r]);
+    for (std::int64_t x = 0; x < ld; x += W) {
+      const vi j = iota() + std::int32_t(pr.j0 + x);
+      vf g = splat(1.0f), s = load(S + r * ld + x);
+      if (!plain) s = fam_act(fp.act, s + bias, &g, fp.h);
+      if (fp.mask) s += load(mask + r * ld + x);
+      s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
+      const vf a = fam_alpha<Dist>(fp, s, j, st);
+      store(S + r * ld + x, a);
+      const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
+      store(dP + r * ld + x, dz);
+      sum_de += de, sum_dz += dz;
+    }
+  }
+  const auto pack_pairs = [&](const float* X) {  // rows < nq in pairs [nqp][ld], zero pairs to K16
+    Ops::pack_rows(X, nq, ld, packed);
+    for (std::int64_t i = nqp * ld; i < K16 * ld; i += W) storeu(packed + i, vu{});
+    return packed;
+  };
+  amx_gemm(pr.Dv, ld, K16, pr.dot2, pr.ldt, pack_pairs(S), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  // dz as words of key pairs [M16][ld/2], then dq += dz K (rows < nq of the product)
+  for (std::int64_t i = 0; i < M16 * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
+  amx_gemm(M16, pr.Pp, ld / 2, packed, ld / 2, pr.krw, pr.Pp, dqb, pr.Pp, false);
+  for (std::int64_t r = 0; r < nq; ++r)
+    for (std::int64_t d = 0; d < pr.Pp; d += W) store(pr.dq + r * pr.dqs + d, load(pr.dq + r * pr.dqs + d) + load(dqb + r * pr.Pp + d));
+  double a = 0.0, b = 0.0;
+  for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
+  pr.sums[0] += a, pr.sums[1] += b;
+  if (pr.zscale != 1.0f)  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
+    for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));
+  amx_gemm(pr.P, ld, K16, pr.qt2, pr.ldt, pack_pairs(dP), ld, pr.dkt, ld, true);
+  _tile_release();
+}
+
+void fam_dkdv_amx_entry(const family_rows& pr) {
+  with_dist(pr.fp.dist, [&](auto d) { fam_dkdv_amx<decltype(d)::value>(pr); });
+}
+
 void fam_forward_amx_entry(const family_lanes& lb, float* ot) {
   with_dist(lb.fp.dist, [&](auto d) { fam_forward_amx<decltype(d)::value>(lb, ot); });
 }
@@ -90,6 +163,7 @@ const family_table& family_amx() {
     family_table t = family_avx512();
     t.name = "amx";
     t.forward_amx = fam_forward_amx_entry;
+    t.dkdv_amx = fam_dkdv_amx_entry;
     return t;
   }();
   return table;

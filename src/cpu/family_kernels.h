@@ -225,6 +225,13 @@ struct family_rows {
   const std::uint32_t* vtw = nullptr;
   std::int64_t qwsn = 0, dwsn = 0;
   float zscale = 1.0f;
+  // dkdv_amx (the amx level's single pass; P a multiple of 32, Dv of 32, ldk of 32): qw and dow
+  // readable to ⌈nq/16⌉·16 rows (the driver pads each head's rows), and in place of qn and don
+  // the transposes Qᵀ [P][ldt] and dOᵀ [Dv][ldt] in pairs of rows from the block's first pair,
+  // zero past Nq and readable to ⌈nq/32⌉·16 words. Scratch: family_row_scratch_floats + nq·Pp.
+  const std::uint32_t* qt2 = nullptr;
+  const std::uint32_t* dot2 = nullptr;
+  std::int64_t ldt = 0;
 };
 
 // Scratch, in floats. `static` for the reason given in kernels.h.
@@ -320,6 +327,9 @@ struct family_table {
   // The forward of dot scores on AMX tiles (family_lanes::qtw, kw, vtw), every distribution;
   // the amx level's table alone (family_amx), whose other entries are the avx512 table's.
   void (*forward_amx)(const family_lanes&, float* ot) = nullptr;
+  // The single row-layout pass of dot scores on AMX tiles (family_rows::qw, dow, qt2, dot2, ktw,
+  // vtw, krw), every distribution the single pass takes; the amx level's table alone.
+  void (*dkdv_amx)(const family_rows&) = nullptr;
 };
 
 const family_table& family_generic();

@@ -210,11 +210,15 @@ struct fused_inputs {
   // backward_pairs_all: the words of both passes (two passes, K and V finite).
   // forward_amx: the forward on AMX tiles (forward_amx): q and key words as forward_pairs', the
   // keys [B·Hkv][Nk + 32][P/2] (zero keys to whole tiles of 32), Vᵀ in key pairs [B·Hkv][Dv][ldvt].
-  enum class use { f32, forward_pairs, forward_amx, backward_pairs, backward_pairs_f32, backward_pairs_all };
+  // backward_amx: the single row-layout pass on AMX tiles (dkdv_amx): backward_pairs' words, q
+  // rows [B·Hq][Nq + 16][P/2] (zero rows to whole tiles), and Qᵀ in row pairs Qt [B·Hq][P][ldt].
+  enum class use { f32, forward_pairs, forward_amx, backward_pairs, backward_amx, backward_pairs_f32, backward_pairs_all };
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
-  cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt;
+  bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
+  cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
   std::int64_t kpad = 1, ldvt = 0;  // zero keys past Nk in Kw; Vt's row stride (words)
+  std::int64_t qpad = 0, ldt = 0;   // zero rows past Nq in Qw; Qt's row stride (words)
   float zscale = 1.0f;
 
   // The kernels may skip key blocks the mask hides from every row (family_params::mask_skip).
@@ -237,7 +241,8 @@ struct fused_inputs {
   void prepare(const fproblem& fp, const fused_source& src, use u, int nt) {
     if (u != use::f32) {
       zscale = float(src.scale);
-      Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, nt);
+      qpad = u == use::backward_amx ? 16 : 0;
+      Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
       kpad = u == use::forward_amx ? 32 : 1;
       Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
       if (u == use::forward_amx) {
@@ -249,6 +254,12 @@ struct fused_inputs {
       if (u == use::forward_pairs) {
         pairs = true;
         Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+      } else if (u == use::backward_amx) {
+        row_pairs = row_amx = true;
+        ldt = amx_pair_stride(fp.Nq);
+        Qt = cpu::bf16_pair_words_t(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, ldt, nt);
+        Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
+        return;
       } else {
         row_pairs = true;
         Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
@@ -297,6 +308,12 @@ struct fused_inputs {
     return cpu::select_family_kernels().forward_bf16 != nullptr && src.direct && fp.F == 1 &&
            fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 && src.k.type == dtype::bf16 &&
            src.v.type == dtype::bf16 && fp.Pq % 2 == 0 && fp.Pq == fp.Pk;
+  }
+  // Words per row of a transpose in row pairs (Qᵀ, dOᵀ) for the AMX row pass: whole query blocks
+  // of kQueryBlock rows (each block reads its pairs to whole tiles of 16 words), zero past Nq.
+  static std::int64_t amx_pair_stride(std::int64_t Nq) {
+    static_assert(kQueryBlock % 32 == 0);
+    return ceil_div(Nq, kQueryBlock) * kQueryBlock / 2;
   }
   // The same on AMX tiles (the amx level's forward_amx): whole tiles along P (32 values) and Dv
   // (16), and a dense forward (dense: not the sparse rows' kept keys).
@@ -625,13 +642,14 @@ struct row_pass {
   // bf16 products (in.row_pairs): dout rows as words [B·Hq·Nq][Dv/2] and by pairs of rows [B·Hq][Nq/2 + 1][Dv]
   const std::uint32_t* dOw = nullptr;
   const std::uint32_t* dOn = nullptr;
+  const std::uint32_t* dOt = nullptr;  // in.row_amx: dOᵀ in row pairs [B·Hq][Dv][in.ldt]
   double* dw_v = nullptr;  // single pass of additive scores: this (b, hkv)'s dw_v [P]
 
   row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
         kr(single && fp.kernel == kernel_kind::dot ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
-                                      : cpu::family_row_scratch_floats(kQueryBlock, ldmax))),
+                                      : cpu::family_row_scratch_floats(kQueryBlock, ldmax) + (in_.row_amx ? kQueryBlock * Pp : 0))),
         lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data(), mc.spans = &in.spans;
@@ -643,7 +661,8 @@ struct row_pass {
   void key_block(std::int64_t b, std::int64_t hkv, std::int64_t kb, const fused_grad_sink& sink, float* dq,
                  double* sums) {
     const std::int64_t G = in.G, j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
-    const std::int64_t ld = ceil_div(nb, W) * W, bh = b * fp.Hkv + hkv;
+    const std::int64_t lw = in.row_amx ? 32 : W;  // (AMX: whole tiles of keys)
+    const std::int64_t ld = ceil_div(nb, lw) * lw, bh = b * fp.Hkv + hkv;
     std::uint32_t* ktw = reinterpret_cast<std::uint32_t*>(kt);
     std::uint32_t* vtw = reinterpret_cast<std::uint32_t*>(vt);
     const std::uint32_t* Kw = in.row_pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
@@ -703,12 +722,18 @@ struct row_pass {
         if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums, pr.dw_v = dw_v;
         if (in.row_pairs) {  // query blocks start on even rows: row pair i0/2 onwards
           const std::int64_t rp = (b * fp.Hq + h) * (fp.Nq / 2 + 1) + i0 / 2;
-          pr.qw = in.Qw.data() + r0 * (P / 2), pr.qwsn = P / 2;
-          pr.dow = dOw + r0 * (Dv / 2), pr.dwsn = Dv / 2;
-          pr.qn = in.Qn.data() + rp * P, pr.don = dOn + rp * Dv;
+          const std::int64_t rw = (b * fp.Hq + h) * (fp.Nq + in.qpad) + i0;  // (q and dout rows as words)
+          pr.qw = in.Qw.data() + rw * (P / 2), pr.qwsn = P / 2;
+          pr.dow = dOw + rw * (Dv / 2), pr.dwsn = Dv / 2;
+          if (in.row_amx) {
+            pr.qt2 = in.Qt.data() + (b * fp.Hq + h) * P * in.ldt + i0 / 2, pr.ldt = in.ldt;
+            pr.dot2 = dOt + (b * fp.Hq + h) * Dv * in.ldt + i0 / 2;
+          } else {
+            pr.qn = in.Qn.data() + rp * P, pr.don = dOn + rp * Dv;
+          }
           pr.ktw = ktw, pr.vtw = vtw, pr.krw = reinterpret_cast<const std::uint32_t*>(kr.get()), pr.zscale = in.zscale;
         }
-        (in.row_pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
+        (in.row_amx ? in.kt.dkdv_amx : in.row_pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
       }
     }
     for (std::int64_t x = 0; x < nb; ++x) {
@@ -804,10 +829,13 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // the two (their dq pass multiplies in f32). The sparse hardmax/top-k backward has no such pass.
   using use = fused_inputs::use;
   const bool single = single_pass(fp) || reuse_single;
-  const bool pairs = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
-                     fused_inputs::bf16_products(fp, src);
+  // On the amx level the single pass runs on AMX tiles (whole tiles along P and Dv: 32 values).
+  const bool amx_rows = single && dout.type == dtype::bf16 && fp.Dv % 32 == 0 && fused_inputs::amx_products(fp, src, true);
+  const bool pairs = amx_rows || ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
+                                  fused_inputs::bf16_products(fp, src));
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
-  const use u = !pairs ? use::f32
+  const use u = amx_rows ? use::backward_amx
+                : !pairs ? use::f32
                 : single ? use::backward_pairs
                 : bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, std::max(1, fp.p.num_threads)) &&
                           bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))
@@ -823,8 +851,11 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
   const int nt = std::max(1, fp.p.num_threads);
   const std::vector<float> dO = pairs && (single || in.pairs) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
-  cpu::words dOw, dOn;
-  if (pairs) dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
+  cpu::words dOw, dOn, dOt;
+  if (amx_rows)  // (rows padded as q's; dOᵀ in row pairs as Qᵀ)
+    dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, in.qpad, nt), dOt = cpu::bf16_pair_words_t(dout, fp.B, fp.Hq, fp.Nq, Dv, in.ldt, nt);
+  else if (pairs)
+    dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, 0, nt), dOn = load_value_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, nt);
   const cpu::family_stats stats{T.data(), LSE.data(), CUT.data(), Rr.data()};
   const std::int64_t nkb = ceil_div(fp.Nk, cpu::kRowKeyBlock);
   // The dk/dv pass: row layout over (b, hkv, key block), from the rows' statistics.
@@ -851,7 +882,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 #pragma omp parallel num_threads(nt)
     {
       row_pass rp(fp, in, dO.data(), stats, true);
-      rp.dOw = dOw.data(), rp.dOn = dOn.data();
+      rp.dOw = dOw.data(), rp.dOn = dOn.data(), rp.dOt = dOt.data();
       fbuf dq = alloc_floats(G * fp.Nq * rp.Pp);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < units; ++u) {
@@ -869,6 +900,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       for (std::int64_t a = 0; additive && a < nw; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * nw + a)];
     }
     if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;
+    if (amx_rows) return "amx, bf16 products on AMX tiles";
     return pairs ? "avx512bf16, bf16 products" : in.kt.name;  // dkdv_bf16 is that table's alone
   }
 

@@ -491,6 +491,63 @@ TEST(FamilyFused, Bf16TileForwardMatchesReference) {
   }
 }
 
+// On the amx level the single backward pass of bf16 dot scores (sigmoid, identity; softmax from
+// the forward's result) runs its five products on AMX tiles (P and Dv multiples of 32, B·Hkv >=
+// 8): every mask kind, GQA, Nq and Nk off the tiles' sizes (1, 9, 17, 65, 70, 133, 300), against
+// the reference on the rounded inputs and the f32 products, 1 against 2 threads bit for bit.
+TEST(FamilyFused, Bf16TileBackwardMatchesReference) {
+  bool saw_tiles = false;
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(71);
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::identity, distribution_kind::softmax})
+      for (int mask = 0; mask < 5; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 65, 9, 17, 70}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{5, 300, 33, 1, 133}[std::size_t((mask + int(d)) % 5)];
+        const std::int64_t D = mask % 2 ? 64 : 32, Dv = mask % 3 ? 32 : 64;
+        const bool gqa = mask % 2;
+        family_case c(mask % 3 ? score_kind::scaled_dot : score_kind::dot, d, rng, 2, gqa ? 8 : 4, 4, Nq, Nk, D, Dv);
+        if (d == distribution_kind::sigmoid) c.opt.distribution.sigmoid_bias = -0.5;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::bf16, rng);
+        SCOPED_TRACE(isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " +
+                     std::to_string(Nk));
+        const auto grads = [&](const execution& e) {
+          if (d != distribution_kind::softmax) return attention_family_backward(q, k, v, dout, c.opt, e);
+          return attention_family_backward(q, k, v, dout, attention_family(q, k, v, c.opt, e), c.opt, e);
+        };
+        const execution e{.path = family_path::fused, .num_threads = 2};
+        const family_grads got = grads(e);
+        const bool tiles = got.path.find("AMX tiles") != std::string::npos;
+        saw_tiles |= tiles;
+        if (isa == "amx") {
+          EXPECT_TRUE(tiles) << got.path;
+        } else {
+          EXPECT_FALSE(tiles) << got.path;
+        }
+        // (identity: unnormalised weights, errors that add up over the keys as √Nk)
+        const double tol =
+            2 * tolerance_for(dtype::bf16) * (d == distribution_kind::identity ? std::sqrt(double(std::max<std::int64_t>(Nk, Nq))) : 1.0);
+        const family_grads ref = attention_family_backward(f64(q), f64(k), f64(v), f64(dout), c.opt, {.path = family_path::reference});
+        for (const auto& [name, a, b] : {std::tuple{"dq", &got.dq, &ref.dq}, {"dk", &got.dk, &ref.dk}, {"dv", &got.dv, &ref.dv}})
+          EXPECT_TRUE(all_close(*a, *b, tol)) << name << " " << got.path;
+        const family_grads one = grads({.path = family_path::fused, .num_threads = 1});
+        EXPECT_TRUE(same_bits(one.dq, got.dq) && same_bits(one.dk, got.dk) && same_bits(one.dv, got.dv));
+        setenv("ATTN_FAMILY_BF16", "0", 1);
+        const family_grads f32 = grads(e);
+        unsetenv("ATTN_FAMILY_BF16");
+        EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+        for (const auto& [name, a, b] : {std::tuple{"dq", &got.dq, &f32.dq}, {"dk", &got.dk, &f32.dk}, {"dv", &got.dv, &f32.dv}})
+          EXPECT_TRUE(all_close(*a, *b, tol)) << name << " against f32 products";
+      }
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "amx") != all.end()) {
+    EXPECT_TRUE(saw_tiles);
+  }
+}
+
 // The backward of bf16 dot scores takes bf16 products in its row-layout pass: the whole single
 // pass (sigmoid, identity; B·Hkv >= 8), the dk/dv pass of the two passes (the other
 // distributions, and sigmoid with fewer (b, hkv)); α and dz rounded to bf16 for the products that
