@@ -103,6 +103,34 @@ using cpu::bf16_all_finite;
 
 // Row (b, h, n) of `s` from the X floats src[x * ss], times mul.
 void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
+             std::int64_t ss, double mul);
+
+// Rows row_of(x) = (h, n), x < nl, of s from the columns of xt [X][ld]: unit-stride f32 and bf16
+// rows by the core kernels' W × W register transposes (store_lanes: put_row's rounding), other
+// views by put_row, element by element down xt's columns.
+template <class RowOf>
+void put_lanes(const strided4& s, std::int64_t b, std::int64_t nl, std::int64_t X, const float* xt, std::int64_t ld,
+               RowOf row_of) {
+  const cpu::kernel_table& kt = cpu::select_kernels();
+  constexpr std::int64_t kMax = 128;
+  if ((s.type == dtype::f32 || s.type == dtype::bf16) && (s.sx == 1 || X <= 1) && nl <= kMax && ld % kt.W == 0) {
+    float ones[kMax];
+    void* rows[kMax] = {};
+    for (std::int64_t x = 0; x < nl; ++x) {
+      const auto [h, n] = row_of(x);
+      ones[x] = 1.0f;
+      rows[x] = s.type == dtype::f32 ? static_cast<void*>(s.ptr<float>(b, h, n, 0))
+                                     : static_cast<void*>(s.ptr<std::uint16_t>(b, h, n, 0));
+    }
+    return kt.store_lanes(xt, ld, nl, X, ones, rows, s.type == dtype::bf16);
+  }
+  for (std::int64_t x = 0; x < nl; ++x) {
+    const auto [h, n] = row_of(x);
+    put_row(s, b, h, n, X, xt + x, ld, 1.0);
+  }
+}
+
+void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
              std::int64_t ss, double mul) {
   switch (s.type) {
     case dtype::f32: {
@@ -585,7 +613,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
       const cpu::family_lanes lb = ls.set(fp, in, b, hkv, lbi);
       (in.amx ? in.kt.forward_amx : in.pairs ? in.kt.forward_bf16 : fp.F > 1 ? in.kt.md_forward : in.kt.forward)(lb, ot.get());
-      for (std::int64_t x = 0; x < ls.nl; ++x) put_row(out, b, ls.h[x], ls.i[x], Dv, ot.get() + x, L, 1.0);
+      put_lanes(out, b, ls.nl, Dv, ot.get(), L, [&](std::int64_t x) { return std::pair{ls.h[x], ls.i[x]}; });
       if (log_norm)  // softmax: t = lse (+inf: no key); kernel: lse = Σ e (0: none); [row][F]
         for (std::int64_t x = 0; x < ls.nl; ++x)
           for (std::int64_t f = 0; f < fp.F; ++f) {
@@ -736,10 +764,8 @@ struct row_pass {
         (in.row_amx ? in.kt.dkdv_amx : in.row_pairs ? in.kt.dkdv_bf16 : fp.F > 1 ? in.kt.md_dkdv : in.kt.dkdv)(pr);
       }
     }
-    for (std::int64_t x = 0; x < nb; ++x) {
-      put_row(sink.dk, b, hkv, j0 + x, P, dkt + x, ld, 1.0);
-      put_row(sink.dv, b, hkv, j0 + x, Dv, dvt + x, ld, 1.0);
-    }
+    put_lanes(sink.dk, b, nb, P, dkt, ld, [&](std::int64_t x) { return std::pair{hkv, j0 + x}; });
+    put_lanes(sink.dv, b, nb, Dv, dvt, ld, [&](std::int64_t x) { return std::pair{hkv, j0 + x}; });
   }
 };
 
