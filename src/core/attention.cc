@@ -434,15 +434,16 @@ bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t
 // One answer on every backend (special values, attention.h): a fast backend computes in
 // float32, so a row it leaves non-finite (NaN or +inf scores, overflow, NaN or inf in v) or
 // with lse = -inf although some key is visible (scores that overflowed to -inf) is computed
-// again by the float64 reference. One pass over out and lse, on the call's threads (each row
-// read in its own dtype: at small shapes a serial, element-by-element scan cost a sixth of the
-// forward); the rows redone are the rare ones, in row order.
+// again by the float64 reference. Where the backend handed over the rows it found non-finite as
+// it wrote them (forward_outputs::found; the cpu backend), those alone are checked; otherwise
+// one pass over out and lse, on the call's threads (each row read in its own dtype: at small
+// shapes a serial, element-by-element scan cost a sixth of the forward). The rows redone are
+// the rare ones, in row order.
 // Elements below which a scan of the front runs on the calling thread alone.
 constexpr std::int64_t kSerialScan = std::int64_t(1) << 16;
 
 void recompute_special_rows(const problem& p, const forward_outputs& fo) {
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
-  std::vector<char> special(std::size_t(nrows), 0);
   const strided4& out = fo.out;
   // The returned intermediate: NaN or +inf anywhere, or -inf where a score is not excluded (an
   // overflow; scaled and softcapped scores are never excluded).
@@ -483,19 +484,32 @@ void recompute_special_rows(const problem& p, const forward_outputs& fo) {
     for (std::int64_t d = 0; d < Dv; ++d) bad += !std::isfinite(out.load(b, h, i, d));
     return bad == 0;
   };
+  const auto is_special = [&](std::int64_t row) {
+    const std::int64_t i = row % p.Nq, h = row / p.Nq % p.Hq, b = row / p.Nq / p.Hq;
+    const double lse = fo.lse_type == dtype::f32 ? double(static_cast<const float*>(fo.lse)[row])
+                                                 : load_as_double(fo.lse, fo.lse_type, row);
+    return std::isnan(lse) || lse == -kNegInf || (lse == kNegInf && !fully_masked(p, b, h, i)) || !finite_row(b, h, i) ||
+           !qk_finite(b, h, i);
+  };
+  std::vector<std::int64_t> rows;
+  if (fo.found && fo.found->complete && fo.qk_mode == qk_output::none) {
+    // The backend noted, as it wrote them, the rows with a non-finite out or lse (a superset of
+    // the special ones): those alone are checked, without a second read of out and lse.
+    std::vector<std::int64_t> seen = fo.found->rows;
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (const std::int64_t row : seen)
+      if (is_special(row)) rows.push_back(row);
+    if (!rows.empty()) reference_forward_rows(p, fo, rows);
+    return;
+  }
   // A decode step's out is a few thousand elements: one thread reads them in microseconds, where
   // waking the others (a futex each, under OMP_WAIT_POLICY=passive) costs more than the scan.
   const std::int64_t work = nrows * (p.Dv + (fo.qk_mode == qk_output::none ? 0 : p.Nk));
   const int nt = work < kSerialScan ? 1 : std::max(1, p.num_threads);
+  std::vector<char> special(std::size_t(nrows), 0);
 #pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t row = 0; row < nrows; ++row) {
-    const std::int64_t i = row % p.Nq, h = row / p.Nq % p.Hq, b = row / p.Nq / p.Hq;
-    const double lse = fo.lse_type == dtype::f32 ? double(static_cast<const float*>(fo.lse)[row])
-                                                 : load_as_double(fo.lse, fo.lse_type, row);
-    special[std::size_t(row)] = std::isnan(lse) || lse == -kNegInf || (lse == kNegInf && !fully_masked(p, b, h, i)) ||
-                                !finite_row(b, h, i) || !qk_finite(b, h, i);
-  }
-  std::vector<std::int64_t> rows;
+  for (std::int64_t row = 0; row < nrows; ++row) special[std::size_t(row)] = is_special(row);
   for (std::int64_t row = 0; row < nrows; ++row)
     if (special[std::size_t(row)]) rows.push_back(row);
   if (!rows.empty()) reference_forward_rows(p, fo, rows);
@@ -699,11 +713,13 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   attention_result r;
   r.out = Tensor::empty(out_shape(q, p), q.type());
   r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
+  special_rows found;
   forward_outputs fo;
   fo.out = as_bhnx(r.out, p.Hq);
   fo.lse = r.lse.data();
   fo.lse_type = r.lse.type();
   fo.qk_mode = options.return_qk;
+  fo.found = &found;
   if (options.return_qk != qk_output::none) {
     r.qk = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, q.type());
     fo.qk = as_bhnx(r.qk, p.Hq);
@@ -837,8 +853,9 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   const auto lse_from = [&](const backend_impl& fb) {
     const Tensor o = Tensor::empty(out_shape(q, p), q.type());
     lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 || &fb == &reference_backend() ? dtype::f64 : dtype::f32);
+    special_rows found;
     forward_outputs fo;
-    fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type();
+    fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type(), fo.found = &found;
     run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
     if (&fb != &reference_backend()) recompute_special_rows(p, fo);
   };

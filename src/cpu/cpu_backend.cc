@@ -298,8 +298,9 @@ void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, 
 
 // Rows (b, h[x], i[x]) of t, lanes x < nl, from xt [X][L] (lane x's column) times mul[x]: unit-
 // stride f32 and bf16 rows by the kernels' W × W register transposes, other views element by element.
-void store_lane_rows(const kernel_table& kt, const strided4& t, std::int64_t b, const lane_setup& ls, std::int64_t X,
-                     const float* xt, const float* mul) {
+// Returns the lanes whose row got a non-finite value (store_lanes), every lane where it did not look.
+std::uint64_t store_lane_rows(const kernel_table& kt, const strided4& t, std::int64_t b, const lane_setup& ls,
+                              std::int64_t X, const float* xt, const float* mul) {
   if ((t.type == dtype::f32 || t.type == dtype::bf16) && (t.sx == 1 || X <= 1) && ls.L <= kMaxLanes) {
     void* rows[kMaxLanes] = {};
     for (std::int64_t x = 0; x < ls.nl; ++x)
@@ -308,6 +309,7 @@ void store_lane_rows(const kernel_table& kt, const strided4& t, std::int64_t b, 
     return kt.store_lanes(xt, ls.L, ls.nl, X, mul, rows, t.type == dtype::bf16);
   }
   for (std::int64_t x = 0; x < ls.nl; ++x) store_row(t, b, ls.h[x], ls.i[x], X, xt + x, ls.L, mul[x]);
+  return ~std::uint64_t(0);
 }
 
 // How the forward runs a problem; decided here alone, for forward() and for explain_backend.
@@ -393,15 +395,31 @@ void forward_out(const problem& p, const forward_outputs& o) {
   // A mask broadcast over heads is read once here, not once per head (cpu/mask_fill.h).
   const mask_spans spans = p.mask_view.sh == 0 && p.Hq > 1 && !decode_only(p) ? find_mask_spans(p, nt) : mask_spans{};
 
-  // Normalises and writes the rows of one lane block from its (m, l, oᵀ).
+  // Normalises and writes the rows of one lane block from its (m, l, oᵀ), and notes in `special`
+  // the rows the front must look at (forward_outputs::found): a non-finite out or lse.
+  const bool lse_exact = o.lse_type == dtype::f32 || o.lse_type == dtype::f64;  // (a finite lse stays finite)
+  std::vector<std::vector<std::int64_t>> special(static_cast<std::size_t>(nt));
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
     float inv[kMaxLanes];
+    bool lse_bad[kMaxLanes];
     for (std::int64_t x = 0; x < ls.nl; ++x) {  // l NaN (a NaN score): out NaN, redone by the front
       inv[x] = l[x] > 0.0f || std::isnan(l[x]) ? 1.0f / l[x] : 0.0f;
       const double lse = l[x] > 0.0f || std::isnan(l[x]) ? double(m[x] + std::log(l[x])) : kNegInf;
+      lse_bad[x] = !std::isfinite(lse) || !lse_exact;
       store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
     }
-    store_lane_rows(kt, o.out, b, ls, p.Dv, ot, inv);
+    const std::uint64_t bad = store_lane_rows(kt, o.out, b, ls, p.Dv, ot, inv);
+    if (!o.found) return;
+    std::vector<std::int64_t>& rows = special[std::size_t(omp_get_thread_num())];
+    for (std::int64_t x = 0; x < ls.nl; ++x)
+      if (lse_bad[x] || x >= 64 || (bad >> x & 1)) rows.push_back((b * p.Hq + ls.h[x]) * p.Nq + ls.i[x]);
+  };
+  // Hands the rows to the front, once every row is written.
+  const auto hand_over = [&] {
+    if (!o.found) return;
+    o.found->rows.clear();
+    for (const std::vector<std::int64_t>& r : special) o.found->rows.insert(o.found->rows.end(), r.begin(), r.end());
+    o.found->complete = true;
   };
 
   // Tasks: (unit, chunk), or with plan.heads (b, lane block, chunk) running every kv head.
@@ -498,7 +516,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
       }
     }
   }
-  if (nchunk == 1) return;
+  if (nchunk == 1) return hand_over();
 
   // Split-KV merge, chunk by chunk in key order: a decode step's few partial rows on the calling
   // thread (waking the others again would cost more than the merge).
@@ -531,6 +549,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
       finish(ls, b, m, l, ot);
     }
   }
+  hand_over();
 }
 
 // The [B, Hq, Nq, Nk] intermediate (qk_output) after forward_out: lane blocks of the prefill
@@ -842,7 +861,8 @@ void backward(const problem& p, const backward_io& io) {
           rows[x] = t.type == dtype::f32 ? static_cast<void*>(t.ptr<float>(b, hkv, j0 + x, 0))
                                          : static_cast<void*>(t.ptr<std::uint16_t>(b, hkv, j0 + x, 0));
         }
-        return kt.store_lanes(xt, ld, nb, X, muls, rows, t.type == dtype::bf16);
+        kt.store_lanes(xt, ld, nb, X, muls, rows, t.type == dtype::bf16);
+        return;
       }
       for (std::int64_t x = 0; x < nb; ++x) store_row(t, b, hkv, j0 + x, X, xt + x, ld, mul);
     };

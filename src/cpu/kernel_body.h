@@ -113,10 +113,11 @@ void dkdv_bf16(const dkdv_pair& pr, const bf16_dkdv_operands& in) {
 // Oᵀ [Dv][L] of lanes [0, nl) → row x (rows[x], unit stride) = Oᵀ[·][x]·inv[x], as float32 or
 // bfloat16 rounded as f32_to_bf16 (nearest even, NaN kept quiet) — W × W blocks transposed in
 // registers, where a store per element read a column of Oᵀ (L floats apart) and rounded it alone.
-void store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv, void* const* rows,
-                 bool bf16) {
+std::uint64_t store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
+                          void* const* rows, bool bf16) {
   typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
   vf blk[W];
+  std::uint64_t bad = 0;
   for (std::int64_t x0 = 0; x0 < nl; x0 += W)
     for (std::int64_t d0 = 0; d0 < Dv; d0 += W) {
 #pragma GCC unroll 16
@@ -125,9 +126,12 @@ void store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t 
       const std::int64_t n = imin(W, Dv - d0);
       for (std::int64_t i = 0; i < W && x0 + i < nl; ++i) {
         const vf r = blk[i] * splat(inv[x0 + i]);
+        const std::uint64_t bit = x0 + i < 64 ? std::uint64_t(1) << (x0 + i) : 0;
+        const vi lanes = iota() < splati(std::int32_t(n));  // (a short last d0: its own elements)
         // A whole vector by one store; a memcpy of a run-time length (the last d0 of a Dv that is
         // not a multiple of W) went through the stack and `rep movsq` — 2/3 of this function's time.
         if (!bf16) {
+          if (any_lane(lanes & (((vi)r & splati(0x7f800000)) == splati(0x7f800000)))) bad |= bit;
           float* row = static_cast<float*>(rows[x0 + i]) + d0;
           if (n == W) store(row, r);
           else __builtin_memcpy(row, &r, std::size_t(n) * 4);
@@ -136,12 +140,15 @@ void store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t 
         const vu u = (vu)r;
         const vu nan = (vu)((u & splatu(0x7fffffffu)) > splatu(0x7f800000u));
         const vu even = (u + splatu(0x7fffu) + ((u >> 16) & splatu(1u))) >> 16;
-        const vh h = __builtin_convertvector((((u >> 16) | splatu(0x40u)) & nan) | (even & ~nan), vh);
+        const vu hw = (((u >> 16) | splatu(0x40u)) & nan) | (even & ~nan);
+        if (any_lane(lanes & (vi)((hw & splatu(0x7f80u)) == splatu(0x7f80u)))) bad |= bit;
+        const vh h = __builtin_convertvector(hw, vh);
         std::uint16_t* row = static_cast<std::uint16_t*>(rows[x0 + i]) + d0;
         if (n == W) __builtin_memcpy(row, &h, sizeof h);
         else __builtin_memcpy(row, &h, std::size_t(n) * 2);
       }
     }
+  return bad;
 }
 
 // Words of rows → lane words: rows[x] (x < nl; Xw words of unit stride) to out [Xw][L], lane x

@@ -275,9 +275,10 @@ struct kernel_table {
   // The two-pass backward's dq pass on AMX tiles (likewise; bf16_dq_operands::kt set).
   void (*dq_amx)(const lane_block&, const bf16_dq_operands&, const dq_io&) = nullptr;
   // The forward's rows out of Oᵀ [Dv][L]: lane x < nl, times inv[x], to rows[x] (unit stride) as
-  // float32 (bf16 false) or bfloat16 rounded as f32_to_bf16.
-  void (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
-                      void* const* rows, bool bf16) = nullptr;
+  // float32 (bf16 false) or bfloat16 rounded as f32_to_bf16. Returns the lanes x < 64 whose row
+  // got a non-finite value (bit x), as written (a bf16 that rounded to inf included).
+  std::uint64_t (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
+                               void* const* rows, bool bf16) = nullptr;
   // The other way, for the bf16 products' operands: rows[x] (x < nl, Xw words of bf16 pairs at
   // unit stride) to lane words out [Xw][L], lanes past nl zero.
   void (*lane_words)(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw,

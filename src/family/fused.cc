@@ -122,7 +122,8 @@ void put_lanes(const strided4& s, std::int64_t b, std::int64_t nl, std::int64_t 
       rows[x] = s.type == dtype::f32 ? static_cast<void*>(s.ptr<float>(b, h, n, 0))
                                      : static_cast<void*>(s.ptr<std::uint16_t>(b, h, n, 0));
     }
-    return kt.store_lanes(xt, ld, nl, X, ones, rows, s.type == dtype::bf16);
+    kt.store_lanes(xt, ld, nl, X, ones, rows, s.type == dtype::bf16);
+    return;
   }
   for (std::int64_t x = 0; x < nl; ++x) {
     const auto [h, n] = row_of(x);
