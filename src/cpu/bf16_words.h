@@ -2,7 +2,8 @@
 // the bf16 dot-product kernels take (vdpbf16ps multiplies pairs), and the finiteness checks of
 // views the drivers need; one copy for the core op's driver (cpu_backend.cc) and the family's
 // (fused.cc, front.cc).
-// Built for baseline x86-64 (bf16_words.cc), threaded with OpenMP over rows.
+// Built for baseline x86-64 (bf16_words.cc), threaded with OpenMP over rows; the transposed
+// pairs take the kernels' register transposes (select_kernels().lane_words) at unit stride.
 #pragma once
 
 #include <cstdint>
