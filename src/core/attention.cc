@@ -538,14 +538,13 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
 namespace {
 // Σ y² over the finite y = load(d) of a row, d < D, in eight partial sums (lane d % 8: a fixed
 // order whatever the threads).
+// (a non-finite y adds +0: the same bits as skipping it, the sums being >= +0)
 template <class Load>
 double finite_sum_of_squares(std::int64_t D, Load load) {
-  double acc[8] = {};
-  for (std::int64_t d = 0; d < D; ++d) {
+  return sum8(D, [&](std::int64_t d) {
     const double y = load(d);
-    if (std::isfinite(y)) acc[d % 8] += y * y;
-  }
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return std::isfinite(y) ? y * y : 0.0;
+  });
 }
 // The same for a float32 row with unit stride, in the same order: when the row is finite (an
 // integer test of the exponents first), loops without a branch that the compiler vectorises.
@@ -557,12 +556,7 @@ double finite_sum_of_squares(std::int64_t D, const float* r) {
     bad |= std::uint32_t((u & 0x7f800000u) == 0x7f800000u);
   }
   if (bad) return finite_sum_of_squares(D, [r](std::int64_t d) { return double(r[d]); });
-  double acc[8] = {};
-  std::int64_t d = 0;
-  for (; d + 8 <= D; d += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += double(r[d + l]) * double(r[d + l]);
-  for (; d < D; ++d) acc[d % 8] += double(r[d]) * double(r[d]);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return sum8(D, [r](std::int64_t d) { return double(r[d]) * double(r[d]); });
 }
 // The same for a bfloat16 row with unit stride (a bf16 is the high half of its float32).
 double finite_sum_of_squares(std::int64_t D, const std::uint16_t* r) {
@@ -570,12 +564,7 @@ double finite_sum_of_squares(std::int64_t D, const std::uint16_t* r) {
   std::uint32_t bad = 0;
   for (std::int64_t d = 0; d < D; ++d) bad |= std::uint32_t((r[d] & 0x7f80u) == 0x7f80u);
   if (bad) return finite_sum_of_squares(D, value);
-  double acc[8] = {};
-  std::int64_t d = 0;
-  for (; d + 8 <= D; d += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += value(d + l) * value(d + l);
-  for (; d < D; ++d) acc[d % 8] += value(d) * value(d);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return sum8(D, [&](std::int64_t d) { return value(d) * value(d); });
 }
 }  // namespace
 

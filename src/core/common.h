@@ -25,6 +25,19 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 // The thread count a call runs with, decided here for every op: 0 means all available
 // (omp_get_max_threads); a request above 4 × the processors is clamped to that (results do not
 // depend on the thread count, and OpenMP cannot start 100000 threads); negative is an error.
+// Σ_{x < n} term(x) in float64, in eight partial sums (lane x % 8) added pairwise at the end: a
+// fixed order whatever the strides, so that a loop over unit-stride rows, which the compiler
+// vectorises, gives the bits of a strided one.
+template <class Term>
+double sum8(std::int64_t n, Term term) {
+  double acc[8] = {};
+  std::int64_t x = 0;
+  for (; x + 8 <= n; x += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += term(x + l);
+  for (; x < n; ++x) acc[x % 8] += term(x);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 inline int thread_count(const char* op, const execution& exec) {
   if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
   const int cap = 4 * std::max(1, omp_get_num_procs());

@@ -667,17 +667,10 @@ backward_plan plan_backward(const problem& p, const kernel_table& kt, dtype dout
   return b;
 }
 
-// Σ_x a(x)·b(x) in float64, in eight partial sums (lane x % 8): the same order whatever the
-// strides, so the loop over unit-stride rows, which the compiler vectorises, gives the bits of
-// the strided one.
+// Σ_x a(x)·b(x) in float64 (sum8: the same order whatever the strides).
 template <class A, class Bv>
 double dot8(std::int64_t n, A a, Bv b) {
-  double acc[8] = {};
-  std::int64_t x = 0;
-  for (; x + 8 <= n; x += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a(x + l) * b(x + l);
-  for (; x < n; ++x) acc[x % 8] += a(x) * b(x);
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return sum8(n, [&](std::int64_t x) { return a(x) * b(x); });
 }
 
 void backward(const problem& p, const backward_io& io) {

@@ -122,26 +122,8 @@ void fam_dkdv_amx(const family_rows& pr) {
   if (pr.zscale != 1.0f)
     for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
   amx_gemm(M16, ld, pr.Dv / 2, pr.dow, pr.dwsn, pr.vtw, ld, dP, ld, false);
-  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
-  const vf bias = splat(fp.bias);
   vf sum_dz{}, sum_de{};
-  for (std::int64_t r = 0; r < nq; ++r) {
-    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
-    fam_stat st;
-    st.t = splat(pr.st.t[r]), st.lse = splat(pr.st.lse[r]), st.r = splat(pr.st.r[r]), st.cut = splati(pr.st.cut[r]);
-    for (std::int64_t x = 0; x < ld; x += W) {
-      const vi j = iota() + std::int32_t(pr.j0 + x);
-      vf g = splat(1.0f), s = load(S + r * ld + x);
-      if (!plain) s = fam_act(fp.act, s + bias, &g, fp.h);
-      if (fp.mask) s += load(mask + r * ld + x);
-      s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
-      const vf a = fam_alpha<Dist>(fp, s, j, st);
-      store(S + r * ld + x, a);
-      const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
-      store(dP + r * ld + x, dz);
-      sum_de += de, sum_dz += dz;
-    }
-  }
+  row_weights<Dist>(pr, S, dP, mask, false, sum_dz, sum_de);
   const auto pack_pairs = [&](const float* X) {  // rows < nq in pairs [nqp][ld], zero pairs to K16
     Ops::pack_rows(X, nq, ld, packed);
     for (std::int64_t i = nqp * ld; i < K16 * ld; i += W) storeu(packed + i, vu{});

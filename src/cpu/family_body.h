@@ -1016,6 +1016,35 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
 //   S = Q Kᵀ, dP = dO Vᵀ; α, dz from the saved row statistics; dVᵀ += dOᵀ α, dKᵀ += Qᵀ dz
 // Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_rows::qw …): every
 // product on bf16 pairs, α and dz rounded to bf16 for the products that take them.
+// The row layout's weights and score gradients, rows [0, nq) of S (the raw scores z) and dP
+// ([nq][ldk]): S ← α of s = act(z + bias) + mask, -inf outside each row's key range; unless
+// no_dz, dP ← dz = de·act′(z), with Σ dz and Σ de added into sum_dz, sum_de.
+template <family_dist Dist>
+void row_weights(const family_rows& pr, float* S, float* dP, const float* mask, bool no_dz, vf& sum_dz, vf& sum_de) {
+  const std::int64_t ld = pr.ldk;
+  const family_params& fp = pr.fp;
+  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  const vf bias = splat(fp.bias);
+  for (std::int64_t r = 0; r < pr.nq; ++r) {
+    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
+    fam_stat st;
+    st.t = splat(pr.st.t[r]), st.lse = splat(pr.st.lse[r]), st.r = splat(pr.st.r[r]), st.cut = splati(pr.st.cut[r]);
+    for (std::int64_t x = 0; x < ld; x += W) {
+      const vi j = iota() + std::int32_t(pr.j0 + x);
+      vf g = splat(1.0f), s = load(S + r * ld + x);
+      if (!plain) s = fam_act(fp.act, s + bias, &g, fp.h);
+      if (fp.mask) s += load(mask + r * ld + x);
+      s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
+      const vf a = fam_alpha<Dist>(fp, s, j, st);
+      store(S + r * ld + x, a);
+      if (no_dz) continue;
+      const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
+      store(dP + r * ld + x, dz);
+      sum_de += de, sum_dz += dz;
+    }
+  }
+}
+
 template <class Ops, family_dist Dist>
 void fam_dkdv(const family_rows& pr) {
   constexpr bool pairs = Ops::kPack == 2;
@@ -1045,27 +1074,8 @@ void fam_dkdv(const family_rows& pr) {
     else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
     if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   }
-  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
-  const vf bias = splat(fp.bias);
   vf sum_dz{}, sum_de{};
-  for (std::int64_t r = 0; r < nq; ++r) {
-    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
-    fam_stat st;
-    st.t = splat(pr.st.t[r]), st.lse = splat(pr.st.lse[r]), st.r = splat(pr.st.r[r]), st.cut = splati(pr.st.cut[r]);
-    for (std::int64_t x = 0; x < ld; x += W) {
-      const vi j = iota() + std::int32_t(pr.j0 + x);
-      vf g = splat(1.0f), s = load(S + r * ld + x);
-      if (!plain) s = fam_act(fp.act, s + bias, &g, fp.h);
-      if (fp.mask) s += load(mask + r * ld + x);
-      s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
-      const vf a = fam_alpha<Dist>(fp, s, j, st);
-      store(S + r * ld + x, a);
-      if (no_dz) continue;
-      const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
-      store(dP + r * ld + x, dz);
-      sum_de += de, sum_dz += dz;
-    }
-  }
+  row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de);
   if constexpr (pairs) {
     gemm<Ops>(pr.Dv, ld, nqp, pr.don, 1, pr.Dv, Ops::pack_rows(S, nq, ld, packed), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
   } else {

@@ -393,6 +393,21 @@ TEST(FamilyFused, LowerPrecisionInputs) {
     }
 }
 
+// The checks of a fused forward on bf16 products (`got`, run with e): within tol of the
+// reference on the rounded inputs and of the same call with f32 products (ATTN_FAMILY_BF16=0),
+// and the bits of one thread.
+void expect_bf16_forward(const family_result& got, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const family_options& opt, const execution& e, double tol) {
+  const family_result ref = attention_family(f64(q), f64(k), f64(v), opt, {.path = family_path::reference});
+  EXPECT_TRUE(all_close(got.out, ref.out, tol)) << got.path;
+  EXPECT_TRUE(same_bits(attention_family(q, k, v, opt, {.path = family_path::fused, .num_threads = 1}).out, got.out));
+  setenv("ATTN_FAMILY_BF16", "0", 1);
+  const family_result f32 = attention_family(q, k, v, opt, e);
+  unsetenv("ATTN_FAMILY_BF16");
+  EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+  EXPECT_TRUE(all_close(got.out, f32.out, tol));
+}
+
 // bf16 inputs of dot scores (dot, scaled_dot) take bf16 products on an ISA with a bf16 dot
 // product (q·k exact, α rounded to bf16 for the product with V): every distribution, every
 // mask kind (windows make rows start on odd keys), GQA, key ranges over several key blocks, odd
@@ -422,14 +437,7 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
         if (isa == "avx512bf16") {
           EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
         }
-        const family_result ref = attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
-        EXPECT_TRUE(all_close(got.out, ref.out, tolerance_for(dtype::bf16))) << got.path;
-        EXPECT_TRUE(same_bits(attention_family(q, k, v, c.opt, {.path = family_path::fused, .num_threads = 1}).out, got.out));
-        setenv("ATTN_FAMILY_BF16", "0", 1);
-        const family_result f32 = attention_family(q, k, v, c.opt, e);
-        unsetenv("ATTN_FAMILY_BF16");
-        EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
-        EXPECT_TRUE(all_close(got.out, f32.out, tolerance_for(dtype::bf16)));
+        expect_bf16_forward(got, q, k, v, c.opt, e, tolerance_for(dtype::bf16));
       }
   }
   const std::vector<std::string> all = isas();
@@ -475,14 +483,7 @@ TEST(FamilyFused, Bf16TileForwardMatchesReference) {
         // identity's weights are not normalised (α = s, sums of O(1) terms that cancel): the bf16
         // rounding of each α adds up over the keys, as √Nk
         const double tol = tolerance_for(dtype::bf16) * (d == distribution_kind::identity ? std::sqrt(double(Nk)) : 1.0);
-        const family_result ref = attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
-        EXPECT_TRUE(all_close(got.out, ref.out, tol)) << got.path;
-        EXPECT_TRUE(same_bits(attention_family(q, k, v, c.opt, {.path = family_path::fused, .num_threads = 1}).out, got.out));
-        setenv("ATTN_FAMILY_BF16", "0", 1);
-        const family_result f32 = attention_family(q, k, v, c.opt, e);
-        unsetenv("ATTN_FAMILY_BF16");
-        EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
-        EXPECT_TRUE(all_close(got.out, f32.out, tol));
+        expect_bf16_forward(got, q, k, v, c.opt, e, tol);
       }
   }
   const std::vector<std::string> all = isas();
