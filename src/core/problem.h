@@ -241,4 +241,11 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
                       const attention_options& o, const execution& exec, problem_storage& store,
                       const cache_input* cache = nullptr);
 
+// The front's check of special values after a fast backend's forward (src/core/attention.cc):
+// rows the float32 kernels left non-finite where float64 would not (overflow, NaN or inf
+// scores), or with lse -inf though a key is visible, are computed again by the float64
+// reference. Every front that calls a backend's forward itself (serving's varlen) runs it, so
+// that special values get the answer attn::attention gives.
+void check_special_rows(const problem& p, const forward_outputs& fo);
+
 }  // namespace attn::detail

@@ -137,11 +137,14 @@ varlen_result attention_varlen(const TensorView& q, const TensorView& k, const T
   run_sequences(runs, [&](const sequence_run& sr) {
     const std::int64_t q0 = d.cu_q[std::size_t(sr.b)], nq = sr.p.Nq;
     const Tensor lse = Tensor::empty({d.Hq, nq}, r.lse.type());
+    special_rows found;
     forward_outputs fo;
     fo.out = as_bhnx(q_rows(r.out, d, sr.b), d.Hq);
     fo.lse = lse.data();
     fo.lse_type = lse.type();
+    fo.found = &found;
     sr.be->forward(sr.p, fo);
+    if (sr.be != &reference_backend()) check_special_rows(sr.p, fo);  // (as attn::attention)
     for (std::int64_t h = 0; h < d.Hq; ++h)
       for (std::int64_t i = 0; i < nq; ++i)
         store_from_double(r.lse.data(), r.lse.type(), h * total_q + q0 + i,

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <limits>
 #include <random>
 
 #include "attn/attn.h"
@@ -161,6 +162,27 @@ TEST(VarlenViews, LargeAndSmallSequencesAnyThreadCount) {
   EXPECT_TRUE(all_close(ga.dv, gb.dv, 0, 0));
   const attention_result alone = attention(seq(q, 0, 1100), seq(k, 0, 1100), seq(v, 0, 1100), o);
   EXPECT_TRUE(all_close(seq(a.out, 0, 1100), alone.out, 0, 0));
+}
+
+// Special values as attn::attention gives them: a query whose q·k overflows float32 (scores of
+// ±inf on the cpu backend, finite in float64) and a NaN in a value row are answered per sequence
+// as attention() on that sequence alone answers them (the front's check of special rows).
+TEST(VarlenViews, SpecialValuesAsAttention) {
+  std::mt19937 rng(13);
+  const std::vector<std::int64_t> cq{0, 4, 9, 12};
+  const std::int64_t T = cq.back();
+  Tensor q = random_tensor({T, 2, 8}, dtype::f32, rng), k = random_tensor({T, 2, 8}, dtype::f32, rng);
+  Tensor v = random_tensor({T, 2, 8}, dtype::f32, rng);
+  for (std::int64_t d = 0; d < 8; ++d) q.set({5, 1, d}, 3e19), k.set({6, 1, d}, 2e19);  // sequence 1
+  v.set({10, 0, 3}, std::numeric_limits<double>::quiet_NaN());                          // sequence 2
+  const Tensor cu = index_tensor(cq);
+  attention_options o;
+  const auto r = attention_varlen(q, k, v, cu, cu, 5, 5, o, {.num_threads = 2});
+  for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
+    const std::int64_t r0 = cq[s], n = cq[s + 1] - cq[s];
+    const attention_result alone = attention(seq(q, r0, n), seq(k, r0, n), seq(v, r0, n), o);
+    EXPECT_TRUE(all_close(seq(r.out, r0, n), alone.out, 1e-6, 1e-6)) << "sequence " << s;
+  }
 }
 
 TEST(VarlenErrors, BadCuSeqlensByMessage) {
