@@ -45,6 +45,7 @@
 #include "cpu/buffers.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_fill.h"
+#include "cpu/rows.h"
 
 namespace attn::detail {
 namespace {
@@ -138,36 +139,6 @@ rows_f32 as_rows(const strided4& t, std::int64_t B, std::int64_t H, std::int64_t
   return r;
 }
 
-// Writes X floats (times `mul`) to row (b, h, n) of a strided output of any float dtype.
-void store_row(const strided4& t, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
-               std::int64_t src_stride, float mul) {
-  if (t.type == dtype::f32) {
-    float* d = t.ptr<float>(b, h, n, 0);
-    if (t.sx == 1 && src_stride == 1)  // (vectorised)
-      for (std::int64_t x = 0; x < X; ++x) d[x] = src[x] * mul;
-    else
-      for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = src[x * src_stride] * mul;
-  } else if (t.type == dtype::bf16) {
-    std::uint16_t* d = t.ptr<std::uint16_t>(b, h, n, 0);
-    if (t.sx == 1 && src_stride == 1) {  // f32_to_bf16 without a branch (vectorised)
-      for (std::int64_t x = 0; x < X; ++x) {
-        std::uint32_t u;
-        const float f = src[x] * mul;
-        std::memcpy(&u, &f, 4);
-        const std::uint32_t nan = (u >> 16) | 0x40u, even = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        d[x] = std::uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : even);
-      }
-      return;
-    }
-    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_bf16(src[x * src_stride] * mul);
-  } else if (t.type == dtype::f16) {
-    std::uint16_t* d = t.ptr<std::uint16_t>(b, h, n, 0);
-    for (std::int64_t x = 0; x < X; ++x) d[x * t.sx] = f32_to_f16(src[x * src_stride] * mul);
-  } else {
-    for (std::int64_t x = 0; x < X; ++x) t.store(b, h, n, x, double(src[x * src_stride] * mul));
-  }
-}
-
 // Lanes of one lane block: row r = lb·L + x of (b, hkv) is query i = r / G of head hkv·G + r % G.
 struct lane_setup {
   std::int64_t L = 0, nl = 0;
@@ -179,6 +150,11 @@ struct lane_setup {
   bool prescale = true;  // qᵀ = scale·q (else q as it is; the kernel scales the scores)
 
   lane_setup(std::int64_t L_, std::int64_t D) : L(L_), lo(L_), hi(L_), pos(L_), slope(L_), h(L_), i(L_), qt(alloc_floats(D * L_)) {}
+
+  // Lane x's row (h, i) of the outputs (store_lane_rows).
+  auto row_of() const {
+    return [this](std::int64_t x) { return std::pair{h[x], i[x]}; };
+  }
 
   // Q null: lane positions only (no qᵀ).
   void set(const problem& p, const rows_f32* Q, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
@@ -296,22 +272,6 @@ void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, 
   }
 }
 
-// Rows (b, h[x], i[x]) of t, lanes x < nl, from xt [X][L] (lane x's column) times mul[x]: unit-
-// stride f32 and bf16 rows by the kernels' W × W register transposes, other views element by element.
-// Returns the lanes whose row got a non-finite value (store_lanes), every lane where it did not look.
-std::uint64_t store_lane_rows(const kernel_table& kt, const strided4& t, std::int64_t b, const lane_setup& ls,
-                              std::int64_t X, const float* xt, const float* mul) {
-  if ((t.type == dtype::f32 || t.type == dtype::bf16) && (t.sx == 1 || X <= 1) && ls.L <= kMaxLanes) {
-    void* rows[kMaxLanes] = {};
-    for (std::int64_t x = 0; x < ls.nl; ++x)
-      rows[x] = t.type == dtype::f32 ? static_cast<void*>(t.ptr<float>(b, ls.h[x], ls.i[x], 0))
-                                     : static_cast<void*>(t.ptr<std::uint16_t>(b, ls.h[x], ls.i[x], 0));
-    return kt.store_lanes(xt, ls.L, ls.nl, X, mul, rows, t.type == dtype::bf16);
-  }
-  for (std::int64_t x = 0; x < ls.nl; ++x) store_row(t, b, ls.h[x], ls.i[x], X, xt + x, ls.L, mul[x]);
-  return ~std::uint64_t(0);
-}
-
 // How the forward runs a problem; decided here alone, for forward() and for explain_backend.
 struct forward_plan {
   std::int64_t lanes = 0, lane_blocks = 0, units = 0;  // L, blocks of L rows per (b, hkv), B·Hkv·blocks
@@ -408,7 +368,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
       lse_bad[x] = !std::isfinite(lse) || !lse_exact;
       store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
     }
-    const std::uint64_t bad = store_lane_rows(kt, o.out, b, ls, p.Dv, ot, inv);
+    const std::uint64_t bad = cpu::store_lane_rows(kt, o.out, b, ls.nl, p.Dv, ot, ls.L, inv, ls.row_of());
     if (!o.found) return;
     std::vector<std::int64_t>& rows = special[std::size_t(omp_get_thread_num())];
     for (std::int64_t x = 0; x < ls.nl; ++x)
@@ -613,7 +573,7 @@ void qk_pass(const problem& p, const forward_outputs& o) {
         const std::int64_t n = lb.khi - j0;
         strided4 cols = o.qk;  // columns [j0, j0 + n)
         cols.data = static_cast<char*>(cols.data) + j0 * cols.sx * std::int64_t(dtype_size(cols.type));
-        for (std::int64_t x = 0; x < ls.nl; ++x) store_row(cols, b, ls.h[x], ls.i[x], n, out.get() + x * chunk, 1, 1.0f);
+        for (std::int64_t x = 0; x < ls.nl; ++x) cpu::store_row(cols, b, ls.h[x], ls.i[x], n, out.get() + x * chunk, 1, 1.0f);
       }
     }
   }
@@ -789,7 +749,7 @@ void backward(const problem& p, const backward_io& io) {
         } else {
           kt.dq(lb, dio);
         }
-        store_lane_rows(kt, io.dq, b, ls, p.D, dqt.get(), scales);
+        cpu::store_lane_rows(kt, io.dq, b, ls.nl, p.D, dqt.get(), ls.L, scales, ls.row_of());
       }
     }
   }
@@ -842,22 +802,12 @@ void backward(const problem& p, const backward_io& io) {
       return dq_direct ? io.dq.ptr<float>(b, hkv * G + g, i, 0) : dqbuf.get() + (g * p.Nq + i) * ldq;
     };
     const std::int64_t dqs = dq_direct ? io.dq.sn : ldq;
-    // dKᵀ or dVᵀ [X][ld] of keys j0 … j0 + nb → their rows of t, times mul: unit-stride f32 and
-    // bf16 rows by the kernels' W × W register transposes (the same bits as store_row's).
+    // dKᵀ or dVᵀ [X][ld] of keys j0 … j0 + nb → their rows of t, times mul.
     auto store_key_rows = [&](const strided4& t, std::int64_t b, std::int64_t hkv, std::int64_t j0, std::int64_t nb,
                               std::int64_t X, const float* xt, std::int64_t ld, float mul) {
-      if ((t.type == dtype::f32 || t.type == dtype::bf16) && (t.sx == 1 || X <= 1)) {
-        float muls[kMaxKeyBlock];
-        void* rows[kMaxKeyBlock];
-        for (std::int64_t x = 0; x < nb; ++x) {
-          muls[x] = mul;
-          rows[x] = t.type == dtype::f32 ? static_cast<void*>(t.ptr<float>(b, hkv, j0 + x, 0))
-                                         : static_cast<void*>(t.ptr<std::uint16_t>(b, hkv, j0 + x, 0));
-        }
-        kt.store_lanes(xt, ld, nb, X, muls, rows, t.type == dtype::bf16);
-        return;
-      }
-      for (std::int64_t x = 0; x < nb; ++x) store_row(t, b, hkv, j0 + x, X, xt + x, ld, mul);
+      float muls[kMaxKeyBlock];
+      std::fill(muls, muls + nb, mul);
+      cpu::store_lane_rows(kt, t, b, nb, X, xt, ld, muls, [&](std::int64_t x) { return std::pair{hkv, j0 + x}; });
     };
     // Key block t = (b, hkv, kb) against every query row of the group.
     auto key_block = [&](std::int64_t t) {
@@ -1004,7 +954,7 @@ void backward(const problem& p, const backward_io& io) {
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) {
             float* r = dq_rows(b, hkv, g, i);
-            if (!dq_direct) store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, dq_scale);
+            if (!dq_direct) cpu::store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, dq_scale);
             else if (dp)
               for (std::int64_t d = 0; d < p.D; ++d) r[d] *= scale;
           }

@@ -16,7 +16,7 @@ math(EXPR n "${ATTN_CPU_MAX_LEVEL} + 1")
 list(SUBLIST ATTN_CPU_LEVELS 0 ${n} ATTN_CPU_LEVELS)
 target_sources(attn PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cc ${CMAKE_CURRENT_LIST_DIR}/isa.cc
                             ${CMAKE_CURRENT_LIST_DIR}/mask_fill.cc
-                            ${CMAKE_CURRENT_LIST_DIR}/bf16_words.cc)
+                            ${CMAKE_CURRENT_LIST_DIR}/bf16_words.cc ${CMAKE_CURRENT_LIST_DIR}/rows.cc)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/isa.cc PROPERTIES
   COMPILE_DEFINITIONS ATTN_CPU_MAX_LEVEL=${ATTN_CPU_MAX_LEVEL})
 # One set of flags per ISA level, for both tables.

@@ -36,6 +36,7 @@
 #include "cpu/family_kernels.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_fill.h"
+#include "cpu/rows.h"
 #include "family/family_impl.h"
 #include "family/scores/score.h"
 
@@ -105,30 +106,20 @@ using cpu::bf16_all_finite;
 void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
              std::int64_t ss, double mul);
 
-// Rows row_of(x) = (h, n), x < nl, of s from the columns of xt [X][ld]: unit-stride f32 and bf16
-// rows by the core kernels' W × W register transposes (store_lanes: put_row's rounding), other
-// views by put_row, element by element down xt's columns.
+// Rows row_of(x) = (h, n), x < nl, of s from the columns of xt [X][ld] (cpu::store_lane_rows).
 template <class RowOf>
 void put_lanes(const strided4& s, std::int64_t b, std::int64_t nl, std::int64_t X, const float* xt, std::int64_t ld,
                RowOf row_of) {
-  const cpu::kernel_table& kt = cpu::select_kernels();
-  constexpr std::int64_t kMax = 128;
-  if ((s.type == dtype::f32 || s.type == dtype::bf16) && (s.sx == 1 || X <= 1) && nl <= kMax && ld % kt.W == 0) {
-    float ones[kMax];
-    void* rows[kMax] = {};
+  float ones[cpu::kMaxStoreRows];
+  if (nl > cpu::kMaxStoreRows) {
     for (std::int64_t x = 0; x < nl; ++x) {
       const auto [h, n] = row_of(x);
-      ones[x] = 1.0f;
-      rows[x] = s.type == dtype::f32 ? static_cast<void*>(s.ptr<float>(b, h, n, 0))
-                                     : static_cast<void*>(s.ptr<std::uint16_t>(b, h, n, 0));
+      put_row(s, b, h, n, X, xt + x, ld, 1.0);
     }
-    kt.store_lanes(xt, ld, nl, X, ones, rows, s.type == dtype::bf16);
     return;
   }
-  for (std::int64_t x = 0; x < nl; ++x) {
-    const auto [h, n] = row_of(x);
-    put_row(s, b, h, n, X, xt + x, ld, 1.0);
-  }
+  std::fill(ones, ones + nl, 1.0f);
+  cpu::store_lane_rows(cpu::select_kernels(), s, b, nl, X, xt, ld, ones, row_of);
 }
 
 void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
