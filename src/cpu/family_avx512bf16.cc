@@ -63,30 +63,7 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
     if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0
     auto* aw = reinterpret_cast<std::uint32_t*>(sc.dP);  // dP's room holds α as words [nt/2][L]
-    if constexpr (Dist == family_dist::sigmoid) {
-      // α = 1 / (1 + 2^{-(s + b)·log2 e}) by vexp2's degree-4 polynomial and the reciprocal
-      // estimate with a Newton step (simd.h: 2^-22), written straight into key pairs: α is
-      // rounded to bf16 for the product (2^-9), where fam_alpha's exp and division, and a pass
-      // over S to pack them, cost more than the tiles' products. s = -inf gives exactly 0, a NaN
-      // stays NaN.
-      const vf nlog2e = splat(-kLog2e), bias = splat(lb.fp.sigmoid_bias * -kLog2e);
-      const auto sigmoid = [&](vf s) {
-        return vselect(s == splat(-kInf), vf{}, vrecip(splat(1.0f) + vexp2<4>(s * nlog2e + bias)));
-      };
-      vi nz{};
-      for (std::int64_t jj = 0; jj < nb; jj += 2)
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-          const vf a0 = sigmoid(load(S + jj * L + c * W)), a1 = sigmoid(load(S + (jj + 1) * L + c * W));
-          nz |= (a0 != vf{}) | (a1 != vf{});
-          storeu(aw + jj / 2 * L + c * W, Ops::pair_rows(a0, a1));
-        }
-      if (lb.fp.mask_skip && !any_lane(nz)) continue;
-    } else {
-      lane_alpha<Dist, C>(lb, S, j0, nb);
-      if (lb.fp.mask_skip && all_zero(S, nb * L)) continue;
-      Ops::pack_rows(S, nb, L, aw);
-    }
+    if (!lane_alpha_pairs<Ops, Dist, C>(lb, S, j0, nb, aw) && lb.fp.mask_skip) continue;
     for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(aw + i, vu{});
     amx_gemm(lb.Dv, L, nt / 2, lb.vtw + j0 / 2, lb.ldvt, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
   }

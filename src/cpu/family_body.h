@@ -861,6 +861,41 @@ void lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t 
   }
 }
 
+// α for the bf16 products, which round it to bf16 (2^-9): the sigmoid 1 / (1 + 2^{-(s + b)·log2 e})
+// by vexp2's degree-4 polynomial and the reciprocal estimate with a Newton step (simd.h: 2^-22),
+// where fam_alpha's exp and division cost about as much as the products (s = -inf gives exactly
+// 0, a NaN stays NaN); every other distribution as fam_alpha.
+template <family_dist Dist>
+inline vf fam_alpha_rounded(const family_params& fp, vf s, vi j, const fam_stat& st) {
+  if constexpr (Dist == family_dist::sigmoid) {
+    const vf e = vexp2<4>(s * splat(-kLog2e) + splat(fp.sigmoid_bias * -kLog2e));
+    return vselect(s == splat(-kInf), vf{}, vrecip(splat(1.0f) + e));
+  } else {
+    return fam_alpha<Dist>(fp, s, j, st);
+  }
+}
+
+// S [nb][L] (nb even) of keys j0.. → α (fam_alpha_rounded) in key pairs out [nb/2][L] of Ops's
+// words, in one pass where lane_alpha and pack_rows took two. Returns whether any α is nonzero.
+template <class Ops, family_dist Dist, int CC>
+bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, std::int64_t nb,
+                      typename Ops::word* out) {
+  const std::int64_t L = CC * W;
+  vi nz{};
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const fam_stat st = load_stat<CC>(lb, c);
+    for (std::int64_t jj = 0; jj < nb; jj += 2) {
+      const vi j = splati(std::int32_t(j0 + jj));
+      const vf a0 = fam_alpha_rounded<Dist>(lb.fp, load(S + jj * L + c * W), j, st);
+      const vf a1 = fam_alpha_rounded<Dist>(lb.fp, load(S + (jj + 1) * L + c * W), j + splati(1), st);
+      nz |= (a0 != vf{}) | (a1 != vf{});
+      storeu(out + jj / 2 * L + c * W, Ops::pair_rows(a0, a1));
+    }
+  }
+  return any_lane(nz);
+}
+
 template <int CC>
 void set_empty_stats(const family_lanes& lb) {
   for (std::int64_t x = 0; x < CC * W; ++x) lb.st.t[x] = kInf, lb.st.lse[x] = kInf, lb.st.cut[x] = -1, lb.st.r[x] = 0.0f;
@@ -902,12 +937,12 @@ void fam_forward(const family_lanes& lb, float* ot) {
     const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0);
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
     if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0 (lb.alpha comes zeroed)
-    lane_alpha<Dist, CC>(lb, S, j0, nb);
     if constexpr (pairs) {  // dP's room (unused by the forward) holds α as words [nb/2][L]
-      if (lb.fp.mask_skip && all_zero(S, nb * L)) continue;
-      const auto* aw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.dP));
+      auto* aw = reinterpret_cast<typename Ops::word*>(sc.dP);
+      if (!lane_alpha_pairs<Ops, Dist, CC>(lb, S, j0, nb, aw) && lb.fp.mask_skip) continue;
       gemm<Ops>(lb.Dv, L, nb / 2, lb.vw + j0 / 2 * lb.vwss, 1, lb.vwss, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
     } else {
+      lane_alpha<Dist, CC>(lb, S, j0, nb);
       if (lb.alpha)
         for (std::int64_t x = 0; x < lb.nl; ++x)
           for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
