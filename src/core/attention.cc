@@ -431,6 +431,8 @@ bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t
   return true;
 }
 
+}  // namespace
+
 // One answer on every backend (special values, attention.h): a fast backend computes in
 // float32, so a row it leaves non-finite (NaN or +inf scores, overflow, NaN or inf in v) or
 // with lse = -inf although some key is visible (scores that overflowed to -inf) is computed
@@ -442,7 +444,7 @@ bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t
 // Elements below which a scan of the front runs on the calling thread alone.
 constexpr std::int64_t kSerialScan = std::int64_t(1) << 16;
 
-void recompute_special_rows(const problem& p, const forward_outputs& fo) {
+void check_special_rows(const problem& p, const forward_outputs& fo) {
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
   const strided4& out = fo.out;
   // The returned intermediate: NaN or +inf anywhere, or -inf where a score is not excluded (an
@@ -514,6 +516,8 @@ void recompute_special_rows(const problem& p, const forward_outputs& fo) {
     if (special[std::size_t(row)]) rows.push_back(row);
   if (!rows.empty()) reference_forward_rows(p, fo, rows);
 }
+
+namespace {
 
 // The lse (and biased scores) of the unshifted mask: + the row's shift (shift_mask_rows).
 void unshift(const problem& p, const problem_storage& store, const forward_outputs& fo) {
@@ -729,7 +733,7 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
   run_guarded(op, p, be, [&] { be.forward(p, fo); });
-  if (&be != &reference_backend()) recompute_special_rows(p, fo);
+  if (&be != &reference_backend()) check_special_rows(p, fo);
   if (store.shift.defined()) unshift(p, store, fo);
   if (lse64.defined()) r.lse = lse64.to(r.lse.type());
   if (qk64.defined()) r.qk = qk64.to(r.qk.type());
@@ -750,8 +754,6 @@ std::vector<std::int64_t> cache_lengths(const char* op, const TensorView& t) {
 }
 
 }  // namespace
-
-void check_special_rows(const problem& p, const forward_outputs& fo) { recompute_special_rows(p, fo); }
 
 }  // namespace detail
 
@@ -849,7 +851,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
     forward_outputs fo;
     fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type(), fo.found = &found;
     run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
-    if (&fb != &reference_backend()) recompute_special_rows(p, fo);
+    if (&fb != &reference_backend()) check_special_rows(p, fo);
   };
   // A shifted mask: the lse of the shifted scores, recomputed.
   if (store.shift.defined()) lse_from(pick(op, p, {}, exec.use_backend));

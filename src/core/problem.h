@@ -130,7 +130,7 @@ struct problem {
 // Where a forward pass writes. `out` has the dtype of q; `lse` is contiguous [B, Hq, Nq]
 // (float64 when q is float64, else float32); `qk` is set only when an intermediate is asked.
 // What a fast backend may hand back to the front's check of special values (attention.cc,
-// recompute_special_rows): the rows (b·Hq + h)·Nq + i, in any order, whose out has a non-finite
+// check_special_rows): the rows (b·Hq + h)·Nq + i, in any order, whose out has a non-finite
 // element or whose lse is not finite — a superset of the rows the front redoes — and `complete`
 // when it looked at every row as it wrote it. The front then checks those rows alone instead of
 // reading out and lse again.

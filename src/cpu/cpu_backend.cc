@@ -358,7 +358,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   // Normalises and writes the rows of one lane block from its (m, l, oᵀ), and notes in `special`
   // the rows the front must look at (forward_outputs::found): a non-finite out or lse.
   const bool lse_exact = o.lse_type == dtype::f32 || o.lse_type == dtype::f64;  // (a finite lse stays finite)
-  std::vector<std::vector<std::int64_t>> special(static_cast<std::size_t>(nt));
+  std::vector<std::vector<std::int64_t>> special(o.found ? static_cast<std::size_t>(nt) : 0);
   auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
     float inv[kMaxLanes];
     bool lse_bad[kMaxLanes];
@@ -516,7 +516,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
 // width over f32 rows of q and k (bf16 and f16 widened), the kernels' own score transform, and
 // for the probabilities e^{s - lse} with the lse of a first pass over the same scores (with the
 // sink); each lane block writes its own rows, in key chunks of kQkKeys. Rows the float32 scores leave non-finite where float64 would not (NaN, ±inf
-// of an overflow) are redone by the front on the reference (recompute_special_rows), as for out.
+// of an overflow) are redone by the front on the reference (check_special_rows), as for out.
 constexpr std::int64_t kQkKeys = 4096;
 
 void qk_pass(const problem& p, const forward_outputs& o) {

@@ -320,14 +320,17 @@ struct fused_inputs {
   }
 
  public:
-  // Dot scores of bfloat16 q, k, v (the user's tensors, direct) with an even head size, on an ISA
-  // with a bf16 dot product. ATTN_FAMILY_BF16=0 keeps f32 products.
-  static bool bf16_products(const fproblem& fp, const fused_source& src) {
+  // Dot scores of bfloat16 q, k, v (the user's tensors, direct), one feature, unless
+  // ATTN_FAMILY_BF16=0 keeps f32 products: what both bf16 product paths need of the problem.
+  static bool bf16_dot_operands(const fproblem& fp, const fused_source& src) {
     const char* env = std::getenv("ATTN_FAMILY_BF16");
     if (env && std::string_view(env) == "0") return false;
-    return cpu::select_family_kernels().forward_bf16 != nullptr && src.direct && fp.F == 1 &&
-           fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 && src.k.type == dtype::bf16 &&
-           src.v.type == dtype::bf16 && fp.Pq % 2 == 0 && fp.Pq == fp.Pk;
+    return src.direct && fp.F == 1 && fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 &&
+           src.k.type == dtype::bf16 && src.v.type == dtype::bf16 && fp.Pq == fp.Pk;
+  }
+  // Those with an even head size, on an ISA with a bf16 dot product (vdpbf16ps).
+  static bool bf16_products(const fproblem& fp, const fused_source& src) {
+    return cpu::select_family_kernels().forward_bf16 != nullptr && fp.Pq % 2 == 0 && bf16_dot_operands(fp, src);
   }
   // Words per row of a transpose in row pairs (Qᵀ, dOᵀ) for the AMX row pass: whole query blocks
   // of kQueryBlock rows (each block reads its pairs to whole tiles of 16 words), zero past Nq.
@@ -338,12 +341,9 @@ struct fused_inputs {
   // The same on AMX tiles (the amx level's forward_amx): whole tiles along P (32 values) and Dv
   // (16), and a dense forward (dense: not the sparse rows' kept keys).
   static bool amx_products(const fproblem& fp, const fused_source& src, bool dense) {
-    const char* env = std::getenv("ATTN_FAMILY_BF16");
-    if (env && std::string_view(env) == "0") return false;
     const cpu::family_table& kt = cpu::select_family_kernels();
-    return kt.forward_amx != nullptr && kt.lanes % 32 == 0 && dense && src.direct && fp.F == 1 &&
-           fp.kernel == kernel_kind::dot && src.q.type == dtype::bf16 && src.k.type == dtype::bf16 &&
-           src.v.type == dtype::bf16 && fp.Pq % 32 == 0 && fp.Pq == fp.Pk && fp.Dv % 16 == 0;
+    return kt.forward_amx != nullptr && kt.lanes % 32 == 0 && dense && fp.Pq % 32 == 0 && fp.Dv % 16 == 0 &&
+           bf16_dot_operands(fp, src);
   }
   // The forward: V finite too (the key pairs may put a key no row sees beside the first one a
   // row sees: its α = 0 must not meet an inf).
