@@ -15,6 +15,11 @@
 // so the sink joins once. A row no key reaches keeps out = 0 and lse = -inf (lse = sink with
 // sinks), as the core op defines it.
 //
+// Special values as attn::attention gives them: after each core-op call of a run, the front's
+// check (check_special_rows) redoes on the float64 reference the rows the float32 kernels left
+// non-finite where float64 would not; after the decode kernel read the pages in place, those
+// rows (the kernel notes them as it writes them) are redone on the sequence's keys copied dense.
+//
 // Threads. Decode (Hq·Nq < kPrefillRows rows): a sequence's pages are cut into chunks of about
 // kChunkKeys keys; chunks of every sequence run in parallel (one thread per core-op call), each
 // merging its runs in order, and the chunks of a sequence merge in order afterwards. Prefill
@@ -50,6 +55,17 @@ struct paged_dims {
   bool kblocked = false;  // int8 k_pages [num_pages, page_size / 16, Hkv, D / 4, 16, 4]
 
   std::int64_t page(std::int64_t b, std::int64_t p) const { return table[std::size_t(b * max_pages + p)]; }
+  // Element offset of token pos of sequence b in pages (or scales) [num_pages, page_size, ...].
+  std::int64_t slot(const TensorView& pg, std::int64_t b, std::int64_t pos) const {
+    return page(b, pos / page_size) * pg.stride(0) + (pos % page_size) * pg.stride(1);
+  }
+  // Element offset of (token pos of b, head h, x) in pages of rows, or of blocked int8 keys.
+  std::int64_t elem(const TensorView& pg, std::int64_t b, std::int64_t pos, std::int64_t h, std::int64_t x) const {
+    if (pg.rank() == 4) return slot(pg, b, pos) + h * pg.stride(2) + x * pg.stride(3);
+    const std::int64_t t = pos % page_size;
+    return page(b, pos / page_size) * pg.stride(0) + t / 16 * pg.stride(1) + h * pg.stride(2) + x / 4 * 64 +
+           t % 16 * 4 + x % 4;
+  }
 };
 
 // Checks the pages, the block table and the lengths; every position [0, seq_lens[b] + extra)
@@ -164,6 +180,52 @@ strided4 page_view(const TensorView& pages) {
   return strided4{pages.data(), pages.type(), 0, pages.stride(2), pages.stride(1), pages.stride(3)};
 }
 
+// Keys [0, L) of sequence b as a dense float64 [1, H, L, X] (int8 rows times their scales).
+Tensor dense_rows(const TensorView& pages, const TensorView& scales, const paged_dims& d, std::int64_t b,
+                  std::int64_t L) {
+  const std::int64_t H = d.Hkv, X = pages.rank() == 6 ? d.D : pages.size(3);
+  Tensor r = Tensor::empty({1, H, L, X}, dtype::f64);
+  double* o = r.data_as<double>();
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t j = 0; j < L; ++j) {
+      const double s = d.int8 ? double(static_cast<const float*>(scales.data())[d.slot(scales, b, j) + h * scales.stride(2)]) : 1.0;
+      for (std::int64_t x = 0; x < X; ++x)
+        o[(h * L + j) * X + x] = s * load_as_double(pages.data(), pages.type(), d.elem(pages, b, j, h, x));
+    }
+  return r;
+}
+
+// The front's check of special values (check_special_rows, as attn::attention runs it) after the
+// decode kernel read the pages in place: the rows it left non-finite (forward_outputs::found)
+// that float64 answers otherwise (an overflowing q·k) are redone by the reference, sequence by
+// sequence, on the sequence's keys laid out densely — a rare path, so a copy of its keys.
+void check_paged_special_rows(const TensorView& q, const paged_kv_view& c, const paged_dims& d,
+                              const std::vector<problem>& templ, const std::vector<double>& sinks,
+                              const attention_options& options, const special_rows& found, const attention_result& r) {
+  const std::int64_t Hq = q.size(1), Nq = q.size(2), rows = Hq * Nq;
+  std::vector<std::vector<std::int64_t>> per(static_cast<std::size_t>(d.B));
+  for (const std::int64_t row : found.rows) per[std::size_t(row / rows)].push_back(row % rows);
+  const std::size_t lse_size = dtype_size(r.lse.type());
+  for (std::int64_t b = 0; b < d.B; ++b) {
+    if (found.complete && per[std::size_t(b)].empty()) continue;
+    const std::int64_t L = d.lens[std::size_t(b)];
+    const Tensor k = dense_rows(c.k_pages, c.k_scales, d, b, L), v = dense_rows(c.v_pages, c.v_scales, d, b, L);
+    problem p = templ[std::size_t(b)];
+    p.q = as_bhnx(q.slice(0, b, b + 1), Hq);
+    p.k = as_bhnx(k, d.Hkv), p.v = as_bhnx(v, d.Hkv);
+    p.Nk = L;
+    p.past_len = options.alignment == causal_alignment::top_left ? 0 : L - Nq;  // (alignment after_past)
+    p.sinks = sinks;
+    special_rows seen{found.complete, std::move(per[std::size_t(b)])};
+    forward_outputs fo;
+    fo.out = as_bhnx(r.out.view().slice(0, b, b + 1), Hq);
+    fo.lse = static_cast<std::byte*>(r.lse.data()) + std::size_t(b * rows) * lse_size;
+    fo.lse_type = r.lse.type();
+    fo.found = &seen;
+    check_special_rows(p, fo);
+  }
+}
+
 // The whole batch as one problem that the cpu decode kernel runs on the pages in place
 // (problem::page_table); `templ` holds each sequence's validated problem. An empty reason means
 // it was run; else the reason the cpu backend gave.
@@ -196,11 +258,14 @@ std::string paged_in_kernel(const TensorView& q, const paged_kv_view& c, const p
   const backend_impl& cpu = cpu_backend();
   std::string why = cpu.why_not(p, {});
   if (!why.empty()) return why;
+  special_rows found;
   forward_outputs fo;
   fo.out = as_bhnx(r.out, p.Hq);
   fo.lse = r.lse.data();
   fo.lse_type = r.lse.type();
+  fo.found = &found;
   cpu.forward(p, fo);
+  check_paged_special_rows(q, c, d, templ, sinks, options, found, r);
   return {};
 }
 
@@ -292,11 +357,14 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
       p.v = as_bhnx(page_rows(cache.v_pages, d.page(task.b, p0), n), d.Hkv);
       p.Nk = n;
       p.past_len = pos0 - j0;
+      special_rows found;
       forward_outputs fo;
       fo.out = as_bhnx(o, Hq);
       fo.lse = l.data();
       fo.lse_type = part_type;
+      fo.found = &found;
       be[std::size_t(task.b)]->forward(p, fo);
+      if (be[std::size_t(task.b)] != &reference_backend()) check_special_rows(p, fo);  // (as attn::attention)
       if (part_type == dtype::f64) parts[t].merge(rows, Dv, o.data_as<const double>(), l.data_as<const double>());
       else parts[t].merge(rows, Dv, o.data_as<const float>(), l.data_as<const float>());
       p0 = p1;
@@ -341,16 +409,6 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
     fail(op, fmt::format("k_new has shape {}, expected [{}, {}, Nnew, {}]", shape_str(k_new.shape()), d.B, d.Hkv, d.D));
   if (v_new.shape() != Shape{d.B, d.Hkv, N, d.Dv})
     fail(op, fmt::format("v_new has shape {}, expected [{}, {}, {}, {}]", shape_str(v_new.shape()), d.B, d.Hkv, N, d.Dv));
-  const auto slot = [&](const TensorView& pg, std::int64_t b, std::int64_t pos) {  // element offset of token pos of b
-    return d.page(b, pos / d.page_size) * pg.stride(0) + (pos % d.page_size) * pg.stride(1);
-  };
-  // Element offset of (token pos of b, head h, x) in int8 pages: rows, or blocked keys.
-  const auto elem = [&](const TensorView& pg, std::int64_t b, std::int64_t pos, std::int64_t h, std::int64_t x) {
-    if (pg.rank() == 4) return slot(pg, b, pos) + h * pg.stride(2) + x * pg.stride(3);
-    const std::int64_t t = pos % d.page_size;
-    return d.page(b, pos / d.page_size) * pg.stride(0) + t / 16 * pg.stride(1) + h * pg.stride(2) + x / 4 * 64 +
-           t % 16 * 4 + x % 4;
-  };
   if (d.int8) {
     // Symmetric per (token, head) row: scale = max|x| / 127, x ≈ scale · round(x / scale). Every
     // row is checked before any is written, so a non-finite value leaves the cache as it was.
@@ -375,10 +433,10 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
               if (pass == 0) continue;
               const std::int64_t pos = d.lens[std::size_t(b)] + t;
               const float scale = amax / 127.0f;
-              static_cast<float*>(scales->data())[slot(*scales, b, pos) + h * scales->stride(2)] = scale;
+              static_cast<float*>(scales->data())[d.slot(*scales, b, pos) + h * scales->stride(2)] = scale;
               auto* dst = static_cast<std::int8_t*>(pg.data());
               for (std::int64_t x = 0; x < X; ++x)
-                dst[elem(pg, b, pos, h, x)] = scale > 0.0f ? std::int8_t(std::clamp(std::nearbyint(rowbuf[std::size_t(x)] / scale), -127.0f, 127.0f)) : 0;
+                dst[d.elem(pg, b, pos, h, x)] = scale > 0.0f ? std::int8_t(std::clamp(std::nearbyint(rowbuf[std::size_t(x)] / scale), -127.0f, 127.0f)) : 0;
             }
       }
     return;
@@ -390,7 +448,7 @@ void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const 
     const std::int64_t X = pg.size(3);
     for (std::int64_t b = 0; b < d.B; ++b)
       for (std::int64_t t = 0; t < N; ++t) {
-        const std::int64_t base = slot(pg, b, d.lens[std::size_t(b)] + t);
+        const std::int64_t base = d.slot(pg, b, d.lens[std::size_t(b)] + t);
         for (std::int64_t h = 0; h < d.Hkv; ++h)
           for (std::int64_t x = 0; x < X; ++x)
             std::memcpy(static_cast<std::byte*>(pg.data()) + (base + h * pg.stride(2) + x * pg.stride(3)) * es,

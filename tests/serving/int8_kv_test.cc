@@ -141,6 +141,39 @@ TEST_P(Int8Paged, EqualsReferenceOnDequantisedCache) {
   }
 }
 
+// Special values as attn::attention gives them: a query whose q·k with an int8 key overflows
+// float32 (the kernel's scores ±inf) is answered by the float64 reference on the dequantised keys,
+// on every ISA level, and the other rows keep the kernel's answer.
+TEST(Int8Paged, OverflowingScoresAsTheReference) {
+  std::mt19937 rng(43);
+  const std::int64_t ps = 16, Hkv = 2, Hq = 4, D = 16, P = 5, max_pages = 2;
+  const Tensor kp = random_int8({P, ps, Hkv, D}, rng), vp = random_int8({P, ps, Hkv, D}, rng);
+  Tensor ks = random_tensor({P, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
+  const Tensor vs = random_tensor({P, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
+  ks.set({3, 4, 1}, 2e17);  // page 3, row 4, head 1: |k| up to 2.5e19
+  const std::vector<std::int64_t> table{1, 3, 4, 0}, lens{ps + 7, 20};  // sequence 0: key ps + 4
+  Tensor q = random_tensor({2, Hq, 1, D}, dtype::f32, rng, -2, 2);
+  for (std::int64_t d = 0; d < D; ++d) q.set({0, 2, 0, d}, kp.get({3, 4, 1, d}) >= 0 ? 3e19 : -3e19);  // head 2: kv head 1
+  const paged_kv_view cache{kp, vp, index_tensor({2, max_pages}, table), index_tensor({2}, lens), ks, vs};
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  for (const std::string& isa : isas()) {
+    const isa_scope scope(isa);
+    const attention_result r = attention_paged(q, cache, o, {.num_threads = 2});
+    for (std::int64_t b = 0; b < 2; ++b) {
+      SCOPED_TRACE(fmt::format("sequence {} isa {}", b, isa));
+      const std::int64_t L = lens[std::size_t(b)];
+      const attention_result want = attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64),
+                                              dequantised(kp, ks, table, max_pages, b, L),
+                                              dequantised(vp, vs, table, max_pages, b, L), o);
+      EXPECT_FALSE(testing::any_nan(want.out));
+      EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64), want.out, 2e-5));
+      // (lse as float32 holds it: the overflowing row's 1.7e39 is +inf there, as attention() on float32 gives it)
+      EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1)), Tensor::copy_of(want.lse, dtype::f32), 2e-5));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, Int8Paged,
                          ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Values(dtype::f32, dtype::bf16)),
                          [](const auto& info) {

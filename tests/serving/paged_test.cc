@@ -177,6 +177,47 @@ TEST(PagedViews, NanInAPageAsDense) {
   }
 }
 
+// Special values as attn::attention gives them: a query whose q·k overflows float32 (scores of
+// ±inf in the cpu kernels, finite in float64) is answered as attention() on the sequence's keys
+// laid out densely answers it — pages read in place by the decode kernel (pages of 16, unit
+// stride), pages in runs (pages of 4, head-major), and a prefill chunk.
+TEST(PagedViews, SpecialValuesAsAttention) {
+  for (const std::int64_t ps : {16, 4})
+    for (const std::int64_t Nq : {1, 3}) {
+      SCOPED_TRACE(fmt::format("page size {}, Nq {}", ps, Nq));
+      std::mt19937 rng(37);
+      const std::int64_t Hkv = 2, D = 8, P = 6;
+      // head-major storage [P, Hkv, ps, D] viewed as [P, ps, Hkv, D] for pages of 4 (the run path)
+      const Tensor kbuf = random_tensor(ps == 4 ? Shape{P, Hkv, ps, D} : Shape{P, ps, Hkv, D}, dtype::f32, rng);
+      const Tensor vbuf = random_tensor(kbuf.shape(), dtype::f32, rng);
+      const TensorView kp = ps == 4 ? kbuf.view().permute({0, 2, 1, 3}) : kbuf.view();
+      const TensorView vp = ps == 4 ? vbuf.view().permute({0, 2, 1, 3}) : vbuf.view();
+      const std::vector<std::int64_t> table{3, 0, 5, 1, 4, 2};  // sequence 0: pages 3 0 5, sequence 1: 1 4 2
+      const std::vector<std::int64_t> lens{2 * ps + 1, ps + 3};
+      Tensor q = random_tensor({2, 4, Nq, D}, dtype::f32, rng);
+      const Tensor kcopy = Tensor::copy_of(kp);
+      for (std::int64_t d = 0; d < D; ++d) {
+        q.set({1, 3, Nq - 1, d}, 3e19);                       // sequence 1, head 3 (kv head 1)
+        kcopy.set({4, 1, 1, d}, 2e19);                         // its key ps + 1 (page 4, row 1)
+      }
+      const Tensor kb = ps == 4 ? Tensor::copy_of(kcopy.view().permute({0, 2, 1, 3})) : kcopy;  // back to storage
+      const TensorView kv = ps == 4 ? kb.view().permute({0, 2, 1, 3}) : kb.view();
+      attention_options o;
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+      const attention_result r =
+          attention_paged(q, {kv, vp, index_tensor({2, 3}, table), index_tensor({2}, lens)}, o, {.num_threads = 2});
+      for (std::int64_t b = 0; b < 2; ++b) {
+        const std::int64_t L = lens[std::size_t(b)];
+        const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1));
+        const Tensor kd = gather(Tensor::copy_of(kv), table, 3, b, L), vd = gather(Tensor::copy_of(vp), table, 3, b, L);
+        const attention_result want = attention(qb, kd, vd, o);
+        EXPECT_FALSE(testing::any_nan(want.out)) << "sequence " << b;
+        EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1)), want.out, 1e-6)) << "sequence " << b;
+        EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1)), want.lse, 1e-6)) << "sequence " << b;
+      }
+    }
+}
+
 TEST(PagedErrors, BadTablesByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
   const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
