@@ -108,3 +108,40 @@ def test_multidimensional_additive_fused_against_torch(dist, causal, H):
     exp = torch.autograd.grad(want, ref, dout)
     for name, x, y in zip(("q", "k", "v", "W_q", "W_k", "b", "w_v"), got, exp):
         assert_close(x.double(), y, 2e-4, f"{dist} d{name}")
+
+
+def _family_reference(dist, s, Nk):
+    """α of float64 scores s [.., Nk] by PyTorch (the `entmax` package for the sparse maps)."""
+    return {"softmax": lambda x: torch.softmax(x, -1), "sigmoid": lambda x: torch.sigmoid(x - math.log(Nk)),
+            "sparsemax": lambda x: sparsemax(x, dim=-1), "entmax15": lambda x: entmax15(x, dim=-1),
+            "identity": lambda x: x.masked_fill(x == float("-inf"), 0.0)}[dist](s)
+
+
+@pytest.mark.parametrize("isa", ["", "avx512bf16"])
+@pytest.mark.parametrize("dist", ["softmax", "sigmoid", "sparsemax", "entmax15", "identity"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_dot_scores_against_torch(dist, causal, isa, monkeypatch):
+    """bfloat16 dot scores on the fused kernels' bf16 products — on AMX tiles where the CPU has
+    them (the best level, isa ""), by vdpbf16ps at the avx512bf16 level, f32 products below it —
+    against PyTorch and `entmax` in float64 on the same bfloat16 values: out and dq, dk, dv, at
+    key counts that leave partial tiles (70, 200) and D = Dv = 64 (whole tiles)."""
+    if isa:
+        monkeypatch.setenv("ATTN_CPU_ISA", isa)
+    for N in (70, 200):
+        B, H, D = 1, 4, 64
+        g = torch.Generator().manual_seed(N + causal)
+        q, k, v = ((torch.randn(B, H, N, D, generator=g) * s).bfloat16() for s in (1.5, 1.0, 1.0))
+        a = [t.clone().requires_grad_() for t in (q, k, v)]
+        b = [t.double().requires_grad_() for t in (q, k, v)]
+        out = at.attention_family(*a, score="scaled_dot", distribution=dist, is_causal=causal, num_threads=2)
+        s = b[0] @ b[1].transpose(-1, -2) / D ** 0.5
+        if causal:
+            s = s.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
+        ref = _family_reference(dist, s, N) @ b[2]
+        assert out.dtype == torch.bfloat16
+        assert_close(out, ref, 8e-3, f"{dist} N{N} out")  # (measured 1.7e-3 to 4.1e-3: bf16 out)
+        dout = torch.randn(ref.shape, generator=g).bfloat16()
+        got = torch.autograd.grad(out, a, dout)
+        want = torch.autograd.grad(ref, b, dout.double())
+        for name, x, y in zip("qkv", got, want):
+            assert_close(x, y, 8e-3, f"{dist} N{N} d{name}")  # (1.5e-3 to 4.7e-3)
