@@ -70,7 +70,8 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
   _tile_release();
 }
 
-// fam_dkdv's single pass (dq with it) of dot scores with its five products on AMX tiles:
+// fam_dkdv's row pass of dot scores with its five products on AMX tiles — the single pass (dq
+// with it), or the dk/dv pass of the two (pr.dq null: the dq pass found dq and the statistics):
 //   S  [nq][ld]  = Q · Kᵀ        A: query rows as words (qw), B: the key block's words (ktw)
 //   dP [nq][ld]  = dO · Vᵀ       A: dout rows (dow), B: vtw
 //   dVᵀ [Dv][ld] += dOᵀ · α      A: dOᵀ in row pairs (dot2), B: α in row pairs
@@ -107,14 +108,16 @@ void fam_dkdv_amx(const family_rows& pr) {
     return packed;
   };
   amx_gemm(pr.Dv, ld, K16, pr.dot2, pr.ldt, pack_pairs(S), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
-  // dz as words of key pairs [M16][ld/2], then dq += dz K (rows < nq of the product)
-  for (std::int64_t i = 0; i < M16 * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
-  amx_gemm(M16, pr.Pp, ld / 2, packed, ld / 2, pr.krw, pr.Pp, dqb, pr.Pp, false);
-  for (std::int64_t r = 0; r < nq; ++r)
-    for (std::int64_t d = 0; d < pr.Pp; d += W) store(pr.dq + r * pr.dqs + d, load(pr.dq + r * pr.dqs + d) + load(dqb + r * pr.Pp + d));
-  double a = 0.0, b = 0.0;
-  for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
-  pr.sums[0] += a, pr.sums[1] += b;
+  if (pr.dq) {  // single pass: dz as words of key pairs [M16][ld/2], then dq += dz K (rows < nq of the product)
+    for (std::int64_t i = 0; i < M16 * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
+    amx_gemm(M16, pr.Pp, ld / 2, packed, ld / 2, pr.krw, pr.Pp, dqb, pr.Pp, false);
+    for (std::int64_t r = 0; r < nq; ++r)
+      for (std::int64_t d = 0; d < pr.Pp; d += W)
+        store(pr.dq + r * pr.dqs + d, load(pr.dq + r * pr.dqs + d) + load(dqb + r * pr.Pp + d));
+    double a = 0.0, b = 0.0;
+    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
+    pr.sums[0] += a, pr.sums[1] += b;
+  }
   if (pr.zscale != 1.0f)  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
     for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));
   amx_gemm(pr.P, ld, K16, pr.qt2, pr.ldt, pack_pairs(dP), ld, pr.dkt, ld, true);

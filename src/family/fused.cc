@@ -231,8 +231,11 @@ struct fused_inputs {
   // forward_amx: the forward on AMX tiles (forward_amx): q and key words as forward_pairs', the
   // keys [B·Hkv][Nk + 32][P/2] (zero keys to whole tiles of 32), Vᵀ in key pairs [B·Hkv][Dv][ldvt].
   // backward_amx: the single row-layout pass on AMX tiles (dkdv_amx): backward_pairs' words, q
-  // rows [B·Hq][Nq + 16][P/2] (zero rows to whole tiles), and Qᵀ in row pairs Qt [B·Hq][P][ldt].
-  enum class use { f32, forward_pairs, forward_amx, backward_pairs, backward_amx, backward_pairs_f32, backward_pairs_all };
+  // rows [B·Hq][Nq + 16][P/2] (zero rows to whole tiles), and Qᵀ in row pairs Qt [B·Hq][P][ldt];
+  // backward_amx_f32: those and the f32 inputs of the dq pass (two passes, dk/dv on the tiles).
+  enum class use {
+    f32, forward_pairs, forward_amx, backward_pairs, backward_amx, backward_amx_f32, backward_pairs_f32, backward_pairs_all
+  };
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
   bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
@@ -261,7 +264,8 @@ struct fused_inputs {
   void prepare(const fproblem& fp, const fused_source& src, use u, int nt) {
     if (u != use::f32) {
       zscale = float(src.scale);
-      qpad = u == use::backward_amx ? 16 : 0;
+      const bool row_tiles = u == use::backward_amx || u == use::backward_amx_f32;
+      qpad = row_tiles ? 16 : 0;
       Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
       kpad = u == use::forward_amx ? 32 : 1;
       Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
@@ -274,19 +278,19 @@ struct fused_inputs {
       if (u == use::forward_pairs) {
         pairs = true;
         Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
-      } else if (u == use::backward_amx) {
+      } else if (row_tiles) {
         row_pairs = row_amx = true;
         ldt = amx_pair_stride(fp.Nq);
         Qt = cpu::bf16_pair_words_t(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, ldt, nt);
         Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
-        return;
+        if (u == use::backward_amx) return;
       } else {
         row_pairs = true;
         Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
         Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
         if (u == use::backward_pairs_all) pairs = true, Kn = load_value_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt);
       }
-      if (u != use::backward_pairs_f32) return;
+      if (u != use::backward_pairs_f32 && u != use::backward_amx_f32) return;
     }
     load(fp, src, nt);
     kstride = fp.Nk * fp.Pq;
@@ -847,12 +851,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // the two (their dq pass multiplies in f32). The sparse hardmax/top-k backward has no such pass.
   using use = fused_inputs::use;
   const bool single = single_pass(fp) || reuse_single;
-  // On the amx level the single pass runs on AMX tiles (whole tiles along P and Dv: 32 values).
-  const bool amx_rows = single && dout.type == dtype::bf16 && fp.Dv % 32 == 0 && fused_inputs::amx_products(fp, src, true);
+  // On the amx level the row-layout pass runs on AMX tiles (whole tiles along P and Dv: 32
+  // values) — the single pass, or the dk/dv pass of the two after an f32 dq pass.
+  const bool amx_rows = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 32 == 0 &&
+                        fused_inputs::amx_products(fp, src, true);
   const bool pairs = amx_rows || ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
                                   fused_inputs::bf16_products(fp, src));
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
-  const use u = amx_rows ? use::backward_amx
+  const use u = amx_rows ? (single ? use::backward_amx : use::backward_amx_f32)
                 : !pairs ? use::f32
                 : single ? use::backward_pairs
                 : bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, std::max(1, fp.p.num_threads)) &&
@@ -881,7 +887,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 #pragma omp parallel num_threads(nt)
     {
       row_pass rp(fp, in, dO.data(), stats, false);
-      rp.dOw = dOw.data(), rp.dOn = dOn.data();
+      rp.dOw = dOw.data(), rp.dOn = dOn.data(), rp.dOt = dOt.data();
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t task = 0; task < fp.B * fp.Hkv * nkb; ++task) {
         const std::int64_t kb = task % nkb, hkv = task / nkb % fp.Hkv, b = task / nkb / fp.Hkv;
@@ -1028,6 +1034,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 
   // Pass 2: dk, dv.
   dkdv_pass();
+  if (amx_rows) return "amx, bf16 products on AMX tiles in dk/dv";
   return in.pairs ? "avx512bf16, bf16 products" : pairs ? "avx512bf16, bf16 products in dk/dv" : in.kt.name;
 }
 

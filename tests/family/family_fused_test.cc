@@ -492,16 +492,19 @@ TEST(FamilyFused, Bf16TileForwardMatchesReference) {
   }
 }
 
-// On the amx level the single backward pass of bf16 dot scores (sigmoid, identity; softmax from
-// the forward's result) runs its five products on AMX tiles (P and Dv multiples of 32, B·Hkv >=
-// 8): every mask kind, GQA, Nq and Nk off the tiles' sizes (1, 9, 17, 65, 70, 133, 300), against
-// the reference on the rounded inputs and the f32 products, 1 against 2 threads bit for bit.
+// On the amx level the row-layout backward pass of bf16 dot scores runs its products on AMX tiles
+// (P and Dv multiples of 32): the single pass (sigmoid, identity; softmax from the forward's
+// result; B·Hkv >= 8), and the dk/dv pass of the two after the f32 dq pass (sparsemax, entmax15,
+// whose r needs every key): every mask kind, GQA, Nq and Nk off the tiles' sizes (1, 9, 17, 65,
+// 70, 133, 300), against the reference on the rounded inputs and the f32 products, 1 against 2
+// threads bit for bit.
 TEST(FamilyFused, Bf16TileBackwardMatchesReference) {
   bool saw_tiles = false;
   for (const std::string& isa : isas()) {
     isa_scope scope(isa.c_str());
     std::mt19937 rng(71);
-    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::identity, distribution_kind::softmax})
+    for (distribution_kind d : {distribution_kind::sigmoid, distribution_kind::identity, distribution_kind::softmax,
+                                distribution_kind::sparsemax, distribution_kind::entmax15})
       for (int mask = 0; mask < 5; ++mask) {
         const std::int64_t Nq = std::vector<std::int64_t>{1, 65, 9, 17, 70}[std::size_t(mask)];
         const std::int64_t Nk = std::vector<std::int64_t>{5, 300, 33, 1, 133}[std::size_t((mask + int(d)) % 5)];
