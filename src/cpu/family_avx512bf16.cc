@@ -70,6 +70,78 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
   _tile_release();
 }
 
+// fam_dq of bf16 pair operands with its three products on AMX tiles:
+//   Sᵀ  [keys][L] = K · Qᵀ     A: key rows as words (kw), B: the lanes' query words (qtw)
+//   dPᵀ [keys][L] = V · dOᵀ    A: value rows as words (vrw), B: the lanes' dout words (io.douttw)
+//   dqᵀ [P][L]   += Kᵀ · dS    A: Kᵀ in key pairs (ktw), B: dS in key pairs
+// Key ranges widened to whole pairs and blocks computed 32 keys at a time, as fam_forward_amx
+// (the keys and values past Nk are zero rows to whole tiles); dS's pairs past a short block are
+// zeroed. The rest — masks, ranges, statistics, r, dS — is fam_dq's.
+template <family_dist Dist>
+void fam_dq_amx(const family_lanes& lb, const family_dq_io& io) {
+  using Ops = bf16_pair_operands<avx512bf16_dot>;
+  constexpr std::int64_t L = C * W;
+  static_assert(L % 32 == 0 && kLaneKeyBlock % 32 == 0);
+  for (std::int64_t i = 0; i < lb.P * L; ++i) io.dqt[i] = 0.0f;
+  set_empty_stats<C>(lb);
+  std::int64_t kmin, kmax;
+  fam_range(lb, kmin, kmax);
+  if (kmin >= kmax) return;
+  kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;  // whole key pairs, as fam_dq's
+  const family_params& fp = lb.fp;
+  constexpr bool keep = family_keeps_scores(Dist);
+  const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
+  // No gradient reaches the scores through the one-hot (hardmax): the pass only finds the statistics.
+  constexpr bool no_dz = Dist == family_dist::hardmax;
+  amx_configure();
+  // True where the mask hid the block (lane_mask): dP is then 0 (α = 0 meets it in r's sums).
+  const auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP) {
+    const std::int64_t nt = (nb + 31) / 32 * 32;
+    if (lane_mask<C>(lb, j0, nb, S, nullptr, sc.mask)) {
+      if (!no_dz)
+        for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
+      return true;
+    }
+    amx_gemm(nt, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, lb.qtw, L, S, L, false);
+    if (lb.zscale != 1.0f)
+      for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
+    lane_transform<C>(lb, j0, nb, S, nullptr, sc.mask);
+    if (!no_dz) amx_gemm(nt, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, io.douttw, L, dP, L, false);
+    return false;
+  };
+  std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
+  if (keep) {
+    live_keys live(kmin, kmax);
+    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
+      const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
+      live.add(j0, nb, scores_dp(j0, nb, sc.S + o, sc.dP + o));
+    }
+    if (live.none() || no_dz) {  // every block hidden (empty rows, dq = 0), or no dS
+      if (!live.none()) lane_stats<Dist, C>(lb, sc.S + (live.lo - kmin) * L, live.hi - live.lo, live.lo, sc.buf);
+      return _tile_release();
+    }
+    k0 = live.lo, k1 = live.hi;
+    lane_stats<Dist, C>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
+    lane_r<Dist, C>(lb, sc.S + (k0 - kmin) * L, sc.dP + (k0 - kmin) * L, k1 - k0, k0);
+  }
+  for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
+    const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0), nt = (nb + 31) / 32 * 32, o = keep ? (j0 - kmin) * L : 0;
+    float *S = sc.S + o, *dP = sc.dP + o;
+    if (!keep && scores_dp(j0, nb, S, dP)) continue;  // hidden by the mask: dz = 0
+    vf sum_dz{}, sum_de{};
+    lane_dz<Dist, C>(lb, S, dP, nullptr, j0, nb, sum_dz, sum_de, nullptr);
+    double a = 0.0, b = 0.0;
+    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
+    io.sums[0] += a, io.sums[1] += b;
+    if (fp.mask_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0: nothing
+    auto* dsw = reinterpret_cast<std::uint32_t*>(sc.G);  // dS as words [nt/2][L] in G's room
+    Ops::pack_rows(S, nb, L, dsw);
+    for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(dsw + i, vu{});
+    amx_gemm(lb.P, L, nt / 2, lb.ktw + j0 / 2, lb.ldkt, dsw, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
+  }
+  _tile_release();
+}
+
 // fam_dkdv's row pass of dot scores with its five products on AMX tiles — the single pass (dq
 // with it), or the dk/dv pass of the two (pr.dq null: the dq pass found dq and the statistics):
 //   S  [nq][ld]  = Q · Kᵀ        A: query rows as words (qw), B: the key block's words (ktw)
@@ -128,6 +200,10 @@ void fam_dkdv_amx_entry(const family_rows& pr) {
   with_dist(pr.fp.dist, [&](auto d) { fam_dkdv_amx<decltype(d)::value>(pr); });
 }
 
+void fam_dq_amx_entry(const family_lanes& lb, const family_dq_io& io) {
+  with_dist(lb.fp.dist, [&](auto d) { fam_dq_amx<decltype(d)::value>(lb, io); });
+}
+
 void fam_forward_amx_entry(const family_lanes& lb, float* ot) {
   with_dist(lb.fp.dist, [&](auto d) { fam_forward_amx<decltype(d)::value>(lb, ot); });
 }
@@ -147,6 +223,7 @@ const family_table& family_amx() {
     t.name = "amx";
     t.forward_amx = fam_forward_amx_entry;
     t.dkdv_amx = fam_dkdv_amx_entry;
+    t.dq_amx = fam_dq_amx_entry;
     return t;
   }();
   return table;

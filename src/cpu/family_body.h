@@ -952,6 +952,46 @@ void fam_forward(const family_lanes& lb, float* ot) {
   }
 }
 
+// r = Σ u dP / Σ u of every lane (0 where Σ u = 0) into lb.st.r, from the scores S and dP
+// [n][L] of keys kbase…, with the lanes' statistics found.
+template <family_dist Dist, int CC>
+void lane_r(const family_lanes& lb, const float* S, const float* dP, std::int64_t n, std::int64_t kbase) {
+  const std::int64_t L = CC * W;
+#pragma GCC unroll 1
+  for (int c = 0; c < CC; ++c) {
+    const fam_stat st = load_stat<CC>(lb, c);
+    vf num{}, den{};
+    for (std::int64_t jj = 0; jj < n; ++jj) {
+      const vf s = load(S + jj * L + c * W);
+      const vf u = fam_u<Dist>(s, fam_alpha<Dist>(lb.fp, s, splati(std::int32_t(kbase + jj)), st), st);
+      num += u * load(dP + jj * L + c * W), den += u;
+    }
+    store(lb.st.r + c * W, vselect(den > vf{}, num / vmax(den, splat(1e-30f)), vf{}));
+  }
+}
+
+// S [nb][L] of keys j0… ← dz = de·act′ (G: act′(z), null for 1), de from dP and the lanes'
+// statistics; Σ dz, Σ de (and Σ de ∂e/∂h for the triangle kernel, where sum_dh is given) added.
+template <family_dist Dist, int CC>
+void lane_dz(const family_lanes& lb, float* S, const float* dP, const float* G, std::int64_t j0, std::int64_t nb,
+             vf& sum_dz, vf& sum_de, vf* sum_dh) {
+  const std::int64_t L = CC * W;
+  const bool tri = sum_dh && lb.fp.act == family_act::triangle;
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) {
+    const fam_stat st = load_stat<CC>(lb, c);
+    for (std::int64_t jj = 0; jj < nb; ++jj) {
+      const std::int64_t e = jj * L + c * W;
+      const vf s = load(S + e), a = fam_alpha<Dist>(lb.fp, s, splati(std::int32_t(j0 + jj)), st);
+      const vf de = fam_de<Dist>(s, a, load(dP + e), st);
+      const vf g = G ? load(G + e) : splat(1.0f), dz = de * g;
+      sum_de += de, sum_dz += dz;
+      if (tri) *sum_dh += de * triangle_dh(g, lb.fp.h);
+      store(S + e, dz);
+    }
+  }
+}
+
 // ---- backward dq, lane layout ----
 //   dP = V doutᵀ; r = Σ u dP / Σ u; dS = w (dP - r) act'; dqᵀ += Kᵀ dS
 // Ops: f32, or bf16 pairs for dot scores of bf16 inputs (family_lanes::qtw, kw, vrw, kpw and
@@ -1000,17 +1040,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
     // r = Σ u dP / Σ u (no dP: r = 0)
     if (no_dz) return;
-#pragma GCC unroll 1
-    for (int c = 0; c < CC; ++c) {
-      const fam_stat st = load_stat<CC>(lb, c);
-      vf num{}, den{};
-      for (std::int64_t jj = k0 - kmin; jj < k1 - kmin; ++jj) {
-        const vf s = load(sc.S + jj * L + c * W);
-        const vf u = fam_u<Dist>(s, fam_alpha<Dist>(fp, s, splati(std::int32_t(kmin + jj)), st), st);
-        num += u * load(sc.dP + jj * L + c * W), den += u;
-      }
-      store(lb.st.r + c * W, vselect(den > vf{}, num / vmax(den, splat(1e-30f)), vf{}));
-    }
+    lane_r<Dist, CC>(lb, sc.S + (k0 - kmin) * L, sc.dP + (k0 - kmin) * L, k1 - k0, k0);
   }
   if (no_dz) return;
   for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
@@ -1018,20 +1048,7 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
     if (!keep && scores_dp(j0, nb, S, dP, G)) continue;  // hidden by the mask: dz = 0
     vf sum_dz{}, sum_de{}, sum_dh{};
-    const bool tri = fp.act == family_act::triangle;
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      const fam_stat st = load_stat<CC>(lb, c);
-      for (std::int64_t jj = 0; jj < nb; ++jj) {
-        const std::int64_t e = jj * L + c * W;
-        const vf s = load(S + e), a = fam_alpha<Dist>(fp, s, splati(std::int32_t(j0 + jj)), st);
-        const vf de = fam_de<Dist>(s, a, load(dP + e), st);
-        const vf g = need_g ? load(G + e) : splat(1.0f), dz = de * g;
-        sum_de += de, sum_dz += dz;
-        if (tri) sum_dh += de * triangle_dh(g, fp.h);
-        store(S + e, dz);
-      }
-    }
+    lane_dz<Dist, CC>(lb, S, dP, need_g ? G : nullptr, j0, nb, sum_dz, sum_de, &sum_dh);
     double a = 0.0, b = 0.0, dh = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;

@@ -125,6 +125,11 @@ struct family_lanes {
   // the last key up to ldvt >= ⌈Nk/2⌉ + 16.
   const std::uint32_t* vtw = nullptr;
   std::int64_t ldvt = 0;
+  // dq_amx (the amx level's dq pass): qtw and kw as for forward_amx, vrw as for dq_bf16 but zero
+  // rows past Nk up to Nk + 32, and the keys as Kᵀ in key pairs: word (d, j') at ktw[d·ldkt + j']
+  // = k[2j'][d] | k[2j' + 1][d] << 16, zero past the last key up to ldkt >= ⌈Nk/2⌉ + 16.
+  const std::uint32_t* ktw = nullptr;
+  std::int64_t ldkt = 0;
 };
 
 // Forward: ot [Dv][L] receives out of each lane. dq: doutt [Dv][L] in, dqt [P][L] out (Σ_j dz
@@ -330,6 +335,9 @@ struct family_table {
   // The single row-layout pass of dot scores on AMX tiles (family_rows::qw, dow, qt2, dot2, ktw,
   // vtw, krw), every distribution the single pass takes; the amx level's table alone.
   void (*dkdv_amx)(const family_rows&) = nullptr;
+  // The dq pass of dot scores on AMX tiles (family_lanes::qtw, kw, vrw, ktw; io.douttw), every
+  // distribution the dense dq pass takes; the amx level's table alone.
+  void (*dq_amx)(const family_lanes&, const family_dq_io&) = nullptr;
 };
 
 const family_table& family_generic();

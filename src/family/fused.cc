@@ -232,15 +232,20 @@ struct fused_inputs {
   // keys [B·Hkv][Nk + 32][P/2] (zero keys to whole tiles of 32), Vᵀ in key pairs [B·Hkv][Dv][ldvt].
   // backward_amx: the single row-layout pass on AMX tiles (dkdv_amx): backward_pairs' words, q
   // rows [B·Hq][Nq + 16][P/2] (zero rows to whole tiles), and Qᵀ in row pairs Qt [B·Hq][P][ldt];
-  // backward_amx_f32: those and the f32 inputs of the dq pass (two passes, dk/dv on the tiles).
+  // backward_amx_f32: those and the f32 inputs of the dq pass (two passes, dk/dv on the tiles);
+  // backward_amx_all: both passes on the tiles (dq_amx; K and V finite) — backward_amx's words
+  // with keys and value rows zero to whole tiles (Nk + 32), and Kᵀ in key pairs Kt [B·Hkv][P][ldkt].
   enum class use {
-    f32, forward_pairs, forward_amx, backward_pairs, backward_amx, backward_amx_f32, backward_pairs_f32, backward_pairs_all
+    f32, forward_pairs, forward_amx, backward_pairs, backward_amx, backward_amx_f32, backward_amx_all,
+    backward_pairs_f32, backward_pairs_all
   };
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
   bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
   cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
+  cpu::words Kt;
   std::int64_t kpad = 1, ldvt = 0;  // zero keys past Nk in Kw; Vt's row stride (words)
+  std::int64_t vpad = 1, ldkt = 0;  // zero value rows past Nk in Vd; Kt's row stride (words)
   std::int64_t qpad = 0, ldt = 0;   // zero rows past Nq in Qw; Qt's row stride (words)
   float zscale = 1.0f;
 
@@ -264,10 +269,10 @@ struct fused_inputs {
   void prepare(const fproblem& fp, const fused_source& src, use u, int nt) {
     if (u != use::f32) {
       zscale = float(src.scale);
-      const bool row_tiles = u == use::backward_amx || u == use::backward_amx_f32;
+      const bool row_tiles = u == use::backward_amx || u == use::backward_amx_f32 || u == use::backward_amx_all;
       qpad = row_tiles ? 16 : 0;
       Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
-      kpad = u == use::forward_amx ? 32 : 1;
+      kpad = u == use::forward_amx || u == use::backward_amx_all ? 32 : 1;
       Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
       if (u == use::forward_amx) {
         amx = true;
@@ -282,8 +287,14 @@ struct fused_inputs {
         row_pairs = row_amx = true;
         ldt = amx_pair_stride(fp.Nq);
         Qt = cpu::bf16_pair_words_t(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, ldt, nt);
-        Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
-        if (u == use::backward_amx) return;
+        vpad = u == use::backward_amx_all ? 32 : 1;
+        Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, vpad, nt);
+        if (u == use::backward_amx_all) {
+          amx = true;
+          ldkt = ((fp.Nk + 1) / 2 + 16 + 15) / 16 * 16;  // whole cache lines
+          Kt = cpu::bf16_pair_words_t(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, ldkt, nt);
+        }
+        if (u != use::backward_amx_f32) return;
       } else {
         row_pairs = true;
         Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
@@ -432,7 +443,8 @@ struct lane_state {
       const std::int64_t qrow = (b * fp.Hq + h[x]) * fp.Nq + i[x];
       if (in.pairs || in.amx) {  // words [P/2][L] in qt's room
         auto* qw = reinterpret_cast<std::uint32_t*>(qt.get());
-        for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = in.Qw[std::size_t(qrow * (P / 2) + w)];
+        const std::int64_t qwrow = (b * fp.Hq + h[x]) * (fp.Nq + in.qpad) + i[x];  // (Qw: Nq + qpad rows per head)
+        for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = in.Qw[std::size_t(qwrow * (P / 2) + w)];
         continue;
       }
       const float* q = in.kq() + qrow * P;
@@ -461,10 +473,14 @@ struct lane_state {
     if (in.pairs || in.amx) {
       lb.qtw = reinterpret_cast<const std::uint32_t*>(qt.get());
       lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + in.kpad) * (P / 2), lb.kwsn = P / 2;
-      if (in.amx) lb.vtw = in.Vt.data() + (b * fp.Hkv + hkv) * fp.Dv * in.ldvt, lb.ldvt = in.ldvt;
+      if (!in.Vt.empty()) lb.vtw = in.Vt.data() + (b * fp.Hkv + hkv) * fp.Dv * in.ldvt, lb.ldvt = in.ldvt;
       if (!in.Vw.empty()) lb.vw = in.Vw.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * fp.Dv, lb.vwss = fp.Dv;
+      if (!in.Kt.empty()) {  // the backward's dq pass on the tiles
+        lb.vrw = in.Vd.data() + (b * fp.Hkv + hkv) * (fp.Nk + in.vpad) * (fp.Dv / 2), lb.vrwsn = fp.Dv / 2;
+        lb.ktw = in.Kt.data() + (b * fp.Hkv + hkv) * P * in.ldkt, lb.ldkt = in.ldkt;
+      }
       if (!in.Kn.empty()) {  // the backward's dq pass
-        lb.vrw = in.Vd.data() + (b * fp.Hkv + hkv) * (fp.Nk + 1) * (fp.Dv / 2), lb.vrwsn = fp.Dv / 2;
+        lb.vrw = in.Vd.data() + (b * fp.Hkv + hkv) * (fp.Nk + in.vpad) * (fp.Dv / 2), lb.vrwsn = fp.Dv / 2;
         lb.kpw = in.Kn.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * P, lb.kpwss = P;
       }
       lb.zscale = in.zscale;
@@ -689,10 +705,10 @@ struct row_pass {
     const std::int64_t ld = ceil_div(nb, lw) * lw, bh = b * fp.Hkv + hkv;
     std::uint32_t* ktw = reinterpret_cast<std::uint32_t*>(kt);
     std::uint32_t* vtw = reinterpret_cast<std::uint32_t*>(vt);
-    const std::uint32_t* Kw = in.row_pairs ? in.Kw.data() + bh * (fp.Nk + 1) * (P / 2) : nullptr;
+    const std::uint32_t* Kw = in.row_pairs ? in.Kw.data() + bh * (fp.Nk + in.kpad) * (P / 2) : nullptr;
     const float* K = in.row_pairs ? nullptr : in.keys(fp, b, hkv);
     if (in.row_pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
-      const std::uint32_t* Vd = in.Vd.data() + bh * (fp.Nk + 1) * (Dv / 2);
+      const std::uint32_t* Vd = in.Vd.data() + bh * (fp.Nk + in.vpad) * (Dv / 2);
       for (std::int64_t w = 0; w < P / 2; ++w)
         for (std::int64_t x = 0; x < ld; ++x) ktw[w * ld + x] = x < nb ? Kw[(j0 + x) * (P / 2) + w] : 0u;
       for (std::int64_t w = 0; w < Dv / 2; ++w)
@@ -858,12 +874,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const bool pairs = amx_rows || ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
                                   fused_inputs::bf16_products(fp, src));
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
-  const use u = amx_rows ? (single ? use::backward_amx : use::backward_amx_f32)
+  const int nt0 = std::max(1, fp.p.num_threads);
+  const auto kv_finite = [&] {
+    return bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt0) && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt0);
+  };
+  const use u = amx_rows ? (single ? use::backward_amx : kv_finite() ? use::backward_amx_all : use::backward_amx_f32)
                 : !pairs ? use::f32
                 : single ? use::backward_pairs
-                : bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, std::max(1, fp.p.num_threads)) &&
-                          bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))
-                    ? use::backward_pairs_all
+                : kv_finite() ? use::backward_pairs_all
                     : use::backward_pairs_f32;
   const fused_inputs in(fp, src, u, &dout);
   const std::int64_t P = fp.Pq, Dv = fp.Dv, G = in.G, L = in.L, nlb = in.nlb;
@@ -874,7 +892,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     return in.kt.name;
   }
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO = pairs && (single || in.pairs) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+  const std::vector<float> dO =
+      pairs && (single || in.pairs || in.amx) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   cpu::words dOw, dOn, dOt;
   if (amx_rows)  // (rows padded as q's; dOᵀ in row pairs as Qᵀ)
     dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, in.qpad, nt), dOt = cpu::bf16_pair_words_t(dout, fp.B, fp.Hq, fp.Nq, Dv, in.ldt, nt);
@@ -995,6 +1014,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const bool additive = fp.kernel == kernel_kind::additive;
   const std::int64_t nw = P * F;  // dw_v: [A], multi-dimensional [Dv, A]
   std::vector<double> dwv(additive ? std::size_t(in.units * nw) : 0, 0.0);  // dw_v per lane block
+  // Row r = (b·Hq + h)·Nq + i of dout as words (dOw: Nq + qpad rows per head).
+  const auto dout_row = [&](std::int64_t r) { return r / fp.Nq * (fp.Nq + in.qpad) + r % fp.Nq; };
 #pragma omp parallel num_threads(nt)
   {
     lane_state ls(fp, in);
@@ -1006,14 +1027,14 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       auto* douttw = reinterpret_cast<std::uint32_t*>(doutt.get());  // bf16 products: words [Dv/2][L]
       for (std::int64_t x = 0; x < L; ++x) {
         const std::int64_t r = x < ls.nl ? ls.row(fp, b, x) : -1;
-        if (in.pairs)
-          for (std::int64_t w = 0; w < Dv / 2; ++w) douttw[w * L + x] = r >= 0 ? dOw[std::size_t(r * (Dv / 2) + w)] : 0u;
+        if (in.pairs || in.amx)  // (the tiles' dout rows are padded to whole tiles: qpad)
+          for (std::int64_t w = 0; w < Dv / 2; ++w) douttw[w * L + x] = r >= 0 ? dOw[std::size_t(dout_row(r) * (Dv / 2) + w)] : 0u;
         else
           for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = r >= 0 ? dO[std::size_t(r * Dv + y)] : 0.0f;
       }
       cpu::family_dq_io io{doutt.get(), dqt.get(), sums.data() + 3 * u, additive ? dwv.data() + u * nw : nullptr};
       io.douttw = douttw;
-      (in.pairs ? in.kt.dq_bf16 : F > 1 ? in.kt.md_dq : in.kt.dq)(lb, io);
+      (in.amx ? in.kt.dq_amx : in.pairs ? in.kt.dq_bf16 : F > 1 ? in.kt.md_dq : in.kt.dq)(lb, io);
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x);
         put_row(sink.dq, b, ls.h[x], ls.i[x], P, dqt.get() + x, L, sink.dq_scale);
@@ -1034,6 +1055,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
 
   // Pass 2: dk, dv.
   dkdv_pass();
+  if (in.amx) return "amx, bf16 products on AMX tiles";
   if (amx_rows) return "amx, bf16 products on AMX tiles in dk/dv";
   return in.pairs ? "avx512bf16, bf16 products" : pairs ? "avx512bf16, bf16 products in dk/dv" : in.kt.name;
 }
