@@ -18,6 +18,20 @@ constexpr int R = 6;  // tile rows
 namespace attn::detail::cpu {
 namespace {
 
+// The scores of keys [j0, j0 + nb) (j0 even) of a lane block on the tiles: Sᵀ [keys][L] = K · Qᵀ
+// (A: key rows as words, kw; B: the lanes' query words, qtw), 32 keys at a time — the rows past
+// nb land in the next block's rows or the scratch's spare block — times zscale, then the mask,
+// activation and ranges (lane_transform). True where the mask hid the block (lane_mask: S = -inf).
+inline bool amx_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask) {
+  constexpr std::int64_t L = C * W;
+  if (lane_mask<C>(lb, j0, nb, S, nullptr, mask)) return true;
+  amx_gemm((nb + 31) / 32 * 32, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, lb.qtw, L, S, L, false);
+  if (lb.zscale != 1.0f)
+    for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
+  lane_transform<C>(lb, j0, nb, S, nullptr, mask);
+  return false;
+}
+
 // fam_forward of bf16 pair operands with its two products on AMX tiles (amx_gemm.h):
 //   Sᵀ [keys][L] = K · Qᵀ    A: key rows as words (kw), B: the lanes' query words (qtw)
 //   Oᵀ [Dv][L]  += Vᵀ · A    A: Vᵀ in key pairs (vtw), B: α in key pairs
@@ -39,14 +53,7 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
   amx_configure();
-  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
-    if (lane_mask<C>(lb, j0, nb, S, nullptr, sc.mask)) return true;
-    amx_gemm((nb + 31) / 32 * 32, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, lb.qtw, L, S, L, false);
-    if (lb.zscale != 1.0f)
-      for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
-    lane_transform<C>(lb, j0, nb, S, nullptr, sc.mask);
-    return false;
-  };
+  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) { return amx_lane_scores(lb, j0, nb, S, sc.mask); };
   std::int64_t k0 = kmin, k1 = kmax;
   if (keep) {
     live_keys live(kmin, kmax);
@@ -96,17 +103,12 @@ void fam_dq_amx(const family_lanes& lb, const family_dq_io& io) {
   amx_configure();
   // True where the mask hid the block (lane_mask): dP is then 0 (α = 0 meets it in r's sums).
   const auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP) {
-    const std::int64_t nt = (nb + 31) / 32 * 32;
-    if (lane_mask<C>(lb, j0, nb, S, nullptr, sc.mask)) {
+    if (amx_lane_scores(lb, j0, nb, S, sc.mask)) {
       if (!no_dz)
         for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
       return true;
     }
-    amx_gemm(nt, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, lb.qtw, L, S, L, false);
-    if (lb.zscale != 1.0f)
-      for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
-    lane_transform<C>(lb, j0, nb, S, nullptr, sc.mask);
-    if (!no_dz) amx_gemm(nt, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, io.douttw, L, dP, L, false);
+    if (!no_dz) amx_gemm((nb + 31) / 32 * 32, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, io.douttw, L, dP, L, false);
     return false;
   };
   std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
@@ -200,6 +202,20 @@ void fam_dkdv_amx_entry(const family_rows& pr) {
   with_dist(pr.fp.dist, [&](auto d) { fam_dkdv_amx<decltype(d)::value>(pr); });
 }
 
+// fam_kept_keys (hardmax, top-k: each lane's kept keys) with the scores on the tiles.
+template <family_dist Dist>
+void fam_kept_amx(const family_lanes& lb, const family_kept& out) {
+  amx_configure();
+  fam_kept_keys_with<bf16_pair_operands<avx512bf16_dot>, Dist, C>(
+      lb, out, [&](std::int64_t j0, std::int64_t nb, float* S, float*, float* mask) { return amx_lane_scores(lb, j0, nb, S, mask); });
+  _tile_release();
+}
+
+void fam_kept_amx_entry(const family_lanes& lb, const family_kept& out) {
+  if (lb.fp.dist == family_dist::hardmax) fam_kept_amx<family_dist::hardmax>(lb, out);
+  else fam_kept_amx<family_dist::topk>(lb, out);
+}
+
 void fam_dq_amx_entry(const family_lanes& lb, const family_dq_io& io) {
   with_dist(lb.fp.dist, [&](auto d) { fam_dq_amx<decltype(d)::value>(lb, io); });
 }
@@ -224,6 +240,7 @@ const family_table& family_amx() {
     t.forward_amx = fam_forward_amx_entry;
     t.dkdv_amx = fam_dkdv_amx_entry;
     t.dq_amx = fam_dq_amx_entry;
+    t.kept_amx = fam_kept_amx_entry;
     return t;
   }();
   return table;

@@ -1158,8 +1158,10 @@ void fam_dkdv(const family_rows& pr) {
 // ---- hardmax and top-k: the kept keys of every lane (for the sparse backward) ----
 // Ops: f32 (fam_ops), or bf16 pairs for dot scores of bf16 inputs (family_lanes::qtw, kw), the
 // key range widened to whole pairs as the forward's (the keys no lane sees get s = -inf: never kept).
-template <class Ops, family_dist Dist, int CC>
-void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
+// Scores: bool(j0, nb, S, G, mask) as lane_scores — the scores of keys [j0, j0 + nb) into S (and
+// act′ into G when given), true where the mask hid the block — for another product (AMX tiles).
+template <class Ops, family_dist Dist, int CC, class Scores>
+void fam_kept_keys_with(const family_lanes& lb, const family_kept& out, Scores&& scores) {
   constexpr bool pairs = Ops::kPack == 2;
   const std::int64_t L = CC * W;
   set_empty_stats<CC>(lb);
@@ -1174,8 +1176,7 @@ void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
   live_keys live(kmin, kmax);
   for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
     const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
-    if constexpr (pairs) live.add(j0, nb, lane_scores_pairs<Ops, CC>(lb, j0, nb, sc.S + o, sc.mask));
-    else live.add(j0, nb, lane_scores<CC>(lb, j0, nb, sc.S + o, need_g ? sc.G + o : nullptr, sc.mask));
+    live.add(j0, nb, scores(j0, nb, sc.S + o, need_g ? sc.G + o : nullptr, sc.mask));
   }
   if (live.none()) return;  // every block hidden: nothing kept
   const std::int64_t k0 = live.lo, k1 = live.hi;
@@ -1206,6 +1207,14 @@ void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
       }
     }
   }
+}
+
+template <class Ops, family_dist Dist, int CC>
+void fam_kept_keys(const family_lanes& lb, const family_kept& out) {
+  fam_kept_keys_with<Ops, Dist, CC>(lb, out, [&](std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
+    if constexpr (Ops::kPack == 2) return lane_scores_pairs<Ops, CC>(lb, j0, nb, S, mask);
+    else return lane_scores<CC>(lb, j0, nb, S, G, mask);
+  });
 }
 
 // Calls f(std::integral_constant<family_dist, d>{}): each kernel is compiled once per distribution.

@@ -338,6 +338,8 @@ struct family_table {
   // The dq pass of dot scores on AMX tiles (family_lanes::qtw, kw, vrw, ktw; io.douttw), every
   // distribution the dense dq pass takes; the amx level's table alone.
   void (*dq_amx)(const family_lanes&, const family_dq_io&) = nullptr;
+  // kept with the scores on AMX tiles (family_lanes::qtw, kw as for forward_amx); the amx level's alone.
+  void (*kept_amx)(const family_lanes&, const family_kept&) = nullptr;
 };
 
 const family_table& family_generic();

@@ -353,17 +353,17 @@ struct fused_inputs {
     static_assert(kQueryBlock % 32 == 0);
     return ceil_div(Nq, kQueryBlock) * kQueryBlock / 2;
   }
-  // The same on AMX tiles (the amx level's forward_amx): whole tiles along P (32 values) and Dv
-  // (16), and a dense forward (dense: not the sparse rows' kept keys).
-  static bool amx_products(const fproblem& fp, const fused_source& src, bool dense) {
+  // The same on AMX tiles (the amx level's forward_amx, and kept_amx for the sparse rows' kept
+  // keys): whole tiles along P (32 values) and Dv (16).
+  static bool amx_products(const fproblem& fp, const fused_source& src) {
     const cpu::family_table& kt = cpu::select_family_kernels();
-    return kt.forward_amx != nullptr && kt.lanes % 32 == 0 && dense && fp.Pq % 32 == 0 && fp.Dv % 16 == 0 &&
+    return kt.forward_amx != nullptr && kt.lanes % 32 == 0 && fp.Pq % 32 == 0 && fp.Dv % 16 == 0 &&
            bf16_dot_operands(fp, src);
   }
   // The forward: V finite too (the key pairs may put a key no row sees beside the first one a
   // row sees: its α = 0 must not meet an inf).
-  static use forward_use(const fproblem& fp, const fused_source& src, bool dense) {
-    const bool amx = amx_products(fp, src, dense);
+  static use forward_use(const fproblem& fp, const fused_source& src) {
+    const bool amx = amx_products(fp, src);
     if (!amx && !bf16_products(fp, src)) return use::f32;
     if (!bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))) return use::f32;
     return amx ? use::forward_amx : use::forward_pairs;
@@ -537,7 +537,7 @@ kept_rows find_kept(const fproblem& fp, const fused_inputs& in, std::int64_t K) 
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < in.units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % fp.Hkv, b = u / nlb / fp.Hkv;
-      (in.pairs ? in.kt.kept_bf16 : in.kt.kept)(ls.set(fp, in, b, hkv, lbi),
+      (in.amx ? in.kt.kept_amx : in.pairs ? in.kt.kept_bf16 : in.kt.kept)(ls.set(fp, in, b, hkv, lbi),
                                                 cpu::family_kept{K, cnt.data(), idx.data(), al.data(), gz.data()});
       for (std::int64_t x = 0; x < ls.nl; ++x) {
         const std::int64_t r = ls.row(fp, b, x), n = cnt[std::size_t(x)];
@@ -573,7 +573,7 @@ bool kept_reusable(const fproblem& fp) {
 const char* fused_forward(const fproblem& fp, const fused_source& src, const strided4& out, float* log_norm,
                           kept_rows* kept) {
   const std::int64_t K = sparse_rows(fp);
-  const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src, K == 0));
+  const fused_inputs in(fp, src, fused_inputs::forward_use(fp, src));
   if (!fused_keeps_stats(fp)) log_norm = nullptr;
   if (log_norm) std::fill(log_norm, log_norm + fp.B * fp.Hq * fp.Nq * fp.F, -kInfF);
   if (fp.B * fp.Hq * fp.Nq == 0 || fp.Nk == 0) {
@@ -585,7 +585,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   // the dense forms, as in the reference; the bf16 products' inputs are checked by forward_use):
   // out_i = Σ α v over the row's kept keys alone, summed in key order in float64, V read as the
   // kernels read it (in.V, or the user's bf16 rows where the products take bf16 pairs).
-  if (K && (in.pairs || all_finite(in.V, nt))) {
+  if (K && (in.pairs || in.amx || all_finite(in.V, nt))) {
     kept_rows kr = find_kept(fp, in, K);
     const std::int64_t rows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
 #pragma omp parallel num_threads(nt)
@@ -599,7 +599,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
         for (std::int64_t e = 0; e < kr.cnt[std::size_t(r)]; ++e) {
           const double a = kr.alpha[std::size_t(r * K + e)];
           const std::int64_t j = kr.idx[std::size_t(r * K + e)];
-          if (in.pairs) {
+          if (in.pairs || in.amx) {
             const std::uint16_t* vj = src.v.ptr<std::uint16_t>(b, hkv, j, 0);
             for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(bf16_to_f32(vj[y * src.v.sx]));
             continue;
@@ -612,6 +612,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
       }
     }
     if (kept) *kept = std::move(kr);
+    if (in.amx) return "amx, bf16 products on AMX tiles";
     return in.pairs ? "avx512bf16, bf16 products" : in.kt.name;
   }
   const bool softmax = fp.dist == distribution_kind::softmax;
@@ -870,7 +871,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // On the amx level the row-layout pass runs on AMX tiles (whole tiles along P and Dv: 32
   // values) — the single pass, or the dk/dv pass of the two after an f32 dq pass.
   const bool amx_rows = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 32 == 0 &&
-                        fused_inputs::amx_products(fp, src, true);
+                        fused_inputs::amx_products(fp, src);
   const bool pairs = amx_rows || ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
                                   fused_inputs::bf16_products(fp, src));
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
