@@ -705,7 +705,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
             cnt += vselect(in, splat(1.0f), vf{});
             s1 += vselect(in, x, vf{});
             mn = vselect(in, vmin(mn, x), mn);
-            if (any_lane(in)) idx[kept++] = jj;
+            idx[kept] = jj, kept += any_lane(in);  // (branch-free: which keys stay is data, not a pattern)
           }
           nidx = kept;
           const vf tc = (s1 - splat(1.0f)) / vmax(cnt, splat(1.0f));
@@ -733,7 +733,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
             s1 += vselect(in, x, vf{});
             s2 += vselect(in, x * x, vf{});
             mn = vselect(in, vmin(mn, x), mn);
-            if (any_lane(in)) idx[kept++] = jj;
+            idx[kept] = jj, kept += any_lane(in);  // (branch-free: which keys stay is data, not a pattern)
           }
           nidx = kept;
           const vf nc = vmax(cnt, splat(1.0f)), mean = s1 / nc;
