@@ -696,21 +696,35 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         std::int64_t nidx = n;
         for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (std::int64_t it = 0; it <= n && !all_lanes(done); ++it) {
-          vf cnt{}, s1{}, mn = splat(kInf);
+          // Two keys a step into two sets of sums (each sum's chain of adds half as long), summed
+          // after; the surviving keys compacted in place without a branch (which keys stay is
+          // data, not a pattern the predictor learns).
+          vf cnt[2] = {}, s1[2] = {}, mn[2] = {splat(kInf), splat(kInf)};
           std::int64_t kept = 0;
-          for (std::int64_t e = 0; e < nidx; ++e) {
-            const std::int32_t jj = idx[e];
+          const auto visit = [&](int a, std::int32_t jj) {
             const vf x = load(S + jj * L + c * W) - m0;
             const vi in = x > tau;
-            cnt += vselect(in, splat(1.0f), vf{});
-            s1 += vselect(in, x, vf{});
-            mn = vselect(in, vmin(mn, x), mn);
-            idx[kept] = jj, kept += any_lane(in);  // (branch-free: which keys stay is data, not a pattern)
+            cnt[a] += vselect(in, splat(1.0f), vf{});
+            s1[a] += vselect(in, x, vf{});
+            mn[a] = vselect(in, vmin(mn[a], x), mn[a]);
+            return any_lane(in);
+          };
+          std::int64_t e = 0;
+          for (; e + 1 < nidx; e += 2) {
+            const std::int32_t j0 = idx[e], j1 = idx[e + 1];
+            const bool k0 = visit(0, j0), k1 = visit(1, j1);
+            idx[kept] = j0, kept += k0;
+            idx[kept] = j1, kept += k1;
+          }
+          if (e < nidx) {
+            const std::int32_t j0 = idx[e];
+            idx[kept] = j0, kept += visit(0, j0);
           }
           nidx = kept;
-          const vf tc = (s1 - splat(1.0f)) / vmax(cnt, splat(1.0f));
+          const vf cnt_ = cnt[0] + cnt[1], s1_ = s1[0] + s1[1], mn_ = vmin(mn[0], mn[1]);
+          const vf tc = (s1_ - splat(1.0f)) / vmax(cnt_, splat(1.0f));
           tau = vselect(done, tau, tc);
-          done |= tc < mn;
+          done |= tc < mn_;
         }
         t = vselect(empty, splat(kInf), tau);
         lse = m0;
@@ -723,19 +737,30 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         std::int64_t nidx = n;
         for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (int it = 0; it < 60 && !all_lanes(done); ++it) {
-          vf cnt{}, s1{}, s2{}, mn = splat(kInf);
+          vf cnt_[2] = {}, s1_[2] = {}, s2_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};  // (as sparsemax's)
           std::int64_t kept = 0;
-          for (std::int64_t e = 0; e < nidx; ++e) {
-            const std::int32_t jj = idx[e];
+          const auto visit = [&](int a, std::int32_t jj) {
             const vf x = load(S + jj * L + c * W) * h - mh;
             const vi in = x > tau;
-            cnt += vselect(in, splat(1.0f), vf{});
-            s1 += vselect(in, x, vf{});
-            s2 += vselect(in, x * x, vf{});
-            mn = vselect(in, vmin(mn, x), mn);
-            idx[kept] = jj, kept += any_lane(in);  // (branch-free: which keys stay is data, not a pattern)
+            cnt_[a] += vselect(in, splat(1.0f), vf{});
+            s1_[a] += vselect(in, x, vf{});
+            s2_[a] += vselect(in, x * x, vf{});
+            mn_[a] = vselect(in, vmin(mn_[a], x), mn_[a]);
+            return any_lane(in);
+          };
+          std::int64_t e = 0;
+          for (; e + 1 < nidx; e += 2) {
+            const std::int32_t j0 = idx[e], j1 = idx[e + 1];
+            const bool k0 = visit(0, j0), k1 = visit(1, j1);
+            idx[kept] = j0, kept += k0;
+            idx[kept] = j1, kept += k1;
+          }
+          if (e < nidx) {
+            const std::int32_t j0 = idx[e];
+            idx[kept] = j0, kept += visit(0, j0);
           }
           nidx = kept;
+          const vf cnt = cnt_[0] + cnt_[1], s1 = s1_[0] + s1_[1], s2 = s2_[0] + s2_[1], mn = vmin(mn_[0], mn_[1]);
           const vf nc = vmax(cnt, splat(1.0f)), mean = s1 / nc;
           const vf ss = s2 - s1 * mean;
           const vf tc = mean - vsqrt(vmax((splat(1.0f) - ss) / nc, vf{}));
