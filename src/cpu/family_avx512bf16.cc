@@ -22,13 +22,14 @@ namespace {
 // (A: key rows as words, kw; B: the lanes' query words, qtw), 32 keys at a time — the rows past
 // nb land in the next block's rows or the scratch's spare block — times zscale, then the mask,
 // activation and ranges (lane_transform). True where the mask hid the block (lane_mask: S = -inf).
-inline bool amx_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask) {
+// pending: as lane_scores_pairs' (zscale left to α where the transform changes nothing).
+inline bool amx_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask,
+                            float* pending = nullptr) {
   constexpr std::int64_t L = C * W;
+  if (pending) *pending = 1.0f;
   if (lane_mask<C>(lb, j0, nb, S, nullptr, mask)) return true;
   amx_gemm((nb + 31) / 32 * 32, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, lb.qtw, L, S, L, false);
-  if (lb.zscale != 1.0f)
-    for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
-  lane_transform<C>(lb, j0, nb, S, nullptr, mask);
+  lane_scale_transform<C>(lb, j0, nb, S, mask, pending);
   return false;
 }
 
@@ -53,7 +54,10 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
   amx_configure();
-  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) { return amx_lane_scores(lb, j0, nb, S, sc.mask); };
+  float pending = 1.0f;  // (the streaming distributions: zscale left to α)
+  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
+    return amx_lane_scores(lb, j0, nb, S, sc.mask, keep ? nullptr : &pending);
+  };
   std::int64_t k0 = kmin, k1 = kmax;
   if (keep) {
     live_keys live(kmin, kmax);
@@ -70,7 +74,7 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
     if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0
     auto* aw = reinterpret_cast<std::uint32_t*>(sc.dP);  // dP's room holds α as words [nt/2][L]
-    if (!lane_alpha_pairs<Ops, Dist, C>(lb, S, j0, nb, aw) && lb.fp.mask_skip) continue;
+    if (!lane_alpha_pairs<Ops, Dist, C>(lb, S, j0, nb, aw, pending) && lb.fp.mask_skip) continue;
     for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(aw + i, vu{});
     amx_gemm(lb.Dv, L, nt / 2, lb.vtw + j0 / 2, lb.ldvt, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
   }

@@ -597,15 +597,43 @@ bool lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float
   return false;
 }
 
-// The same for dot scores on bf16 pair operands (j0 and nb even): z = zscale · (q·k).
+// Whether lane_transform leaves the scores of keys [j0, j0 + nb) as they are: the identity
+// activation without bias or mask, every lane's range holding the whole block, no act′ asked.
+template <int CC>
+bool lane_transform_is_identity(const family_lanes& lb, std::int64_t j0, std::int64_t nb, const float* G) {
+  const family_params& fp = lb.fp;
+  const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  bool ranged = lb.nl < CC * W;
+  for (std::int64_t x = 0; x < lb.nl; ++x) ranged |= lb.lo[x] > j0 || lb.hi[x] < j0 + nb;
+  return plain && !fp.mask && !ranged && !G;
+}
+
+// z = zscale · S, then lane_transform; with pending (see lane_scores_pairs) the product is left
+// to the caller where the transform would leave the scores as they are.
+template <int CC>
+void lane_scale_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, const float* mask,
+                          float* pending) {
+  if (pending && lb.zscale != 1.0f && lane_transform_is_identity<CC>(lb, j0, nb, nullptr)) {
+    *pending = lb.zscale;
+    return;
+  }
+  if (lb.zscale != 1.0f)
+    for (std::int64_t i = 0; i < nb * lb.L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
+  lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
+}
+
+// The same for dot scores on bf16 pair operands (j0 and nb even): z = zscale · (q·k). pending
+// (the streaming distributions' α, which reads each score once): where the transform leaves the
+// scores as they are, S keeps q·k and *pending = zscale, the product left to α (one pass over
+// the scores the fewer); else *pending = 1.
 template <class Ops, int CC>
-bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask) {
+bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* mask,
+                       float* pending = nullptr) {
   const std::int64_t L = CC * W;
+  if (pending) *pending = 1.0f;
   if (lane_mask<CC>(lb, j0, nb, S, nullptr, mask)) return true;
   gemm<Ops>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
-  if (lb.zscale != 1.0f)
-    for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, load(S + i) * splat(lb.zscale));
-  lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
+  lane_scale_transform<CC>(lb, j0, nb, S, mask, pending);
   return false;
 }
 
@@ -616,10 +644,7 @@ void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, fl
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
-  bool ranged = false;
-  for (std::int64_t x = 0; x < lb.nl; ++x) ranged |= lb.lo[x] > j0 || lb.hi[x] < j0 + nb;
-  ranged |= lb.nl < L;
-  if (plain && !fp.mask && !ranged && !G) return;
+  if (lane_transform_is_identity<CC>(lb, j0, nb, G)) return;
   const vf bias = splat(fp.bias);
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
@@ -902,9 +927,10 @@ inline vf fam_alpha_rounded(const family_params& fp, vf s, vi j, const fam_stat&
 
 // S [nb][L] (nb even) of keys j0.. → α (fam_alpha_rounded) in key pairs out [nb/2][L] of Ops's
 // words, in one pass where lane_alpha and pack_rows took two. Returns whether any α is nonzero.
+// scale: a factor of the scores not yet applied (zscale, where lane_scores_pairs left it to α).
 template <class Ops, family_dist Dist, int CC>
 bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, std::int64_t nb,
-                      typename Ops::word* out) {
+                      typename Ops::word* out, float scale = 1.0f) {
   const std::int64_t L = CC * W;
   vi nz{};
 #pragma GCC unroll 4
@@ -912,8 +938,10 @@ bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, s
     const fam_stat st = load_stat<CC>(lb, c);
     for (std::int64_t jj = 0; jj < nb; jj += 2) {
       const vi j = splati(std::int32_t(j0 + jj));
-      const vf a0 = fam_alpha_rounded<Dist>(lb.fp, load(S + jj * L + c * W), j, st);
-      const vf a1 = fam_alpha_rounded<Dist>(lb.fp, load(S + (jj + 1) * L + c * W), j + splati(1), st);
+      vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
+      if (scale != 1.0f) s0 *= splat(scale), s1 *= splat(scale);  // (the product lane_scores_pairs skipped)
+      const vf a0 = fam_alpha_rounded<Dist>(lb.fp, s0, j, st);
+      const vf a1 = fam_alpha_rounded<Dist>(lb.fp, s1, j + splati(1), st);
       nz |= (a0 != vf{}) | (a1 != vf{});
       storeu(out + jj / 2 * L + c * W, Ops::pair_rows(a0, a1));
     }
@@ -943,8 +971,9 @@ void fam_forward(const family_lanes& lb, float* ot) {
   if constexpr (pairs) kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;
   constexpr bool keep = family_keeps_scores(Dist);
   const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
+  float pending = 1.0f;  // (the streaming distributions: zscale left to α, lane_scores_pairs)
   const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S) {
-    if constexpr (pairs) return lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
+    if constexpr (pairs) return lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask, keep ? nullptr : &pending);
     else return lane_scores<CC>(lb, j0, nb, S, nullptr, sc.mask);
   };
   std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
@@ -964,7 +993,7 @@ void fam_forward(const family_lanes& lb, float* ot) {
     if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0 (lb.alpha comes zeroed)
     if constexpr (pairs) {  // dP's room (unused by the forward) holds α as words [nb/2][L]
       auto* aw = reinterpret_cast<typename Ops::word*>(sc.dP);
-      if (!lane_alpha_pairs<Ops, Dist, CC>(lb, S, j0, nb, aw) && lb.fp.mask_skip) continue;
+      if (!lane_alpha_pairs<Ops, Dist, CC>(lb, S, j0, nb, aw, pending) && lb.fp.mask_skip) continue;
       gemm<Ops>(lb.Dv, L, nb / 2, lb.vw + j0 / 2 * lb.vwss, 1, lb.vwss, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
     } else {
       lane_alpha<Dist, CC>(lb, S, j0, nb);
