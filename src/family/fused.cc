@@ -124,6 +124,8 @@ void put_lanes(const strided4& s, std::int64_t b, std::int64_t nl, std::int64_t 
 
 void put_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t X, const float* src,
              std::int64_t ss, double mul) {
+  // mul 1: the same bits by cpu::store_row (one copy of the rounding; unit-stride rows vectorised)
+  if (mul == 1.0) return cpu::store_row(s, b, h, n, X, src, ss, 1.0f);
   switch (s.type) {
     case dtype::f32: {
       float* p = s.ptr<float>(b, h, n, 0);
