@@ -686,6 +686,26 @@ inline float kth_largest(float* a, std::int64_t n, std::int64_t k) {
 
 // Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
 // lb.st (r not touched).
+// Visits the keys idx[0, nidx) two at a time — visit(a, jj) adds key jj into set a (0 or 1) of
+// the caller's sums (two chains of adds, each half as long) and says whether some lane keeps it
+// — and compacts the kept keys to the front in place, without a branch (which keys stay is data,
+// not a pattern the predictor learns). Returns their count.
+template <class Visit>
+std::int64_t visit_pairs(std::int32_t* idx, std::int64_t nidx, Visit&& visit) {
+  std::int64_t kept = 0, e = 0;
+  for (; e + 1 < nidx; e += 2) {
+    const std::int32_t j0 = idx[e], j1 = idx[e + 1];
+    const bool k0 = visit(0, j0), k1 = visit(1, j1);
+    idx[kept] = j0, kept += k0;
+    idx[kept] = j1, kept += k1;
+  }
+  if (e < nidx) {
+    const std::int32_t j0 = idx[e];
+    idx[kept] = j0, kept += visit(0, j0);
+  }
+  return kept;
+}
+
 template <family_dist Dist, int CC>
 void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf) {
   const std::int64_t L = CC * W;
@@ -721,11 +741,8 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         std::int64_t nidx = n;
         for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (std::int64_t it = 0; it <= n && !all_lanes(done); ++it) {
-          // Two keys a step into two sets of sums (each sum's chain of adds half as long), summed
-          // after; the surviving keys compacted in place without a branch (which keys stay is
-          // data, not a pattern the predictor learns).
+          // Two keys a step into two sets of sums (visit_pairs), summed after.
           vf cnt[2] = {}, s1[2] = {}, mn[2] = {splat(kInf), splat(kInf)};
-          std::int64_t kept = 0;
           const auto visit = [&](int a, std::int32_t jj) {
             const vf x = load(S + jj * L + c * W) - m0;
             const vi in = x > tau;
@@ -734,18 +751,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
             mn[a] = vselect(in, vmin(mn[a], x), mn[a]);
             return any_lane(in);
           };
-          std::int64_t e = 0;
-          for (; e + 1 < nidx; e += 2) {
-            const std::int32_t j0 = idx[e], j1 = idx[e + 1];
-            const bool k0 = visit(0, j0), k1 = visit(1, j1);
-            idx[kept] = j0, kept += k0;
-            idx[kept] = j1, kept += k1;
-          }
-          if (e < nidx) {
-            const std::int32_t j0 = idx[e];
-            idx[kept] = j0, kept += visit(0, j0);
-          }
-          nidx = kept;
+          nidx = visit_pairs(idx, nidx, visit);
           const vf cnt_ = cnt[0] + cnt[1], s1_ = s1[0] + s1[1], mn_ = vmin(mn[0], mn[1]);
           const vf tc = (s1_ - splat(1.0f)) / vmax(cnt_, splat(1.0f));
           tau = vselect(done, tau, tc);
@@ -763,7 +769,6 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (int it = 0; it < 60 && !all_lanes(done); ++it) {
           vf cnt_[2] = {}, s1_[2] = {}, s2_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};  // (as sparsemax's)
-          std::int64_t kept = 0;
           const auto visit = [&](int a, std::int32_t jj) {
             const vf x = load(S + jj * L + c * W) * h - mh;
             const vi in = x > tau;
@@ -773,18 +778,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
             mn_[a] = vselect(in, vmin(mn_[a], x), mn_[a]);
             return any_lane(in);
           };
-          std::int64_t e = 0;
-          for (; e + 1 < nidx; e += 2) {
-            const std::int32_t j0 = idx[e], j1 = idx[e + 1];
-            const bool k0 = visit(0, j0), k1 = visit(1, j1);
-            idx[kept] = j0, kept += k0;
-            idx[kept] = j1, kept += k1;
-          }
-          if (e < nidx) {
-            const std::int32_t j0 = idx[e];
-            idx[kept] = j0, kept += visit(0, j0);
-          }
-          nidx = kept;
+          nidx = visit_pairs(idx, nidx, visit);
           const vf cnt = cnt_[0] + cnt_[1], s1 = s1_[0] + s1_[1], s2 = s2_[0] + s2_[1], mn = vmin(mn_[0], mn_[1]);
           const vf nc = vmax(cnt, splat(1.0f)), mean = s1 / nc;
           const vf ss = s2 - s1 * mean;
