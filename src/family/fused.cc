@@ -244,6 +244,8 @@ struct fused_inputs {
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
   bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
+  // The lane blocks take bf16 words (q, keys; the dq pass: values), by vdpbf16ps or on the tiles.
+  bool lane_words() const { return pairs || amx; }
   cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
   cpu::words Kt;
   std::int64_t kpad = 1, ldvt = 0;  // zero keys past Nk in Kw; Vt's row stride (words)
@@ -443,7 +445,7 @@ struct lane_state {
       const auto [a, e] = fp.p.key_range(b, i[x]);
       lo[x] = std::int32_t(a), hi[x] = std::int32_t(e);
       const std::int64_t qrow = (b * fp.Hq + h[x]) * fp.Nq + i[x];
-      if (in.pairs || in.amx) {  // words [P/2][L] in qt's room
+      if (in.lane_words()) {  // words [P/2][L] in qt's room
         auto* qw = reinterpret_cast<std::uint32_t*>(qt.get());
         const std::int64_t qwrow = (b * fp.Hq + h[x]) * (fp.Nq + in.qpad) + i[x];  // (Qw: Nq + qpad rows per head)
         for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = in.Qw[std::size_t(qwrow * (P / 2) + w)];
@@ -458,7 +460,7 @@ struct lane_state {
     for (std::int64_t x = 0; x < nl; ++x)
       if (lo[x] < hi[x]) kmin = std::min<std::int64_t>(kmin, lo[x]), kmax = std::max<std::int64_t>(kmax, hi[x]);
     // (+2: the bf16 forward widens the range to whole key pairs)
-    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0) + (in.pairs || in.amx ? 2 : 0);
+    const std::int64_t span = std::max<std::int64_t>(kmax - kmin, 0) + (in.lane_words() ? 2 : 0);
     std::int64_t Fc = F;
     if (cpu::family_keeps_scores(prm.dist)) {
       Fc = std::clamp<std::int64_t>(kMdScoreFloats / std::max<std::int64_t>(span * L, 1), 1, F);
@@ -472,7 +474,7 @@ struct lane_state {
     cpu::family_lanes lb;
     lb.L = L, lb.nl = nl, lb.P = P, lb.Dv = fp.Dv;
     lb.qt = qt.get();
-    if (in.pairs || in.amx) {
+    if (in.lane_words()) {
       lb.qtw = reinterpret_cast<const std::uint32_t*>(qt.get());
       lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + in.kpad) * (P / 2), lb.kwsn = P / 2;
       if (!in.Vt.empty()) lb.vtw = in.Vt.data() + (b * fp.Hkv + hkv) * fp.Dv * in.ldvt, lb.ldvt = in.ldvt;
@@ -587,7 +589,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   // the dense forms, as in the reference; the bf16 products' inputs are checked by forward_use):
   // out_i = Σ α v over the row's kept keys alone, summed in key order in float64, V read as the
   // kernels read it (in.V, or the user's bf16 rows where the products take bf16 pairs).
-  if (K && (in.pairs || in.amx || all_finite(in.V, nt))) {
+  if (K && (in.lane_words() || all_finite(in.V, nt))) {
     kept_rows kr = find_kept(fp, in, K);
     const std::int64_t rows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
 #pragma omp parallel num_threads(nt)
@@ -601,7 +603,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
         for (std::int64_t e = 0; e < kr.cnt[std::size_t(r)]; ++e) {
           const double a = kr.alpha[std::size_t(r * K + e)];
           const std::int64_t j = kr.idx[std::size_t(r * K + e)];
-          if (in.pairs || in.amx) {
+          if (in.lane_words()) {
             const std::uint16_t* vj = src.v.ptr<std::uint16_t>(b, hkv, j, 0);
             for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(bf16_to_f32(vj[y * src.v.sx]));
             continue;
@@ -896,7 +898,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
   const int nt = std::max(1, fp.p.num_threads);
   const std::vector<float> dO =
-      pairs && (single || in.pairs || in.amx) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+      pairs && (single || in.lane_words()) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   cpu::words dOw, dOn, dOt;
   if (amx_rows)  // (rows padded as q's; dOᵀ in row pairs as Qᵀ)
     dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, in.qpad, nt), dOt = cpu::bf16_pair_words_t(dout, fp.B, fp.Hq, fp.Nq, Dv, in.ldt, nt);
@@ -1030,7 +1032,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
       auto* douttw = reinterpret_cast<std::uint32_t*>(doutt.get());  // bf16 products: words [Dv/2][L]
       for (std::int64_t x = 0; x < L; ++x) {
         const std::int64_t r = x < ls.nl ? ls.row(fp, b, x) : -1;
-        if (in.pairs || in.amx)  // (the tiles' dout rows are padded to whole tiles: qpad)
+        if (in.lane_words())  // (the tiles' dout rows are padded to whole tiles: qpad)
           for (std::int64_t w = 0; w < Dv / 2; ++w) douttw[w * L + x] = r >= 0 ? dOw[std::size_t(dout_row(r) * (Dv / 2) + w)] : 0u;
         else
           for (std::int64_t y = 0; y < Dv; ++y) doutt[y * L + x] = r >= 0 ? dO[std::size_t(r * Dv + y)] : 0.0f;
