@@ -684,8 +684,6 @@ inline float kth_largest(float* a, std::int64_t n, std::int64_t k) {
   return a[want];
 }
 
-// Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
-// lb.st (r not touched).
 // Visits the keys idx[0, nidx) two at a time — visit(a, jj) adds key jj into set a (0 or 1) of
 // the caller's sums (two chains of adds, each half as long) and says whether some lane keeps it
 // — and compacts the kept keys to the front in place, without a branch (which keys stay is data,
@@ -706,6 +704,8 @@ std::int64_t visit_pairs(std::int32_t* idx, std::int64_t nidx, Visit&& visit) {
   return kept;
 }
 
+// Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
+// lb.st (r not touched).
 template <family_dist Dist, int CC>
 void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf) {
   const std::int64_t L = CC * W;
@@ -742,20 +742,20 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (std::int64_t it = 0; it <= n && !all_lanes(done); ++it) {
           // Two keys a step into two sets of sums (visit_pairs), summed after.
-          vf cnt[2] = {}, s1[2] = {}, mn[2] = {splat(kInf), splat(kInf)};
+          vf cnt_[2] = {}, s1_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};
           const auto visit = [&](int a, std::int32_t jj) {
             const vf x = load(S + jj * L + c * W) - m0;
             const vi in = x > tau;
-            cnt[a] += vselect(in, splat(1.0f), vf{});
-            s1[a] += vselect(in, x, vf{});
-            mn[a] = vselect(in, vmin(mn[a], x), mn[a]);
+            cnt_[a] += vselect(in, splat(1.0f), vf{});
+            s1_[a] += vselect(in, x, vf{});
+            mn_[a] = vselect(in, vmin(mn_[a], x), mn_[a]);
             return any_lane(in);
           };
           nidx = visit_pairs(idx, nidx, visit);
-          const vf cnt_ = cnt[0] + cnt[1], s1_ = s1[0] + s1[1], mn_ = vmin(mn[0], mn[1]);
-          const vf tc = (s1_ - splat(1.0f)) / vmax(cnt_, splat(1.0f));
+          const vf cnt = cnt_[0] + cnt_[1], s1 = s1_[0] + s1_[1], mn = vmin(mn_[0], mn_[1]);
+          const vf tc = (s1 - splat(1.0f)) / vmax(cnt, splat(1.0f));
           tau = vselect(done, tau, tc);
-          done |= tc < mn_;
+          done |= tc < mn;
         }
         t = vselect(empty, splat(kInf), tau);
         lse = m0;
@@ -768,7 +768,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         std::int64_t nidx = n;
         for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (int it = 0; it < 60 && !all_lanes(done); ++it) {
-          vf cnt_[2] = {}, s1_[2] = {}, s2_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};  // (as sparsemax's)
+          vf cnt_[2] = {}, s1_[2] = {}, s2_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};  // (visit_pairs)
           const auto visit = [&](int a, std::int32_t jj) {
             const vf x = load(S + jj * L + c * W) * h - mh;
             const vi in = x > tau;
