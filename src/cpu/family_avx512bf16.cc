@@ -93,21 +93,8 @@ void fam_dq_amx(const family_lanes& lb, const family_dq_io& io) {
   using Ops = bf16_pair_operands<avx512bf16_dot>;
   constexpr std::int64_t L = C * W;
   static_assert(L % 32 == 0 && kLaneKeyBlock % 32 == 0);
-  for (std::int64_t i = 0; i < lb.P * L; ++i) io.dqt[i] = 0.0f;
-  set_empty_stats<C>(lb);
-  std::int64_t kmin, kmax;
-  fam_range(lb, kmin, kmax);
-  if (kmin >= kmax) return;
-  kmin = kmin / 2 * 2, kmax = (kmax + 1) / 2 * 2;  // whole key pairs, as fam_dq's
-  const family_params& fp = lb.fp;
-  constexpr bool keep = family_keeps_scores(Dist);
-  const lane_scratch sc(lb, keep ? kmax - kmin + kLaneKeyBlock : kLaneKeyBlock);
-  // No gradient reaches the scores through the one-hot (hardmax): the pass only finds the statistics.
-  constexpr bool no_dz = Dist == family_dist::hardmax;
-  amx_configure();
-  // True where the mask hid the block (lane_mask): dP is then 0 (α = 0 meets it in r's sums).
-  const auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP) {
-    if (amx_lane_scores(lb, j0, nb, S, sc.mask)) {
+  const auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float*, float* mask, bool no_dz) {
+    if (amx_lane_scores(lb, j0, nb, S, mask)) {
       if (!no_dz)
         for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
       return true;
@@ -115,36 +102,15 @@ void fam_dq_amx(const family_lanes& lb, const family_dq_io& io) {
     if (!no_dz) amx_gemm((nb + 31) / 32 * 32, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, io.douttw, L, dP, L, false);
     return false;
   };
-  std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
-  if (keep) {
-    live_keys live(kmin, kmax);
-    for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
-      const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
-      live.add(j0, nb, scores_dp(j0, nb, sc.S + o, sc.dP + o));
-    }
-    if (live.none() || no_dz) {  // every block hidden (empty rows, dq = 0), or no dS
-      if (!live.none()) lane_stats<Dist, C>(lb, sc.S + (live.lo - kmin) * L, live.hi - live.lo, live.lo, sc.buf);
-      return _tile_release();
-    }
-    k0 = live.lo, k1 = live.hi;
-    lane_stats<Dist, C>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
-    lane_r<Dist, C>(lb, sc.S + (k0 - kmin) * L, sc.dP + (k0 - kmin) * L, k1 - k0, k0);
-  }
-  for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
-    const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0), nt = (nb + 31) / 32 * 32, o = keep ? (j0 - kmin) * L : 0;
-    float *S = sc.S + o, *dP = sc.dP + o;
-    if (!keep && scores_dp(j0, nb, S, dP)) continue;  // hidden by the mask: dz = 0
-    vf sum_dz{}, sum_de{};
-    lane_dz<Dist, C>(lb, S, dP, nullptr, j0, nb, sum_dz, sum_de, nullptr);
-    double a = 0.0, b = 0.0;
-    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
-    io.sums[0] += a, io.sums[1] += b;
-    if (fp.mask_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0: nothing
+  const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const lane_scratch& sc) {
+    const std::int64_t nt = (nb + 31) / 32 * 32;
     auto* dsw = reinterpret_cast<std::uint32_t*>(sc.G);  // dS as words [nt/2][L] in G's room
     Ops::pack_rows(S, nb, L, dsw);
     for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(dsw + i, vu{});
     amx_gemm(lb.P, L, nt / 2, lb.ktw + j0 / 2, lb.ldkt, dsw, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
-  }
+  };
+  amx_configure();
+  fam_dq_with<Ops, Dist, C>(lb, io, scores_dp, dq_product);
   _tile_release();
 }
 

@@ -1045,8 +1045,13 @@ void lane_dz(const family_lanes& lb, float* S, const float* dP, const float* G, 
 // Ops: f32, or bf16 pairs for dot scores of bf16 inputs (family_lanes::qtw, kw, vrw, kpw and
 // io.douttw; act the identity): key ranges widened to whole pairs as in the forward, dS rounded
 // to bf16 for dqᵀ += Kᵀ dS.
-template <class Ops, family_dist Dist, int CC>
-void fam_dq(const family_lanes& lb, const family_dq_io& io) {
+// The pass itself, with its two products given: scores_dp(j0, nb, S, dP, G, mask, no_dz) forms
+// the scores of keys [j0, j0 + nb) (act′ into G where need_g) and, unless no_dz, dP — true where
+// the mask hid the block (lane_mask; dP is then 0: α = 0 meets it in r's sums); dq_product(j0, nb,
+// dS, sc) adds Kᵀ dS into io.dqt (sc: the scratch — G's room is free for packed words). The AMX
+// pass (amx level) gives its tile products.
+template <class Ops, family_dist Dist, int CC, class ScoresDp, class DqProduct>
+void fam_dq_with(const family_lanes& lb, const family_dq_io& io, ScoresDp&& scores_dp, DqProduct&& dq_product) {
   constexpr bool pairs = Ops::kPack == 2;
   const std::int64_t L = CC * W;
   for (std::int64_t i = 0; i < lb.P * L; ++i) io.dqt[i] = 0.0f;
@@ -1062,26 +1067,15 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   // No gradient reaches the scores through the one-hot (hardmax) or the box indicator: the pass
   // only finds the row statistics (sigmoid still sums de for dsigmoid_bias).
   const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
-  // True where the mask hid the block (lane_mask): dP is then 0 (α = 0 meets it in r's sums).
-  auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
-    bool skipped;
-    if constexpr (pairs) skipped = lane_scores_pairs<Ops, CC>(lb, j0, nb, S, sc.mask);
-    else skipped = lane_scores<CC>(lb, j0, nb, S, need_g ? G : nullptr, sc.mask);
-    if (no_dz) return skipped;
-    if (skipped)
-      for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
-    else if constexpr (pairs)
-      gemm<Ops>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
-    else
-      gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
-    return skipped;
+  const auto scores = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G) {
+    return scores_dp(j0, nb, S, dP, need_g ? G : nullptr, sc.mask, no_dz);
   };
   std::int64_t k0 = kmin, k1 = kmax;  // the keys the next loops visit
   if (keep) {
     live_keys live(kmin, kmax);
     for (std::int64_t j0 = kmin; j0 < kmax; j0 += kLaneKeyBlock) {
       const std::int64_t o = (j0 - kmin) * L, nb = imin(kLaneKeyBlock, kmax - j0);
-      live.add(j0, nb, scores_dp(j0, nb, sc.S + o, sc.dP + o, sc.G + o));
+      live.add(j0, nb, scores(j0, nb, sc.S + o, sc.dP + o, sc.G + o));
     }
     if (live.none()) return;  // every block hidden: empty rows, dq = 0
     k0 = live.lo, k1 = live.hi;
@@ -1094,22 +1088,45 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
   for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0), o = keep ? (j0 - kmin) * L : 0;
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
-    if (!keep && scores_dp(j0, nb, S, dP, G)) continue;  // hidden by the mask: dz = 0
+    if (!keep && scores(j0, nb, S, dP, G)) continue;  // hidden by the mask: dz = 0
     vf sum_dz{}, sum_de{}, sum_dh{};
     lane_dz<Dist, CC>(lb, S, dP, need_g ? G : nullptr, j0, nb, sum_dz, sum_de, &sum_dh);
     double a = 0.0, b = 0.0, dh = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
     if (fp.mask_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
+    dq_product(j0, nb, S, sc);
+  }
+}
+
+template <class Ops, family_dist Dist, int CC>
+void fam_dq(const family_lanes& lb, const family_dq_io& io) {
+  constexpr bool pairs = Ops::kPack == 2;
+  const std::int64_t L = CC * W;
+  const auto scores_dp = [&](std::int64_t j0, std::int64_t nb, float* S, float* dP, float* G, float* mask, bool no_dz) {
+    bool skipped;
+    if constexpr (pairs) skipped = lane_scores_pairs<Ops, CC>(lb, j0, nb, S, mask);
+    else skipped = lane_scores<CC>(lb, j0, nb, S, G, mask);
+    if (no_dz) return skipped;
+    if (skipped)
+      for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
+    else if constexpr (pairs)
+      gemm<Ops>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
+    else
+      gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+    return skipped;
+  };
+  const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const lane_scratch& sc) {
     if constexpr (pairs) {  // dqᵀ += Kᵀ dS, dS as words [nb/2][L] in G's room (no act′ here)
       const auto* dsw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.G));
       gemm<Ops>(lb.P, L, nb / 2, lb.kpw + j0 / 2 * lb.kpwss, 1, lb.kpwss, dsw, L, io.dqt, L, true);
-    } else if (elementwise(fp)) {
-      with_terms(fp, [&](const auto& tm) { elem_lane_grad<CC>(lb, tm, j0, nb, S, io.dqt, io.dw_v, sc.buf); });
+    } else if (elementwise(lb.fp)) {
+      with_terms(lb.fp, [&](const auto& tm) { elem_lane_grad<CC>(lb, tm, j0, nb, S, io.dqt, io.dw_v, sc.buf); });
     } else {
       gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
     }
-  }
+  };
+  fam_dq_with<Ops, Dist, CC>(lb, io, scores_dp, dq_product);
 }
 
 // ---- backward dk, dv, row layout ----
