@@ -444,7 +444,7 @@ bool fully_masked(const problem& p, std::int64_t b, std::int64_t h, std::int64_t
 // Elements below which a scan of the front runs on the calling thread alone.
 constexpr std::int64_t kSerialScan = std::int64_t(1) << 16;
 
-void check_special_rows(const problem& p, const forward_outputs& fo) {
+std::vector<std::int64_t> special_rows_of(const problem& p, const forward_outputs& fo) {
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
   const strided4& out = fo.out;
   // The returned intermediate: NaN or +inf anywhere, or -inf where a score is not excluded (an
@@ -502,8 +502,7 @@ void check_special_rows(const problem& p, const forward_outputs& fo) {
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     for (const std::int64_t row : seen)
       if (is_special(row)) rows.push_back(row);
-    if (!rows.empty()) reference_forward_rows(p, fo, rows);
-    return;
+    return rows;
   }
   // A decode step's out is a few thousand elements: one thread reads them in microseconds, where
   // waking the others (a futex each, under OMP_WAIT_POLICY=passive) costs more than the scan.
@@ -514,6 +513,11 @@ void check_special_rows(const problem& p, const forward_outputs& fo) {
   for (std::int64_t row = 0; row < nrows; ++row) special[std::size_t(row)] = is_special(row);
   for (std::int64_t row = 0; row < nrows; ++row)
     if (special[std::size_t(row)]) rows.push_back(row);
+  return rows;
+}
+
+void check_special_rows(const problem& p, const forward_outputs& fo) {
+  const std::vector<std::int64_t> rows = special_rows_of(p, fo);
   if (!rows.empty()) reference_forward_rows(p, fo, rows);
 }
 

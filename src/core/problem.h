@@ -247,5 +247,9 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
 // reference. Every front that calls a backend's forward itself (serving's varlen) runs it, so
 // that special values get the answer attn::attention gives.
 void check_special_rows(const problem& p, const forward_outputs& fo);
+// Its first half: the rows it would redo, in row order. It reads out, lse and the mask, never
+// q, k or v (a front that must first lay the keys out for the reference, as attention_paged
+// does, copies them only when a row is special).
+std::vector<std::int64_t> special_rows_of(const problem& p, const forward_outputs& fo);
 
 }  // namespace attn::detail

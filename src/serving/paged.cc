@@ -198,7 +198,9 @@ Tensor dense_rows(const TensorView& pages, const TensorView& scales, const paged
 // The front's check of special values (check_special_rows, as attn::attention runs it) after the
 // decode kernel read the pages in place: the rows it left non-finite (forward_outputs::found)
 // that float64 answers otherwise (an overflowing q·k) are redone by the reference, sequence by
-// sequence, on the sequence's keys laid out densely — a rare path, so a copy of its keys.
+// sequence, on the sequence's keys laid out densely. A noted row that is not special (a fully
+// masked row's lse of -inf, every call) costs no copy: the rows are told first (special_rows_of
+// reads out, lse and the mask alone), the keys copied only for a sequence with a special row.
 void check_paged_special_rows(const TensorView& q, const paged_kv_view& c, const paged_dims& d,
                               const std::vector<problem>& templ, const std::vector<double>& sinks,
                               const attention_options& options, const special_rows& found, const attention_result& r) {
@@ -209,10 +211,9 @@ void check_paged_special_rows(const TensorView& q, const paged_kv_view& c, const
   for (std::int64_t b = 0; b < d.B; ++b) {
     if (found.complete && per[std::size_t(b)].empty()) continue;
     const std::int64_t L = d.lens[std::size_t(b)];
-    const Tensor k = dense_rows(c.k_pages, c.k_scales, d, b, L), v = dense_rows(c.v_pages, c.v_scales, d, b, L);
     problem p = templ[std::size_t(b)];
     p.q = as_bhnx(q.slice(0, b, b + 1), Hq);
-    p.k = as_bhnx(k, d.Hkv), p.v = as_bhnx(v, d.Hkv);
+    p.k = p.v = strided4{};  // (set below, once a row is special)
     p.Nk = L;
     p.past_len = options.alignment == causal_alignment::top_left ? 0 : L - Nq;  // (alignment after_past)
     p.sinks = sinks;
@@ -222,7 +223,11 @@ void check_paged_special_rows(const TensorView& q, const paged_kv_view& c, const
     fo.lse = static_cast<std::byte*>(r.lse.data()) + std::size_t(b * rows) * lse_size;
     fo.lse_type = r.lse.type();
     fo.found = &seen;
-    check_special_rows(p, fo);
+    const std::vector<std::int64_t> redo = special_rows_of(p, fo);
+    if (redo.empty()) continue;
+    const Tensor k = dense_rows(c.k_pages, c.k_scales, d, b, L), v = dense_rows(c.v_pages, c.v_scales, d, b, L);
+    p.k = as_bhnx(k, d.Hkv), p.v = as_bhnx(v, d.Hkv);
+    reference_forward_rows(p, fo, redo);
   }
 }
 
