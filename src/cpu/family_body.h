@@ -906,41 +906,47 @@ void lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t 
 }
 
 // α for the bf16 products, which round it to bf16 (2^-9): the sigmoid 1 / (1 + 2^{-(s + b)·log2 e})
-// by vexp2's degree-4 polynomial and the reciprocal estimate with a Newton step (simd.h: 2^-22),
-// where fam_alpha's exp and division cost about as much as the products (s = -inf gives exactly
-// 0, a NaN stays NaN); every other distribution as fam_alpha.
+// by vexp2's degree-4 polynomial and the reciprocal estimate alone (vrcp14ps, 2^-14: the bf16
+// rounding of 1 α in 300 moves by one ulp, measured for s uniform in [-6, 6], where after a
+// Newton step 1 in 10^5 did; the step cost 3 % of the sigmoid forward), where fam_alpha's exp and division cost
+// about as much as the products (s = -inf gives exactly 0, a NaN stays NaN); every other
+// distribution as fam_alpha.
+// scale: a factor of s not yet applied (lane_alpha_pairs), folded into the exponent's multiply-add.
 template <family_dist Dist>
-inline vf fam_alpha_rounded(const family_params& fp, vf s, vi j, const fam_stat& st) {
+inline vf fam_alpha_rounded(const family_params& fp, vf s, vi j, const fam_stat& st, float scale) {
   if constexpr (Dist == family_dist::sigmoid) {
-    const vf e = vexp2<4>(s * splat(-kLog2e) + splat(fp.sigmoid_bias * -kLog2e));
-    return vselect(s == splat(-kInf), vf{}, vrecip(splat(1.0f) + e));
+    const vf e = vexp2<4>(s * splat(-kLog2e * scale) + splat(fp.sigmoid_bias * -kLog2e));
+    return vselect(s == splat(-kInf), vf{}, vrecip<false>(splat(1.0f) + e));
   } else {
+    if (scale != 1.0f) s *= splat(scale);
     return fam_alpha<Dist>(fp, s, j, st);
   }
 }
 
 // S [nb][L] (nb even) of keys j0.. → α (fam_alpha_rounded) in key pairs out [nb/2][L] of Ops's
-// words, in one pass where lane_alpha and pack_rows took two. Returns whether any α is nonzero.
+// words, in one pass where lane_alpha and pack_rows took two. Returns whether any α is nonzero
+// (asked only where the caller skips a block of zeros, family_params::mask_skip; else true).
 // scale: a factor of the scores not yet applied (zscale, where lane_scores_pairs left it to α).
 template <class Ops, family_dist Dist, int CC>
 bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, std::int64_t nb,
                       typename Ops::word* out, float scale = 1.0f) {
   const std::int64_t L = CC * W;
+  const family_params fp = lb.fp;  // a copy: the stores below might alias lb.fp for the compiler
+  const bool tell = fp.mask_skip;   // (the callers skip a block of zeros only then)
   vi nz{};
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
     const fam_stat st = load_stat<CC>(lb, c);
     for (std::int64_t jj = 0; jj < nb; jj += 2) {
       const vi j = splati(std::int32_t(j0 + jj));
-      vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
-      if (scale != 1.0f) s0 *= splat(scale), s1 *= splat(scale);  // (the product lane_scores_pairs skipped)
-      const vf a0 = fam_alpha_rounded<Dist>(lb.fp, s0, j, st);
-      const vf a1 = fam_alpha_rounded<Dist>(lb.fp, s1, j + splati(1), st);
-      nz |= (a0 != vf{}) | (a1 != vf{});
+      const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
+      const vf a0 = fam_alpha_rounded<Dist>(fp, s0, j, st, scale);
+      const vf a1 = fam_alpha_rounded<Dist>(fp, s1, j + splati(1), st, scale);
+      if (tell) nz |= (a0 != vf{}) | (a1 != vf{});
       storeu(out + jj / 2 * L + c * W, Ops::pair_rows(a0, a1));
     }
   }
-  return any_lane(nz);
+  return !tell || any_lane(nz);
 }
 
 template <int CC>

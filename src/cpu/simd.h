@@ -164,11 +164,13 @@ inline vf vtanh(vf x) {
 // MaskHiddenBlocksSkippedWithTheSameBits, additive × sparsemax, failed at the avx2 level on an
 // Intel Xeon after passing on AMD; with the division it passes there). GCC has no portable
 // spelling of the estimate, so its builtin is named here behind its ISA's macro.
-template <class V>  // a template, so that the branch of the other width is discarded, not checked
+// Refine false: the estimate alone (2^-14), for a value rounded to bfloat16 next (2^-9).
+template <bool Refine = true, class V>  // a template, so that the branch of the other width is discarded
 inline V vrecip(V d) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(V) == 64) {
     const V r = __builtin_ia32_rcp14ps512_mask(d, V{}, 0xffff);
+    if constexpr (!Refine) return r;
     return r * (2.0f - d * r);
   }
 #endif
