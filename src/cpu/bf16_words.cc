@@ -30,6 +30,44 @@ words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int
   return r;
 }
 
+word_rows bf16_rows_in_place(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                             std::int64_t pad, std::int64_t align, int nt) {
+  const std::int64_t Xw = X / 2, heads = B * H;
+  word_rows r;
+  r.head.resize(std::size_t(heads)), r.step.resize(std::size_t(heads));
+  const auto addr = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const auto aligned = [&](std::int64_t elems) { return (elems * 2) % align == 0; };
+  const bool fit = s.type == dtype::bf16 && heads * N * X > 0 && s.sx == 1 && X % 2 == 0 && s.sn >= X &&
+                   s.sh >= 0 && s.sb >= 0 && addr(s.data) % std::uintptr_t(align) == 0 && aligned(s.sn) &&
+                   (H == 1 || aligned(s.sh)) && (B == 1 || aligned(s.sb));
+  if (!fit) {
+    r.copies = bf16_row_words(s, B, H, N, X, N + pad, nt);
+    for (std::int64_t bh = 0; bh < heads; ++bh) r.head[bh] = r.copies.data() + bh * (N + pad) * Xw, r.step[bh] = Xw;
+    return r;
+  }
+  // One past the view's last byte (strides >= 0: its first element is the lowest).
+  const std::uintptr_t end = addr(s.ptr<std::uint16_t>(B - 1, H - 1, N - 1, X - 1)) + 2;
+  std::vector<std::int64_t> copied;
+  for (std::int64_t bh = 0; bh < heads; ++bh) {
+    const std::uint16_t* first = s.ptr<std::uint16_t>(bh / H, bh % H, 0, 0);
+    if (addr(first) + std::uintptr_t(((N + pad - 1) * s.sn + X) * 2) <= end) {
+      r.head[bh] = reinterpret_cast<const std::uint32_t*>(first), r.step[bh] = s.sn / 2;
+    } else {
+      copied.push_back(bh);
+    }
+  }
+  if (copied.empty()) return r;
+  r.copies = words(copied.size() * std::size_t((N + pad) * Xw));
+  for (std::size_t c = 0; c < copied.size(); ++c) {
+    const std::int64_t bh = copied[c];
+    std::uint32_t* o = r.copies.data() + std::int64_t(c) * (N + pad) * Xw;
+    for (std::int64_t n = 0; n < N; ++n) std::memcpy(o + n * Xw, s.ptr<std::uint16_t>(bh / H, bh % H, n, 0), std::size_t(X) * 2);
+    std::fill(o + N * Xw, o + (N + pad) * Xw, 0u);
+    r.head[bh] = o, r.step[bh] = Xw;
+  }
+  return r;
+}
+
 words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                       std::int64_t Npairs, int nt) {
   words r(std::size_t(B * H * Npairs * X), 0u);
@@ -59,14 +97,14 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
   constexpr std::int64_t kPairs = 16;
   const std::int64_t blocks = (N + 2 * kPairs - 1) / (2 * kPairs);
   const std::int64_t covered = std::min(Npairs, blocks * kPairs);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t col = 0; col < B * H * X; ++col)
-    std::fill(r.data() + col * Npairs + covered, r.data() + (col + 1) * Npairs, 0u);
   // Unit-stride rows and a vector width that divides 16 (every table's): the fast path below.
   const kernel_table& kt = select_kernels();
   const bool fast = (s.sx == 1 || X <= 1) && kPairs % kt.W == 0;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(nt)  // (one region: waking the threads is a futex each)
   {
+#pragma omp for schedule(static) nowait  // (the words past `covered`, which the blocks never write)
+    for (std::int64_t col = 0; col < B * H * X; ++col)
+      std::fill(r.data() + col * Npairs + covered, r.data() + (col + 1) * Npairs, 0u);
     words pair_rows(fast ? std::size_t(kPairs * X) : 0), cols(fast ? std::size_t(kPairs * X) : 0);
     const std::uint32_t* row_ptrs[kPairs];
 #pragma omp for schedule(static)
@@ -113,17 +151,21 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
 }
 
 bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {
-  std::int64_t bad = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
+  // The largest exponent field of each row (an all-ones one: inf or NaN), in 16 bits: vpmaxuw
+  // over 32 values a vector, where a count widened to 64 bits took 8 a vector.
+  std::uint16_t top = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(max : top)
   for (std::int64_t row = 0; row < B * H * N; ++row) {
     const std::int64_t n = row % N, h = row / N % H, b = row / N / H;
     const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+    std::uint16_t m = 0;
     if (s.sx == 1)  // (vectorised)
-      for (std::int64_t x = 0; x < X; ++x) bad += (p[x] & 0x7f80u) == 0x7f80u;
+      for (std::int64_t x = 0; x < X; ++x) m = std::max<std::uint16_t>(m, p[x] & 0x7f80u);
     else
-      for (std::int64_t x = 0; x < X; ++x) bad += (p[x * s.sx] & 0x7f80u) == 0x7f80u;
+      for (std::int64_t x = 0; x < X; ++x) m = std::max<std::uint16_t>(m, p[x * s.sx] & 0x7f80u);
+    top = std::max(top, m);
   }
-  return bad == 0;
+  return top != 0x7f80u;
 }
 
 bool view_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt) {

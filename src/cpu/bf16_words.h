@@ -19,6 +19,22 @@ namespace attn::detail::cpu {
 words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                      std::int64_t Np, int nt);
 
+// bf16_row_words' rows where they may be read in place: row n of (b, h) at head[b·H + h] +
+// n·step[b·H + h] words. The view's own bytes (no copy) when it has unit stride, even strides,
+// rows aligned to `align` bytes (a power of two >= 4: 64 for AMX tiles, which load a row that
+// straddles two cache lines at a third of the speed) and, per (b, h), its `pad` rows past N
+// inside the view's extent — the span from its lowest to its highest element, all of one
+// allocation; read, never zero (the kernels give rows past N no weight). The other heads (as a
+// rule the last one, whose rows past N would leave the tensor) are copied with `pad` zero rows
+// into `copies`; every head is, where the view is not fit to be read in place.
+struct word_rows {
+  std::vector<const std::uint32_t*> head;
+  std::vector<std::int64_t> step;
+  words copies;
+};
+word_rows bf16_rows_in_place(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
+                             std::int64_t pad, std::int64_t align, int nt);
+
 // Pairs across two rows (keys j, j + 1): [B·H][Npairs][X] words, word (j', x) =
 // s[2j'][x] | s[2j' + 1][x] << 16 (rows at or past N zero). Npairs >= ceil(N / 2).
 words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,

@@ -105,8 +105,9 @@ struct family_lanes {
   // set, receives α of lane x, key j, feature c at alpha[x·alpha_ld + j·Dv + c].
   std::int64_t Fc = 0;
   // forward_bf16 (dot scores of bfloat16 inputs, P even): the operands as words of two bf16,
-  // low half first — the lanes' queries qtw [P/2][L], key j's words at kw + j·kwsn (with a zero
-  // key at j = Nk), values by pairs of keys: word (j', d) at vw[j'·vwss + d] = v[2j'][d] |
+  // low half first — the lanes' queries qtw [P/2][L], key j's words at kw + j·kwsn (rows past Nk
+  // — one, 31 on the AMX tiles — are read and given no weight: zero rows, or the bytes that
+  // follow in the user's tensor, cpu::bf16_rows_in_place), values by pairs of keys: word (j', d) at vw[j'·vwss + d] = v[2j'][d] |
   // v[2j' + 1][d] << 16 (zero past the last key). z = zscale · (q·k), products exact, α rounded
   // to bf16 for the product with V.
   const std::uint32_t* qtw = nullptr;

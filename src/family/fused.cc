@@ -247,6 +247,9 @@ struct fused_inputs {
   // The lane blocks take bf16 words (q, keys; the dq pass: values), by vdpbf16ps or on the tiles.
   bool lane_words() const { return pairs || amx; }
   cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
+  // The forward's q rows and key rows (with kpad rows past Nk) as words, in place where the
+  // user's tensors allow it (cpu::bf16_rows_in_place), in place of Qw and Kw.
+  cpu::word_rows Qr, Kr;
   cpu::words Kt;
   std::int64_t kpad = 1, ldvt = 0;  // zero keys past Nk in Kw; Vt's row stride (words)
   std::int64_t vpad = 1, ldkt = 0;  // zero value rows past Nk in Vd; Kt's row stride (words)
@@ -275,9 +278,14 @@ struct fused_inputs {
       zscale = float(src.scale);
       const bool row_tiles = u == use::backward_amx || u == use::backward_amx_f32 || u == use::backward_amx_all;
       qpad = row_tiles ? 16 : 0;
-      Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
       kpad = u == use::forward_amx || u == use::backward_amx_all ? 32 : 1;
-      Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
+      if (u == use::forward_amx || u == use::forward_pairs) {  // q and key rows read in place where they can be
+        Qr = cpu::bf16_rows_in_place(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, 4, nt);
+        Kr = cpu::bf16_rows_in_place(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, u == use::forward_amx ? 64 : 4, nt);
+      } else {
+        Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
+        Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
+      }
       if (u == use::forward_amx) {
         amx = true;
         ldvt = ((fp.Nk + 1) / 2 + 16 + 15) / 16 * 16;  // whole cache lines
@@ -447,8 +455,10 @@ struct lane_state {
       const std::int64_t qrow = (b * fp.Hq + h[x]) * fp.Nq + i[x];
       if (in.lane_words()) {  // words [P/2][L] in qt's room
         auto* qw = reinterpret_cast<std::uint32_t*>(qt.get());
-        const std::int64_t qwrow = (b * fp.Hq + h[x]) * (fp.Nq + in.qpad) + i[x];  // (Qw: Nq + qpad rows per head)
-        for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = in.Qw[std::size_t(qwrow * (P / 2) + w)];
+        const std::int64_t bh = b * fp.Hq + h[x];
+        const std::uint32_t* row = in.Qr.head.empty() ? in.Qw.data() + (bh * (fp.Nq + in.qpad) + i[x]) * (P / 2)  // (Qw: Nq + qpad rows per head)
+                                                      : in.Qr.head[std::size_t(bh)] + i[x] * in.Qr.step[std::size_t(bh)];
+        for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = row[w];
         continue;
       }
       const float* q = in.kq() + qrow * P;
@@ -476,7 +486,9 @@ struct lane_state {
     lb.qt = qt.get();
     if (in.lane_words()) {
       lb.qtw = reinterpret_cast<const std::uint32_t*>(qt.get());
-      lb.kw = in.Kw.data() + (b * fp.Hkv + hkv) * (fp.Nk + in.kpad) * (P / 2), lb.kwsn = P / 2;
+      const std::int64_t bh = b * fp.Hkv + hkv;
+      if (in.Kr.head.empty()) lb.kw = in.Kw.data() + bh * (fp.Nk + in.kpad) * (P / 2), lb.kwsn = P / 2;
+      else lb.kw = in.Kr.head[std::size_t(bh)], lb.kwsn = in.Kr.step[std::size_t(bh)];
       if (!in.Vt.empty()) lb.vtw = in.Vt.data() + (b * fp.Hkv + hkv) * fp.Dv * in.ldvt, lb.ldvt = in.ldvt;
       if (!in.Vw.empty()) lb.vw = in.Vw.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * fp.Dv, lb.vwss = fp.Dv;
       if (!in.Kt.empty()) {  // the backward's dq pass on the tiles
