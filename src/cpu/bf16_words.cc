@@ -68,10 +68,16 @@ word_rows bf16_rows_in_place(const strided4& s, std::int64_t B, std::int64_t H, 
   return r;
 }
 
+// Whether either bf16 of a word is an inf or a NaN (its exponent bits all ones).
+inline std::uint32_t special_word(std::uint32_t w) {
+  return std::uint32_t((w & 0x7f80u) == 0x7f80u) | std::uint32_t((w & 0x7f800000u) == 0x7f800000u);
+}
+
 words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
-                      std::int64_t Npairs, int nt) {
+                      std::int64_t Npairs, int nt, bool* finite) {
   words r(std::size_t(B * H * Npairs * X), 0u);
-#pragma omp parallel for num_threads(nt) schedule(static)
+  std::uint32_t bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
   for (std::int64_t row = 0; row < B * H * Npairs; ++row) {
     const std::int64_t jp = row % Npairs, h = row / Npairs % H, b = row / Npairs / H;
     std::uint32_t* o = r.data() + row * X;
@@ -85,12 +91,15 @@ words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::in
       else
         for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << shift;
     }
+    if (finite)
+      for (std::int64_t x = 0; x < X; ++x) bad |= special_word(o[x]);
   }
+  if (finite) *finite = bad == 0;
   return r;
 }
 
 words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
-                        std::int64_t Npairs, int nt) {
+                        std::int64_t Npairs, int nt, bool* finite) {
   words r(std::size_t(B * H * X * Npairs));  // every word written below
   // 16 pairs of rows at a time (8 KiB of 128-value bf16 rows, in L1): each column's 16 words
   // written in order; the pairs past the last block zero.
@@ -100,7 +109,8 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
   // Unit-stride rows and a vector width that divides 16 (every table's): the fast path below.
   const kernel_table& kt = select_kernels();
   const bool fast = (s.sx == 1 || X <= 1) && kPairs % kt.W == 0;
-#pragma omp parallel num_threads(nt)  // (one region: waking the threads is a futex each)
+  std::uint32_t bad = 0;  // (finite: a word with an inf or NaN seen)
+#pragma omp parallel num_threads(nt) reduction(| : bad)  // (one region: waking the threads is a futex each)
   {
 #pragma omp for schedule(static) nowait  // (the words past `covered`, which the blocks never write)
     for (std::int64_t col = 0; col < B * H * X; ++col)
@@ -134,6 +144,8 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
             for (std::int64_t x = 0; x < X; ++x) w[x] = std::uint32_t(r0[x]);
           else
             std::fill(w, w + X, 0u);
+          if (finite)
+            for (std::int64_t x = 0; x < X; ++x) bad |= special_word(w[x]);
           row_ptrs[i] = w;
         }
         kt.lane_words(row_ptrs, kPairs, kPairs, X, cols.data());
@@ -143,10 +155,15 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
       for (std::int64_t i = 0; i < np; ++i) {  // pair by pair: its two rows read in order
         const std::uint16_t *r0 = rows[2 * i], *r1 = rows[2 * i + 1];
         const std::int64_t s0 = step[2 * i], s1 = step[2 * i + 1];
-        for (std::int64_t x = 0; x < X; ++x) o[x * Npairs + i] = std::uint32_t(r0[x * s0]) | std::uint32_t(r1[x * s1]) << 16;
+        for (std::int64_t x = 0; x < X; ++x) {
+          const std::uint32_t w = std::uint32_t(r0[x * s0]) | std::uint32_t(r1[x * s1]) << 16;
+          o[x * Npairs + i] = w;
+          bad |= special_word(w);
+        }
       }
     }
   }
+  if (finite) *finite = bad == 0;
   return r;
 }
 

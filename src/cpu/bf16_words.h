@@ -37,13 +37,15 @@ word_rows bf16_rows_in_place(const strided4& s, std::int64_t B, std::int64_t H, 
 
 // Pairs across two rows (keys j, j + 1): [B·H][Npairs][X] words, word (j', x) =
 // s[2j'][x] | s[2j' + 1][x] << 16 (rows at or past N zero). Npairs >= ceil(N / 2).
+// finite (the two packs below): set to whether every value is finite, seen as the words are
+// formed (one pass over the view where a check first took two).
 words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
-                      std::int64_t Npairs, int nt);
+                      std::int64_t Npairs, int nt, bool* finite = nullptr);
 
 // The same pairs transposed: [B·H][X][Npairs] words, word (x, j') = s[2j'][x] | s[2j' + 1][x] << 16
 // (rows at or past N zero) — each column's keys in pairs, as the AMX forward's Vᵀ (amx.h).
 words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
-                        std::int64_t Npairs, int nt);
+                        std::int64_t Npairs, int nt, bool* finite = nullptr);
 
 // Every element of the bfloat16 view finite (exponent bits not all ones).
 bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);

@@ -273,29 +273,43 @@ struct fused_inputs {
   }
 
  private:
+  // The bf16 forwards' words: V's in key pairs, and whether V is finite (the key pairs may put
+  // a key no row sees beside the first one a row sees: its α = 0 must not meet an inf; false,
+  // nothing kept, where it is not: the f32 products then); q and key rows read in place where
+  // the tensors allow it.
+  bool prepare_bf16_forward(const fproblem& fp, const fused_source& src, bool tiles, int nt) {
+    bool finite = false;
+    if (tiles) {
+      ldvt = ((fp.Nk + 1) / 2 + 16 + 15) / 16 * 16;  // whole cache lines
+      Vt = cpu::bf16_pair_words_t(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, ldvt, nt, &finite);
+    } else {
+      Vw = cpu::bf16_pair_words(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, fp.Nk / 2 + 1, nt, &finite);
+    }
+    if (!finite) {
+      Vt = {}, Vw = {}, ldvt = 0;
+      return false;
+    }
+    zscale = float(src.scale);
+    kpad = tiles ? 32 : 1;
+    (tiles ? amx : pairs) = true;
+    Qr = cpu::bf16_rows_in_place(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, 4, nt);
+    Kr = cpu::bf16_rows_in_place(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, tiles ? 64 : 4, nt);
+    return true;
+  }
+
   void prepare(const fproblem& fp, const fused_source& src, use u, int nt) {
+    if (u == use::forward_amx || u == use::forward_pairs) {
+      if (prepare_bf16_forward(fp, src, u == use::forward_amx, nt)) return;
+      u = use::f32;
+    }
     if (u != use::f32) {
       zscale = float(src.scale);
       const bool row_tiles = u == use::backward_amx || u == use::backward_amx_f32 || u == use::backward_amx_all;
       qpad = row_tiles ? 16 : 0;
-      kpad = u == use::forward_amx || u == use::backward_amx_all ? 32 : 1;
-      if (u == use::forward_amx || u == use::forward_pairs) {  // q and key rows read in place where they can be
-        Qr = cpu::bf16_rows_in_place(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, 0, 4, nt);
-        Kr = cpu::bf16_rows_in_place(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, u == use::forward_amx ? 64 : 4, nt);
-      } else {
-        Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
-        Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
-      }
-      if (u == use::forward_amx) {
-        amx = true;
-        ldvt = ((fp.Nk + 1) / 2 + 16 + 15) / 16 * 16;  // whole cache lines
-        Vt = cpu::bf16_pair_words_t(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, ldvt, nt);
-        return;
-      }
-      if (u == use::forward_pairs) {
-        pairs = true;
-        Vw = load_value_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
-      } else if (row_tiles) {
+      kpad = u == use::backward_amx_all ? 32 : 1;
+      Qw = load_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, qpad, nt);
+      Kw = load_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, kpad, nt);
+      if (row_tiles) {
         row_pairs = row_amx = true;
         ldt = amx_pair_stride(fp.Nq);
         Qt = cpu::bf16_pair_words_t(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, ldt, nt);
@@ -372,12 +386,10 @@ struct fused_inputs {
     return kt.forward_amx != nullptr && kt.lanes % 32 == 0 && fp.Pq % 32 == 0 && fp.Dv % 16 == 0 &&
            bf16_dot_operands(fp, src);
   }
-  // The forward: V finite too (the key pairs may put a key no row sees beside the first one a
-  // row sees: its α = 0 must not meet an inf).
+  // The forward (prepare takes the f32 products after all where V is not finite).
   static use forward_use(const fproblem& fp, const fused_source& src) {
     const bool amx = amx_products(fp, src);
     if (!amx && !bf16_products(fp, src)) return use::f32;
-    if (!bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, std::max(1, fp.p.num_threads))) return use::f32;
     return amx ? use::forward_amx : use::forward_pairs;
   }
 
@@ -598,7 +610,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   }
   const int nt = std::max(1, fp.p.num_threads);
   // Sparse rows with every V finite (an inf or NaN in a V no row keeps still meets its α = 0 in
-  // the dense forms, as in the reference; the bf16 products' inputs are checked by forward_use):
+  // the dense forms, as in the reference; the bf16 products are taken only with V finite):
   // out_i = Σ α v over the row's kept keys alone, summed in key order in float64, V read as the
   // kernels read it (in.V, or the user's bf16 rows where the products take bf16 pairs).
   if (K && (in.lane_words() || all_finite(in.V, nt))) {

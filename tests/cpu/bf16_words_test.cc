@@ -3,6 +3,8 @@
 // not, and the finiteness check over every position and stride.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -102,22 +104,34 @@ TEST(Bf16Words, ViewsCopiedWhereTheyCannotBeReadInPlace) {
   for (const std::uint32_t w : none.copies) EXPECT_EQ(w, 0u);
 }
 
-// bf16_all_finite finds one inf or NaN anywhere — each position of a row, each row, unit and
-// wider strides — and nothing in finite data (the largest finite exponent included).
+// bf16_all_finite, and the finite flag of the two pair packs as they form their words, find
+// one inf or NaN anywhere — each position of a row, either row of a pair, the odd last row,
+// unit and wider strides (the packs' fast and plain paths) — and nothing in finite data (the
+// largest finite exponent included); the words are the same with the flag asked or not.
 TEST(Bf16Words, AllFiniteFindsEveryInfAndNaN) {
   std::mt19937 rng(7);
-  const std::int64_t B = 2, H = 2, N = 9, X = 70;
+  const std::int64_t B = 2, H = 2, N = 41, X = 16;
   for (const std::int64_t sx : {1, 3}) {
     bf16_buffer buf(B * H * N * X * sx, 0, rng);
     const strided4 s{buf.v, dtype::bf16, H * N * X * sx, N * X * sx, X * sx, sx};
     buf.v[5] = 0x7f7f;  // the largest finite value
-    EXPECT_TRUE(bf16_all_finite(s, B, H, N, X, 2));
+    const auto check = [&](bool want, const char* what) {
+      SCOPED_TRACE(what);
+      EXPECT_EQ(bf16_all_finite(s, B, H, N, X, 2), want);
+      bool t = !want, p = !want;
+      const words wt = bf16_pair_words_t(s, B, H, N, X, 32, 2, &t), wp = bf16_pair_words(s, B, H, N, X, 21, 2, &p);
+      EXPECT_EQ(t, want);
+      EXPECT_EQ(p, want);
+      EXPECT_EQ(wt, bf16_pair_words_t(s, B, H, N, X, 32, 2));
+      EXPECT_EQ(wp, bf16_pair_words(s, B, H, N, X, 21, 2));
+    };
+    check(true, "finite");
     for (const std::uint16_t special : {std::uint16_t(0x7f80), std::uint16_t(0xff80), std::uint16_t(0x7fc1)})
-      for (const std::int64_t at : {std::int64_t(0), X - 1, 4 * X + 33, B * H * N * X - 1}) {
+      for (const std::int64_t at : {std::int64_t(0), X - 1, 4 * X + 9, 5 * X + 2, (N - 1) * X + 3, B * H * N * X - 1}) {
         std::uint16_t* p = s.ptr<std::uint16_t>(0, 0, 0, 0) + (at / X) * s.sn + (at % X) * sx;
         const std::uint16_t keep = *p;
         *p = special;
-        EXPECT_FALSE(bf16_all_finite(s, B, H, N, X, 2)) << "sx " << sx << " at " << at << " bits " << special;
+        check(false, fmt::format("sx {} at {} bits {:#x}", sx, at, special).c_str());
         *p = keep;
       }
   }
