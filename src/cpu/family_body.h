@@ -704,6 +704,34 @@ std::int64_t visit_pairs(std::int32_t* idx, std::int64_t nidx, Visit&& visit) {
   return kept;
 }
 
+// The first pass of sparsemax's and entmax15's threshold search over every key x(jj) of a lane
+// vector: the sums over the keys above each of four cuts at once — cnt, Σx and, with Squares,
+// Σx² — from which the caller takes its starting τ (a lower bound of every lane's, so the
+// iterations that follow start near it: on the benchmark's scores, 2–3 iterations where 7–9
+// started from the first cut alone, each over the keys some lane still holds), and idx
+// compacted to the keys some lane holds above cuts[0]. Returns their count.
+template <bool Squares, class X>
+[[gnu::noinline]] std::int64_t cut_sums(  // (inlined, it crashed GCC 12.2's SLP vectoriser in lane_stats)
+std::int64_t n, X&& x_of, const float (&cuts)[4], vf (&cnt)[4], vf (&s1)[4], vf (&s2)[4],
+                      std::int32_t* idx) {
+  std::int64_t kept = 0;
+  vf c[4] = {}, t1[4] = {}, t2[4] = {};  // (in registers: the outputs, references, were kept in memory)
+  const vf cut[4] = {splat(cuts[0]), splat(cuts[1]), splat(cuts[2]), splat(cuts[3])};
+  for (std::int64_t jj = 0; jj < n; ++jj) {
+    const vf x = x_of(jj);
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) {
+      const vi in = x > cut[a];
+      c[a] += vselect(in, splat(1.0f), vf{});
+      t1[a] += vselect(in, x, vf{});
+      if constexpr (Squares) t2[a] += vselect(in, x * x, vf{});
+    }
+    idx[kept] = std::int32_t(jj), kept += any_lane(x > cut[0]);
+  }
+  for (int a = 0; a < 4; ++a) cnt[a] = c[a], s1[a] = t1[a], s2[a] = t2[a];
+  return kept;
+}
+
 // Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
 // lb.st (r not touched).
 template <family_dist Dist, int CC>
@@ -736,10 +764,17 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         break;
       }
       case family_dist::sparsemax: {
-        vf tau = splat(-1.0f);  // relative to m
+        // τ (relative to m) is at least (Σ_A x - 1) / |A| for any set A of keys (the largest
+        // over A is τ): the four cuts' sets start it (cut_sums), then each pass takes A = the
+        // keys above τ, until none of them falls below the new τ.
+        static constexpr float kCuts[4] = {-1.0f, -0.75f, -0.5f, -0.25f};
+        vf cnt4[4], s14[4], unused[4];
+        std::int64_t nidx = cut_sums<false>(n, [=](std::int64_t jj) { return load(S + jj * L + c * W) - m0; }, kCuts,
+                                            cnt4, s14, unused, idx);
+        vf tau = splat(-1.0f);
+        for (int a = 0; a < 4; ++a)
+          tau = vmax(tau, vselect(cnt4[a] > vf{}, (s14[a] - splat(1.0f)) / vmax(cnt4[a], splat(1.0f)), splat(-1.0f)));
         vi done = empty;
-        std::int64_t nidx = n;
-        for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (std::int64_t it = 0; it <= n && !all_lanes(done); ++it) {
           // Two keys a step into two sets of sums (visit_pairs), summed after.
           vf cnt_[2] = {}, s1_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};
@@ -762,11 +797,21 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         break;
       }
       case family_dist::entmax15: {
+        // τ (on x = s/2 - max/2) solves f(τ) = Σ_{x > τ} (x - τ)² - 1 = 0, f decreasing: the
+        // largest of the four cuts with f >= 0 starts it (cut_sums), Newton's steps from below
+        // (f convex) or the closed form over the keys above τ once it holds them all.
         const vf h = splat(0.5f), mh = m0 * h;
-        vf tau = splat(-1.0f);  // on x = s/2 - max/2
+        static constexpr float kCuts[4] = {-1.0f, -0.5f, -0.25f, -0.125f};
+        vf cnt4[4], s14[4], s24[4];
+        std::int64_t nidx = cut_sums<true>(n, [=](std::int64_t jj) { return load(S + jj * L + c * W) * h - mh; }, kCuts,
+                                           cnt4, s14, s24, idx);
+        vf tau = splat(-1.0f);
+        for (int a = 1; a < 4; ++a) {  // f(cut) = Σx² - 2·cut·Σx + cut²·cnt - 1 over the keys above it
+          const float ta = kCuts[a];
+          const vf fa = s24[a] - splat(2.0f * ta) * s14[a] + cnt4[a] * splat(ta * ta) - splat(1.0f);
+          tau = vselect(fa >= vf{}, splat(ta), tau);
+        }
         vi done = empty;
-        std::int64_t nidx = n;
-        for (std::int64_t jj = 0; jj < n; ++jj) idx[jj] = std::int32_t(jj);
         for (int it = 0; it < 60 && !all_lanes(done); ++it) {
           vf cnt_[2] = {}, s1_[2] = {}, s2_[2] = {}, mn_[2] = {splat(kInf), splat(kInf)};  // (visit_pairs)
           const auto visit = [&](int a, std::int32_t jj) {
