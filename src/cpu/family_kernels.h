@@ -246,9 +246,14 @@ static constexpr inline bool family_keeps_scores(family_dist d) {
   return d != family_dist::sigmoid && d != family_dist::identity;
 }
 // nk: the keys a lane block may see (at most Nk).
+static inline std::int64_t family_search_floats(std::int64_t keys, family_dist d) {
+  return d == family_dist::entmax15 ? 16 * (keys + 32) + 32 : 0;
+}
 static inline std::int64_t family_lane_scratch_floats(std::int64_t L, std::int64_t nk, family_dist d) {
   const std::int64_t keys = family_keeps_scores(d) ? nk + kLaneKeyBlock : kLaneKeyBlock;
-  return 3 * keys * L + kLaneKeyBlock * L + keys + 64;  // S, dP, act' [keys][L], mask tile, top-k buffer
+  // S, dP, act' [keys][L], mask tile, top-k buffer (the threshold search's key indices and, for
+  // entmax15, its lists: each lane's keys, for the widest vector's 16 lanes)
+  return 3 * keys * L + kLaneKeyBlock * L + keys + 64 + family_search_floats(keys, d);
 }
 static inline std::int64_t family_row_scratch_floats(std::int64_t rows, std::int64_t ldk) {
   return 4 * rows * ldk + 64;
@@ -263,7 +268,8 @@ static inline std::int64_t md_pad(std::int64_t n, std::int64_t w) { return (n + 
 static inline std::int64_t family_md_lane_scratch_floats(std::int64_t L, std::int64_t W, std::int64_t nk, std::int64_t A,
                                                          std::int64_t Dv, std::int64_t Fc, family_dist d) {
   const std::int64_t keys = family_keeps_scores(d) ? nk : kLaneKeyBlock, Ap = md_pad(A, W);
-  return (kMdKeys + 1) * A * L + Fc * keys * L + 2 * Dv * L + L * Ap + Dv * Ap + kLaneKeyBlock * L + nk + kLaneKeyBlock + 64;
+  return (kMdKeys + 1) * A * L + Fc * keys * L + 2 * Dv * L + L * Ap + Dv * Ap + kLaneKeyBlock * L + nk + kLaneKeyBlock + 64 +
+         family_search_floats(nk + kLaneKeyBlock, d);
 }
 static inline std::int64_t family_md_row_scratch_floats(std::int64_t rows, std::int64_t ldk, std::int64_t A,
                                                         std::int64_t Dv) {
