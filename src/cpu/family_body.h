@@ -809,13 +809,31 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
   std::int32_t* idx = reinterpret_cast<std::int32_t*>(buf);
 #pragma GCC unroll 1
   for (int c = 0; c < CC; ++c) {
-    vf m = splat(-kInf);
-    vi arg = splati(-1);
-    for (std::int64_t jj = 0; jj < n; ++jj) {
-      const vf s = load(S + jj * L + c * W);
-      const vi gt = s > m;
-      m = vselect(gt, s, m);
-      arg = gt ? splati(std::int32_t(kbase + jj)) : arg;
+    // The max and its first key in four chains, merged after (one chain of vmaxps, a key at its
+    // latency, was most of top-k's statistics).
+    vf mp[4] = {splat(-kInf), splat(-kInf), splat(-kInf), splat(-kInf)};
+    vi ap[4] = {splati(-1), splati(-1), splati(-1), splati(-1)};
+    std::int64_t j4 = 0;
+    for (; j4 + 4 <= n; j4 += 4)
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const vf s = load(S + (j4 + p) * L + c * W);
+        const vi gt = s > mp[p];
+        mp[p] = vselect(gt, s, mp[p]);
+        ap[p] = gt ? splati(std::int32_t(kbase + j4 + p)) : ap[p];
+      }
+    for (; j4 < n; ++j4) {  // (the last keys, after every other in chain 0)
+      const vf s = load(S + j4 * L + c * W);
+      const vi gt = s > mp[0];
+      mp[0] = vselect(gt, s, mp[0]);
+      ap[0] = gt ? splati(std::int32_t(kbase + j4)) : ap[0];
+    }
+    vf m = mp[0];
+    vi arg = ap[0];
+    for (int p = 1; p < 4; ++p) {  // the larger, or the first key of equal ones
+      const vi take = (mp[p] > m) | ((mp[p] == m) & (ap[p] >= 0) & ((ap[p] < arg) | (arg < 0)));
+      m = vselect(take, mp[p], m);
+      arg = take ? ap[p] : arg;
     }
     const vi empty = m == splat(-kInf);
     const vf m0 = vselect(empty, vf{}, m);
