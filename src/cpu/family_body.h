@@ -798,6 +798,52 @@ float lane_search(float* l, std::int64_t len, float tau, int passes, Step&& step
   return tau;
 }
 
+// Top-k (K <= kVectorTopk) of the lanes of one vector, scores S[jj·L] of keys kbase + jj: the k
+// best of each lane as K sorted vectors (a compare-exchange chain per score that beats the
+// K-th), the sum of e^{s - m0} over the kept keys, and one pass for the ties kept at the K-th
+// score (cut: the last one kept). Its own function, K a constant: the best vectors and the
+// sums stay in registers (indexed by a run-time k they lived on the stack, each step a store
+// and a reload).
+template <int K>
+[[gnu::noinline]] void topk_lanes(const float* S, std::int64_t L, std::int64_t n, std::int64_t kbase, vf m0, vf& th,
+                                  vi& cut, vf& sum_out) {
+  vf best[K];
+#pragma GCC unroll 16
+  for (int i = 0; i < K; ++i) best[i] = splat(-kInf);
+  for (std::int64_t jj = 0; jj < n; ++jj) {
+    vf s = load(S + jj * L);
+    if (!any_lane(s > best[K - 1])) continue;
+#pragma GCC unroll 16
+    for (int i = 0; i < K; ++i) {
+      const vf hi = vmax(best[i], s);
+      s = vmin(best[i], s);
+      best[i] = hi;
+    }
+  }
+  // The keys above the K-th score are all among the K best (a multiset of the scores): count
+  // them there rather than in a pass over every key.
+  const vf t = best[K - 1];
+  vf gt{};
+#pragma GCC unroll 16
+  for (int i = 0; i < K - 1; ++i) gt += vselect(best[i] > t, splat(1.0f), vf{});
+  const vf need = splat(float(K)) - gt;
+  // The kept keys are the K best as a multiset (those above t, and `need` of those at t; -inf
+  // where a lane has fewer keys, weighing 0): their sum from the best vectors, not from an
+  // exp of every key.
+  vf sum{};
+#pragma GCC unroll 16
+  for (int i = 0; i < K; ++i) sum += exp_nat(best[i] - m0);
+  vf ties{};
+  vi c = splati(-1);
+  for (std::int64_t jj = 0; jj < n; ++jj) {
+    const vf s = load(S + jj * L);
+    const vi eq = (s == t) & (s > splat(-kInf));
+    ties += vselect(eq, splat(1.0f), vf{});
+    c = eq & (ties <= need) ? splati(std::int32_t(kbase + jj)) : c;
+  }
+  th = t, cut = c, sum_out = sum;
+}
+
 // Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
 // lb.st (r not touched).
 template <family_dist Dist, int CC>
@@ -936,35 +982,10 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         break;
       case family_dist::topk:
         if (fp.topk <= kVectorTopk) {
-          // The k best of each lane as k sorted vectors (a compare-exchange chain per score that
-          // beats the k-th), then one pass for the ties kept at the k-th score and the lse.
-          const int kk = int(fp.topk);
-          vf best[kVectorTopk];
-          for (int i = 0; i < kVectorTopk; ++i) best[i] = splat(-kInf);
-          for (std::int64_t jj = 0; jj < n; ++jj) {
-            vf s = load(S + jj * L + c * W);
-            if (!any_lane(s > best[kk - 1])) continue;
-            for (int i = 0; i < kk; ++i) {
-              const vf hi = vmax(best[i], s);
-              s = vmin(best[i], s);
-              best[i] = hi;
-            }
-          }
-          // The keys above the k-th score are all among the k best (a multiset of the scores):
-          // count them there rather than in a pass over every key.
-          const vf th = best[kk - 1];
-          vf gt{};
-          for (int i = 0; i < kk - 1; ++i) gt += vselect(best[i] > th, splat(1.0f), vf{});
-          const vf need = splat(float(kk)) - gt;
-          vf ties{}, sum{};
-          for (std::int64_t jj = 0; jj < n; ++jj) {
-            const vf s = load(S + jj * L + c * W);
-            const vi eq = (s == th) & (s > splat(-kInf));
-            ties += vselect(eq, splat(1.0f), vf{});
-            const vi take = eq & (ties <= need);
-            cut = take ? splati(std::int32_t(kbase + jj)) : cut;
-            sum += vselect((s > th) | take, exp_nat(s - m0), vf{});
-          }
+          vf th, sum;
+          [&]<int... K>(std::integer_sequence<int, K...>) {  // k as a constant (topk_lanes)
+            ((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, m0, th, cut, sum), true)) || ...);
+          }(std::make_integer_sequence<int, int(kVectorTopk)>{});
           t = vselect(empty, splat(kInf), th);
           for (int x = 0; x < W; ++x)
             if (!empty[x]) lse[x] = m[x] + __builtin_logf(sum[x]);
