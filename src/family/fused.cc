@@ -222,6 +222,22 @@ struct fused_inputs {
   const float* raw_keys(const fproblem& fp, std::int64_t b, std::int64_t hkv) const {
     return K.data() + (b * fp.Hkv + hkv) * kstride;
   }
+  // The forward's f32 keys and values, read in place where the user's tensors are f32 rows of
+  // unit stride (direct scores; a forward: the backward's row layout takes K and V as copies),
+  // else from K and V: key j of (b, hkv) at key_rows(b, hkv) + j·key_step.
+  strided4 Kin, Vin;  // (data null: not in place)
+  const float* key_rows(const fproblem& fp, std::int64_t b, std::int64_t hkv) const {
+    return Kin.data ? Kin.ptr<float>(b, hkv, 0, 0) : keys(fp, b, hkv);
+  }
+  std::int64_t key_step(const fproblem& fp) const { return Kin.data ? Kin.sn : fp.Pq; }
+  const float* value_rows(const fproblem& fp, std::int64_t b, std::int64_t hkv) const {
+    return Vin.data ? Vin.ptr<float>(b, hkv, 0, 0) : V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv;
+  }
+  std::int64_t value_step(const fproblem& fp) const { return Vin.data ? Vin.sn : fp.Dv; }
+  // Every V finite (the user's where it is read in place).
+  bool values_finite(const fproblem& fp, int nt) const {
+    return Vin.data ? cpu::view_all_finite(Vin, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt) : all_finite(V, nt);
+  }
 
   // bf16 products (forward_bf16, dq_bf16, dkdv_bf16): words of q rows [B·Hq·Nq][P/2], keys
   // [B·Hkv][Nk + 1][P/2] (a zero key at Nk); forward: values by key pairs [B·Hkv][Nk/2 + 1][Dv];
@@ -267,7 +283,7 @@ struct fused_inputs {
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
-    prepare(fp, src, u, nt);
+    prepare(fp, src, u, nt, !dout);
     mask_skip = may_skip(fp, src, dout, nt);
     if (fp.p.mask != mask_kind::none && ((fp.p.mask_view.sh == 0 && fp.Hq > 1) || dout)) spans = find_mask_spans(fp.p, nt);
   }
@@ -297,7 +313,7 @@ struct fused_inputs {
     return true;
   }
 
-  void prepare(const fproblem& fp, const fused_source& src, use u, int nt) {
+  void prepare(const fproblem& fp, const fused_source& src, use u, int nt, bool forward) {
     if (u == use::forward_amx || u == use::forward_pairs) {
       if (prepare_bf16_forward(fp, src, u == use::forward_amx, nt)) return;
       u = use::f32;
@@ -329,7 +345,7 @@ struct fused_inputs {
       }
       if (u != use::backward_pairs_f32 && u != use::backward_amx_f32) return;
     }
-    load(fp, src, nt);
+    load(fp, src, nt, forward);
     kstride = fp.Nk * fp.Pq;
     if (fp.kernel == kernel_kind::location) K = to_f32(fp.W_a, nt), kstride = 0;
     if (fp.kernel == kernel_kind::additive && additive_exp_allowed() && within(Q, 20.0f) && within(K, 20.0f)) {
@@ -412,11 +428,14 @@ struct fused_inputs {
     for (std::int64_t i = 0; i < n; ++i) r[std::size_t(i)] = std::exp(2.0f * x[std::size_t(i)]);
     return r;
   }
-  void load(const fproblem& fp, const fused_source& src, int nt) {
+  void load(const fproblem& fp, const fused_source& src, int nt, bool forward) {
     if (src.direct) {
       Q = load_f32(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, src.scale, nt);
-      K = load_f32(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1.0, nt);
-      V = load_f32(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1.0, nt);
+      const auto rows = [&](const strided4& s) { return forward && s.type == dtype::f32 && s.sx == 1; };
+      if (rows(src.k)) Kin = src.k;
+      else K = load_f32(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1.0, nt);
+      if (rows(src.v)) Vin = src.v;
+      else V = load_f32(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1.0, nt);
     } else {
       Q = to_f32(fp.Qp, nt), K = to_f32(fp.Kp, nt), V = to_f32(fp.V, nt);
     }
@@ -513,8 +532,8 @@ struct lane_state {
       }
       lb.zscale = in.zscale;
     } else {
-      lb.k = in.keys(fp, b, hkv), lb.ksn = P;
-      lb.v = in.V.data() + (b * fp.Hkv + hkv) * fp.Nk * fp.Dv, lb.vsn = fp.Dv;
+      lb.k = in.key_rows(fp, b, hkv), lb.ksn = in.key_step(fp);
+      lb.v = in.value_rows(fp, b, hkv), lb.vsn = in.value_step(fp);
     }
     lb.lo = lo.data(), lb.hi = hi.data();
     lb.fp = prm;
@@ -612,8 +631,8 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   // Sparse rows with every V finite (an inf or NaN in a V no row keeps still meets its α = 0 in
   // the dense forms, as in the reference; the bf16 products are taken only with V finite):
   // out_i = Σ α v over the row's kept keys alone, summed in key order in float64, V read as the
-  // kernels read it (in.V, or the user's bf16 rows where the products take bf16 pairs).
-  if (K && (in.lane_words() || all_finite(in.V, nt))) {
+  // kernels read it (value_rows, or the user's bf16 rows where the products take bf16 pairs).
+  if (K && (in.lane_words() || in.values_finite(fp, nt))) {
     kept_rows kr = find_kept(fp, in, K);
     const std::int64_t rows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
 #pragma omp parallel num_threads(nt)
@@ -632,7 +651,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
             for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(bf16_to_f32(vj[y * src.v.sx]));
             continue;
           }
-          const float* vj = in.V.data() + ((b * fp.Hkv + hkv) * fp.Nk + j) * Dv;
+          const float* vj = in.value_rows(fp, b, hkv) + j * in.value_step(fp);
           for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(vj[y]);
         }
         for (std::int64_t y = 0; y < Dv; ++y) row[std::size_t(y)] = float(acc[std::size_t(y)]);
