@@ -709,11 +709,11 @@ std::int64_t visit_pairs(std::int32_t* idx, std::int64_t nidx, Visit&& visit) {
 // Σx² — from which the caller takes its starting τ (a lower bound of every lane's, so the
 // iterations that follow start near it: on the benchmark's scores, 2–3 iterations where 7–9
 // started from the first cut alone, each over the keys some lane still holds), and idx
-// compacted to the keys some lane holds above cuts[0]. Returns their count.
+// compacted to the keys some lane holds above cuts[0]. Returns their count. (Not inlined:
+// inlined into lane_stats, it crashed GCC 12.2's SLP vectoriser.)
 template <bool Squares, class X>
-[[gnu::noinline]] std::int64_t cut_sums(  // (inlined, it crashed GCC 12.2's SLP vectoriser in lane_stats)
-std::int64_t n, X&& x_of, const float (&cuts)[4], vf (&cnt)[4], vf (&s1)[4], vf (&s2)[4],
-                      std::int32_t* idx) {
+[[gnu::noinline]] std::int64_t cut_sums(std::int64_t n, X&& x_of, const float (&cuts)[4], vf (&cnt)[4], vf (&s1)[4],
+                                        vf (&s2)[4], std::int32_t* idx) {
   std::int64_t kept = 0;
   vf c[4] = {}, t1[4] = {}, t2[4] = {};  // (in registers: the outputs, references, were kept in memory)
   const vf cut[4] = {splat(cuts[0]), splat(cuts[1]), splat(cuts[2]), splat(cuts[3])};
