@@ -709,14 +709,14 @@ std::int64_t visit_pairs(std::int32_t* idx, std::int64_t nidx, Visit&& visit) {
 
 // The first pass of sparsemax's and entmax15's threshold search over every key x(jj) of a lane
 // vector: the sums over the keys above each of four cuts at once — cnt, Σx and, with Squares,
-// Σx² — from which the caller takes its starting τ (a lower bound of every lane's, so the
-// iterations that follow start near it: on the benchmark's scores, 2–3 iterations where 7–9
-// started from the first cut alone, each over the keys some lane still holds), and idx
-// compacted to the keys some lane holds above cuts[0]. Returns their count. (Not inlined:
-// inlined into lane_stats, it crashed GCC 12.2's SLP vectoriser.)
+// Σx² into s2[0, 4) (s2 unused without) — from which the caller takes its starting τ (a lower
+// bound of every lane's, so the iterations that follow start near it: on the benchmark's scores,
+// 2–3 iterations where 7–9 started from the first cut alone, each over the keys some lane still
+// holds), and idx compacted to the keys some lane holds above cuts[0]. Returns their count.
+// (Not inlined: inlined into lane_stats, it crashed GCC 12.2's SLP vectoriser.)
 template <bool Squares, class X>
 [[gnu::noinline]] std::int64_t cut_sums(std::int64_t n, X&& x_of, const float (&cuts)[4], vf (&cnt)[4], vf (&s1)[4],
-                                        vf (&s2)[4], std::int32_t* idx) {
+                                        vf* s2, std::int32_t* idx) {
   std::int64_t kept = 0;
   vf c[4] = {}, t1[4] = {}, t2[4] = {};  // (in registers: the outputs, references, were kept in memory)
   const vf cut[4] = {splat(cuts[0]), splat(cuts[1]), splat(cuts[2]), splat(cuts[3])};
@@ -731,7 +731,10 @@ template <bool Squares, class X>
     }
     idx[kept] = std::int32_t(jj), kept += any_lane(x > cut[0]);
   }
-  for (int a = 0; a < 4; ++a) cnt[a] = c[a], s1[a] = t1[a], s2[a] = t2[a];
+  for (int a = 0; a < 4; ++a) {
+    cnt[a] = c[a], s1[a] = t1[a];
+    if constexpr (Squares) s2[a] = t2[a];
+  }
   return kept;
 }
 
@@ -905,9 +908,9 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         // over A is τ): the four cuts' sets start it (cut_sums), then each pass takes A = the
         // keys above τ, until none of them falls below the new τ.
         static constexpr float kCuts[4] = {-1.0f, -0.75f, -0.5f, -0.25f};
-        vf cnt4[4], s14[4], unused[4];
+        vf cnt4[4], s14[4];
         std::int64_t nidx = cut_sums<false>(n, [=](std::int64_t jj) { return load(S + jj * L + c * W) - m0; }, kCuts,
-                                            cnt4, s14, unused, idx);
+                                            cnt4, s14, nullptr, idx);
         vf tau = splat(-1.0f);
         for (int a = 0; a < 4; ++a)
           tau = vmax(tau, vselect(cnt4[a] > vf{}, (s14[a] - splat(1.0f)) / vmax(cnt4[a], splat(1.0f)), splat(-1.0f)));
