@@ -729,7 +729,7 @@ template <bool Squares, class X>
       t1[a] = add_if(in, t1[a], x);
       if constexpr (Squares) t2[a] = add_if(in, t2[a], xx);
     }
-    idx[kept] = std::int32_t(jj), kept += any_lane(x > cut[0]);
+    idx[kept] = std::int32_t(jj), kept += any_gt(x, cut[0]);
   }
   for (int a = 0; a < 4; ++a) {
     cnt[a] = c[a], s1[a] = t1[a];
@@ -808,9 +808,9 @@ float lane_search(float* l, std::int64_t len, float tau, int passes, Step&& step
 }
 
 // Top-k (K <= kVectorTopk) of the lanes of one vector, scores S[jj·L] of keys kbase + jj: the k
-// best of each lane as K sorted vectors (a compare-exchange chain per score that beats the
-// K-th), then one pass for the ties kept at the K-th score (cut: the last one kept) and the
-// sum of e^{s - m0} over the kept keys. Its own function, K a constant: the best vectors and the
+// best of each lane as K sorted vectors (an insertion of each score that beats the K-th), then
+// one pass for the ties kept at the K-th score (cut: the last one kept) and the sum of
+// e^{s - m0} over the kept keys. Its own function, K a constant: the best vectors and the
 // sums stay in registers (indexed by a run-time k they lived on the stack, each step a store
 // and a reload).
 template <int K>
@@ -821,13 +821,13 @@ template <int K>
   for (int i = 0; i < K; ++i) best[i] = splat(-kInf);
   for (std::int64_t jj = 0; jj < n; ++jj) {
     vf s = load(S + jj * L);
-    if (!any_lane(s > best[K - 1])) continue;
+    if (!any_gt(s, best[K - 1])) continue;
+    // Into the sorted best[0] >= ... >= best[K-1]: best[i] becomes max(best[i], min(best[i-1], s))
+    // (s itself where it falls between them), all from the old values — two instructions deep,
+    // where a chain of compare-exchanges down the list was 2K deep.
 #pragma GCC unroll 16
-    for (int i = 0; i < K; ++i) {
-      const vf hi = vmax(best[i], s);
-      s = vmin(best[i], s);
-      best[i] = hi;
-    }
+    for (int i = K - 1; i > 0; --i) best[i] = vmax(best[i], vmin(best[i - 1], s));
+    best[0] = vmax(best[0], s);
   }
   // The keys above the K-th score are all among the K best (a multiset of the scores): count
   // them there rather than in a pass over every key.
@@ -931,7 +931,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
             cnt_[a] = add_if(in, cnt_[a], splat(1.0f));
             s1_[a] = add_if(in, s1_[a], x);
             mn_[a] = vselect(in, vmin(mn_[a], x), mn_[a]);
-            return any_lane(in);
+            return any_gt(x, tau);
           };
           nidx = visit_pairs(idx, nidx, visit);
           const vf cnt = cnt_[0] + cnt_[1], s1 = s1_[0] + s1_[1], mn = vmin(mn_[0], mn_[1]);
