@@ -1577,6 +1577,48 @@ void fam_kept_grad_entry(const family_kept_grad& u) {
 namespace attn::detail::cpu {
 namespace {
 
+// family_kept_out: W values of y a step, each as two vectors of float64 (the products α·v are
+// exact in float64, so an FMA gives the bits of a product and an add: the same at every level).
+void fam_kept_out_entry(const family_kept_out& a) {
+  typedef float hf __attribute__((vector_size(sizeof(vf) / 2)));
+  typedef double vd __attribute__((vector_size(sizeof(vf))));
+  typedef std::uint16_t vh __attribute__((vector_size(sizeof(vf) / 2)));
+  constexpr int H = W / 2;
+  std::int64_t y = 0;
+  for (; y + W <= a.Dv; y += W) {
+    vd lo{}, hi{};
+    for (std::int64_t e = 0; e < a.cnt; ++e) {
+      const std::int64_t j = a.idx[e];
+      vf v;
+      if (a.vw) {
+        vh w;
+        __builtin_memcpy(&w, a.vw + j * a.vstep + y, sizeof w);
+        v = (vf)(__builtin_convertvector(w, vu) << 16);
+      } else {
+        v = load(a.v + j * a.vstep + y);
+      }
+      hf l, h;
+      __builtin_memcpy(&l, &v, sizeof l);
+      __builtin_memcpy(&h, reinterpret_cast<const char*>(&v) + sizeof l, sizeof h);
+      const vd al = double(a.alpha[e]) - vd{};
+      lo += al * __builtin_convertvector(l, vd);
+      hi += al * __builtin_convertvector(h, vd);
+    }
+    const hf l = __builtin_convertvector(lo, hf), h = __builtin_convertvector(hi, hf);
+    __builtin_memcpy(a.out + y, &l, sizeof l);
+    __builtin_memcpy(a.out + y + H, &h, sizeof h);
+  }
+  for (; y < a.Dv; ++y) {
+    double acc = 0.0;
+    for (std::int64_t e = 0; e < a.cnt; ++e) {
+      const std::int64_t j = a.idx[e];
+      const float v = a.vw ? bf16_scalar(a.vw + j * a.vstep + y) : a.v[j * a.vstep + y];
+      acc += double(a.alpha[e]) * double(v);
+    }
+    a.out[y] = float(acc);
+  }
+}
+
 // Dot: the ISA's bf16 dot product (simd.h: no_bf16_dot where there is none; then no forward_bf16).
 template <class Dot = no_bf16_dot>
 constexpr family_table make_family_table(const char* name) {
@@ -1603,7 +1645,8 @@ constexpr family_table make_family_table(const char* name) {
           kept_bf16,
           fam_kept_grad_entry,
           lin_forward_entry,
-          lin_backward_entry};
+          lin_backward_entry,
+          fam_kept_out_entry};
 }
 
 }  // namespace

@@ -162,6 +162,18 @@ struct family_kept {
 // (written), dk [Nk][P] += dz q; every score: dv [Nk][Dv] += α dout (dk, dv accumulated: the
 // caller zeroes them), *sum_dz += Σ dz. zero_grad (hardmax with the zero gradient): dv alone.
 // Rows in order, keys in their order: the same sums for any thread count.
+// The output row of a sparse row: out[y] = float(Σ_e α_e · v_{idx[e]}[y]) over e in [0, cnt) in
+// that order, summed in float64 (each product exact: α and v are floats), V rows v + j·vstep with
+// contiguous elements, f32 (vw null) or bf16 words (vw, v null). The same bits at every level.
+struct family_kept_out {
+  std::int64_t cnt = 0, Dv = 0, vstep = 0;
+  const float* alpha = nullptr;
+  const std::int32_t* idx = nullptr;
+  const float* v = nullptr;
+  const std::uint16_t* vw = nullptr;
+  float* out = nullptr;
+};
+
 inline constexpr std::int64_t kFamilySparseMax = 32;  // the most keys a sparse row keeps (top-k's k)
 struct family_kept_grad {
   std::int64_t rows = 0, K = 0, P = 0, Dv = 0;
@@ -336,6 +348,8 @@ struct family_table {
   // dout [Nq][Dvp].
   void (*linear_forward)(const family_linear&, float* out);
   void (*linear_backward)(const family_linear&, const float* dout, const family_linear_grads&);
+  // The output row of a sparse row (family_kept_out).
+  void (*kept_out)(const family_kept_out&);
   // The forward of dot scores on AMX tiles (family_lanes::qtw, kw, vtw), every distribution;
   // the amx level's table alone (family_amx), whose other entries are the avx512 table's.
   void (*forward_amx)(const family_lanes&, float* ot) = nullptr;

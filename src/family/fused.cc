@@ -630,31 +630,39 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   const int nt = std::max(1, fp.p.num_threads);
   // Sparse rows with every V finite (an inf or NaN in a V no row keeps still meets its α = 0 in
   // the dense forms, as in the reference; the bf16 products are taken only with V finite):
-  // out_i = Σ α v over the row's kept keys alone, summed in key order in float64, V read as the
-  // kernels read it (value_rows, or the user's bf16 rows where the products take bf16 pairs).
+  // out_i = Σ α v over the row's kept keys alone, summed in key order in float64 (kept_out), V
+  // read as the kernels read it (value_rows, or the user's bf16 rows where the products take bf16
+  // pairs).
   if (K && (in.lane_words() || in.values_finite(fp, nt))) {
     kept_rows kr = find_kept(fp, in, K);
     const std::int64_t rows = fp.B * fp.Hq * fp.Nq, Dv = fp.Dv;
+    // The user's bf16 rows with a stride between elements: a contiguous copy of each row read.
+    const bool strided_words = in.lane_words() && src.v.sx != 1;
 #pragma omp parallel num_threads(nt)
     {
-      std::vector<double> acc(static_cast<std::size_t>(Dv));
       std::vector<float> row(static_cast<std::size_t>(Dv));
+      std::vector<std::uint16_t> vrows(strided_words ? std::size_t(K * Dv) : 0);
+      std::vector<std::int32_t> seq(strided_words ? std::size_t(K) : 0);  // 0, 1, …: the copied rows in order
+      for (std::size_t e = 0; e < seq.size(); ++e) seq[e] = std::int32_t(e);
 #pragma omp for schedule(static)
       for (std::int64_t r = 0; r < rows; ++r) {
         const std::int64_t i = r % fp.Nq, h = r / fp.Nq % fp.Hq, b = r / fp.Nq / fp.Hq, hkv = h / in.G;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (std::int64_t e = 0; e < kr.cnt[std::size_t(r)]; ++e) {
-          const double a = kr.alpha[std::size_t(r * K + e)];
-          const std::int64_t j = kr.idx[std::size_t(r * K + e)];
-          if (in.lane_words()) {
-            const std::uint16_t* vj = src.v.ptr<std::uint16_t>(b, hkv, j, 0);
-            for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(bf16_to_f32(vj[y * src.v.sx]));
-            continue;
+        cpu::family_kept_out ko;
+        ko.cnt = kr.cnt[std::size_t(r)], ko.Dv = Dv;
+        ko.alpha = kr.alpha.data() + r * K, ko.idx = kr.idx.data() + r * K;
+        ko.out = row.data();
+        if (strided_words) {
+          for (std::int64_t e = 0; e < ko.cnt; ++e) {
+            const std::uint16_t* vj = src.v.ptr<std::uint16_t>(b, hkv, ko.idx[e], 0);
+            for (std::int64_t y = 0; y < Dv; ++y) vrows[std::size_t(e * Dv + y)] = vj[y * src.v.sx];
           }
-          const float* vj = in.value_rows(fp, b, hkv) + j * in.value_step(fp);
-          for (std::int64_t y = 0; y < Dv; ++y) acc[std::size_t(y)] += a * double(vj[y]);
+          ko.vw = vrows.data(), ko.vstep = Dv, ko.idx = seq.data();
+        } else if (in.lane_words()) {
+          ko.vw = src.v.ptr<std::uint16_t>(b, hkv, 0, 0), ko.vstep = src.v.sn;
+        } else {
+          ko.v = in.value_rows(fp, b, hkv), ko.vstep = in.value_step(fp);
         }
-        for (std::int64_t y = 0; y < Dv; ++y) row[std::size_t(y)] = float(acc[std::size_t(y)]);
+        in.kt.kept_out(ko);
         put_row(out, b, h, i, Dv, row.data(), 1, 1.0);
       }
     }

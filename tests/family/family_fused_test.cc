@@ -752,6 +752,39 @@ TEST(FamilyFused, DirectRouteIsThePreparedRouteOnTheUsersViews) {
     }
 }
 
+// Sparse rows' outputs (Σ α v over the kept keys, family_kept_out) with V's elements apart (a
+// transposed view: the bf16 rows are copied whole first) give the bits of contiguous V, at every
+// ISA level, for V rows a whole number of vectors wide and not.
+TEST(FamilyFused, SparseRowsReadElementStridedValues) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(404);
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (distribution_kind d : {distribution_kind::topk, distribution_kind::hardmax})
+        for (std::int64_t Dv : {std::int64_t(5), std::int64_t(32), std::int64_t(37)}) {
+          const std::string what = isa + " " + std::string(dtype_name(t)) + " " + to_string(d) + " Dv " + std::to_string(Dv);
+          SCOPED_TRACE(what);
+          family_case c(score_kind::scaled_dot, d, rng, 2, 4, 2, 7, 19, 8, Dv);
+          c.opt.distribution.k = 3;
+          const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t);
+          // [B, Hkv, Dv, Nk] holding vᵀ, viewed as [B, Hkv, Nk, Dv]: element stride Nk.
+          Tensor vt = Tensor::zeros({c.B, c.Hkv, Dv, c.Nk}, t);
+          const TensorView vv = vt.view().permute({0, 1, 3, 2});
+          for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t h = 0; h < c.Hkv; ++h)
+              for (std::int64_t n = 0; n < c.Nk; ++n)
+                for (std::int64_t y = 0; y < Dv; ++y) vv.set({b, h, n, y}, v.get({b, h, n, y}));
+          const execution e{.path = family_path::fused};
+          const family_result dense = attention_family(q, k, v, c.opt, e);
+          ASSERT_EQ(dense.path.rfind("fused", 0), 0u);
+          EXPECT_TRUE(same_bits(attention_family(q.view(), k.view(), vv, c.opt, e).out, dense.out));
+          const family_result want =
+              attention_family(f64(q), f64(k), f64(v), c.opt, {.path = family_path::reference});
+          EXPECT_TRUE(all_close(dense.out, want.out, tolerance_for(t)));
+        }
+  }
+}
+
 // Sigmoid has no row statistics: with B·Hkv >= 8 the backward is one pass per (b, hkv) that
 // accumulates dq from the same dz as dk (ATTN_FAMILY_BACKWARD=two_pass forces the two passes).
 // Against the reference and the two passes at every ISA level, every mask kind, GQA, activations
