@@ -1434,6 +1434,7 @@ void fam_kept_keys_with(const family_lanes& lb, const family_kept& out, Scores&&
     const fam_stat st = load_stat<CC>(lb, c);
     for (std::int64_t jj = k0 - kmin; jj < k1 - kmin; ++jj) {
       const vf s = load(sc.S + jj * L + c * W);
+      if (!any_ge(s, st.t)) continue;  // (every kept key is at or above t: most vectors stop here)
       const vi j = splati(std::int32_t(kmin + jj));
       const vi in = fam_kept(s, j, st) & (s > splat(-kInf));
       if (!any_lane(in)) continue;
