@@ -810,11 +810,11 @@ float lane_search(float* l, std::int64_t len, float tau, int passes, Step&& step
 // Top-k (K <= kVectorTopk) of the lanes of one vector, scores S[jj·L] of keys kbase + jj: the k
 // best of each lane as K sorted vectors (an insertion of each score that beats the K-th), then
 // one pass for the ties kept at the K-th score (cut: the last one kept) and the sum of
-// e^{s - m0} over the kept keys. Its own function, K a constant: the best vectors and the
+// e^{s - m0} over the kept keys (m: the max, the best; m0 = m, or 0 where m = -inf). Its own function, K a constant: the best vectors and the
 // sums stay in registers (indexed by a run-time k they lived on the stack, each step a store
 // and a reload).
 template <int K>
-[[gnu::noinline]] void topk_lanes(const float* S, std::int64_t L, std::int64_t n, std::int64_t kbase, vf m0, vf& th,
+[[gnu::noinline]] void topk_lanes(const float* S, std::int64_t L, std::int64_t n, std::int64_t kbase, vf& m, vf& th,
                                   vi& cut, vf& sum_out) {
   vf best[K];
 #pragma GCC unroll 16
@@ -829,8 +829,10 @@ template <int K>
     for (int i = K - 1; i > 0; --i) best[i] = vmax(best[i], vmin(best[i - 1], s));
     best[0] = vmax(best[0], s);
   }
-  // The keys above the K-th score are all among the K best (a multiset of the scores): count
-  // them there rather than in a pass over every key.
+  // The max is the best; the keys above the K-th score are all among the K best (a multiset of
+  // the scores): count them there rather than in a pass over every key.
+  m = best[0];
+  const vf m0 = vselect(m == splat(-kInf), vf{}, m);
   const vf t = best[K - 1];
   vf gt{};
 #pragma GCC unroll 16
@@ -864,37 +866,42 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
   // visits only the keys the previous one kept).
   std::int32_t* idx = reinterpret_cast<std::int32_t*>(buf);
   constexpr bool kArg = Dist == family_dist::hardmax || Dist == family_dist::hardmax_st;
+  // top-k with k a constant takes the max from its k best (topk_lanes): no pass of its own.
+  const bool vector_topk = Dist == family_dist::topk && fp.topk <= kVectorTopk;
 #pragma GCC unroll 1
   for (int c = 0; c < CC; ++c) {
+    vf m = splat(-kInf);
+    vi arg = splati(-1);
     // The max and its first key in four chains, merged after (one chain of vmaxps, a key at its
     // latency, was most of top-k's statistics). The key (arg) only for hardmax: it is dead code
     // for the others once their merge takes the max alone.
-    vf mp[4] = {splat(-kInf), splat(-kInf), splat(-kInf), splat(-kInf)};
-    vi ap[4] = {splati(-1), splati(-1), splati(-1), splati(-1)};
-    std::int64_t j4 = 0;
-    for (; j4 + 4 <= n; j4 += 4)
+    if (!vector_topk) {
+      vf mp[4] = {splat(-kInf), splat(-kInf), splat(-kInf), splat(-kInf)};
+      vi ap[4] = {splati(-1), splati(-1), splati(-1), splati(-1)};
+      std::int64_t j4 = 0;
+      for (; j4 + 4 <= n; j4 += 4)
 #pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) {
-        const vf s = load(S + (j4 + p) * L + c * W);
-        const vi gt = s > mp[p];
-        mp[p] = vselect(gt, s, mp[p]);
-        ap[p] = gt ? splati(std::int32_t(kbase + j4 + p)) : ap[p];
+        for (int p = 0; p < 4; ++p) {
+          const vf s = load(S + (j4 + p) * L + c * W);
+          const vi gt = s > mp[p];
+          mp[p] = vselect(gt, s, mp[p]);
+          ap[p] = gt ? splati(std::int32_t(kbase + j4 + p)) : ap[p];
+        }
+      for (; j4 < n; ++j4) {  // (the last keys, after every other in chain 0)
+        const vf s = load(S + j4 * L + c * W);
+        const vi gt = s > mp[0];
+        mp[0] = vselect(gt, s, mp[0]);
+        ap[0] = gt ? splati(std::int32_t(kbase + j4)) : ap[0];
       }
-    for (; j4 < n; ++j4) {  // (the last keys, after every other in chain 0)
-      const vf s = load(S + j4 * L + c * W);
-      const vi gt = s > mp[0];
-      mp[0] = vselect(gt, s, mp[0]);
-      ap[0] = gt ? splati(std::int32_t(kbase + j4)) : ap[0];
-    }
-    vf m = mp[0];
-    vi arg = ap[0];
-    for (int p = 1; p < 4; ++p) {  // the larger, or the first key of equal ones
-      if constexpr (kArg) {
-        const vi take = (mp[p] > m) | ((mp[p] == m) & (ap[p] >= 0) & ((ap[p] < arg) | (arg < 0)));
-        m = vselect(take, mp[p], m);
-        arg = take ? ap[p] : arg;
-      } else {
-        m = vselect(mp[p] > m, mp[p], m);
+      m = mp[0], arg = ap[0];
+      for (int p = 1; p < 4; ++p) {  // the larger, or the first key of equal ones
+        if constexpr (kArg) {
+          const vi take = (mp[p] > m) | ((mp[p] == m) & (ap[p] >= 0) & ((ap[p] < arg) | (arg < 0)));
+          m = vselect(take, mp[p], m);
+          arg = take ? ap[p] : arg;
+        } else {
+          m = vselect(mp[p] > m, mp[p], m);
+        }
       }
     }
     const vi empty = m == splat(-kInf);
@@ -1003,13 +1010,14 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         break;
       case family_dist::topk:
         if (fp.topk <= kVectorTopk) {
-          vf th, sum;
+          vf mk, th, sum;
           [&]<int... K>(std::integer_sequence<int, K...>) {  // k as a constant (topk_lanes)
-            ((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, m0, th, cut, sum), true)) || ...);
+            ((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, mk, th, cut, sum), true)) || ...);
           }(std::make_integer_sequence<int, int(kVectorTopk)>{});
-          t = vselect(empty, splat(kInf), th);
+          const vi none = mk == splat(-kInf);
+          t = vselect(none, splat(kInf), th);
           for (int x = 0; x < W; ++x)
-            if (!empty[x]) lse[x] = m[x] + __builtin_logf(sum[x]);
+            if (!none[x]) lse[x] = mk[x] + __builtin_logf(sum[x]);
           break;
         }
         for (int x = 0; x < W; ++x) {
