@@ -807,15 +807,23 @@ float lane_search(float* l, std::int64_t len, float tau, int passes, Step&& step
   return tau;
 }
 
+// Kept keys by lane: cnt[x] of them at idx[x·kmax ..] (none asked where cnt is null).
+struct lane_kept {
+  std::int32_t* cnt = nullptr;
+  std::int32_t* idx = nullptr;
+  std::int64_t kmax = 0;
+};
+
 // Top-k (K <= kVectorTopk) of the lanes of one vector, scores S[jj·L] of keys kbase + jj: the k
 // best of each lane as K sorted vectors (an insertion of each score that beats the K-th), then
 // one pass for the ties kept at the K-th score (cut: the last one kept) and the sum of
-// e^{s - m0} over the kept keys (m: the max, the best; m0 = m, or 0 where m = -inf). Its own function, K a constant: the best vectors and the
+// e^{s - m0} over the kept keys (m: the max, the best; m0 = m, or 0 where m = -inf); with kept
+// given (kept.cnt zeroed), each lane x's kept keys in key order into kept.idx[x·kmax ..]. Its own function, K a constant: the best vectors and the
 // sums stay in registers (indexed by a run-time k they lived on the stack, each step a store
 // and a reload).
 template <int K>
 [[gnu::noinline]] void topk_lanes(const float* S, std::int64_t L, std::int64_t n, std::int64_t kbase, vf& m, vf& th,
-                                  vi& cut, vf& sum_out) {
+                                  vi& cut, vf& sum_out, const lane_kept& kept) {
   vf best[K];
 #pragma GCC unroll 16
   for (int i = 0; i < K; ++i) best[i] = splat(-kInf);
@@ -849,17 +857,24 @@ template <int K>
     const vf s = load(S + jj * L);
     const vi eq = (s == t) & (s > splat(-kInf));
     ties = add_if(eq, ties, splat(1.0f));
-    const vi take = eq & (ties <= need), kept = (s > t) | take;
+    const vi take = eq & (ties <= need), keep = (s > t) | take;
     c = take ? splati(std::int32_t(kbase + jj)) : c;
-    if (any_lane(kept)) sum += vselect(kept, exp_nat(s - m0), vf{});
+    if (!any_lane(keep)) continue;
+    sum += vselect(keep, exp_nat(s - m0), vf{});
+    if (kept.cnt)
+      for (int x = 0; x < W; ++x)
+        if (keep[x] && kept.cnt[x] < kept.kmax) kept.idx[x * kept.kmax + kept.cnt[x]++] = std::int32_t(kbase + jj);
   }
   th = t, cut = c, sum_out = sum;
 }
 
 // Statistics of every lane from the stored scores S [n][L] of keys [kbase, kbase + n), into
 // lb.st (r not touched).
+// With kept given (top-k, k a constant), each lane's kept keys too (lanes c·W + x at cnt + c·W,
+// idx + (c·W)·kmax).
 template <family_dist Dist, int CC>
-void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf) {
+void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int64_t kbase, float* buf,
+                const lane_kept& kept = {}) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
   // sparsemax, entmax15: the keys some lane still holds above τ (τ only rises, so each pass
@@ -1012,7 +1027,8 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         if (fp.topk <= kVectorTopk) {
           vf mk, th, sum;
           [&]<int... K>(std::integer_sequence<int, K...>) {  // k as a constant (topk_lanes)
-            ((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, mk, th, cut, sum), true)) || ...);
+            const lane_kept kc = kept.cnt ? lane_kept{kept.cnt + c * W, kept.idx + c * W * kept.kmax, kept.kmax} : kept;
+            ((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, mk, th, cut, sum, kc), true)) || ...);
           }(std::make_integer_sequence<int, int(kVectorTopk)>{});
           const vi none = mk == splat(-kInf);
           t = vselect(none, splat(kInf), th);
@@ -1428,7 +1444,24 @@ void fam_kept_keys_with(const family_lanes& lb, const family_kept& out, Scores&&
   }
   if (live.none()) return;  // every block hidden: nothing kept
   const std::int64_t k0 = live.lo, k1 = live.hi;
-  lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf);
+  // top-k with k a constant: the search hands over each lane's kept keys (no scan for them after).
+  const bool listed = Dist == family_dist::topk && fp.topk <= kVectorTopk;
+  lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf,
+                       listed ? lane_kept{out.cnt, out.idx, out.kmax} : lane_kept{});
+  if (listed) {  // α = fam_alpha's e^{s - lse} of each kept key, lane by lane
+    for (std::int64_t x = 0; x < L; ++x) {
+      if (x >= lb.nl) {
+        out.cnt[x] = 0;
+        continue;
+      }
+      for (std::int32_t e = 0; e < out.cnt[x]; ++e) {
+        const std::int64_t i = x * out.kmax + e, jj = out.idx[i] - kmin;
+        out.alpha[i] = exp_nat(splat(sc.S[jj * L + x]) - splat(lb.st.lse[x]))[0];
+        out.g[i] = need_g ? sc.G[jj * L + x] : 1.0f;
+      }
+    }
+    return;
+  }
   if constexpr (Dist == family_dist::hardmax) {  // the one key kept is each lane's first arg max (cut)
     for (std::int64_t x = 0; x < lb.nl && out.kmax > 0; ++x) {
       const std::int32_t j = lb.st.cut[x];
