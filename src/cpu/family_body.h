@@ -855,6 +855,7 @@ template <int K>
   vi c = splati(-1);
   for (std::int64_t jj = 0; jj < n; ++jj) {
     const vf s = load(S + jj * L);
+    if (!any_ge(s, t)) continue;  // (no lane keeps it nor ties: most vectors stop here)
     const vi eq = (s == t) & (s > splat(-kInf));
     ties = add_if(eq, ties, splat(1.0f));
     const vi take = eq & (ties <= need), keep = (s > t) | take;
