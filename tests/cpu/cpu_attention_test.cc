@@ -708,6 +708,50 @@ TEST(cpu_attention, running_max_slack) {
   }
 }
 
+// Scores spread over 240 below the row's max (large logits: unscaled scores, a general score's
+// projections), where the softmax's exponentials flush to 0 (vexp2 below 2^-125: its AVX-512
+// form is checked in kernel_body_test): at every ISA level out and lse as the reference's, and
+// the weights (return_qk probabilities) exactly 0 from about e^-87 down, never a denormal.
+TEST(cpu_attention, wide_score_range_weights_flush_to_zero) {
+  const std::int64_t D = 16, Nq = 5, Nk = 300;
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    for (const dtype t : {dtype::f32, dtype::bf16}) {
+      SCOPED_TRACE(fmt::format("isa {} {}", isa, dtype_name(t)));
+      std::mt19937 rng(11);
+      Tensor q = Tensor::zeros({1, 1, Nq, D}, dtype::f32), k = Tensor::zeros({1, 1, Nk, D}, dtype::f32);
+      for (std::int64_t i = 0; i < Nq; ++i)
+        for (std::int64_t d = 0; d < D; ++d) q.set({0, 0, i, d}, 0.25);
+      for (std::int64_t j = 0; j < Nk; ++j)  // s_j = q·k_j = 40 - 0.8 (j·7 mod Nk): every key order
+        for (std::int64_t d = 0; d < D; ++d) k.set({0, 0, j, d}, (40.0 - 0.8 * double(j * 7 % Nk)) / 4.0);
+      const Tensor qt = Tensor::copy_of(q, t), kt = Tensor::copy_of(k, t), v = random_tensor({1, 1, Nk, D}, t, rng);
+      attention_options o;
+      o.scale = 1.0;
+      const auto ref = attention(qt, kt, v, o, {.use_backend = backend::reference});
+      const auto got = attention(qt, kt, v, o, {.use_backend = backend::cpu});
+      ASSERT_EQ(got.backend, "cpu");
+      EXPECT_TRUE(all_close(got.out, ref.out, fwd_tol(t), fwd_tol(t)));
+      EXPECT_TRUE(all_close(got.lse, ref.lse, fwd_tol(t), fwd_tol(t)));
+      o.return_qk = qk_output::probabilities;
+      const std::vector<double> p = attention(qt, kt, v, o, {.use_backend = backend::cpu}).qk.to_vector();
+      const std::vector<double> sk = kt.to_vector();
+      for (std::int64_t j = 0; j < Nk; ++j) {
+        const double below = 40.0 - 4.0 * sk[std::size_t(j * D)];  // m - s_j (q·k_j = 4·k_j0)
+        for (std::int64_t i = 0; i < Nq; ++i) {
+          const double pij = p[std::size_t(i * Nk + j)];
+          EXPECT_NE(std::fpclassify(float(pij)), FP_SUBNORMAL) << "key " << j;
+          if (below > 88.0) {
+            EXPECT_EQ(pij, 0.0) << "key " << j << ", " << below << " below the max";
+          }
+          if (below < 80.0) {
+            EXPECT_GT(pij, 0.0) << "key " << j << ", " << below << " below the max";
+          }
+        }
+      }
+    }
+  }
+}
+
 // The [B, Hq, Nq, Nk] intermediates (return_qk: scaled, softcapped, biased, probabilities) from
 // the cpu backend against the reference's, over the random sweep's cases (masks, windows, causal
 // alignments, kv lengths, softcap, ALiBi, sinks, GQA, 3-D and transposed views, f32/f16/bf16, Nq
