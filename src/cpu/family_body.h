@@ -807,6 +807,13 @@ float lane_search(float* l, std::int64_t len, float tau, int passes, Step&& step
   return tau;
 }
 
+// Top-k whose k best stay in registers (topk_lanes, k a constant): it takes the max from them and
+// hands over the kept keys; above kVectorTopk, the scalar search over every lane's scores.
+template <family_dist Dist>
+inline bool topk_in_registers(const family_params& fp) {
+  return Dist == family_dist::topk && fp.topk <= kVectorTopk;
+}
+
 // Kept keys by lane: cnt[x] of them at idx[x·kmax ..] (none asked where cnt is null).
 struct lane_kept {
   std::int32_t* cnt = nullptr;
@@ -883,7 +890,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
   std::int32_t* idx = reinterpret_cast<std::int32_t*>(buf);
   constexpr bool kArg = Dist == family_dist::hardmax || Dist == family_dist::hardmax_st;
   // top-k with k a constant takes the max from its k best (topk_lanes): no pass of its own.
-  const bool vector_topk = Dist == family_dist::topk && fp.topk <= kVectorTopk;
+  const bool vector_topk = topk_in_registers<Dist>(fp);
 #pragma GCC unroll 1
   for (int c = 0; c < CC; ++c) {
     vf m = splat(-kInf);
@@ -1025,7 +1032,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
         cut = arg;
         break;
       case family_dist::topk:
-        if (fp.topk <= kVectorTopk) {
+        if (topk_in_registers<Dist>(fp)) {
           vf mk, th, sum;
           [&]<int... K>(std::integer_sequence<int, K...>) {  // k as a constant (topk_lanes)
             const lane_kept kc = kept.cnt ? lane_kept{kept.cnt + c * W, kept.idx + c * W * kept.kmax, kept.kmax} : kept;
@@ -1446,7 +1453,7 @@ void fam_kept_keys_with(const family_lanes& lb, const family_kept& out, Scores&&
   if (live.none()) return;  // every block hidden: nothing kept
   const std::int64_t k0 = live.lo, k1 = live.hi;
   // top-k with k a constant: the search hands over each lane's kept keys (no scan for them after).
-  const bool listed = Dist == family_dist::topk && fp.topk <= kVectorTopk;
+  const bool listed = topk_in_registers<Dist>(fp);
   lane_stats<Dist, CC>(lb, sc.S + (k0 - kmin) * L, k1 - k0, k0, sc.buf,
                        listed ? lane_kept{out.cnt, out.idx, out.kmax} : lane_kept{});
   if (listed) {  // α = fam_alpha's e^{s - lse} of each kept key, lane by lane
