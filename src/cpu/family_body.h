@@ -825,9 +825,9 @@ struct lane_kept {
 // best of each lane as K sorted vectors (an insertion of each score that beats the K-th), then
 // one pass for the ties kept at the K-th score (cut: the last one kept) and the sum of
 // e^{s - m0} over the kept keys (m: the max, the best; m0 = m, or 0 where m = -inf); with kept
-// given (kept.cnt zeroed), each lane x's kept keys in key order into kept.idx[x·kmax ..]. Its own function, K a constant: the best vectors and the
-// sums stay in registers (indexed by a run-time k they lived on the stack, each step a store
-// and a reload).
+// given (kept.cnt zeroed), each lane x's kept keys in key order into kept.idx[x·kmax ..]. Its
+// own function, K a constant: the best vectors and the sums stay in registers (indexed by a
+// run-time k they lived on the stack, each step a store and a reload).
 template <int K>
 [[gnu::noinline]] void topk_lanes(const float* S, std::int64_t L, std::int64_t n, std::int64_t kbase, vf& m, vf& th,
                                   vi& cut, vf& sum_out, const lane_kept& kept) {

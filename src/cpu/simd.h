@@ -148,9 +148,9 @@ inline bool any_lane_of(V m) {
   return false;
 }
 inline bool any_lane(vi m) { return any_lane_of(m); }
-// any_lane(a > b) (any_ge: a >= b) as one compare into a mask register and a test of it (AVX-512): from the
-// vector compare, GCC writes the mask back into a vector to test it (two more instructions in the
-// sparse distributions' per-key scans). False where either is NaN, as a > b.
+// any_lane(a > b) (any_ge: a >= b) as one compare into a mask register and a test of it
+// (AVX-512): from the vector compare, GCC writes the mask back into a vector to test it (two more
+// instructions in the sparse distributions' per-key scans). False where either is NaN, as a > b.
 inline bool any_gt(vf a, vf b) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(vf) == 64) return __builtin_ia32_cmpps512_mask(a, b, 0x1e, 0xffff, 4) != 0;  // _CMP_GT_OQ
