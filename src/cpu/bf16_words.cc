@@ -115,7 +115,7 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
 #pragma omp for schedule(static) nowait  // (the words past `covered`, which the blocks never write)
     for (std::int64_t col = 0; col < B * H * X; ++col)
       std::fill(r.data() + col * Npairs + covered, r.data() + (col + 1) * Npairs, 0u);
-    words pair_rows(fast ? std::size_t(kPairs * X) : 0), cols(fast ? std::size_t(kPairs * X) : 0);
+    words pair_rows(fast ? std::size_t(kPairs * X) : 0);
     const std::uint32_t* row_ptrs[kPairs];
 #pragma omp for schedule(static)
     for (std::int64_t t = 0; t < B * H * blocks; ++t) {
@@ -133,7 +133,7 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
       if (fast && np == kPairs) {
         // The 16 pairs interleaved into rows of words (unit stride: vectorised), then turned
         // into columns by the kernels' register transposes (lane_words), each column's 16
-        // words copied to its place.
+        // words stored in place.
         for (std::int64_t i = 0; i < kPairs; ++i) {
           const std::uint16_t *r0 = rows[2 * i], *r1 = rows[2 * i + 1];
           std::uint32_t* w = pair_rows.data() + i * X;
@@ -148,8 +148,7 @@ words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::
             for (std::int64_t x = 0; x < X; ++x) bad |= special_word(w[x]);
           row_ptrs[i] = w;
         }
-        kt.lane_words(row_ptrs, kPairs, kPairs, X, cols.data());
-        for (std::int64_t x = 0; x < X; ++x) std::memcpy(o + x * Npairs, cols.data() + x * kPairs, kPairs * 4);
+        kt.lane_words(row_ptrs, kPairs, kPairs, X, o, Npairs);
         continue;
       }
       for (std::int64_t i = 0; i < np; ++i) {  // pair by pair: its two rows read in order

@@ -257,7 +257,7 @@ void pack_lane_words(const kernel_table& kt, const strided4& t, std::int64_t b, 
       aligned = reinterpret_cast<std::uintptr_t>(r) % 4 == 0;
       rows[x] = reinterpret_cast<const std::uint32_t*>(r);
     }
-    if (aligned) return kt.lane_words(rows, ls.L, ls.nl, X / 2, out);
+    if (aligned) return kt.lane_words(rows, ls.L, ls.nl, X / 2, out, ls.L);
   }
   for (std::int64_t x = 0; x < ls.L; ++x) {
     if (x >= ls.nl) {
@@ -348,6 +348,14 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const rows_f32 K = dp || kv_in_place ? rows_f32{} : as_rows(p.k, p.B, p.Hkv, p.Nk, p.D, nt);
   const rows_f32 V = dp || kv_in_place ? rows_f32{} : as_rows(p.v, p.B, p.Hkv, p.Nk, p.Dv, nt);
   const std::int64_t nchunk = plan.nchunk, chunk = plan.chunk;
+  // f32 prefill lanes: Vᵀ of every (b, hkv) (lane_block::vt), packed once here for the lane
+  // blocks that share it, its rows Nk rounded up to W plus W apart (a power-of-two stride would
+  // put the tiles' rows in one set of L1).
+  const bool vt_pack = !dp && !kv_in_place && L == kt.lanes && nlb >= 2;
+  const std::int64_t ldvt = vt_pack ? (p.Nk + kt.W - 1) / kt.W * kt.W + kt.W : 0;
+  constexpr std::int64_t kVtKeys = 64;  // keys a pack task transposes
+  const std::int64_t vt_chunks = ceil_div(p.Nk, kVtKeys);
+  fbuf vtb = vt_pack ? alloc_floats(p.B * p.Hkv * p.Dv * ldvt) : fbuf();
   const std::int64_t per = 2 * L + p.Dv * L;  // m, l, oᵀ of one task
   fbuf part = nchunk > 1 ? alloc_floats(units * nchunk * per) : fbuf();
   // (decode never skips a block, and a scan of the whole cache would cost what decode does)
@@ -399,6 +407,17 @@ void forward_out(const problem& p, const forward_outputs& o) {
     std::vector<lane_block> lbs(static_cast<std::size_t>(nh));
     std::vector<forward_io> ios(static_cast<std::size_t>(nh));
     std::vector<std::int64_t> us(static_cast<std::size_t>(nh));
+    if (vt_pack) {
+#pragma omp for schedule(static)
+      for (std::int64_t t = 0; t < p.B * p.Hkv * vt_chunks; ++t) {
+        const std::int64_t bh = t / vt_chunks, j0 = t % vt_chunks * kVtKeys, n = std::min(kVtKeys, p.Nk - j0);
+        const std::uint32_t* rows[kVtKeys];
+        for (std::int64_t x = 0; x < n; ++x)
+          rows[x] = reinterpret_cast<const std::uint32_t*>(V.row(bh / p.Hkv, bh % p.Hkv, j0 + x));
+        kt.lane_words(rows, ceil_div(n, kt.W) * kt.W, n, p.Dv, reinterpret_cast<std::uint32_t*>(vtb.get() + bh * p.Dv * ldvt + j0),
+                      ldvt);
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t c = t % nchunk, w = t / nchunk;
@@ -427,6 +446,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         lane_block& lb = lbs[std::size_t(hh)];
         lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get() + hh * scratch_floats);
         lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
+        if (vt_pack) lb.vt = vtb.get() + (b * p.Hkv + hkv) * p.Dv * ldvt, lb.ldvt = ldvt;
         if (kv_in_place) {  // rows of (b, hkv) from element 0 of their first page (paged), or of the view
           const std::int64_t kb = paged ? hkv * p.k.sh : p.k.offset(b, hkv, 0, 0);
           const std::int64_t vb = paged ? hkv * p.v.sh : p.v.offset(b, hkv, 0, 0);
@@ -730,7 +750,7 @@ void backward(const problem& p, const backward_io& io) {
         if (!dp) {  // doutᵀ [Dv][L] (lanes past nl zero) from dout's unit-stride f32 rows
           const std::uint32_t* rows[kMaxLanes] = {};
           for (std::int64_t x = 0; x < ls.nl; ++x) rows[x] = reinterpret_cast<const std::uint32_t*>(dO.row(b, ls.h[x], ls.i[x]));
-          kt.lane_words(rows, L, ls.nl, p.Dv, reinterpret_cast<std::uint32_t*>(dot.get()));
+          kt.lane_words(rows, L, ls.nl, p.Dv, reinterpret_cast<std::uint32_t*>(dot.get()), L);
         }
         const lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
         const dq_io dio{dot.get(), lv.get(), lv.get() + L, dqt.get()};
@@ -842,7 +862,7 @@ void backward(const problem& p, const backward_io& io) {
               aligned = reinterpret_cast<std::uintptr_t>(r) % 4 == 0;
               rows[x] = reinterpret_cast<const std::uint32_t*>(r);
             }
-            if (aligned) return kt.lane_words(rows, ld, nb, X / 2, out);
+            if (aligned) return kt.lane_words(rows, ld, nb, X / 2, out, ld);
           }
           for (std::int64_t x = 0; x < ld; ++x) {
             if (x >= nb) {
@@ -861,7 +881,7 @@ void backward(const problem& p, const backward_io& io) {
         const auto transpose = [&](const rows_f32& t, std::int64_t X, float* out) {
           const std::uint32_t* rows[kMaxKeyBlock] = {};
           for (std::int64_t x = 0; x < nb; ++x) rows[x] = reinterpret_cast<const std::uint32_t*>(t.row(b, hkv, j0 + x));
-          kt.lane_words(rows, ld, nb, X, reinterpret_cast<std::uint32_t*>(out));
+          kt.lane_words(rows, ld, nb, X, reinterpret_cast<std::uint32_t*>(out), ld);
         };
         transpose(K, p.D, ktp);
         transpose(V, p.Dv, vtp);

@@ -40,7 +40,8 @@ lane_operands<f32_operands> f32_lane_operands(const lane_block& lb) {
   op.k = lb.k, op.k_rs = lb.ksn;
   op.v = lb.v, op.v_rs = lb.vsn;
   op.k_steps = lb.k, op.k_ss = lb.ksn;
-  op.v_steps = lb.v, op.v_ss = lb.vsn;
+  if (lb.vt) op.v_steps = lb.vt, op.v_ss = 1, op.v_es = lb.ldvt;
+  else op.v_steps = lb.v, op.v_ss = lb.vsn;
   return op;
 }
 
@@ -154,7 +155,8 @@ std::uint64_t store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std:
 // Words of rows → lane words: rows[x] (x < nl; Xw words of unit stride) to out [Xw][L], lane x
 // of word w at out[w·L + x], lanes past nl zero — W × W blocks transposed in registers, where a
 // store per word wrote a column of `out` (L words apart).
-void lane_words(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw, std::uint32_t* out) {
+void lane_words(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw, std::uint32_t* out,
+                std::int64_t ld) {
   vf blk[W];
   for (std::int64_t x0 = 0; x0 < L; x0 += W)
     for (std::int64_t w0 = 0; w0 < Xw; w0 += W) {
@@ -167,7 +169,7 @@ void lane_words(const std::uint32_t* const* rows, std::int64_t L, std::int64_t n
         else __builtin_memcpy(&blk[i], rows[x0 + i] + w0, std::size_t(n) * 4);
       }
       transpose(blk);
-      for (std::int64_t j = 0; j < n; ++j) storeu(out + (w0 + j) * L + x0, (vu)blk[j]);
+      for (std::int64_t j = 0; j < n; ++j) storeu(out + (w0 + j) * ld + x0, (vu)blk[j]);
     }
 }
 

@@ -76,6 +76,11 @@ struct lane_block {
   const float* k = nullptr;            // key rows of this (b, hkv): k + j·ksn, unit x-stride
   const float* v = nullptr;
   std::int64_t ksn = 0, vsn = 0;
+  // Forward, f32 prefill lanes, when set: Vᵀ of this (b, hkv), value column d of key j at
+  // vt[d·ldvt + j] (the Oᵀ += Vᵀ P product then broadcasts along keys, each cache line of V for
+  // W steps of one tile; along V's rows every step would take a new line, for ⌈W/R⌉ tiles).
+  const float* vt = nullptr;
+  std::int64_t ldvt = 0;
   const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
   const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
   bool q_bf16 = false;                 // decode: qt holds exact bf16 values, unscaled (sp.scale applies)
@@ -280,9 +285,10 @@ struct kernel_table {
   std::uint64_t (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
                                void* const* rows, bool bf16) = nullptr;
   // The other way, for the bf16 products' operands: rows[x] (x < nl, Xw words of bf16 pairs at
-  // unit stride) to lane words out [Xw][L], lanes past nl zero.
+  // unit stride) to lane words out [Xw][L] of row stride ld (>= L; L a multiple of W), lanes
+  // past nl zero. A float is a word: f32 rows transpose the same way.
   void (*lane_words)(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw,
-                     std::uint32_t* out) = nullptr;
+                     std::uint32_t* out, std::int64_t ld) = nullptr;
 };
 
 static constexpr inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }

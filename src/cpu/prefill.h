@@ -32,8 +32,9 @@ struct lane_operands {
   std::int64_t v_rs = 0;
   const word* k_steps = nullptr;      // keys by reduction step: column d of step j' at k_steps[j'·k_ss + d] (dqᵀ += Kᵀ dS)
   std::int64_t k_ss = 0;
-  const word* v_steps = nullptr;      // values by reduction step (Oᵀ += Vᵀ P)
-  std::int64_t v_ss = 0;
+  const word* v_steps = nullptr;      // values by reduction step (Oᵀ += Vᵀ P): word d of step j'
+  std::int64_t v_ss = 0;              // at v_steps[j'·v_ss + d·v_es]
+  std::int64_t v_es = 1;
 };
 
 // Round n up to a multiple of P.
@@ -190,9 +191,11 @@ void forward_lanes(const lane_block& lb, const lane_operands<Ops>& op, const for
     // The mask first: a block no row sees (all -inf) is skipped, products and all.
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
-    gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
+    gemm<Ops, true>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
     const typename Ops::word* pw = softmax_block<Ops, CC>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed);
-    gemm<Ops>(lb.Dv, L, nb / P, op.v_steps + j0 / P * op.v_ss, 1, op.v_ss, pw, L, io.ot, L, true);
+    const typename Ops::word* v = op.v_steps + j0 / P * op.v_ss;
+    if (op.v_ss == 1) gemm<Ops, true>(lb.Dv, L, nb / P, v, op.v_es, 1, pw, L, io.ot, L, true);
+    else gemm<Ops>(lb.Dv, L, nb / P, v, op.v_es, op.v_ss, pw, L, io.ot, L, true);
   }
 }
 
