@@ -12,10 +12,6 @@
 
 #include <fmt/format.h>
 
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
-
 #include "core/common.h"
 
 namespace attn::detail::cpu {
@@ -26,20 +22,10 @@ struct free_deleter {
 using fbuf = std::unique_ptr<float[], free_deleter>;
 
 // n floats, 64-byte aligned; attn::error "<op>: cannot allocate N bytes …" when the memory is not there.
-// A buffer of 8 MiB or more (a call's packed K or Vᵀ) is aligned to 2 MiB and asks for transparent
-// huge pages, as Tensor::empty does: its fresh pages then fault once per 2 MiB instead of once per
-// 4 KiB (f32 forward B1 H16 N2048 D64, 1 thread: the 8 MiB Vᵀ's page faults and clearing took
-// 4 % of the call on 4 KiB pages).
 inline fbuf alloc_floats(std::int64_t n, const char* op) {
-  constexpr std::size_t kHuge = std::size_t(2) << 20, kHugeMin = 4 * kHuge;
-  const std::size_t bytes0 = std::size_t(std::max<std::int64_t>(n, 1)) * 4;
-  const std::size_t align = bytes0 >= kHugeMin ? kHuge : 64;
-  const std::size_t bytes = (bytes0 + align - 1) / align * align;
-  fbuf r(static_cast<float*>(std::aligned_alloc(align, bytes)));
+  const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
+  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
   if (!r) fail(op, fmt::format("cannot allocate {} bytes of working memory", bytes));
-#ifdef __linux__
-  if (align == kHuge) madvise(r.get(), bytes, MADV_HUGEPAGE);  // a hint: refused, it changes nothing
-#endif
   return r;
 }
 

@@ -350,8 +350,10 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const std::int64_t nchunk = plan.nchunk, chunk = plan.chunk;
   // f32 prefill lanes: Vᵀ of every (b, hkv) (lane_block::vt), packed once here for the lane
   // blocks that share it, its rows Nk rounded up to W plus W apart (a power-of-two stride would
-  // put the tiles' rows in one set of L1).
-  const bool vt_pack = !dp && !kv_in_place && L == kt.lanes && nlb >= 2;
+  // put the tiles' rows in one set of L1). Only where a head's K and V outgrow half of a 2 MiB L2
+  // and stream from L3 for every lane block: from L2 the products run as fast on V's rows, and
+  // the pack's fresh pages cost more than it saves (H16 N512 D64: 4.2-4.4 → 4.5-4.9 ms).
+  const bool vt_pack = !dp && !kv_in_place && L == kt.lanes && nlb >= 2 && p.Nk * (p.D + p.Dv) * 4 > (std::int64_t(1) << 20);
   const std::int64_t ldvt = vt_pack ? (p.Nk + kt.W - 1) / kt.W * kt.W + kt.W : 0;
   constexpr std::int64_t kVtKeys = 64;  // keys a pack task transposes
   const std::int64_t vt_chunks = ceil_div(p.Nk, kVtKeys);

@@ -293,8 +293,8 @@ void dq_lanes(const lane_block& lb, const lane_operands<Ops>& op, const dq_io& i
     const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;  // no row sees the block: ds = 0
-    gemm<Ops>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
-    gemm<Ops>(nb, L, lb.Dv / P, op.v + j0 * op.v_rs, op.v_rs, 1, op.doutt, L, dP, L, false);
+    gemm<Ops, true>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
+    gemm<Ops, true>(nb, L, lb.Dv / P, op.v + j0 * op.v_rs, op.v_rs, 1, op.doutt, L, dP, L, false);
     dq_scores<CC>(lb, io, sc, S, bias, mk, dP, j0, nb);
     const typename Ops::word* dsw = Ops::pack_rows(S, nb, L, packed);
     gemm<Ops>(lb.D, L, nb / P, op.k_steps + j0 / P * op.k_ss, 1, op.k_ss, dsw, L, io.dqt, L, true);
@@ -374,8 +374,8 @@ void dkdv_rows(const dkdv_pair& pr, const row_operands<Ops>& op) {
     for (std::int64_t r = 0; r < nq; ++r)
       for (std::int64_t x = pr.nb; x < ld; ++x) bias[r * ld + x] = 0.0f;
   }
-  gemm<Ops>(nq, ld, pr.D / P, op.q, op.q_rs, 1, op.kt, ld, S, ld, false);
-  gemm<Ops>(nq, ld, pr.Dv / P, op.dout, op.dout_rs, 1, op.vt, ld, dP, ld, false);
+  gemm<Ops, true>(nq, ld, pr.D / P, op.q, op.q_rs, 1, op.kt, ld, S, ld, false);
+  gemm<Ops, true>(nq, ld, pr.Dv / P, op.dout, op.dout_rs, 1, op.vt, ld, dP, ld, false);
   dkdv_scores(pr, sc, S, dP, bias, mk);
   const typename Ops::word* pw = Ops::pack_rows(S, nq, ld, packed);
   const typename Ops::word* dsw = Ops::pack_rows(dP, nq, ld, packed + nqs * ld);

@@ -237,6 +237,32 @@ TEST(cpu_attention, edge_shapes) {
   }
 }
 
+// Keys whose K and V outgrow 1 MiB a head: the f32 prefill forward then reads Vᵀ, packed once
+// per call (lane_block::vt; rows Nk rounded up plus padding apart), with several lane blocks per
+// head. Odd D, GQA 3, causal and windows that start the lanes' key ranges off block boundaries,
+// a padding mask, ALiBi and sinks; f32 and bf16 (widened to f32 on the levels without a bf16 dot).
+TEST(cpu_attention, values_transposed_for_long_keys) {
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    int seed = 0;
+    for (dtype t : {dtype::f32, dtype::bf16})
+      for (int variant = 0; variant < 3; ++variant) {
+        config c;
+        c.B = 2, c.Hq = 3, c.Hkv = 1, c.Nq = 47, c.Nk = 1037, c.D = 131, c.Dv = 129, c.type = t;
+        if (variant == 1) {
+          c.opt.is_causal = true, c.opt.alignment = causal_alignment::bottom_right;
+          c.opt.window_left = 300, c.alibi = true;
+        }
+        if (variant == 2) {
+          c.mask = mask_type::boolean, c.mask_rank = 2, c.mask_short = true;
+          c.kv_len = true, c.sinks = true;
+        }
+        check_case(c, std::uint32_t(500 + seed++));
+      }
+  }
+}
+
 // Every alignment and window against a mask with padding columns, GQA 8, all ISAs.
 TEST(cpu_attention, causal_alignments_windows) {
   for (const std::string& isa : isas()) {
