@@ -462,7 +462,7 @@ inline float sum_squares(const float* p, std::int64_t P) { return row_dot(p, p, 
 template <int CC>
 void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
   const std::int64_t L = CC * W;
-  gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  gemm<fam_ops, true>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   vf qn[CC];
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) qn[c] = vf{};
@@ -515,7 +515,7 @@ void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
 // Row layout: S[r][y] as elem_row_scores<distance_terms> would give it, up to the side of h².
 inline void box_row_scores(const family_rows& pr, float* S) {
   const std::int64_t ld = pr.ldk;
-  gemm<fam_ops>(pr.nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
+  gemm<fam_ops, true>(pr.nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
   alignas(64) float kn[kRowKeyBlock + 64];  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W)
   for (std::int64_t y = 0; y < ld; y += W) {
     vf a{};
@@ -595,7 +595,7 @@ bool lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float
   if (lane_mask<CC>(lb, j0, nb, S, G, mask)) return true;
   if (box_by_products(lb.fp)) box_lane_scores<CC>(lb, j0, nb, S);
   else if (elementwise(lb.fp)) with_terms(lb.fp, [&](const auto& tm) { elem_lane_scores<CC>(lb, tm, j0, nb, S); });
-  else gemm<fam_ops>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  else gemm<fam_ops, true>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
   lane_transform<CC>(lb, j0, nb, S, G, mask);
   return false;
 }
@@ -635,7 +635,7 @@ bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb,
   const std::int64_t L = CC * W;
   if (pending) *pending = 1.0f;
   if (lane_mask<CC>(lb, j0, nb, S, nullptr, mask)) return true;
-  gemm<Ops>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
+  gemm<Ops, true>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
   lane_scale_transform<CC>(lb, j0, nb, S, mask, pending);
   return false;
 }
@@ -1318,9 +1318,9 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
     if (skipped)
       for (std::int64_t i = 0; i < nb * L; i += W) store(dP + i, vf{});
     else if constexpr (pairs)
-      gemm<Ops>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
+      gemm<Ops, true>(nb, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, 1, io.douttw, L, dP, L, false);
     else
-      gemm<fam_ops>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
+      gemm<fam_ops, true>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
     return skipped;
   };
   const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const lane_scratch& sc) {
@@ -1388,15 +1388,15 @@ void fam_dkdv(const family_rows& pr) {
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
   if constexpr (pairs) {
-    gemm<Ops>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
+    gemm<Ops, true>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
     if (pr.zscale != 1.0f)
       for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
-    if (!no_dz) gemm<Ops>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);
+    if (!no_dz) gemm<Ops, true>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);
   } else {
     if (box_by_products(fp)) box_row_scores(pr, S);
     else if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_scores(pr, tm, S); });
-    else gemm<fam_ops>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
-    if (!no_dz) gemm<fam_ops>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
+    else gemm<fam_ops, true>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
+    if (!no_dz) gemm<fam_ops, true>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   }
   vf sum_dz{}, sum_de{};
   row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de);
