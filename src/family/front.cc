@@ -380,6 +380,7 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
     check_kept(op, *fwd, C);
   }
   if (C.path == family_path::core) {
+    C.c.backward = true;
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
     const attention_options ao = core_options(options, in.scale);
     attention_result a;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "family_util.h"
 
@@ -47,8 +48,9 @@ TEST(FamilyCoreRoute, DotIsTheCoreOpOnTheUsersViews) {
 // rounded once to bfloat16 and the user's v unconverted: cosine's out is bitwise attn::attention
 // on q/(‖q‖τ) and k/‖k‖ computed in float64 and rounded to bfloat16 (what the preparation
 // does), forward and backward; general, biased_general, cosine and location stay within bfloat16
-// error of the float64 reference on the same inputs, every gradient included; gaussian keeps its
-// float32 preparation (its −‖x‖²/(2h²) terms cancel against q·k) and stays as close.
+// error of the float64 reference on the same inputs, every gradient included; so does gaussian,
+// whose forward runs in bfloat16 with its −‖k‖²/2 column split in bfloat16 parts (below) and whose
+// backward keeps the float32 preparation.
 TEST(FamilyCoreRoute, BfloatInputsRunTheCoreOpInBfloat) {
   std::mt19937 rng(47);
   for (score_kind s : {score_kind::cosine, score_kind::general, score_kind::biased_general, score_kind::location,
@@ -160,6 +162,46 @@ TEST(FamilyCoreRoute, BroadcastKeysAreReadInPlace) {
     const family_result got = attention_family(q, kb, vb, o);
     const family_result want = attention_family(q, Tensor::copy_of(kb), Tensor::copy_of(vb), o);
     EXPECT_TRUE(all_close(got.out, want.out, 0.0)) << to_string(s);
+  }
+}
+
+// gaussian's bfloat16 forward runs the core op in bfloat16 on [q, 1, 1, 1, 0…] and [k, t₁, t₂, t₃,
+// 0…], t₁ + t₂ + t₃ = −‖k‖²/2 in bfloat16 parts, with 2c as the scale: its lse is the float32
+// route's on the same values to float32 rounding, with keys whose ‖k‖²/2 reaches hundreds (one
+// bfloat16 part alone moves a score by about 2^-9 of that, ≈ 0.02 after the scale here), and its
+// out within bfloat16 rounding of the float32 route's. Keys with an inf give what the float32
+// route gives.
+TEST(FamilyCoreRoute, GaussianBfloatForwardKeepsFloat32Scores) {
+  std::mt19937 rng(48);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "");
+    family_case c(score_kind::gaussian, distribution_kind::softmax, rng, 1, 4, 2, 37, 53, 40, 8);
+    c.opt.is_causal = causal;
+    c.opt.score.bandwidth = 4.0;
+    std::vector<double> kv = c.k.to_vector();
+    for (double& x : kv) x *= 6.0;  // |k| up to 6: ‖k‖²/2 up to ≈ 250
+    const Tensor q = c.q.to(dtype::bf16), v = c.v.to(dtype::bf16);
+    const Tensor k = Tensor::from_values(c.k.shape(), dtype::bf16, kv);
+    const family_result got = attention_family(q, k, v, c.opt);
+    const family_result f32 = attention_family(q.to(dtype::f32), k.to(dtype::f32), v.to(dtype::f32), c.opt);
+    ASSERT_EQ(got.path.rfind("core", 0), 0u);
+    ASSERT_TRUE(got.lse.defined() && f32.lse.defined());
+    EXPECT_TRUE(all_close(got.lse, f32.lse, 1e-4, 1e-5)) << "lse against the float32 route";
+    EXPECT_TRUE(all_close(got.out, f32.out, 2e-2, 2e-2)) << "out against the float32 route";
+    // An inf in a key: its norm is inf, its scores -inf or NaN, as on the float32 route.
+    std::vector<double> ki = kv;
+    ki[3] = std::numeric_limits<double>::infinity();
+    const Tensor kinf = Tensor::from_values(c.k.shape(), dtype::bf16, ki);
+    const family_result gi = attention_family(q, kinf, v, c.opt);
+    const family_result fi = attention_family(q.to(dtype::f32), kinf.to(dtype::f32), v.to(dtype::f32), c.opt);
+    const std::vector<double> go = gi.out.to_vector(), fo = fi.out.to_vector();
+    ASSERT_EQ(go.size(), fo.size());
+    for (std::size_t e = 0; e < go.size(); ++e) {
+      ASSERT_EQ(std::isnan(go[e]), std::isnan(fo[e])) << "element " << e;
+      if (!std::isnan(go[e])) {
+        ASSERT_NEAR(go[e], fo[e], 2e-2 * (1.0 + std::abs(fo[e]))) << "element " << e;
+      }
+    }
   }
 }
 

@@ -9,7 +9,9 @@
 // The -c‖q‖² term is constant along a row; it is kept only where the distribution is not
 // shift-invariant (sigmoid, identity), 0 otherwise. With softmax, attn::attention runs on the
 // augmented vectors (float32, float64 for float64 input) and the user's v (no copy when it
-// already has that dtype).
+// already has that dtype). A bfloat16 forward runs in bfloat16 instead (core_prepare_bf16), its
+// constant column split in three bfloat16 parts so that no score moves by more than float32's
+// rounding.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -117,8 +119,50 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
                            rows_of(dq, c.Hq, c.Nq, c.D), rows_of(dk, c.Hkv, c.Nk, c.D));
 }
 
+// The bfloat16 forward (softmax: no -c‖q‖² term), on the core op's bf16 products (AMX tiles where
+// the CPU has them) rather than float32 ones, 6× faster at B1 H8 N4096 D128 on a Xeon with AMX:
+//   -c‖q-k‖² + c‖q‖² = 2c · ([q, 1, 1, 1, 0…] · [k, t₁, t₂, t₃, 0…]),   t₁ + t₂ + t₃ = -‖k‖²/2
+// with 2c the attention's scale. q and k are the user's bf16 values (exact); t = -‖k‖²/2 (exact in
+// float64) is split greedily into bf16 parts, t₁ = bf16(t), t₂ = bf16(t - t₁), t₃ = bf16(t - t₁ - t₂),
+// whose sum is t within |t|·2^-25 — below the float32 accumulation of the products, so the scores
+// are the float32 route's to its own rounding. The rows are padded with zeros to a multiple of 32
+// elements (the AMX tiles'). The backward keeps float32 (its dq, dk would come out of the core op
+// in bf16, and its chain rule needs them before rounding); the lse is the same either way.
+core_qkv core_prepare_bf16(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
+                           const TensorView& v) {
+  const std::int64_t D = c.D, P = (D + 3 + 31) / 32 * 32;
+  Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, P, c.rank, dtype::bf16), kp = empty_bhnx(c.B, c.Hkv, c.Nk, P, c.rank, dtype::bf16);
+  const strided4 qs = as_bhnx(q, c.Hq), ks = as_bhnx(k, c.Hkv), qo = as_bhnx(qp, c.Hq), ko = as_bhnx(kp, c.Hkv);
+  std::vector<std::vector<double>> rows(std::size_t(std::max(1, c.threads)), std::vector<double>(std::size_t(P)));
+  for_rows_parallel(c.B, c.Hq, c.Nq, c.threads, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t, int t) {
+    std::vector<double>& r = rows[std::size_t(t)];
+    std::fill(r.begin(), r.end(), 0.0);
+    load_row(qs, b, h, n, D, r.data());
+    r[std::size_t(D)] = r[std::size_t(D + 1)] = r[std::size_t(D + 2)] = 1.0;
+    store_row(qo, b, h, n, P, r.data());
+  });
+  const auto part = [](double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); };
+  for_rows_parallel(c.B, c.Hkv, c.Nk, c.threads, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t, int t) {
+    std::vector<double>& r = rows[std::size_t(t)];
+    std::fill(r.begin(), r.end(), 0.0);
+    load_row(ks, b, h, n, D, r.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) n2 += r[std::size_t(d)] * r[std::size_t(d)];
+    double rest = -0.5 * n2;
+    for (std::int64_t i = 0; i < 3 && std::isfinite(rest); ++i) {  // (an inf or NaN norm: one part, as the float32 route's)
+      const double ti = part(rest);
+      r[std::size_t(D + i)] = ti;
+      rest = std::isfinite(ti) ? rest - ti : 0.0;
+    }
+    if (!std::isfinite(n2)) r[std::size_t(D)] = -0.5 * n2;
+    store_row(ko, b, h, n, P, r.data());
+  });
+  return {qp, kp, with_dtype(v, dtype::bf16), 2.0 * coef(c, s)};
+}
+
 core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
+  if (c.type == dtype::bf16 && !c.backward && !s.q_term) return core_prepare_bf16(c, s, q, k, v);
   // float32 for 16-bit inputs too: the augmented terms −‖x‖²/(2h²) cancel against q·k in the
   // score, and a bfloat16 rounding of them would move scores by 2^-9 of ‖x‖².
   const dtype t = c.type == dtype::f64 ? dtype::f64 : dtype::f32;

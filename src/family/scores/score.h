@@ -40,6 +40,7 @@ struct score_call {
   distribution_kind dist = distribution_kind::softmax;  // gaussian's kernel arrives as softmax
   bool shift_invariant = true;                          // the distribution ignores a per-row constant
   int threads = 1;                                      // the call's thread count (execution::num_threads)
+  bool backward = false;  // attention_family_backward's call (core_prepare may prepare a forward alone otherwise)
 
   std::int64_t rows_q() const { return B * Hq * Nq; }
   std::int64_t rows_k() const { return B * Hkv * Nk; }
