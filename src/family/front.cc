@@ -161,7 +161,9 @@ void validate(const char* op, const TensorView& q, const TensorView& k, const Te
 
   // Score: its own options and parameters.
   def.check(c, C.st);
-  C.path = resolve_path(op, o, exec, fp.dist == distribution_kind::softmax && def.core_prepare, C.automatic);
+  C.path = resolve_path(op, o, exec,
+                        fp.dist == distribution_kind::softmax && def.core_prepare && (!def.core_when || def.core_when(c)),
+                        C.automatic);
 }
 
 // Once prepared: `automatic` takes fused over tiled where the fused kernels run; fused asked
@@ -222,10 +224,11 @@ linear_attention_options identity_linear_options(const family_options& o) {
 }
 
 // The options of attn::attention on the core route: the masks, and the score's scale.
-attention_options core_options(const family_options& o, double scale) {
+attention_options core_options(const family_options& o, const core_qkv& in) {
   attention_options ao;
   static_cast<masking_options&>(ao) = o;
-  ao.scale = scale;
+  ao.scale = in.scale;
+  ao.softcap = in.softcap;
   ao.mask_gradient = false;  // family_grads has no mask gradient
   return ao;
 }
@@ -252,7 +255,7 @@ family_result attention_family(const TensorView& q, const TensorView& k, const T
   }
   if (C.path == family_path::core) {
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
-    const attention_result a = attention(in.q, in.k, in.v, core_options(options, in.scale), exec);
+    const attention_result a = attention(in.q, in.k, in.v, core_options(options, in), exec);
     r.out = to_dtype(a.out, c.type);
     r.lse = a.lse;
     r.path = fmt::format("core ({})", a.backend);
@@ -382,7 +385,7 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
   if (C.path == family_path::core) {
     C.c.backward = true;
     const core_qkv in = C.def->core_prepare(c, C.st, q, k, v);
-    const attention_options ao = core_options(options, in.scale);
+    const attention_options ao = core_options(options, in);
     attention_result a;
     if (fwd && fwd->lse.defined()) a.out = fwd->out, a.lse = fwd->lse;
     else a = attention(in.q, in.k, in.v, ao, exec);

@@ -101,6 +101,50 @@ TEST(FamilyCoreRoute, BfloatInputsRunTheCoreOpInBfloat) {
     }
 }
 
+// activated_general with tanh runs on the core op (tanh = softcap 1; its b on an augmented
+// column, but in a forward with b = 0): out and every gradient (dq, dk, dv, dW, db) agree with the
+// float64 reference, b = 0.8 and b = 0, causal or not, GQA, in float64, float32 and bfloat16 (whose
+// forward splits b in three bfloat16 parts); relu and sigmoid stay off the core route, and asking
+// for it names the score.
+TEST(FamilyCoreRoute, ActivatedTanhIsTheCoreOpWithSoftcap) {
+  std::mt19937 rng(53);
+  for (dtype t : {dtype::f64, dtype::f32, dtype::bf16})
+    for (bool with_b : {true, false})
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + (with_b ? " b 0.8" : " b 0") + (causal ? " causal" : ""));
+        family_case c(score_kind::activated_general, distribution_kind::softmax, rng, 2, 4, 2, 13, 29, 16, 8);
+        c.opt.score.activation = score_activation::tanh;
+        c.opt.is_causal = causal;
+        // Scores well inside tanh's bend, b large enough to move them.
+        c.b = Tensor::from_values({1}, dtype::f64, {with_b ? 0.8 : 0.0});
+        c.opt.score.b = c.b.view();
+        const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t);
+        const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, t, rng);
+        const family_result got = attention_family(q, k, v, c.opt);
+        ASSERT_EQ(got.path.rfind("core", 0), 0u) << got.path;
+        EXPECT_EQ(got.out.type(), t);
+        const family_grads g = attention_family_backward(q, k, v, dout, got, c.opt);
+        const execution ref{.path = family_path::reference};
+        const Tensor q64 = q.to(dtype::f64), k64 = k.to(dtype::f64), v64 = v.to(dtype::f64), d64 = dout.to(dtype::f64);
+        const family_result want = attention_family(q64, k64, v64, c.opt, ref);
+        const family_grads gw = attention_family_backward(q64, k64, v64, d64, c.opt, ref);
+        const double tol = t == dtype::f64 ? 1e-10 : t == dtype::f32 ? 2e-5 : 3e-2;
+        EXPECT_TRUE(all_close(got.out, want.out, tol, tol)) << "out";
+        EXPECT_TRUE(all_close(g.dq, gw.dq, tol, tol)) << "dq";
+        EXPECT_TRUE(all_close(g.dk, gw.dk, tol, tol)) << "dk";
+        EXPECT_TRUE(all_close(g.dv, gw.dv, tol, tol)) << "dv";
+        EXPECT_TRUE(all_close(g.dW, gw.dW, 2 * tol, tol)) << "dW";
+        EXPECT_TRUE(all_close(g.db, gw.db, 2 * tol, tol)) << "db";
+      }
+  for (score_activation a : {score_activation::relu, score_activation::sigmoid}) {
+    family_case c(score_kind::activated_general, distribution_kind::softmax, rng);
+    c.opt.score.activation = a;
+    EXPECT_EQ(attention_family(c.q, c.k, c.v, c.opt).path.rfind("core", 0), std::string::npos);
+    c.exec.path = family_path::core;
+    EXPECT_THROW_MSG(attention_family(c.q, c.k, c.v, c.opt, c.exec), "activated_general (tanh)");
+  }
+}
+
 TEST(FamilyCoreRoute, StridedAndThreeDimensionalInputsMatchContiguous) {
   std::mt19937 rng(43);
   for (dtype t : {dtype::f32, dtype::f64, dtype::bf16})

@@ -8,8 +8,10 @@
 // activation. general and biased_general with softmax run on attn::attention with q' = Wᵀ q (+ b)
 // (one float32 GEMM over the query rows, float64 for float64 input; bfloat16 input: q' rounded to
 // bfloat16, so the core op takes its bf16 products) and the user's k and v (no copy when they
-// already have that dtype).
+// already have that dtype). So does activated_general with tanh: tanh is the core op's softcap at
+// 1 (scale 1); its scalar b, inside the tanh, rides on one augmented column (core_augment).
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -113,7 +115,7 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
   else if (s.b.view) g.db = param_grad(s.b, {acc.dbias});  // e = act(z + b): db = Σ dz
 }
 
-// general and biased_general (activated has no core route): q' = Wᵀ q (+ b).
+// general and biased_general (and activated_general's q'): q' = Wᵀ q (+ b).
 core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
   const dtype t = core_dtype(c.type);
@@ -148,6 +150,73 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
   g.dk = to_dtype(cg.dk, c.type);
 }
 
+bool core_when_activated(const score_call& c) { return c.spec->activation == score_activation::tanh; }
+
+// activated_general with tanh on the core op: e = tanh(q'·k + b) is softcap 1 of the score q'·k + b.
+// A forward with b = 0 takes q' and the user's k (general's preparation). Otherwise — and in the
+// backward always, for db = Σ dk''[Dk] — one column more: q'' = [q', 1], k'' = [k, b] (float32;
+// float64 for float64 input), or for bfloat16 input [q', 1, 1, 1, 0…] · [k, b₁, b₂, b₃, 0…] with b
+// split in three bfloat16 parts (their sum is b within |b|·2^-25, below the float32 accumulation),
+// padded to a multiple of 32 for the AMX tiles — gaussian's split. The bfloat16 backward's db
+// sums dk''[Dk] rounded to bfloat16 (relative error 2^-9 at most, that of its dq and dk); it runs
+// 3.5× faster than a float32 backward at N 4096, D 128 (151 against 522 ms).
+core_qkv core_prepare_activated(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
+                                const TensorView& v) {
+  core_qkv in = core_prepare(c, s, q, k, v);
+  in.softcap = 1.0;
+  if (!c.backward && s.b.values[0] == 0.0) return in;
+  const bool bf = in.q.type() == dtype::bf16;
+  const dtype t = bf ? dtype::bf16 : c.type == dtype::f64 ? dtype::f64 : dtype::f32;
+  const std::int64_t Dk = c.Dk, P = bf ? (Dk + 3 + 31) / 32 * 32 : Dk + 1;
+  Tensor qa = empty_bhnx(c.B, c.Hq, c.Nq, P, c.rank, t), ka = empty_bhnx(c.B, c.Hkv, c.Nk, P, c.rank, t);
+  const strided4 qs = as_bhnx(in.q, c.Hq), ks = as_bhnx(k, c.Hkv), qo = as_bhnx(qa, c.Hq), ko = as_bhnx(ka, c.Hkv);
+  std::vector<double> cols(std::size_t(P - Dk), 0.0);  // the columns past Dk of q'' and of k''
+  std::vector<double> qcols = cols, kcols = cols;
+  if (bf) {
+    const auto part = [](double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); };
+    double rest = s.b.values[0];
+    for (std::size_t i = 0; i < 3; ++i) {
+      qcols[i] = 1.0, kcols[i] = part(rest);
+      rest = std::isfinite(kcols[i]) ? rest - kcols[i] : 0.0;
+    }
+  } else {
+    qcols[0] = 1.0, kcols[0] = s.b.values[0];
+  }
+  std::vector<std::vector<double>> rows(std::size_t(std::max(1, c.threads)), std::vector<double>(std::size_t(P)));
+  const auto copy = [&](const strided4& from, const strided4& to, const std::vector<double>& extra, std::int64_t H,
+                        std::int64_t N) {
+    for_rows_parallel(c.B, H, N, c.threads, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t, int th) {
+      std::vector<double>& r = rows[std::size_t(th)];
+      load_row(from, b, h, n, Dk, r.data());
+      std::copy(extra.begin(), extra.end(), r.begin() + Dk);
+      store_row(to, b, h, n, P, r.data());
+    });
+  };
+  copy(qs, qo, qcols, c.Hq, c.Nq);
+  copy(ks, ko, kcols, c.Hkv, c.Nk);
+  in.q = qa, in.k = ka;
+  if (in.v.type() != t) in.v = with_dtype(v, t);
+  return in;
+}
+
+// Through the augmentation: dq' = dq''[:Dk] (on to dq and dW as general's), dk = dk''[:Dk],
+// db = Σ over every key row of dk''[Dk].
+void core_backward_activated(const score_call& c, const score_state& s, const TensorView& q, const TensorView&,
+                             const core_qkv& in, const attention_grads& cg, family_grads& g) {
+  const std::int64_t Dk = c.Dk, P = in.k.size(in.k.rank() - 1) / (c.rank == 3 ? c.Hkv : 1);
+  new_dq_dk(c, g);
+  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq)));
+  const strided4 dks = as_bhnx(cg.dk, c.Hkv), dko = as_bhnx(g.dk, c.Hkv);
+  std::vector<double> r(static_cast<std::size_t>(P));
+  double db = 0.0;
+  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(dks, b, h, n, P, r.data());
+    db += r[std::size_t(Dk)];
+    store_row(dko, b, h, n, Dk, r.data());
+  });
+  g.db = param_grad(s.b, {db});
+}
+
 }  // namespace
 
 const score_def kGeneralScore = {.params = "W", .same_head_size = false, .check = check_general, .prepare = prepare,
@@ -155,7 +224,14 @@ const score_def kGeneralScore = {.params = "W", .same_head_size = false, .check 
 const score_def kBiasedGeneralScore = {.params = "W b", .same_head_size = false, .check = check_biased,
                                        .prepare = prepare, .backward = backward, .core_prepare = core_prepare,
                                        .core_backward = core_backward};
-const score_def kActivatedGeneralScore = {
-    .params = "W b", .same_head_size = false, .check = check_activated, .prepare = prepare, .backward = backward};
+const score_def kActivatedGeneralScore = {.params = "W b",
+                                          .same_head_size = false,
+                                          .check = check_activated,
+                                          .prepare = prepare,
+                                          .backward = backward,
+                                          .core_when = core_when_activated,
+                                          .core_when_text = "(tanh)",
+                                          .core_prepare = core_prepare_activated,
+                                          .core_backward = core_backward_activated};
 
 }  // namespace attn::detail::family

@@ -77,7 +77,8 @@ struct f64_qkv {
 // a prepared tensor. The layout (rank) is that of the user's q, k, v.
 struct core_qkv {
   TensorArg q, k, v;
-  double scale = 1.0;  // attention_options::scale
+  double scale = 1.0;    // attention_options::scale
+  double softcap = 0.0;  // attention_options::softcap (activated_general's tanh: 1)
 };
 
 // Where gaussian and box/triangle meet distribution_kind::kernel.
@@ -109,6 +110,9 @@ struct score_def {
                    const std::vector<double>& dQp, const grad_acc& acc, std::vector<double>& dq,
                    std::vector<double>& dk, family_grads& g) = nullptr;
   // Core route with softmax (null: none). q, k, v are the user's views.
+  // core_when: the calls the route takes (null: all); core_when_text says which, for messages.
+  bool (*core_when)(const score_call& c) = nullptr;
+  std::string_view core_when_text = "";
   core_qkv (*core_prepare)(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                            const TensorView& v) = nullptr;
   // From attention_backward's gradients of the prepared inputs to g.dq, g.dk (layouts of q, k,

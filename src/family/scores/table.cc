@@ -46,11 +46,12 @@ const score_def& score_of(const char* op, score_kind kind) {
 }
 
 std::string core_score_names() {
-  std::vector<std::string_view> n;
+  std::vector<std::string> n;
   for (const score_entry& e : kScores)
-    if (e.def->core_prepare) n.push_back(e.name.name);
+    if (e.def->core_prepare)
+      n.push_back(std::string(e.name.name) + (e.def->core_when_text.empty() ? "" : " " + std::string(e.def->core_when_text)));
   std::string r;
-  for (std::size_t i = 0; i < n.size(); ++i) r += (i == 0 ? "" : i + 1 == n.size() ? " and " : ", ") + std::string(n[i]);
+  for (std::size_t i = 0; i < n.size(); ++i) r += (i == 0 ? "" : i + 1 == n.size() ? " and " : ", ") + n[i];
   return r;
 }
 
