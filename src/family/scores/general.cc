@@ -9,7 +9,7 @@
 // (one float32 GEMM over the query rows, float64 for float64 input; bfloat16 input: q' rounded to
 // bfloat16, so the core op takes its bf16 products) and the user's k and v (no copy when they
 // already have that dtype). So does activated_general with tanh: tanh is the core op's softcap at
-// 1 (scale 1); its scalar b, inside the tanh, rides on one augmented column (core_augment).
+// 1 (scale 1); its scalar b, inside the tanh, rides on one augmented column (core_prepare_activated).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -170,8 +170,7 @@ core_qkv core_prepare_activated(const score_call& c, const score_state& s, const
   const std::int64_t Dk = c.Dk, P = bf ? (Dk + 3 + 31) / 32 * 32 : Dk + 1;
   Tensor qa = empty_bhnx(c.B, c.Hq, c.Nq, P, c.rank, t), ka = empty_bhnx(c.B, c.Hkv, c.Nk, P, c.rank, t);
   const strided4 qs = as_bhnx(in.q, c.Hq), ks = as_bhnx(k, c.Hkv), qo = as_bhnx(qa, c.Hq), ko = as_bhnx(ka, c.Hkv);
-  std::vector<double> cols(std::size_t(P - Dk), 0.0);  // the columns past Dk of q'' and of k''
-  std::vector<double> qcols = cols, kcols = cols;
+  std::vector<double> qcols(std::size_t(P - Dk), 0.0), kcols = qcols;  // the columns past Dk of q'' and k''
   if (bf) {
     const auto part = [](double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); };
     double rest = s.b.values[0];
