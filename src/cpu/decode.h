@@ -466,14 +466,15 @@ struct decode_run {
   bool whole_blocks;  // a block that starts at a multiple of W lies in one page
   std::int64_t nu, nv, pf_keys;
   std::int64_t next;  // the first key of the next block
-  // The next block into L1 as this one is read (prefetch_next): one head at a time only. With
-  // heads interleaved, a head's next block is `heads` blocks away (32-64 KiB: past L1), and
-  // pages of 16 are not yet in L2 when it would be fetched: 10 % slower there, measured.
+  // The next block into L1 as this one is read (prefetch_next): one head at a time only, and only
+  // where the level asks for it (near_prefetch_in_decode). With heads interleaved, a head's next
+  // block is `heads` blocks away (32-64 KiB: past L1), and pages of 16 are not yet in L2 when it
+  // would be fetched: 10 % slower there, measured.
   bool near_prefetch;
 
   // heads: the lane blocks interleaved with this one (the prefetch distance, in bytes of all of
-  // them, stays kDecodePrefetchBytes).
-  decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads)
+  // them, stays kDecodePrefetchBytes); near: the next block into L1 as well (one head only).
+  decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads, bool near)
       : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
         Dvp(st.Dvp) {
     for (std::int64_t g = 0; g < st.nrp; ++g) {
@@ -554,7 +555,7 @@ struct decode_run {
     const std::int64_t row_bytes = imax(1, imax(lb.D, lb.Dv) * std::int64_t(sizeof(T)));
     pf_keys = imax(W, kDecodePrefetchBytes / heads / row_bytes) / W * W;
     next = kr.kmin;
-    near_prefetch = heads == 1;
+    near_prefetch = near && heads == 1;
   }
 
   float elem_f32(const char* base, std::int64_t i) const {
@@ -752,17 +753,17 @@ struct decode_run {
 };
 
 // The lane blocks lbs[0, n) (every one of the same shape and storage) to their ends: one at a
-// time (n = 1), or interleaved block by block.
+// time (n = 1), or interleaved block by block. near: decode_run's.
 template <int RG, class Ops, class T, bool KB = false>
-void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_all) {
+void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_all, bool near) {
   if (n == 1) {
-    decode_run<RG, Ops, T, KB> r(lbs[0], ios[0], copy_all, 1);
+    decode_run<RG, Ops, T, KB> r(lbs[0], ios[0], copy_all, 1, near);
     while (!r.done()) r.step();
     return r.finish();
   }
   std::vector<decode_run<RG, Ops, T, KB>> rs;
   rs.reserve(std::size_t(n));
-  for (int h = 0; h < n; ++h) rs.emplace_back(lbs[h], ios[h], copy_all, n);
+  for (int h = 0; h < n; ++h) rs.emplace_back(lbs[h], ios[h], copy_all, n, near);
   for (bool more = true; more;) {
     more = false;
     for (auto& r : rs)
@@ -797,10 +798,22 @@ constexpr bool bf16_pairs_in_decode() {
   else return Dot::available;
 }
 
+// Whether decode prefetches the next block of K/V rows into L1 as it reads one (prefetch_next,
+// beside the L2 prefetch kDecodePrefetchBytes ahead): only where Dot says decode_near_prefetch
+// (the amx level). Measured, Hq 32 / Hkv 8, D 128, Nk 131072, dense bf16, 2 threads: on the AMX
+// Xeon (rows widened to f32) 25.5 → 23.6 ms; on Zen 4 (bf16 pairs) it went the other way, 8
+// alternating rounds each, medians 19.9 ms without against 21.7 ms with.
+template <class Dot>
+constexpr bool near_prefetch_in_decode() {
+  if constexpr (requires { Dot::decode_near_prefetch; }) return Dot::decode_near_prefetch;
+  else return false;
+}
+
 // Dot: the ISA's bf16 dot product (no_bf16_dot where there is none).
 template <int RG, class Dot>
 void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
   const lane_block& lb = lbs[0];
+  constexpr bool near = near_prefetch_in_decode<Dot>();
   if (lb.k8) {
     const bool units = lb.D % (4 * W) == 0 && lb.Dv % (4 * W) == 0;
     // Blocked keys are read in place by the blocked q·k (W = 16: the layout's blocks); every other
@@ -808,20 +821,20 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
     if constexpr (Dot::int16 && (W / RG) % 2 == 0)  // keys in pairs within a row's lanes
       if (int8_as_int16<Dot>(lbs, n)) {
         if constexpr (W == 16)
-          if (lb.kblocked) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true>(lbs, ios, n, false);
-        return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked);
+          if (lb.kblocked) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true>(lbs, ios, n, false, near);
+        return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
       }
     if constexpr (Dot::available)
-      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked);
-    return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units || lb.kblocked);
+      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
+    return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units || lb.kblocked, near);
   }
   const bool b16 = lb.k16 != nullptr;
   if (b16 && lb.D % (2 * W) == 0 && lb.Dv % (2 * W) == 0) {
     if constexpr (bf16_pairs_in_decode<Dot>())
-      if (lb.q_bf16) return decode_rows<RG, bf16_pair_operands<Dot>, std::uint16_t>(lbs, ios, n, false);
-    return decode_rows<RG, f32_operands, std::uint16_t>(lbs, ios, n, false);
+      if (lb.q_bf16) return decode_rows<RG, bf16_pair_operands<Dot>, std::uint16_t>(lbs, ios, n, false, near);
+    return decode_rows<RG, f32_operands, std::uint16_t>(lbs, ios, n, false, near);
   }
-  decode_rows<RG, f32_operands, float>(lbs, ios, n, b16 || lb.D % W != 0 || lb.Dv % W != 0);
+  decode_rows<RG, f32_operands, float>(lbs, ios, n, b16 || lb.D % W != 0 || lb.Dv % W != 0, near);
 }
 
 // n lane blocks of one shape (rows, storage, head size): decode_rows.

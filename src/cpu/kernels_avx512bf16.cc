@@ -27,8 +27,11 @@ namespace {
 // The amx level's decode reads bf16 rows widened to f32 (decode.h, bf16_pairs_in_decode): Hq 32
 // / Hkv 8, D 128, Nk 16384, a head-major bf16 cache, 2 threads: 2.4-2.5 ms with vdpbf16ps, 1.9 ms
 // in f32 on the AMX Xeon. Its int8 decode keeps the VNNI int16 products.
+// It also prefetches the next block into L1 as it reads one (decode.h, near_prefetch_in_decode):
+// faster on that Xeon, slower on Zen 4.
 struct amx_decode_dot : avx512bf16_dot {
   static constexpr bool bf16_decode = false;
+  static constexpr bool decode_near_prefetch = true;
 };
 }  // namespace
 
