@@ -51,8 +51,11 @@ namespace {
 constexpr std::int64_t kDecodePrefetchBytes = 16384;
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 // The same line of the next block into L1 (nd: bytes from a row of this block to the same row
-// of the next; 0 where there is no next block in one run).
-inline void prefetch_next(const void* p, std::ptrdiff_t nd) { __builtin_prefetch(static_cast<const char*>(p) + nd, 0, 3); }
+// of the next; 0 where there is no next block in one run, or the level does not ask for it:
+// then nothing, rather than a prefetch of the line being read).
+inline void prefetch_next(const void* p, std::ptrdiff_t nd) {
+  if (nd != 0) __builtin_prefetch(static_cast<const char*>(p) + nd, 0, 3);
+}
 
 // Scratch of the decode forward (floats, within lane_scratch_floats): per row group g,
 // per-lane vectors; per row, q and o.
