@@ -64,6 +64,7 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
   // on take the transform's per-lane range (a causal diagonal: 64 + 31 keys, not up to 256).
   const std::int64_t split = imin(kr.kmax, kr.hmin) / 32 * 32;
   amx_configure();
+  bool speculate = true;  // softmax_block's
   // Blocks start on a multiple of 32 keys, so that each row of a Vᵀ tile starts on a cache line
   // (the keys before kmin are outside every lane's range: the transform excludes them).
   for (std::int64_t j0 = kr.kmin / 32 * 32, j1; j0 < kr.kmax; j0 = j1) {
@@ -73,7 +74,7 @@ void forward_amx(const lane_block& lb, const bf16_operands& in, const forward_io
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
     amx_gemm(nt, L, lb.D / 2, kw + j0 * ldk, ldk, in.qp, L, S, L, false);
-    const std::uint32_t* pw = softmax_block<Ops, C>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed);
+    const std::uint32_t* pw = softmax_block<Ops, C>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed, speculate);
     for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(packed + i, vu{});
     amx_gemm(lb.Dv, L, nt / 2, in.vt + j0 / 2, in.ldvt, pw, L, io.ot, L, true);
   }

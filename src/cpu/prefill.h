@@ -76,10 +76,12 @@ inline void pair_weights(const float* S, std::int64_t nb, vf zs, const vf* mz, v
 // The online-softmax step of keys [j0, j0 + nb) on the scores S (and the mask tile `bias`, of
 // kind mk, when sc.bias), then Oᵀ *= α where some lane's max moved. Writes P as Ops words (f32:
 // into S; bf16 pairs: into `packed`, keys 2j', 2j'+1 of a lane in one word) and returns them.
+// speculate (bf16 pairs; the caller's, across its blocks): whether to try the one-pass form
+// below; cleared when a lane's max moved, set again by a block where none did.
 template <class Ops, int CC>
 const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& io, const score_consts& sc_in, float* S,
                                         const float* bias, mask_tile_kind mk, float* alpha, std::int64_t j0,
-                                        std::int64_t nb, typename Ops::word* packed) {
+                                        std::int64_t nb, typename Ops::word* packed, bool& speculate) {
   const std::int64_t L = CC * W;
   score_consts sc = sc_in;
   if (mk == mask_tile_kind::zeros) sc.drop_bias();  // a mask block of 0s
@@ -96,8 +98,11 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
     // max alongside; kept unless some lane's max moves (by more than the slack), which after the
     // first blocks is rare — then the block is redone below from S, which this pass only reads.
     // Where nothing moves the two ways give the same bits: the same max, the same m·log2 e in
-    // the exponent, α = e⁰ = 1 exactly.
-    bool finite = plain;
+    // the exponent, α = e⁰ = 1 exactly. Scores spread wide (general's q' = Wᵀq with a W of
+    // unit entries: ±100 at D 128) move some lane's max in block after block, and each such
+    // block paid this pass and the redo: after a move the next block goes straight to the two
+    // passes (the max, then the weights), so the choice changes time, not bits.
+    bool finite = plain && speculate;
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
       const vf m_old = load(io.m + c * W);
@@ -152,6 +157,7 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
     store(io.m + c * W, m_new);
     mz[c] = mu * splat(kLog2e);
   }
+  speculate = !moved;
   if constexpr (Ops::kPack == 1) {
     for (std::int64_t jj = 0; jj < nb; ++jj)
 #pragma GCC unroll 4
@@ -186,13 +192,14 @@ void forward_lanes(const lane_block& lb, const lane_operands<Ops>& op, const for
   float* alpha = bias + kLaneKeyBlock * L;
   const score_consts sc(lb.sp);
   const lane_range kr(lb);
+  bool speculate = true;
   for (std::int64_t j0 = kr.kmin / P * P; j0 < kr.kmax; j0 += kLaneKeyBlock) {
     const std::int64_t nb = round_up<P>(imin(kLaneKeyBlock, kr.kmax - j0));
     // The mask first: a block no row sees (all -inf) is skipped, products and all.
     const mask_tile_kind mk = sc.bias ? lb.sp.bias(lb.sp.bias_ctx, j0, nb, bias, 1, L) : mask_tile_kind::zeros;
     if (mk == mask_tile_kind::excluded && lb.sp.skip_excluded) continue;
     gemm<Ops, true>(nb, L, lb.D / P, op.k + j0 * op.k_rs, op.k_rs, 1, op.qt, L, S, L, false);
-    const typename Ops::word* pw = softmax_block<Ops, CC>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed);
+    const typename Ops::word* pw = softmax_block<Ops, CC>(lb, io, sc, S, bias, mk, alpha, j0, nb, packed, speculate);
     const typename Ops::word* v = op.v_steps + j0 / P * op.v_ss;
     if (op.v_ss == 1) gemm<Ops, true>(lb.Dv, L, nb / P, v, op.v_es, 1, pw, L, io.ot, L, true);
     else gemm<Ops>(lb.Dv, L, nb / P, v, op.v_es, op.v_ss, pw, L, io.ot, L, true);
