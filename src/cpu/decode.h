@@ -4,12 +4,14 @@
 // of the group — f32 or bf16, no copy.
 //
 // Rows are taken RG at a time (RG = 4; 1 or 2 when the (b, hkv) has only that many rows), keys
-// in blocks of W, each block read once (from memory; then from L1 for every row group):
+// in blocks of W, each block read once (from memory; then from L1 for every row group), software
+// pipelined by one block (the q·k of block j + 1 runs between the softmax and the P·V of block j):
 //   dots: KG = W / RG keys × RG rows at a time into W accumulator vectors with D in the lanes,
 //     each K vector loaded once for the RG rows; transpose_add folds the W accumulators into one
 //     score vector whose lane r·KG + x is row r · key x ("mixed layout"), RG vectors per block;
-//   softmax in the mixed layout: a per-lane running max (equal over a row's KG lanes), one exp
-//     per score and per-lane partial sums of p — no scalar work per key;
+//   softmax in the mixed layout, in base 2 (scores times log2 e): a per-lane running max (equal
+//     over a row's KG lanes), one 2^x per score and per-lane partial sums of p — no scalar work
+//     per key; masks only on blocks that reach past a row's key range;
 //   P·V: RG rows × CB output vectors accumulate in registers over the W keys of the block, each
 //     V vector loaded once per row group; with bf16 pair operands (below) p is rounded to bf16
 //     and two V rows go into each bf16 dot (decode_pv_pairs), half the products of f32.
@@ -61,7 +63,7 @@ inline void prefetch_next(const void* p, std::ptrdiff_t nd) {
 // per-lane vectors; per row, q and o.
 struct decode_layout {
   std::int64_t nr, ng, nrp, D, Dv, Dp, Dvp;
-  float *qr, *orow, *mvec, *lacc, *qsc, *pb, *alpha, *wsc, *bias, *biasm, *kpad, *vpad;
+  float *qr, *orow, *mvec, *lacc, *qsc, *pb, *alpha, *wsc, *bias, *biasm, *kpad, *vpad, *snext;
   std::int32_t *pos, *lo, *hi, *qcorr;
   float* slope;
   decode_layout(const lane_block& lb, int RG, int unit) : nr(lb.nl), D(lb.D), Dv(lb.Dv) {
@@ -85,6 +87,7 @@ struct decode_layout {
     biasm = f, f += nrp * W;      // [ng][RG][W] the same, mixed layout
     kpad = f, f += W * Dp;        // [W][Dp] a padded copy of the block (f32 or bf16)
     vpad = f, f += W * Dvp;
+    snext = f, f += nrp * W;      // [ng][RG][W] scores of the block step() finishes next (mixed layout)
   }
 };
 
@@ -212,29 +215,41 @@ inline void decode_scores_blocked(const std::uint32_t* q, std::int64_t qs, const
 }
 
 // Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
+// Scores and the running max are kept in base 2 (s·log2 e, FlashAttention's softmax_scale_log2):
+// p = 2^(s − m) by vexp2, about half the instructions of vexp; decode_run converts m at its ends.
+// ranged: some key of the block lies outside a row's [lo, hi) (or past the block's nb keys):
+// only then are the scores masked. α is computed only where some row's max moved (else 1).
 template <int RG>
 inline void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s, std::int64_t j0,
-                           std::int64_t nb) {
+                           std::int64_t nb, bool ranged) {
   constexpr int KG = W / RG;
-  const vi pos = loadi(st.pos + g * W), lo = loadi(st.lo + g * W), hi0 = loadi(st.hi + g * W);
-  const vi hi = hi0 < splati(std::int32_t(j0 + nb)) ? hi0 : splati(std::int32_t(j0 + nb));
-  const vf slope = load(st.slope + g * W);
-  const vi keyoff = iota() & splati(KG - 1);
   const vf m_old = load(st.mvec + g * W);
-  vf mx = m_old, t;
+  vf mx = m_old;
+  if (sc.plain && !ranged) {
 #pragma GCC unroll 4
-  for (int kg = 0; kg < RG; ++kg) {
-    s[kg] = transform(s[kg], sc, &t, sc.bias ? load(st.biasm + (g * RG + kg) * W) : vf{},
-                      splati(std::int32_t(j0 + kg * KG)) + keyoff, pos, lo, hi, slope, true);
-    mx = vmax(mx, s[kg]);
+    for (int kg = 0; kg < RG; ++kg) s[kg] *= sc.scale_log2, mx = vmax(mx, s[kg]);
+  } else {
+    const vi pos = loadi(st.pos + g * W), lo = loadi(st.lo + g * W), hi0 = loadi(st.hi + g * W);
+    const vi hi = hi0 < splati(std::int32_t(j0 + nb)) ? hi0 : splati(std::int32_t(j0 + nb));
+    const vf slope = load(st.slope + g * W);
+    const vi keyoff = iota() & splati(KG - 1);
+    vf t;
+#pragma GCC unroll 4
+    for (int kg = 0; kg < RG; ++kg) {
+      s[kg] = transform(s[kg], sc, &t, sc.bias ? load(st.biasm + (g * RG + kg) * W) : vf{},
+                        splati(std::int32_t(j0 + kg * KG)) + keyoff, pos, lo, hi, slope, true) *
+              splat(kLog2e);
+      mx = vmax(mx, s[kg]);
+    }
   }
   mx = group_max<KG / 2>(mx);
   const vf mu = mx == splat(-kInf) ? vf{} : mx;  // a row with nothing yet keeps p = 0
-  const vf a = vexp(m_old - mu);
+  const bool moved = any_lane(mx != m_old);  // NaN != NaN: moved
+  const vf a = moved ? vexp2(m_old - mu) : splat(1.0f);
   vf sum = load(st.lacc + g * W) * a;
 #pragma GCC unroll 4
   for (int kg = 0; kg < RG; ++kg) {
-    const vf p = vexp(s[kg] - mu);
+    const vf p = vexp2(s[kg] - mu);
     store(st.pb + kg * W, p);
     sum += p;
   }
@@ -469,6 +484,8 @@ struct decode_run {
   bool whole_blocks;  // a block that starts at a multiple of W lies in one page
   std::int64_t nu, nv, pf_keys;
   std::int64_t next;  // the first key of the next block
+  bool primed = false;  // the scores of the block at next are in st.snext
+  std::int64_t lo_max = 0, hi_min = 0;  // over the rows: a block in [lo_max, hi_min) needs no mask
   // The next block into L1 as this one is read (prefetch_next): one head at a time only, and only
   // where the level asks for it (near_prefetch_in_decode). With heads interleaved, a head's next
   // block is `heads` blocks away (32-64 KiB: past L1), and pages of 16 are not yet in L2 when it
@@ -533,7 +550,7 @@ struct decode_run {
       for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
       const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
       for (int x = 0; x < KG; ++x) {
-        st.mvec[x0 + x] = valid ? io.m[g] : -kInf;
+        st.mvec[x0 + x] = valid ? io.m[g] * kLog2e : -kInf;  // base 2 (decode_softmax)
         st.lacc[x0 + x] = valid && x == 0 ? io.l[g] : 0.0f;
         st.pos[x0 + x] = valid ? lb.pos[g] : 0;
         st.lo[x0 + x] = valid ? lb.lo[g] : 0;
@@ -541,6 +558,8 @@ struct decode_run {
         st.slope[x0 + x] = valid && lb.sp.alibi ? lb.slope[g] : 0.0f;
       }
     }
+    lo_max = lb.lo[0], hi_min = lb.hi[0];
+    for (std::int64_t g = 1; g < nr; ++g) lo_max = imax(lo_max, lb.lo[g]), hi_min = imin(hi_min, lb.hi[g]);
     qwords = reinterpret_cast<const typename Ops::word*>(st.qr);
     qs = Dp / P;
     b16 = lb.k16 != nullptr;
@@ -614,120 +633,168 @@ struct decode_run {
     for (int r = 0; r < RG; ++r) st.wsc[r] = deq[r * KG];
   }
 
-  // Reads the next block of keys.
-  void step() {
-    vf s[RG];
-    // int8: the scales of the block's keys and values, and as vectors in the mixed layout.
-    alignas(64) float ksb[W], vsb[W];
-    alignas(64) std::uint32_t pw[RG * W / 2];  // bf16 P·V: p in pairs
-    vf ksm[RG], vsm[RG];
-    const std::int64_t j0 = next;
-    next += W;
+  // The keys of one block as the q·k dots read them: rows in place or the padded copy (kpad),
+  // the L2 prefetch rows, the distance to the next block's rows (near prefetch) and, for int8,
+  // the keys' scales in the mixed layout.
+  struct key_block {
+    const T* kb;
+    std::int64_t ks;
+    const T* kpf;
+    std::ptrdiff_t kd;
+    vf ksm[RG];
+  };
+  // Whether the W rows from key j are one strided run (in one page).
+  bool one_run(std::int64_t j) const { return !pages || (whole_blocks && j % W == 0) || j % psz + W <= psz; }
+  // The int8 scales of keys [j, j + W) (nb of them real, the rest 0) from sc0 (row stride ss,
+  // page stride sps), spread into the mixed layout.
+  void block_scales(const float* sc0, std::int64_t ss, std::int64_t sps, std::int64_t j, std::int64_t nb, vf* out) const {
+    alignas(64) float buf[W];
+    vf v;
+    if (nb == W && one_run(j)) {  // the block's scales are one strided run too: one vector where contiguous
+      const float* sq = sc0 + row_off(j, ss, sps);
+      if (ss == 1) {
+        v = load(sq);
+      } else {
+#pragma GCC unroll 16
+        for (int x = 0; x < W; ++x) buf[x] = sq[x * ss];
+        v = load(buf);
+      }
+    } else {
+      for (std::int64_t x = 0; x < W; ++x) buf[x] = x < nb ? sc0[row_off(j + x, ss, sps)] : 0.0f;
+      v = load(buf);
+    }
+    spread_all<RG>(v, out, std::make_integer_sequence<int, RG>{});
+  }
+
+  void key_side(std::int64_t j0, key_block& b) const {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const bool in_page = !pages || (whole_blocks && j0 % W == 0) || j0 % psz + W <= psz;  // the block's rows are one strided run
     // blocked keys: read in place where the block is one of the layout's blocks of 16 (KB: W = 16)
     const bool kaligned = !lb.kblocked || (KB && j0 % 16 == 0);
-    const T* kb = reinterpret_cast<const T*>(kbase + (KB ? kblock_off(j0) : row_off(j0, lb.ksn, lb.kps)) * esize);
-    const T* vb = reinterpret_cast<const T*>(vbase + row_off(j0, lb.vsn, lb.vps) * esize);
-    std::int64_t ks = lb.ksn, vs = lb.vsn;
+    const auto koff = [&](std::int64_t j) { return KB ? kblock_off(j) : row_off(j, lb.ksn, lb.kps); };
+    b.kb = reinterpret_cast<const T*>(kbase + koff(j0) * esize);
+    b.ks = lb.ksn;
     // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
     // block: issued in a burst, they stall); the current block itself when there are none.
     const std::int64_t jp = j0 + pf_keys;
-    const bool pf = jp + W <= kr.kmax && (!pages || (whole_blocks && jp % W == 0) || jp % psz + W <= psz) && kaligned;
-    const T* kpf = pf ? reinterpret_cast<const T*>(kbase + (KB ? kblock_off(jp) : row_off(jp, lb.ksn, lb.kps)) * esize) : kb;
-    const T* vpf = pf ? reinterpret_cast<const T*>(vbase + row_off(jp, lb.vsn, lb.vps) * esize) : vb;
-    // The next block, line by line into L1 as this one is read (kd, vd: bytes from this block's
-    // rows to the next's; 0 where the next is short or not one run).
+    const bool pf = jp + W <= kr.kmax && one_run(jp) && kaligned;
+    b.kpf = pf ? reinterpret_cast<const T*>(kbase + koff(jp) * esize) : b.kb;
+    // The next block, line by line into L1 as this one is read (0 where the next is short or
+    // not one run).
     const std::int64_t jn = j0 + W;
-    const bool nx = near_prefetch && jn + W <= kr.kmax && (!pages || (whole_blocks && jn % W == 0) || jn % psz + W <= psz) &&
-                    (!lb.kblocked || (KB && jn % 16 == 0));
-    std::ptrdiff_t kd = nx ? ((KB ? kblock_off(jn) : row_off(jn, lb.ksn, lb.kps)) - (KB ? kblock_off(j0) : row_off(j0, lb.ksn, lb.kps))) * esize : 0;
-    std::ptrdiff_t vd = nx ? (row_off(jn, lb.vsn, lb.vps) - row_off(j0, lb.vsn, lb.vps)) * esize : 0;
-    if (copy_all || nb < W || !in_page || !kaligned) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
+    const bool nx = near_prefetch && jn + W <= kr.kmax && one_run(jn) && (!lb.kblocked || (KB && jn % 16 == 0));
+    b.kd = nx ? (koff(jn) - koff(j0)) * esize : 0;
+    if (copy_all || nb < W || !one_run(j0) || !kaligned) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
       T* kp = reinterpret_cast<T*>(st.kpad);
-      T* vp = reinterpret_cast<T*>(st.vpad);
       for (std::int64_t x = 0; x < W; ++x) {
-        const char* kr0 = kbase + row_off(j0 + imin(x, nb - 1), lb.ksn, lb.kps) * esize;
-        const char* vr0 = vbase + row_off(j0 + imin(x, nb - 1), lb.vsn, lb.vps) * esize;
         if constexpr (q8) {
           if (lb.kblocked) {  // blocked keys: copied blocked (KB) or as rows (every other path)
             for (std::int64_t d = 0; d < Dp; ++d) {
               const T e = x < nb && d < lb.D ? reinterpret_cast<const T*>(kbase)[kblocked_off(j0 + x, d)] : T(0);
               kp[KB ? (d >> 2) * 64 + x * 4 + (d & 3) : x * Dp + d] = e;
             }
-            kr0 = nullptr;
+            continue;
           }
         }
-        for (std::int64_t d = 0; kr0 && d < Dp; ++d) {
+        const char* kr0 = kbase + row_off(j0 + imin(x, nb - 1), lb.ksn, lb.kps) * esize;
+        for (std::int64_t d = 0; d < Dp; ++d) {
           if constexpr (__is_same(T, float)) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kr0, d) : 0.0f;
           else kp[x * Dp + d] = x < nb && d < lb.D ? reinterpret_cast<const T*>(kr0)[d] : T(0);
         }
+      }
+      b.kb = kp, b.ks = Dp, b.kpf = kp, b.kd = 0;
+    }
+    if constexpr (q8) block_scales(lb.kscale, lb.kss, lb.ksps, j0, nb, b.ksm);
+  }
+
+  // The scores of row group g over the key block b, scaled (int8), into sc_next.
+  void score(std::int64_t g, const key_block& b) {
+    vf s[RG];
+    const bool first = g == 0;  // later row groups read the block from L1
+    if constexpr (KB)
+      decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.kb, s,
+                                                   first ? b.kpf : b.kb, first ? b.kd : 0);
+    else
+      decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, b.kb, b.ks, s, first ? b.kpf : b.kb, first ? b.kd : 0);
+    if constexpr (i16) {
+      const vf qsm = load(st.qsc + g * W);
+#pragma GCC unroll 4
+      for (int kg = 0; kg < RG; ++kg) s[kg] *= b.ksm[kg] * qsm;
+    } else if constexpr (q8) {
+#pragma GCC unroll 4
+      for (int kg = 0; kg < RG; ++kg) s[kg] *= b.ksm[kg];
+    }
+#pragma GCC unroll 4
+    for (int kg = 0; kg < RG; ++kg) store(st.snext + (g * RG + kg) * W, s[kg]);
+  }
+
+  // Finishes the block whose scores are in snext and computes the next block's scores, software
+  // pipelined: per row group, the softmax (and the int16 weights) of this block, then the q·k
+  // dots of the next block — independent of them, so that the core overlaps the softmax's chain
+  // of latencies with the dots — then this block's P·V. The first call scores its block first.
+  void step() {
+    if (!primed) {
+      key_block b;
+      key_side(next, b);
+      for (std::int64_t g = 0; g < st.ng; ++g) score(g, b);
+      primed = true;
+    }
+    // int8: the scales of the block's values, as vectors in the mixed layout.
+    alignas(64) std::uint32_t pw[RG * W / 2];  // bf16 / int16 P·V: p in pairs
+    vf vsm[RG];
+    const std::int64_t j0 = next;
+    next += W;
+    const std::int64_t nb = imin(W, kr.kmax - j0);
+    const T* vb = reinterpret_cast<const T*>(vbase + row_off(j0, lb.vsn, lb.vps) * esize);
+    std::int64_t vs = lb.vsn;
+    const std::int64_t jp = j0 + pf_keys;
+    const T* vpf = jp + W <= kr.kmax && one_run(jp) ? reinterpret_cast<const T*>(vbase + row_off(jp, lb.vsn, lb.vps) * esize) : vb;
+    const std::int64_t jn = j0 + W;
+    std::ptrdiff_t vd = near_prefetch && jn + W <= kr.kmax && one_run(jn) ? (row_off(jn, lb.vsn, lb.vps) - row_off(j0, lb.vsn, lb.vps)) * esize : 0;
+    if (copy_all || nb < W || !one_run(j0)) {  // as the keys: a zero-padded copy
+      T* vp = reinterpret_cast<T*>(st.vpad);
+      for (std::int64_t x = 0; x < W; ++x) {
+        const char* vr0 = vbase + row_off(j0 + imin(x, nb - 1), lb.vsn, lb.vps) * esize;
         for (std::int64_t d = 0; d < Dvp; ++d) {
           if constexpr (__is_same(T, float)) vp[x * Dvp + d] = x < nb && d < lb.Dv ? elem_f32(vr0, d) : 0.0f;
           else vp[x * Dvp + d] = x < nb && d < lb.Dv ? reinterpret_cast<const T*>(vr0)[d] : T(0);
         }
       }
-      kb = kp, vb = vp, ks = Dp, vs = Dvp, kpf = kp, vpf = vp, kd = 0, vd = 0;
+      vb = vp, vs = Dvp, vpf = vp, vd = 0;
     }
-    if constexpr (q8) {
-      vf ksv, vsv;
-      if (nb == W && in_page) {  // the block's scales are one strided run too: one vector where contiguous
-        const auto run = [](const float* sq, std::int64_t ss, float* buf) {
-          if (ss == 1) return load(sq);
-#pragma GCC unroll 16
-          for (int x = 0; x < W; ++x) buf[x] = sq[x * ss];
-          return load(buf);
-        };
-        ksv = run(lb.kscale + row_off(j0, lb.kss, lb.ksps), lb.kss, ksb);
-        vsv = run(lb.vscale + row_off(j0, lb.vss, lb.vsps), lb.vss, vsb);
-      } else {
-        for (std::int64_t x = 0; x < W; ++x) {
-          ksb[x] = x < nb ? lb.kscale[row_off(j0 + x, lb.kss, lb.ksps)] : 0.0f;
-          vsb[x] = x < nb ? lb.vscale[row_off(j0 + x, lb.vss, lb.vsps)] : 0.0f;
-        }
-        ksv = load(ksb), vsv = load(vsb);
-      }
-      spread_all<RG>(ksv, ksm, std::make_integer_sequence<int, RG>{});
-      spread_all<RG>(vsv, vsm, std::make_integer_sequence<int, RG>{});
-    }
+    if constexpr (q8) block_scales(lb.vscale, lb.vss, lb.vsps, j0, nb, vsm);
     if (sc.bias) {
       (void)lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
       for (std::int64_t g = 0; g < st.nrp; ++g)
         for (std::int64_t x = 0; x < W; ++x)
           st.biasm[g / RG * RG * W + x / KG * W + g % RG * KG + x % KG] = g < L && x < nb ? st.bias[g * W + x] : 0.0f;
     }
+    const bool more = !done();
+    key_block kn;
+    if (more) key_side(next, kn);
     for (std::int64_t g = 0; g < st.ng; ++g) {
       const bool first = g == 0;  // later row groups read the block from L1
-      if constexpr (KB)
-        decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, kb, s,
-                                                     first ? kpf : kb, first ? kd : 0);
-      else
-        decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, kb, ks, s, first ? kpf : kb, first ? kd : 0);
-      if constexpr (i16) {
-        const vf qsm = load(st.qsc + g * W);
+      vf s[RG];
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg] * qsm;
-      } else if constexpr (q8) {
-#pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) s[kg] *= ksm[kg];
-      }
-      decode_softmax<RG>(st, sc, g, s, j0, nb);
+      for (int kg = 0; kg < RG; ++kg) s[kg] = load(st.snext + (g * RG + kg) * W);
+      decode_softmax<RG>(st, sc, g, s, j0, nb, nb < W || j0 < lo_max || j0 + W > hi_min);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
+      if constexpr (i16) {
+        quantise_weights(pw);
+      } else if constexpr (P == 2 && KG % 2 == 0) {
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, load(st.pb + kg * W));
+      }
+      if (more) score(g, kn);
       float* o = st.orow + g * RG * Dvp;
       std::int64_t c0 = 0;
+      const T* vq0 = first ? vpf : vb;
+      const std::ptrdiff_t vn = first ? vd : 0;
       if constexpr (i16) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
-        quantise_weights(pw);
-        const T* vq0 = first ? vpf : vb;
-        const std::ptrdiff_t vn = first ? vd : 0;
         for (; c0 + CB <= nv; c0 += CB) decode_pv_int16<RG, CB, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
         if (nv - c0 == 4) decode_pv_int16<RG, 4, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
       } else if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
-#pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, load(st.pb + kg * W));
-        const T* vq0 = first ? vpf : vb;
-        const std::ptrdiff_t vn = first ? vd : 0;
         for (; c0 + CB <= nv; c0 += CB) decode_pv_pairs<RG, CB, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0, vn);
         if constexpr (U == 2) {  // nv is a multiple of U
           if (nv - c0 == 2) decode_pv_pairs<RG, 2, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0, vn);
@@ -735,11 +802,10 @@ struct decode_run {
         }
         if (nv - c0 == 4) decode_pv_pairs<RG, 4, Ops>(o, Dvp, pw, st.alpha, vb, vs, c0, vq0, vn);
       } else {
-        for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb, first ? vd : 0);
-        if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, first ? vpf : vb, first ? vd : 0);
+        for (; c0 + CB <= nv; c0 += CB) decode_pv<RG, CB>(o, Dvp, st.pb, st.alpha, vb, vs, c0, vq0, vn);
+        if (c0 < nv) decode_pv_tail<RG, CB - 1>(int(nv - c0), o, Dvp, st.pb, st.alpha, vb, vs, c0, vq0, vn);
       }
     }
-
   }
 
   void finish() const {
@@ -748,7 +814,7 @@ struct decode_run {
       float l = 0.0f;
       for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
       io.l[g] = l;
-      io.m[g] = st.mvec[x0];
+      io.m[g] = st.mvec[x0] * kLn2;
       for (std::int64_t d = 0; d < lb.Dv; ++d)
         io.ot[d * L + g] = st.orow[g * Dvp + pv_position(d)];
     }

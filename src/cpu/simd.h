@@ -81,6 +81,7 @@ inline vf vexp(vf x) {
 // log2 e: the prefill softmax takes its weights as 2^{(s - m)·log2 e}, the factor folded into
 // the one multiply-add that forms the exponent (FlashAttention's softmax_scale_log2).
 constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;  // 1 / log2 e
 
 // 2^f for f ∈ [-1/2, 1/2]: the polynomial of vexp2 — degree 6 (2.6e-9), or degree 4 (2.9e-6
 // relative, measured in float32 over the interval; a Lawson fit with c0 = 1) for weights that are
