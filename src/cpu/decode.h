@@ -214,7 +214,7 @@ inline void decode_scores_blocked(const std::uint32_t* q, std::int64_t qs, const
   rows_to_mixed<RG>(sr, s);
 }
 
-// Online softmax of one row group over one block (mixed layout): s → p in pb, α in alpha.
+// Online softmax of one row group over one block (mixed layout): s → p in s, α in alpha.
 // Scores and the running max are kept in base 2 (s·log2 e, FlashAttention's softmax_scale_log2):
 // p = 2^(s − m) by vexp2, about half the instructions of vexp; decode_run converts m at its ends.
 // ranged: some key of the block lies outside a row's [lo, hi) (or past the block's nb keys):
@@ -249,9 +249,8 @@ inline void decode_softmax(const decode_layout& st, const score_consts& sc, std:
   vf sum = load(st.lacc + g * W) * a;
 #pragma GCC unroll 4
   for (int kg = 0; kg < RG; ++kg) {
-    const vf p = vexp2(s[kg] - mu);
-    store(st.pb + kg * W, p);
-    sum += p;
+    s[kg] = vexp2(s[kg] - mu);
+    sum += s[kg];
   }
   store(st.lacc + g * W, sum);
   store(st.mvec + g * W, mx);
@@ -602,17 +601,15 @@ struct decode_run {
     return kblock_off(j) + (d >> 2) * 64 + (j & 15) * 4 + (d & 3);
   }
 
-  // w = p·scale_v of the row group (st.pb, mixed layout) → int16 pairs in pw and per row a
+  // w = p·scale_v of the row group (mixed layout) → int16 pairs in pw and per row a
   // power-of-two scale in st.wsc: w·f rounds to an integer below 2^15 in magnitude, f = 2^(14−E)
   // for the row's largest |w| in [2^E, 2^(E+1)) (|w| < 2^-112: f = 2^126, such weights round to 0
   // beside any larger one of the cache's scale). A row with a non-finite w gets a NaN scale, so
   // its output is NaN as in the float paths (the front recomputes such rows).
-  void quantise_weights(std::uint32_t* pw) const {
-    vf w[RG];
+  void quantise_weights(const vf* w, std::uint32_t* pw) const {
     vf mx = vf{}, z = vf{};
 #pragma GCC unroll 4
     for (int kg = 0; kg < RG; ++kg) {
-      w[kg] = load(st.pb + kg * W);
       mx = vmax(mx, (vf)((vi)w[kg] & splati(0x7fffffff)));
       z += w[kg] * 0.0f;  // NaN where w is NaN or ±inf
     }
@@ -779,12 +776,15 @@ struct decode_run {
       decode_softmax<RG>(st, sc, g, s, j0, nb, nb < W || j0 < lo_max || j0 + W > hi_min);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, load(st.pb + kg * W) * vsm[kg]);
+        for (int kg = 0; kg < RG; ++kg) s[kg] *= vsm[kg];
       if constexpr (i16) {
-        quantise_weights(pw);
+        quantise_weights(s, pw);
       } else if constexpr (P == 2 && KG % 2 == 0) {
 #pragma GCC unroll 4
-        for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, load(st.pb + kg * W));
+        for (int kg = 0; kg < RG; ++kg) store_lane_pairs(pw + kg * W / 2, s[kg]);
+      } else {
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) store(st.pb + kg * W, s[kg]);
       }
       if (more) score(g, kn);
       float* o = st.orow + g * RG * Dvp;
