@@ -422,7 +422,7 @@ inline std::int64_t int16_pv_position(std::int64_t d) {
   const std::int64_t u = d / (2 * W), e = d % (2 * W), i = e / 8, t = e % 8;
   return u * 2 * W + (t / 4) * W + 4 * i + t % 4;
 }
-// W int32 lanes (|v| <= 32767) → W/2 words of int16 pairs of adjacent lanes at out.
+// W int32 lanes (-32768 <= v <= 32767) → W/2 words of int16 pairs of adjacent lanes at out.
 inline void store_lane_pairs_i16(std::uint32_t* out, vi v) {
   typedef std::uint64_t vq __attribute__((vector_size(W * 4)));
   typedef std::uint32_t vh __attribute__((vector_size(W * 2)));
@@ -602,8 +602,8 @@ struct decode_run {
   }
 
   // w = p·scale_v of the row group (mixed layout) → int16 pairs in pw and per row a
-  // power-of-two scale in st.wsc: w·f rounds to an integer below 2^15 in magnitude, f = 2^(14−E)
-  // for the row's largest |w| in [2^E, 2^(E+1)) (|w| < 2^-112: f = 2^126, such weights round to 0
+  // power-of-two scale in st.wsc: |w·f| < 2^15, rounded to nearest even and saturated to int16,
+  // f = 2^(14−E) for the row's largest |w| in [2^E, 2^(E+1)) (|w| < 2^-112: f = 2^126, such weights round to 0
   // beside any larger one of the cache's scale). A row with a non-finite w gets a NaN scale, so
   // its output is NaN as in the float paths (the front recomputes such rows).
   void quantise_weights(const vf* w, std::uint32_t* pw) const {
@@ -621,10 +621,14 @@ struct decode_run {
     const vf magic = splat(12582912.0f);  // 1.5·2^23: adding and subtracting it rounds to an integer
 #pragma GCC unroll 4
     for (int kg = 0; kg < RG; ++kg) {
-      vi iw = __builtin_convertvector((w[kg] * f + magic) - magic, vi);
-      iw = iw < splati(-32767) ? splati(-32767) : iw;
-      iw = iw > splati(32767) ? splati(32767) : iw;
-      store_lane_pairs_i16(pw + kg * W / 2, iw);
+      if constexpr (requires { Ops::dot::round_to_words_i16(vf{}, pw); }) {
+        Ops::dot::round_to_words_i16(w[kg] * f, pw + kg * W / 2);  // the same integers, two instructions
+      } else {
+        vi iw = __builtin_convertvector((w[kg] * f + magic) - magic, vi);
+        iw = iw < splati(-32768) ? splati(-32768) : iw;
+        iw = iw > splati(32767) ? splati(32767) : iw;
+        store_lane_pairs_i16(pw + kg * W / 2, iw);
+      }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) st.wsc[r] = deq[r * KG];

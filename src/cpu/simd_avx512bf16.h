@@ -70,6 +70,16 @@ struct avx512bf16_dot {
   static vu widen_int8_words(const std::int8_t* p) {
     return (vu)_mm512_maskz_cvtepi8_epi16(~__mmask32(0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // W floats → W/2 words of int16 pairs of adjacent lanes at out (word k = lanes 2k, 2k + 1):
+  // rounded to nearest even (vcvtps2dq with the rounding in the instruction), then narrowed with
+  // signed saturation to [-32768, 32767] (vpmovsdw) — the int16 weights of decode's P·V
+  // (decode.h, quantise_weights), where the portable form takes an add, a subtract, a conversion,
+  // two clamps and three shuffles.
+  static void round_to_words_i16(vf x, std::uint32_t* out) {
+    // (the maskz forms: GCC 12's unmasked ones read an undefined vector and warn)
+    const __m512i i = _mm512_maskz_cvt_roundps_epi32(0xffff, (__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_maskz_cvtsepi32_epi16(0xffff, i));
+  }
   // Words of rows a and b (int16 each, memory order) → pairs (a[d], b[d]) of the d in the low
   // (lo) and high (hi) four of every eight (vpunpcklwd / vpunpckhwd, within 128-bit lanes):
   // lane j of lo holds d = 8·(j / 4) + j % 4, of hi d + 4 (int16_pv_position).

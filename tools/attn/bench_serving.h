@@ -19,6 +19,7 @@ struct serving_args {
   dtype kv_type = dtype::f32;                 // --paged: K/V of the caches (--kv-dtype; default the q dtype)
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
+  bool fastest = false;  // --fastest: the fastest of the --reps calls, not their median
   std::int64_t probe_mib = 512;
 };
 

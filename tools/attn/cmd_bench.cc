@@ -65,6 +65,7 @@ struct bench_args {
   std::string varlen;        // --varlen MIN:MAX
   std::int64_t paged = 0;    // --paged PAGE_SIZE
   std::string kv_dtype;      // --kv-dtype int8 | bf16 | f32 (--paged; default --dtype)
+  bool fastest = false;      // --fastest (--varlen, --paged)
   bench::family_bench_args fam;  // --score/--distribution, --grid family: the family options
 };
 
@@ -498,7 +499,7 @@ int run_serving(const bench_args& a, bool varlen) {
   bench::serving_args s;
   s.batch = a.batch, s.hq = a.hq, s.hkv = a.hkv ? a.hkv : a.hq, s.nq = a.nq, s.nk = a.nk ? a.nk : a.nq, s.d = a.d;
   s.causal = a.causal, s.type = bench::parse_bench_dtype(a.dtype_name), s.threads = a.threads;
-  s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged;
+  s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged, s.fastest = a.fastest;
   s.kv_type = a.kv_dtype.empty() ? s.type : a.kv_dtype == "int8" ? dtype::i8 : bench::parse_bench_dtype(a.kv_dtype);
   if (!varlen) return bench::run_paged(s);
   const auto colon = a.varlen.find(':');
@@ -560,6 +561,9 @@ void add_bench(CLI::App& app, int& exit_code) {
                            "--batch sequences of --nk keys, --nq queries each");
   s->add_option("--kv-dtype", a->kv_dtype, "with --paged: K/V cache dtype int8 | bf16 | f32 (default --dtype; a float cache sets q's dtype too)")
       ->check(CLI::IsMember({"int8", "bf16", "bfloat16", "f32", "float32"}));
+  s->add_flag("--fastest", a->fastest,
+              "with --varlen or --paged: report the fastest of the --reps calls rather than the median (steadier for a "
+              "compute-bound kernel on a shared host)");
   auto* batch = s->get_option("--batch");
   auto* hq = s->get_option("--hq");
   auto* nq = s->get_option("--nq");
@@ -607,6 +611,7 @@ void add_bench(CLI::App& app, int& exit_code) {
       exit_code = run_serving(*a, vl->count() > 0);
       return;
     }
+    if (a->fastest) throw error("attn bench: --fastest applies to --varlen and --paged only");
     if (a->layer == "mha") {
       bench::layer_args l;
       if (batch->count()) l.B = a->batch;
