@@ -58,6 +58,14 @@ constexpr float kInfF = std::numeric_limits<float>::infinity();
 // kSplitKeys keys. Both constants, never the thread count, decide the partition.
 constexpr std::int64_t kSplitUnits = 32;
 constexpr std::int64_t kSplitKeys = 2048;
+// Decode whose kv heads a task reads together (forward_plan::heads: a token-major cache, int8 or
+// bf16 pages of 16) takes fewer heads a task where that leaves fewer than kDecodeTasks tasks: one
+// sequence with all its heads in one task runs on one thread. Measured, Zen 4, 2 threads, B 1,
+// Hq 32 / Hkv 8, D 128, Nk 1024, pages of 16, the fastest of 300 calls: bf16 token-major
+// 0.21 ms in one task against 0.11 dense (docs/SERVING.md). Heads, not key chunks: a chunk
+// repeats its heads' setup and adds a merge (two chunks cost dense decode 10-30 % at Nk 1024 and
+// 2048), and splitting keys by the layout would change the bits from one layout to another.
+constexpr std::int64_t kDecodeTasks = 2;
 // Decode reads every kv head of a task together (forward_plan::heads) when one head's rows lie in
 // runs shorter than this (a page of 16 bf16 rows of D 128 is 4 KiB): read one head at a time, such
 // runs cost 35–50 % of the bandwidth; runs this long (a page of 256 such rows) do not, and the
@@ -161,11 +169,10 @@ struct lane_setup {
     const std::int64_t G = p.group(), rows = p.Nq * G;
     nl = std::min(L, rows - lbi * L);
     const float scale = float(p.scale);
+    const float* q[kMaxLanes];
     for (std::int64_t x = 0; x < L; ++x) {
       if (x >= nl) {
         lo[x] = hi[x] = pos[x] = 0, slope[x] = 0.0f, h[x] = i[x] = 0;
-        if (Q)
-          for (std::int64_t d = 0; d < p.D; ++d) qt[d * L + x] = 0.0f;
         continue;
       }
       const std::int64_t r = lbi * L + x;
@@ -173,9 +180,16 @@ struct lane_setup {
       const auto [a, e] = p.key_range(b, i[x]);
       lo[x] = std::int32_t(a), hi[x] = std::int32_t(e), pos[x] = std::int32_t(p.query_pos(b, i[x]));
       slope[x] = p.alibi.empty() ? 0.0f : float(p.alibi[b * p.Hq + h[x]]);
-      if (!Q) continue;
-      const float* q = Q->row(b, h[x], i[x]);
-      for (std::int64_t d = 0; d < p.D; ++d) qt[d * L + x] = prescale ? q[d] * scale : q[d];
+      if (Q) q[x] = Q->row(b, h[x], i[x]);
+    }
+    if (!Q) return;
+    // qᵀ row by row (d), its lanes contiguous: a decode step's few rows and the zeros after them
+    // (lane by lane, a strided store each: 10 % of a short decode step, measured)
+    const float f = prescale ? scale : 1.0f;
+    for (std::int64_t d = 0; d < p.D; ++d) {
+      float* t = qt.get() + d * L;
+      for (std::int64_t x = 0; x < nl; ++x) t[x] = q[x][d] * f;
+      std::fill(t + nl, t + L, 0.0f);
     }
   }
 };
@@ -328,6 +342,9 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
     const bool short_runs = f.paged && p.page_size * row_bytes < kHeadRunBytes;  // a head's rows of a page
     if ((f.k16 || f.k8 || f.paged) && (interleaved || short_runs))
       f.heads = decode_heads_per_task(p.Hkv, interleaved ? 0 : p.page_size * row_bytes);
+    // at least kDecodeTasks tasks where the heads allow it (heads apart give the same bits)
+    while (f.heads > 1 && f.units / f.heads < kDecodeTasks)
+      for (--f.heads; p.Hkv % f.heads;) --f.heads;
   }
   f.chunk = std::max<std::int64_t>(p.Nk, 1);
   const std::int64_t tasks = f.units / f.heads;
