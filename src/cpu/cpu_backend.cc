@@ -62,7 +62,10 @@ constexpr std::int64_t kSplitKeys = 2048;
 // bf16 pages of 16) takes fewer heads a task where that leaves fewer than kDecodeTasks tasks: one
 // sequence with all its heads in one task runs on one thread. Measured, Zen 4, 2 threads, B 1,
 // Hq 32 / Hkv 8, D 128, Nk 1024, pages of 16, the fastest of 300 calls: bf16 token-major
-// 0.21 ms in one task against 0.11 dense (docs/SERVING.md). Heads, not key chunks: a chunk
+// 0.21 ms in one task against 0.11 dense (docs/SERVING.md). Only where the key chunks (split-KV,
+// Nk >= 2·kSplitKeys) do not already make the tasks: a token-major cache read 4 heads a task
+// rather than 8 (1 KiB runs of each token's 2 KiB) ran 15-25 % slower at Nk 131072. Heads, not
+// key chunks: a chunk
 // repeats its heads' setup and adds a merge (two chunks cost dense decode 10-30 % at Nk 1024 and
 // 2048), and splitting keys by the layout would change the bits from one layout to another.
 constexpr std::int64_t kDecodeTasks = 2;
@@ -342,13 +345,14 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
     const bool short_runs = f.paged && p.page_size * row_bytes < kHeadRunBytes;  // a head's rows of a page
     if ((f.k16 || f.k8 || f.paged) && (interleaved || short_runs))
       f.heads = decode_heads_per_task(p.Hkv, interleaved ? 0 : p.page_size * row_bytes);
-    // at least kDecodeTasks tasks where the heads allow it (heads apart give the same bits)
-    while (f.heads > 1 && f.units / f.heads < kDecodeTasks)
-      for (--f.heads; p.Hkv % f.heads;) --f.heads;
   }
   f.chunk = std::max<std::int64_t>(p.Nk, 1);
   const std::int64_t tasks = f.units / f.heads;
   if (tasks < kSplitUnits && p.Nk >= 2 * kSplitKeys) f.nchunk = ceil_div(p.Nk, kSplitKeys), f.chunk = kSplitKeys;
+  // at least kDecodeTasks tasks where the heads allow it (heads apart give the same bits; the key
+  // chunks, decided above, stay as they are)
+  while (f.heads > 1 && f.units / f.heads * f.nchunk < kDecodeTasks)
+    for (--f.heads; p.Hkv % f.heads;) --f.heads;
   return f;
 }
 
