@@ -65,9 +65,9 @@ constexpr std::int64_t kSplitKeys = 2048;
 // 0.21 ms in one task against 0.11 dense (docs/SERVING.md). Only where the key chunks (split-KV,
 // Nk >= 2·kSplitKeys) do not already make the tasks: a token-major cache read 4 heads a task
 // rather than 8 (1 KiB runs of each token's 2 KiB) ran 15-25 % slower at Nk 131072. Heads, not
-// key chunks: a chunk
-// repeats its heads' setup and adds a merge (two chunks cost dense decode 10-30 % at Nk 1024 and
-// 2048), and splitting keys by the layout would change the bits from one layout to another.
+// key chunks: a chunk repeats its heads' setup and adds a merge (two chunks cost dense decode
+// 10-30 % at Nk 1024 and 2048), and splitting keys by the layout would change the bits from one
+// layout to another.
 constexpr std::int64_t kDecodeTasks = 2;
 // Decode reads every kv head of a task together (forward_plan::heads) when one head's rows lie in
 // runs shorter than this (a page of 16 bf16 rows of D 128 is 4 KiB): read one head at a time, such
@@ -186,8 +186,8 @@ struct lane_setup {
       if (Q) q[x] = Q->row(b, h[x], i[x]);
     }
     if (!Q) return;
-    // qᵀ row by row (d), its lanes contiguous: a decode step's few rows and the zeros after them
-    // (lane by lane, a strided store each: 10 % of a short decode step, measured)
+    // qᵀ row by row (d), its lanes contiguous — a decode step's few rows, then zeros — rather
+    // than lane by lane, a store L floats apart for every element
     const float f = prescale ? scale : 1.0f;
     for (std::int64_t d = 0; d < p.D; ++d) {
       float* t = qt.get() + d * L;

@@ -707,7 +707,7 @@ struct decode_run {
     if constexpr (q8) block_scales(lb.kscale, lb.kss, lb.ksps, j0, nb, b.ksm);
   }
 
-  // The scores of row group g over the key block b, scaled (int8), into sc_next.
+  // The scores of row group g over the key block b, scaled (int8), into st.snext.
   void score(std::int64_t g, const key_block& b) {
     vf s[RG];
     const bool first = g == 0;  // later row groups read the block from L1
