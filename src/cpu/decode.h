@@ -496,44 +496,51 @@ struct decode_run {
   decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads, bool near)
       : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
         Dvp(st.Dvp) {
+    alignas(64) float qscale[W];
+    bool qrows = false;  // i16: q quantised every row at once (quantise_q_rows)
+    if constexpr (i16) qrows = quantise_q_rows(qscale);
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
       if constexpr (i16) {
-        // Integer q, scaled per row by a power of two: |q·f| <= 2^bits. int16 pairs in memory
-        // order (bits 15), or for blocked keys (KB) a 14-bit q as two signed bytes per element
-        // (decode_scores_blocked) with the row's 128·Σ q16.
-        constexpr int bits = KB ? 14 : 15;
-        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
-        float mx = 0.0f;
-        for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
-        int e = 0;
-        std::frexp(mx, &e);  // mx < 2^e
-        const float f = mx > 0.0f ? std::ldexp(1.0f, bits - e) : 0.0f;
-        const auto integer = [&](std::int64_t d) {
-          const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
-          return std::int32_t(std::clamp(x, -float(1 << bits) + (KB ? 0 : 1), float(1 << bits) - (KB ? 0 : 1)));
-        };
-        if constexpr (KB) {
-          static_assert(KB && W == 16);
-          std::int64_t sum = 0;
-          for (std::int64_t c = 0; c < Dp / 4; ++c) {
-            std::uint32_t h = 0, l = 0;
-            for (int i = 0; i < 4; ++i) {
-              const std::int32_t q16 = integer(4 * c + i);
-              const std::int32_t ql = ((q16 + 128) & 255) - 128, qh = (q16 - ql) / 256;  // qh in [-64, 64]
-              h |= std::uint32_t(std::uint8_t(std::int8_t(qh))) << (8 * i);
-              l |= std::uint32_t(std::uint8_t(std::int8_t(ql))) << (8 * i);
-              sum += q16;
-            }
-            qw[c] = h, qw[Dp / 4 + c] = l;
-          }
-          st.qcorr[g] = std::int32_t(128 * sum);
+        if (qrows) {
+          for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = qscale[g];
         } else {
-          const auto word = [&](std::int64_t d) { return std::uint32_t(std::uint16_t(std::int16_t(integer(d)))); };
-          for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = word(d) | word(d + 1) << 16;
+          // Integer q, scaled per row by a power of two: |q·f| <= 2^bits. int16 pairs in memory
+          // order (bits 15), or for blocked keys (KB) a 14-bit q as two signed bytes per element
+          // (decode_scores_blocked) with the row's 128·Σ q16.
+          constexpr int bits = KB ? 14 : 15;
+          auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+          float mx = 0.0f;
+          for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
+          int e = 0;
+          std::frexp(mx, &e);  // mx < 2^e
+          const float f = mx > 0.0f ? std::ldexp(1.0f, bits - e) : 0.0f;
+          const auto integer = [&](std::int64_t d) {
+            const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
+            return std::int32_t(std::clamp(x, -float(1 << bits) + (KB ? 0 : 1), float(1 << bits) - (KB ? 0 : 1)));
+          };
+          if constexpr (KB) {
+            static_assert(KB && W == 16);
+            std::int64_t sum = 0;
+            for (std::int64_t c = 0; c < Dp / 4; ++c) {
+              std::uint32_t h = 0, l = 0;
+              for (int i = 0; i < 4; ++i) {
+                const std::int32_t q16 = integer(4 * c + i);
+                const std::int32_t ql = ((q16 + 128) & 255) - 128, qh = (q16 - ql) / 256;  // qh in [-64, 64]
+                h |= std::uint32_t(std::uint8_t(std::int8_t(qh))) << (8 * i);
+                l |= std::uint32_t(std::uint8_t(std::int8_t(ql))) << (8 * i);
+                sum += q16;
+              }
+              qw[c] = h, qw[Dp / 4 + c] = l;
+            }
+            st.qcorr[g] = std::int32_t(128 * sum);
+          } else {
+            const auto word = [&](std::int64_t d) { return std::uint32_t(std::uint16_t(std::int16_t(integer(d)))); };
+            for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = word(d) | word(d + 1) << 16;
+          }
+          const float scale = mx > 0.0f ? std::ldexp(1.0f, e - bits) : 0.0f;
+          for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
         }
-        const float scale = mx > 0.0f ? std::ldexp(1.0f, e - bits) : 0.0f;
-        for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
       } else if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
         auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
         const auto bits = [&](std::int64_t d) {
@@ -577,6 +584,50 @@ struct decode_run {
     pf_keys = imax(W, kDecodePrefetchBytes / heads / row_bytes) / W * W;
     next = kr.kmin;
     near_prefetch = near && heads == 1;
+  }
+
+  // i16: the q words of every row at once, qᵀ's row d being one vector of the W rows (L = W):
+  // the integers of the per-row form in the constructor (the same power-of-two scales, round half
+  // to even, the same clamps) at a fraction of its instructions. Writes the words, qcorr (KB)
+  // and each row's scale into scale_out; false, writing nothing, where L is not W or some row's
+  // largest |q| is below 2^-100 but not 0 (the per-row form takes such scales).
+  bool quantise_q_rows(float* scale_out) {
+    if (L != W) return false;
+    constexpr int bits = KB ? 14 : 15;
+    const vi live = iota() < splati(std::int32_t(nr));
+    vf mx = vf{};
+    for (std::int64_t d = 0; d < lb.D; ++d) mx = vmax(mx, (vf)((vi)load(lb.qt + d * W) & splati(0x7fffffff)));
+    const vi mb = live & (vi)mx;
+    const vi E = (mb >> 23) & splati(0xff), zero = mb == 0;
+    if (any_lane(~zero & (E < splati(27)))) return false;
+    // mx in [2^(E-127), 2^(E-126)): frexp's e is E - 126, f = 2^(bits - e), the scale 2^(e - bits)
+    const vf f = (vf)(zero ? splati(0) : (splati(bits + 253) - E) << 23);
+    const vf scale = (vf)(zero ? splati(0) : (E + splati(1 - bits)) << 23);
+    __builtin_memcpy(scale_out, &scale, sizeof scale);
+    const vf magic = splat(12582912.0f);  // 1.5·2^23: adding and subtracting it rounds (|x| <= 2^15)
+    const vf lo = splat(-float(1 << bits) + (KB ? 0 : 1)), hi = splat(float(1 << bits) - (KB ? 0 : 1));
+    vi sum = vi{};
+    for (std::int64_t d = 0; d < Dp; ++d) {
+      const vf v = d < lb.D ? load(lb.qt + d * W) * f : vf{};  // exact: f is a power of two
+      vf x = (v + magic) - magic;
+      x = x < lo ? lo : x;
+      x = x > hi ? hi : x;
+      const vi q16 = live & __builtin_convertvector(x, vi);
+      if constexpr (KB) {
+        const vi ql = ((q16 + 128) & splati(255)) - 128, qh = (q16 - ql) >> 8;  // qh in [-64, 64]
+        sum += q16;
+        for (std::int64_t g = 0; g < st.nrp; ++g) {
+          auto* qb = reinterpret_cast<std::int8_t*>(st.qr) + g * (Dp / 2) * 4;
+          qb[d] = std::int8_t(qh[g]), qb[Dp + d] = std::int8_t(ql[g]);
+        }
+      } else {
+        for (std::int64_t g = 0; g < st.nrp; ++g)
+          reinterpret_cast<std::int16_t*>(st.qr)[g * Dp + d] = std::int16_t(q16[g]);
+      }
+    }
+    if constexpr (KB)
+      for (std::int64_t g = 0; g < st.nrp; ++g) st.qcorr[g] = std::int32_t(128 * std::int64_t(sum[g]));
+    return true;
   }
 
   float elem_f32(const char* base, std::int64_t i) const {
@@ -854,10 +905,15 @@ bool int8_as_int16(const lane_block* lbs, int n) {
     return false;
   } else {
     if (!int8_decode_int16(Dot::int16, lbs[0].q_bf16, W, lbs[0].D, lbs[0].Dv)) return false;
-    for (int h = 0; h < n; ++h)
-      for (std::int64_t d = 0; d < lbs[h].D; ++d)
-        for (std::int64_t g = 0; g < lbs[h].nl; ++g)
-          if (!std::isfinite(lbs[h].qt[d * lbs[h].L + g])) return false;
+    for (int h = 0; h < n; ++h) {
+      const lane_block& lb = lbs[h];
+      // qᵀ [D][L] a vector of rows at a time: z turns NaN where q is NaN or ±inf (lanes past nl
+      // are zero; were they not, the float path would be taken, as for a non-finite q)
+      vf z = vf{};
+      for (std::int64_t d = 0; d < lb.D; ++d)
+        for (std::int64_t x = 0; x < lb.nl; x += W) z += load(lb.qt + d * lb.L + x) * 0.0f;
+      if (any_lane(z != z)) return false;
+    }
     return true;
   }
 }

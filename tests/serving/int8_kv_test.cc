@@ -441,6 +441,46 @@ const blocked_case kBlockedCases[] = {
     {"gqa4_d40_page16_rows_path", {90, 33}, 16, 1, 4, 1, 40, false},
 };
 
+// q is quantised to int16 for every row of a lane block at once, unless a row's largest |q| is
+// below 2^-100 (not 0): then row by row (decode.h, quantise_q_rows). Both forms against the
+// float64 reference on the dequantised cache, rows and blocked keys, on every ISA level.
+TEST(Int8Decode, TinyQRowsTakeTheRowByRowQuantisation) {
+  std::mt19937 rng(61);
+  const std::int64_t B = 2, Hkv = 2, Hq = 8, D = 64, ps = 16;
+  const std::vector<std::int64_t> lens{100, 37};
+  const std::int64_t max_pages = 7, num_pages = B * max_pages;
+  std::vector<std::int64_t> table(static_cast<std::size_t>(num_pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  const Tensor kp = random_int8({num_pages, ps, Hkv, D}, rng), vp = random_int8({num_pages, ps, Hkv, D}, rng);
+  const Tensor kb = to_blocked(kp);
+  const Tensor ks = random_tensor({num_pages, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
+  const Tensor vs = random_tensor({num_pages, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
+  for (const double tiny : {1.0, 1e-32}) {
+    Tensor q = random_tensor({B, Hq, 1, D}, dtype::bf16, rng, -2, 2);
+    for (std::int64_t d = 0; d < D; ++d) q.set({0, 1, 0, d}, q.get({0, 1, 0, d}) * tiny);  // sequence 0, kv head 0
+    const Tensor tab = index_tensor({B, max_pages}, table), lens_t = index_tensor({B}, lens);
+    const paged_kv_view rows{kp, vp, tab, lens_t, ks, vs}, blocked{kb, vp, tab, lens_t, ks, vs};
+    std::vector<attention_result> want;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t L = lens[std::size_t(b)];
+      want.push_back(attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64), dequantised(kp, ks, table, max_pages, b, L),
+                               dequantised(vp, vs, table, max_pages, b, L)));
+    }
+    for (const std::string& isa : isas()) {
+      SCOPED_TRACE(fmt::format("isa {} tiny {}", isa, tiny));
+      const isa_scope scope(isa);
+      for (const paged_kv_view* c : {&rows, &blocked}) {
+        const attention_result r = attention_paged(q, *c, {}, {.num_threads = 2});
+        for (std::int64_t b = 0; b < B; ++b) {
+          EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].out, 4e-3));
+          EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].lse, 2e-5));
+        }
+      }
+    }
+  }
+}
+
 TEST(Int8Blocked, SameAnswerAsTheRowsTheyHold) {
   for (const blocked_case& c : kBlockedCases)
     for (const dtype type : {dtype::bf16, dtype::f32}) {
