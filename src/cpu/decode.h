@@ -496,51 +496,11 @@ struct decode_run {
   decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads, bool near)
       : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
         Dvp(st.Dvp) {
-    alignas(64) float qscale[W];
-    bool qrows = false;  // i16: q quantised every row at once (quantise_q_rows)
-    if constexpr (i16) qrows = quantise_q_rows(qscale);
+    if constexpr (i16) quantise_q_rows();  // decode's lane blocks are lanes_small = W rows
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
       if constexpr (i16) {
-        if (qrows) {
-          for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = qscale[g];
-        } else {
-          // Integer q, scaled per row by a power of two: |q·f| <= 2^bits. int16 pairs in memory
-          // order (bits 15), or for blocked keys (KB) a 14-bit q as two signed bytes per element
-          // (decode_scores_blocked) with the row's 128·Σ q16.
-          constexpr int bits = KB ? 14 : 15;
-          auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
-          float mx = 0.0f;
-          for (std::int64_t d = 0; valid && d < lb.D; ++d) mx = std::max(mx, std::fabs(lb.qt[d * L + g]));
-          int e = 0;
-          std::frexp(mx, &e);  // mx < 2^e
-          const float f = mx > 0.0f ? std::ldexp(1.0f, bits - e) : 0.0f;
-          const auto integer = [&](std::int64_t d) {
-            const float x = valid && d < lb.D ? std::nearbyint(lb.qt[d * L + g] * f) : 0.0f;
-            return std::int32_t(std::clamp(x, -float(1 << bits) + (KB ? 0 : 1), float(1 << bits) - (KB ? 0 : 1)));
-          };
-          if constexpr (KB) {
-            static_assert(KB && W == 16);
-            std::int64_t sum = 0;
-            for (std::int64_t c = 0; c < Dp / 4; ++c) {
-              std::uint32_t h = 0, l = 0;
-              for (int i = 0; i < 4; ++i) {
-                const std::int32_t q16 = integer(4 * c + i);
-                const std::int32_t ql = ((q16 + 128) & 255) - 128, qh = (q16 - ql) / 256;  // qh in [-64, 64]
-                h |= std::uint32_t(std::uint8_t(std::int8_t(qh))) << (8 * i);
-                l |= std::uint32_t(std::uint8_t(std::int8_t(ql))) << (8 * i);
-                sum += q16;
-              }
-              qw[c] = h, qw[Dp / 4 + c] = l;
-            }
-            st.qcorr[g] = std::int32_t(128 * sum);
-          } else {
-            const auto word = [&](std::int64_t d) { return std::uint32_t(std::uint16_t(std::int16_t(integer(d)))); };
-            for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = word(d) | word(d + 1) << 16;
-          }
-          const float scale = mx > 0.0f ? std::ldexp(1.0f, e - bits) : 0.0f;
-          for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale;
-        }
+        // q's words and scales: quantise_q_rows
       } else if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
         auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
         const auto bits = [&](std::int64_t d) {
@@ -586,30 +546,31 @@ struct decode_run {
     near_prefetch = near && heads == 1;
   }
 
-  // i16: the q words of every row at once, qᵀ's row d being one vector of the W rows (L = W):
-  // the integers of the per-row form in the constructor (the same power-of-two scales, round half
-  // to even, the same clamps) at a fraction of its instructions. Writes the words, qcorr (KB)
-  // and each row's scale into scale_out; false, writing nothing, where L is not W or some row's
-  // largest |q| is below 2^-100 but not 0 (the per-row form takes such scales).
-  bool quantise_q_rows(float* scale_out) {
-    if (L != W) return false;
+  // i16: q as integers, every row of the lane block at once (decode runs lane blocks of W rows:
+  // qᵀ's row d is one vector of the rows). Per row a power-of-two scale f with |q·f| <= 2^bits
+  // for the row's largest |q| in [2^(e-1), 2^e): f = 2^(bits - e), q·f rounded half to even and
+  // clamped to ±(2^bits − 1) (int16 pairs in memory order, bits 15) or for blocked keys (KB) to
+  // ±2^14 as two signed bytes per element (decode_scores_blocked) with the row's 128·Σ q16 in
+  // qcorr. The row's scale 2^(e - bits) goes to st.qsc. A row whose largest |q| is below 2^-100
+  // (f would pass float's range, or that |q| is subnormal) is first multiplied by 2^64: the same
+  // exact products, in two steps; its scale may then round to 0 (scores below 2^-149).
+  void quantise_q_rows() {
     constexpr int bits = KB ? 14 : 15;
     const vi live = iota() < splati(std::int32_t(nr));
     vf mx = vf{};
     for (std::int64_t d = 0; d < lb.D; ++d) mx = vmax(mx, (vf)((vi)load(lb.qt + d * W) & splati(0x7fffffff)));
-    const vi mb = live & (vi)mx;
-    const vi E = (mb >> 23) & splati(0xff), zero = mb == 0;
-    if (any_lane(~zero & (E < splati(27)))) return false;
-    // mx in [2^(E-127), 2^(E-126)): frexp's e is E - 126, f = 2^(bits - e), the scale 2^(e - bits)
+    mx = (vf)(live & (vi)mx);
+    const vi zero = (vi)mx == 0, tiny = ~zero & ((vi)mx < splati(27 << 23));
+    const vf pre = tiny ? splat(0x1p64f) : splat(1.0f);
+    // mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
+    const vi E = ((vi)(mx * pre) >> 23) & splati(0xff);
     const vf f = (vf)(zero ? splati(0) : (splati(bits + 253) - E) << 23);
-    const vf scale = (vf)(zero ? splati(0) : (E + splati(1 - bits)) << 23);
-    __builtin_memcpy(scale_out, &scale, sizeof scale);
-    const vf magic = splat(12582912.0f);  // 1.5·2^23: adding and subtracting it rounds (|x| <= 2^15)
+    const vf scale = (vf)(zero ? splati(0) : (E + splati(1 - bits)) << 23) * (tiny ? splat(0x1p-64f) : splat(1.0f));
     const vf lo = splat(-float(1 << bits) + (KB ? 0 : 1)), hi = splat(float(1 << bits) - (KB ? 0 : 1));
     vi sum = vi{};
     for (std::int64_t d = 0; d < Dp; ++d) {
-      const vf v = d < lb.D ? load(lb.qt + d * W) * f : vf{};  // exact: f is a power of two
-      vf x = (v + magic) - magic;
+      const vf v = d < lb.D ? (load(lb.qt + d * W) * pre) * f : vf{};  // exact: pre and f are powers of two
+      vf x = round_nearest(v);
       x = x < lo ? lo : x;
       x = x > hi ? hi : x;
       const vi q16 = live & __builtin_convertvector(x, vi);
@@ -625,9 +586,10 @@ struct decode_run {
           reinterpret_cast<std::int16_t*>(st.qr)[g * Dp + d] = std::int16_t(q16[g]);
       }
     }
-    if constexpr (KB)
-      for (std::int64_t g = 0; g < st.nrp; ++g) st.qcorr[g] = std::int32_t(128 * std::int64_t(sum[g]));
-    return true;
+    for (std::int64_t g = 0; g < st.nrp; ++g) {
+      if constexpr (KB) st.qcorr[g] = std::int32_t(128 * std::int64_t(sum[g]));
+      for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
+    }
   }
 
   float elem_f32(const char* base, std::int64_t i) const {
@@ -669,13 +631,12 @@ struct decode_run {
     vi E = ((vi)mx >> 23) & splati(0xff);
     E = E < splati(15) ? splati(15) : E;
     const vf f = (vf)((splati(268) - E) << 23), deq = (vf)((E - splati(14)) << 23) + z;
-    const vf magic = splat(12582912.0f);  // 1.5·2^23: adding and subtracting it rounds to an integer
 #pragma GCC unroll 4
     for (int kg = 0; kg < RG; ++kg) {
       if constexpr (requires { Ops::dot::round_to_words_i16(vf{}, pw); }) {
         Ops::dot::round_to_words_i16(w[kg] * f, pw + kg * W / 2);  // the same integers, two instructions
       } else {
-        vi iw = __builtin_convertvector((w[kg] * f + magic) - magic, vi);
+        vi iw = __builtin_convertvector(round_nearest(w[kg] * f), vi);
         iw = iw < splati(-32768) ? splati(-32768) : iw;
         iw = iw > splati(32767) ? splati(32767) : iw;
         store_lane_pairs_i16(pw + kg * W / 2, iw);
@@ -770,7 +731,7 @@ struct decode_run {
     if constexpr (i16) {
       const vf qsm = load(st.qsc + g * W);
 #pragma GCC unroll 4
-      for (int kg = 0; kg < RG; ++kg) s[kg] *= b.ksm[kg] * qsm;
+      for (int kg = 0; kg < RG; ++kg) s[kg] = s[kg] * qsm * b.ksm[kg];  // q's scale first: it may be subnormal
     } else if constexpr (q8) {
 #pragma GCC unroll 4
       for (int kg = 0; kg < RG; ++kg) s[kg] *= b.ksm[kg];
@@ -907,12 +868,13 @@ bool int8_as_int16(const lane_block* lbs, int n) {
     if (!int8_decode_int16(Dot::int16, lbs[0].q_bf16, W, lbs[0].D, lbs[0].Dv)) return false;
     for (int h = 0; h < n; ++h) {
       const lane_block& lb = lbs[h];
-      // qᵀ [D][L] a vector of rows at a time: z turns NaN where q is NaN or ±inf (lanes past nl
-      // are zero; were they not, the float path would be taken, as for a non-finite q)
-      vf z = vf{};
-      for (std::int64_t d = 0; d < lb.D; ++d)
-        for (std::int64_t x = 0; x < lb.nl; x += W) z += load(lb.qt + d * lb.L + x) * 0.0f;
-      if (any_lane(z != z)) return false;
+      // qᵀ [D][L] a vector of rows at a time: z turns NaN where q is NaN or ±inf (the lanes
+      // past nl, not rows, are left out)
+      for (std::int64_t x = 0; x < lb.nl; x += W) {
+        vf z = vf{};
+        for (std::int64_t d = 0; d < lb.D; ++d) z += load(lb.qt + d * lb.L + x) * 0.0f;
+        if (any_lane((iota() < splati(std::int32_t(lb.nl - x))) & (vi)(z != z))) return false;
+      }
     }
     return true;
   }

@@ -57,6 +57,14 @@ inline vf horner(vf f, float c, Cs... cs) {
   return horner(f, cs...) * f + splat(c);
 }
 
+// x rounded to the nearest integer, ties to even, for |x| < 2^22: x + 1.5·2^23 lies in
+// [2^23, 2^24), where a float's last bit is the unit, so the addition rounds x to an integer and
+// the subtraction is exact. Where x is a product (x·c), -ffp-contract makes the first one an FMA.
+inline vf round_nearest(vf x) {
+  const vf magic = splat(12582912.0f);
+  return (x + magic) - magic;
+}
+
 // e^x: n = round(x·log2 e), r = x - n·ln 2 (two-part ln 2), e^r by its Taylor-like minimax
 // polynomial (Cephes expf), times 2^n built in the exponent bits. ≈ 2 ulp; exactly 0 below
 // -87.3, so masked keys (-inf) weigh exactly nothing. NaN stays NaN (the clamps are written so
@@ -65,9 +73,7 @@ inline vf horner(vf f, float c, Cs... cs) {
 inline vf vexp(vf x) {
   const vf lo = vmax(splat(-87.3f), x);                  // a compare and a blend; NaN stays NaN
   const vf xc = splat(88.0f) < lo ? splat(88.0f) : lo;   // likewise
-  const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
-  const vf t = xc * splat(1.44269504088896341f) + magic;
-  const vf n = t - magic;
+  const vf n = round_nearest(xc * splat(1.44269504088896341f));
   vf r = xc - n * splat(0.693359375f);
   r = r - n * splat(-2.12194440e-4f);
   vf y = horner(r, 5.0000001201e-1f, 1.6666665459e-1f, 4.1665795894e-2f, 8.3334519073e-3f, 1.3981999507e-3f,
@@ -123,8 +129,7 @@ inline vf vexp2(vf u) {
 #endif
   const vf lo = vmax(splat(-125.0f), u);                     // compare + blend; NaN stays NaN
   const vf uc = splat(127.0f) < lo ? splat(127.0f) : lo;     // likewise
-  const vf magic = splat(12582912.0f);  // 1.5·2^23: adding it rounds to an integer
-  const vf n = (uc + magic) - magic;
+  const vf n = round_nearest(uc);
   const vf y = exp2_reduced<Degree>(uc - n);
   const vf p = (vf)((vi)y + (__builtin_convertvector(n, vi) << 23));
   return u < splat(-125.0f) ? vf{} : p;

@@ -441,10 +441,14 @@ const blocked_case kBlockedCases[] = {
     {"gqa4_d40_page16_rows_path", {90, 33}, 16, 1, 4, 1, 40, false},
 };
 
-// q is quantised to int16 for every row of a lane block at once, unless a row's largest |q| is
-// below 2^-100 (not 0): then row by row (decode.h, quantise_q_rows). Both forms against the
-// float64 reference on the dequantised cache, rows and blocked keys, on every ISA level.
-TEST(Int8Decode, TinyQRowsTakeTheRowByRowQuantisation) {
+// q is quantised to int16 per row with a power-of-two factor f that brings the row's largest |q|
+// to 2^15 (decode.h, quantise_q_rows); below 2^-100 f is applied in two steps (one alone would
+// overflow float: before, such rows saturated), and the score takes q's scale (subnormal there)
+// before the key's. With a call scale that brings the tiny rows back to scores of O(1), the
+// output must still match the float64 reference on the dequantised cache: rows and blocked keys,
+// every ISA level, tiny rows beside ordinary ones. (Subnormal q loses bits in the f32 products
+// of every path: not asked.)
+TEST(Int8Decode, TinyQRowsAreQuantisedExactly) {
   std::mt19937 rng(61);
   const std::int64_t B = 2, Hkv = 2, Hq = 8, D = 64, ps = 16;
   const std::vector<std::int64_t> lens{100, 37};
@@ -456,22 +460,34 @@ TEST(Int8Decode, TinyQRowsTakeTheRowByRowQuantisation) {
   const Tensor kb = to_blocked(kp);
   const Tensor ks = random_tensor({num_pages, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
   const Tensor vs = random_tensor({num_pages, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
-  for (const double tiny : {1.0, 1e-32}) {
-    Tensor q = random_tensor({B, Hq, 1, D}, dtype::bf16, rng, -2, 2);
-    for (std::int64_t d = 0; d < D; ++d) q.set({0, 1, 0, d}, q.get({0, 1, 0, d}) * tiny);  // sequence 0, kv head 0
+  // tiny: q of sequence 0, kv head 0's group times tiny; the call's scale undoes it for every
+  // row (the other rows' scores are then small: their weights near uniform)
+  for (const double tiny : {1.0, 1e-32, 0x1p-120}) {
+    const Tensor q0 = random_tensor({B, Hq, 1, D}, dtype::bf16, rng, -2, 2);
+    Tensor q = Tensor::copy_of(q0.view(), dtype::bf16);
+    for (std::int64_t h = 0; h < Hq / Hkv; ++h)
+      for (std::int64_t d = 0; d < D; ++d) q.set({0, h, 0, d}, q0.get({0, h, 0, d}) * tiny);
+    attention_options opt;
+    opt.scale = 0.125 / tiny;
+    attention_options flat_opt;
+    flat_opt.scale = 0.0;
     const Tensor tab = index_tensor({B, max_pages}, table), lens_t = index_tensor({B}, lens);
     const paged_kv_view rows{kp, vp, tab, lens_t, ks, vs}, blocked{kb, vp, tab, lens_t, ks, vs};
     std::vector<attention_result> want;
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t L = lens[std::size_t(b)];
       want.push_back(attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64), dequantised(kp, ks, table, max_pages, b, L),
-                               dequantised(vp, vs, table, max_pages, b, L)));
+                               dequantised(vp, vs, table, max_pages, b, L), opt));
     }
+    // the tiny rows' scores are O(1): not the uniform weights of scores near 0
+    const Tensor flat = attention(Tensor::copy_of(q.view().slice(0, 0, 1), dtype::f64), dequantised(kp, ks, table, max_pages, 0, 100),
+                                  dequantised(vp, vs, table, max_pages, 0, 100), flat_opt).out;
+    EXPECT_GT(std::fabs(want[0].out.get({0, 0, 0, 0}) - flat.get({0, 0, 0, 0})), 1e-3);
     for (const std::string& isa : isas()) {
       SCOPED_TRACE(fmt::format("isa {} tiny {}", isa, tiny));
       const isa_scope scope(isa);
       for (const paged_kv_view* c : {&rows, &blocked}) {
-        const attention_result r = attention_paged(q, *c, {}, {.num_threads = 2});
+        const attention_result r = attention_paged(q, *c, opt, {.num_threads = 2});
         for (std::int64_t b = 0; b < B; ++b) {
           EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].out, 4e-3));
           EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1), dtype::f64), want[std::size_t(b)].lse, 2e-5));
