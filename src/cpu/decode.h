@@ -646,15 +646,17 @@ struct decode_run {
     for (int r = 0; r < RG; ++r) st.wsc[r] = deq[r * KG];
   }
 
-  // The keys of one block as the q·k dots read them: rows in place or the padded copy (kpad),
-  // the L2 prefetch rows, the distance to the next block's rows (near prefetch) and, for int8,
-  // the keys' scales in the mixed layout.
-  struct key_block {
-    const T* kb;
-    std::int64_t ks;
-    const T* kpf;
-    std::ptrdiff_t kd;
-    vf ksm[RG];
+  // W rows of a block as the products read them (keys or values): the first row and the row
+  // stride, the rows to prefetch into L2 (pf_keys ahead) and the distance to the next block's
+  // rows (near prefetch; 0 for none).
+  struct block_rows {
+    const T* rows = nullptr;
+    std::int64_t stride = 0;
+    const T* pf = nullptr;
+    std::ptrdiff_t nd = 0;
+  };
+  struct key_block : block_rows {
+    vf ksm[RG];  // int8: the keys' scales in the mixed layout
   };
   // Whether the W rows from key j are one strided run (in one page).
   bool one_run(std::int64_t j) const { return !pages || (whole_blocks && j % W == 0) || j % psz + W <= psz; }
@@ -679,44 +681,58 @@ struct decode_run {
     spread_all<RG>(v, out, std::make_integer_sequence<int, RG>{});
   }
 
-  void key_side(std::int64_t j0, key_block& b) const {
+  // The rows of the block at j0 of one side (base; row stride sn; width elements a row in the
+  // padded copy pad): in place at off(j0) where the block is one strided run and `aligned`, else
+  // (a short last block, an odd shape, a page boundary, copy_all) copied by copy(pad, nb). The
+  // software prefetch reads the rows pf_keys ahead, one line per line read (spread through the
+  // block: issued in a burst, they stall), or the block itself; the near prefetch the next block,
+  // line by line into L1 as this one is read, where it is whole and one run.
+  template <class Off, class Copy>
+  block_rows rows_at(std::int64_t j0, bool aligned, const char* base, std::int64_t sn, std::int64_t width, const Off& off,
+                     T* pad, const Copy& copy) const {
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    // blocked keys: read in place where the block is one of the layout's blocks of 16 (KB: W = 16)
-    const bool kaligned = !lb.kblocked || (KB && j0 % 16 == 0);
+    if (copy_all || nb < W || !one_run(j0) || !aligned) {
+      copy(pad, nb);
+      return {pad, width, pad, 0};
+    }
+    const std::int64_t o0 = off(j0), jp = j0 + pf_keys, jn = j0 + W;
+    const T* rows = reinterpret_cast<const T*>(base + o0 * esize);
+    const T* pf = jp + W <= kr.kmax && one_run(jp) ? reinterpret_cast<const T*>(base + off(jp) * esize) : rows;
+    const bool nx = near_prefetch && jn + W <= kr.kmax && one_run(jn);
+    return {rows, sn, pf, nx ? (off(jn) - o0) * esize : 0};
+  }
+  // The zero-padded copy of the W rows from j0 (nb of them real) of a row layout, [W][width].
+  void copy_rows(T* pad, const char* base, std::int64_t sn, std::int64_t ps, std::int64_t width, std::int64_t n,
+                 std::int64_t j0, std::int64_t nb) const {
+    for (std::int64_t x = 0; x < W; ++x) {
+      const char* r0 = base + row_off(j0 + imin(x, nb - 1), sn, ps) * esize;
+      for (std::int64_t d = 0; d < width; ++d) {
+        if constexpr (__is_same(T, float)) pad[x * width + d] = x < nb && d < n ? elem_f32(r0, d) : 0.0f;
+        else pad[x * width + d] = x < nb && d < n ? reinterpret_cast<const T*>(r0)[d] : T(0);
+      }
+    }
+  }
+
+  void key_side(std::int64_t j0, key_block& b) const {
+    // blocked keys: read in place where the block is one of the layout's blocks of 16 (KB: W = 16;
+    // the blocks pf_keys and W ahead then are too)
+    const bool aligned = !lb.kblocked || (KB && j0 % 16 == 0);
     const auto koff = [&](std::int64_t j) { return KB ? kblock_off(j) : row_off(j, lb.ksn, lb.kps); };
-    b.kb = reinterpret_cast<const T*>(kbase + koff(j0) * esize);
-    b.ks = lb.ksn;
-    // Software prefetch of the rows pf_keys ahead, one line per line read (spread through the
-    // block: issued in a burst, they stall); the current block itself when there are none.
-    const std::int64_t jp = j0 + pf_keys;
-    const bool pf = jp + W <= kr.kmax && one_run(jp) && kaligned;
-    b.kpf = pf ? reinterpret_cast<const T*>(kbase + koff(jp) * esize) : b.kb;
-    // The next block, line by line into L1 as this one is read (0 where the next is short or
-    // not one run).
-    const std::int64_t jn = j0 + W;
-    const bool nx = near_prefetch && jn + W <= kr.kmax && one_run(jn) && (!lb.kblocked || (KB && jn % 16 == 0));
-    b.kd = nx ? (koff(jn) - koff(j0)) * esize : 0;
-    if (copy_all || nb < W || !one_run(j0) || !kaligned) {  // a short last block, an odd shape, a page boundary: a zero-padded copy
-      T* kp = reinterpret_cast<T*>(st.kpad);
-      for (std::int64_t x = 0; x < W; ++x) {
-        if constexpr (q8) {
-          if (lb.kblocked) {  // blocked keys: copied blocked (KB) or as rows (every other path)
+    const auto copy = [&](T* kp, std::int64_t nb) {
+      if constexpr (q8) {
+        if (lb.kblocked) {  // blocked keys: copied blocked (KB) or as rows (every other path)
+          for (std::int64_t x = 0; x < W; ++x)
             for (std::int64_t d = 0; d < Dp; ++d) {
               const T e = x < nb && d < lb.D ? reinterpret_cast<const T*>(kbase)[kblocked_off(j0 + x, d)] : T(0);
               kp[KB ? (d >> 2) * 64 + x * 4 + (d & 3) : x * Dp + d] = e;
             }
-            continue;
-          }
-        }
-        const char* kr0 = kbase + row_off(j0 + imin(x, nb - 1), lb.ksn, lb.kps) * esize;
-        for (std::int64_t d = 0; d < Dp; ++d) {
-          if constexpr (__is_same(T, float)) kp[x * Dp + d] = x < nb && d < lb.D ? elem_f32(kr0, d) : 0.0f;
-          else kp[x * Dp + d] = x < nb && d < lb.D ? reinterpret_cast<const T*>(kr0)[d] : T(0);
+          return;
         }
       }
-      b.kb = kp, b.ks = Dp, b.kpf = kp, b.kd = 0;
-    }
-    if constexpr (q8) block_scales(lb.kscale, lb.kss, lb.ksps, j0, nb, b.ksm);
+      copy_rows(kp, kbase, lb.ksn, lb.kps, Dp, lb.D, j0, nb);
+    };
+    static_cast<block_rows&>(b) = rows_at(j0, aligned, kbase, lb.ksn, Dp, koff, reinterpret_cast<T*>(st.kpad), copy);
+    if constexpr (q8) block_scales(lb.kscale, lb.kss, lb.ksps, j0, imin(W, kr.kmax - j0), b.ksm);
   }
 
   // The scores of row group g over the key block b, scaled (int8), into st.snext.
@@ -724,10 +740,10 @@ struct decode_run {
     vf s[RG];
     const bool first = g == 0;  // later row groups read the block from L1
     if constexpr (KB)
-      decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.kb, s,
-                                                   first ? b.kpf : b.kb, first ? b.kd : 0);
+      decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.rows, s,
+                                                   first ? b.pf : b.rows, first ? b.nd : 0);
     else
-      decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, b.kb, b.ks, s, first ? b.kpf : b.kb, first ? b.kd : 0);
+      decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, b.rows, b.stride, s, first ? b.pf : b.rows, first ? b.nd : 0);
     if constexpr (i16) {
       const vf qsm = load(st.qsc + g * W);
 #pragma GCC unroll 4
@@ -757,23 +773,10 @@ struct decode_run {
     const std::int64_t j0 = next;
     next += W;
     const std::int64_t nb = imin(W, kr.kmax - j0);
-    const T* vb = reinterpret_cast<const T*>(vbase + row_off(j0, lb.vsn, lb.vps) * esize);
-    std::int64_t vs = lb.vsn;
-    const std::int64_t jp = j0 + pf_keys;
-    const T* vpf = jp + W <= kr.kmax && one_run(jp) ? reinterpret_cast<const T*>(vbase + row_off(jp, lb.vsn, lb.vps) * esize) : vb;
-    const std::int64_t jn = j0 + W;
-    std::ptrdiff_t vd = near_prefetch && jn + W <= kr.kmax && one_run(jn) ? (row_off(jn, lb.vsn, lb.vps) - row_off(j0, lb.vsn, lb.vps)) * esize : 0;
-    if (copy_all || nb < W || !one_run(j0)) {  // as the keys: a zero-padded copy
-      T* vp = reinterpret_cast<T*>(st.vpad);
-      for (std::int64_t x = 0; x < W; ++x) {
-        const char* vr0 = vbase + row_off(j0 + imin(x, nb - 1), lb.vsn, lb.vps) * esize;
-        for (std::int64_t d = 0; d < Dvp; ++d) {
-          if constexpr (__is_same(T, float)) vp[x * Dvp + d] = x < nb && d < lb.Dv ? elem_f32(vr0, d) : 0.0f;
-          else vp[x * Dvp + d] = x < nb && d < lb.Dv ? reinterpret_cast<const T*>(vr0)[d] : T(0);
-        }
-      }
-      vb = vp, vs = Dvp, vpf = vp, vd = 0;
-    }
+    // the values: rows in place or the padded copy, as the keys
+    const auto voff = [&](std::int64_t j) { return row_off(j, lb.vsn, lb.vps); };
+    const auto vcopy = [&](T* vp, std::int64_t n) { copy_rows(vp, vbase, lb.vsn, lb.vps, Dvp, lb.Dv, j0, n); };
+    const auto [vb, vs, vpf, vd] = rows_at(j0, true, vbase, lb.vsn, Dvp, voff, reinterpret_cast<T*>(st.vpad), vcopy);
     if constexpr (q8) block_scales(lb.vscale, lb.vss, lb.vsps, j0, nb, vsm);
     if (sc.bias) {
       (void)lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
