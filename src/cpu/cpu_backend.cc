@@ -168,7 +168,7 @@ struct lane_setup {
   }
 
   // Q null: lane positions only (no qᵀ).
-  void set(const problem& p, const rows_f32* Q, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
+  void set(const kernel_table& kt, const problem& p, const rows_f32* Q, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
     const std::int64_t G = p.group(), rows = p.Nq * G;
     nl = std::min(L, rows - lbi * L);
     const float scale = float(p.scale);
@@ -186,14 +186,15 @@ struct lane_setup {
       if (Q) q[x] = Q->row(b, h[x], i[x]);
     }
     if (!Q) return;
-    // qᵀ row by row (d), its lanes contiguous — a decode step's few rows, then zeros — rather
-    // than lane by lane, a store L floats apart for every element
-    const float f = prescale ? scale : 1.0f;
-    for (std::int64_t d = 0; d < p.D; ++d) {
-      float* t = qt.get() + d * L;
-      for (std::int64_t x = 0; x < nl; ++x) t[x] = q[x][d] * f;
-      std::fill(t + nl, t + L, 0.0f);
-    }
+    // qᵀ by the kernels' W × W register transposes of 32-bit words (zeros past nl), then scaled:
+    // for a decode step's few rows, 8 transposes at D 128 where a loop over d took a scalar
+    // store per element and a fill of the other lanes
+    const std::uint32_t* qw[kMaxLanes];
+    for (std::int64_t x = 0; x < nl; ++x) qw[x] = reinterpret_cast<const std::uint32_t*>(q[x]);
+    kt.lane_words(qw, L, nl, p.D, reinterpret_cast<std::uint32_t*>(qt.get()), L);
+    if (prescale && scale != 1.0f)  // the rows' lanes only: the zeros past nl stay zeros (scale may be inf)
+      for (std::int64_t d = 0; d < p.D; ++d)
+        for (std::int64_t x = 0; x < nl; ++x) qt[d * L + x] *= scale;
   }
 };
 
@@ -456,7 +457,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         ios[std::size_t(hh)] = forward_io{m, l, ot};
         // q is pre-scaled on the f32 path; the bf16 path scales the scores.
         ls.prescale = !raw_q;
-        ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
+        ls.set(kt, p, dp ? nullptr : &Q, b, hkv, lbi);
         bc.p = &p, bc.kt = &kt, bc.total = L, bc.h = ls.h.data(), bc.i = ls.i.data(), bc.spans = &spans;
         bc.b = b, bc.valid = ls.nl;
         const score_params sp = make_score_params(p, &bc, dp || raw_q ? float(p.scale) : 1.0f, skip);
@@ -531,7 +532,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < units; ++u) {
       const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-      ls.set(p, nullptr, b, hkv, lbi);
+      ls.set(kt, p, nullptr, b, hkv, lbi);
       const float* pc = part.get() + u * nchunk * per;
       for (std::int64_t x = 0; x < L; ++x) {
         float mx = -kInfF;
@@ -590,7 +591,7 @@ void qk_pass(const problem& p, const forward_outputs& o) {
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t u = 0; u < units; ++u) {
       const std::int64_t lbi = u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-      ls.set(p, &Q, b, hkv, lbi);
+      ls.set(kt, p, &Q, b, hkv, lbi);
       bc.b = b, bc.valid = ls.nl;
       lane_block lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get());
       if (io.stage == qk_stage::probabilities) {
@@ -762,7 +763,7 @@ void backward(const problem& p, const backward_io& io) {
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv * nlb; ++u) {
         const std::int64_t lbi = nlb - 1 - u % nlb, hkv = u / nlb % p.Hkv, b = u / nlb / p.Hkv;
-        ls.set(p, dp ? nullptr : &Q, b, hkv, lbi);
+        ls.set(kt, p, dp ? nullptr : &Q, b, hkv, lbi);
         bc.b = b, bc.valid = ls.nl;
         for (std::int64_t x = 0; x < L; ++x) {
           const std::int64_t r = (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x];

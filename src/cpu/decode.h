@@ -557,9 +557,15 @@ struct decode_run {
   void quantise_q_rows() {
     constexpr int bits = KB ? 14 : 15;
     const vi live = iota() < splati(std::int32_t(nr));
-    vf mx = vf{};
-    for (std::int64_t d = 0; d < lb.D; ++d) mx = vmax(mx, (vf)((vi)load(lb.qt + d * W) & splati(0x7fffffff)));
-    mx = (vf)(live & (vi)mx);
+    // the largest |q| of each row as the bits of the floats (non-negative floats order as their
+    // bits, and q is finite here: int8_as_int16): vpmaxsd, one cycle a step, where vmaxps's
+    // compare and blend made a chain of several
+    vi mb = vi{};
+    for (std::int64_t d = 0; d < lb.D; ++d) {
+      const vi a = (vi)load(lb.qt + d * W) & splati(0x7fffffff);
+      mb = mb > a ? mb : a;
+    }
+    const vf mx = (vf)(live & mb);
     const vi zero = (vi)mx == 0, tiny = ~zero & ((vi)mx < splati(27 << 23));
     const vf pre = tiny ? splat(0x1p64f) : splat(1.0f);
     // mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
