@@ -418,7 +418,7 @@ __attribute__((noinline)) void decode_pv_int16(float* o, std::int64_t Dvp, const
 }
 // Where d of a V row lands in the accumulators of decode_pv_int16: in each unit of 2W values,
 // vector 0 holds the low four of every eight d, vector 1 the high four (vpunpck[lh]wd).
-inline std::int64_t int16_pv_position(std::int64_t d) {
+constexpr std::int64_t int16_pv_position(std::int64_t d) {
   const std::int64_t u = d / (2 * W), e = d % (2 * W), i = e / 8, t = e % 8;
   return u * 2 * W + (t / 4) * W + 4 * i + t % 4;
 }
@@ -457,7 +457,7 @@ struct decode_run {
   // The order of d in the P·V accumulators: storage<T>'s native order, memory order where int8
   // rows are paired for bf16 products (decode_pv_pairs), or decode_pv_int16's.
   static constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
-  static std::int64_t pv_position(std::int64_t d) {
+  static constexpr std::int64_t pv_position(std::int64_t d) {
     if constexpr (i16) return int16_pv_position(d);
     else if constexpr (pv_memory_order) return d;
     else return storage<T>::native(d);
@@ -833,6 +833,17 @@ struct decode_run {
     }
   }
 
+  // Where the accumulators' order keeps every d of a unit of 2W values within its two vectors
+  // (memory order, bf16's native order, decode_pv_int16's), output vector k ∈ {0, 1} of a unit
+  // is one two-source shuffle of them.
+  static constexpr bool pv_units_of_two = pv_position(2 * W - 1) < 2 * W && (U <= 2 || i16 || pv_memory_order);
+  template <int K, int... J>
+  static vf pv_in_order(vf v0, vf v1, std::integer_sequence<int, J...>) {
+    return shuffle2<int(pv_position(K * W + J))...>(v0, v1);
+  }
+
+  // m and l of every row, and oᵀ [Dv][L]: each row's accumulators put in the order of d (a
+  // shuffle per vector) and W rows of W values turned by a register transpose (L = W).
   void finish() const {
     for (std::int64_t g = 0; g < nr; ++g) {
       const std::int64_t x0 = g / RG * W + g % RG * KG;
@@ -840,9 +851,33 @@ struct decode_run {
       for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
       io.l[g] = l;
       io.m[g] = st.mvec[x0] * kLn2;
-      for (std::int64_t d = 0; d < lb.Dv; ++d)
-        io.ot[d * L + g] = st.orow[g * Dvp + pv_position(d)];
     }
+    if constexpr (pv_units_of_two) {
+      if (L == W) {
+        for (std::int64_t d0 = 0; d0 < lb.Dv; d0 += W) {
+          const std::int64_t u0 = d0 / (2 * W) * (2 * W);
+          const bool second = d0 - u0 == W;
+          vf blk[W];
+#pragma GCC unroll 16
+          for (int g = 0; g < W; ++g) {
+            if (g >= nr) {
+              blk[g] = vf{};
+            } else if (pv_position(W) == W && pv_position(1) == 1) {  // memory order: the vector itself
+              blk[g] = load(st.orow + g * Dvp + d0);
+            } else {
+              const vf v0 = load(st.orow + g * Dvp + u0), v1 = load(st.orow + g * Dvp + u0 + W);
+              blk[g] = second ? pv_in_order<1>(v0, v1, std::make_integer_sequence<int, W>{})
+                              : pv_in_order<0>(v0, v1, std::make_integer_sequence<int, W>{});
+            }
+          }
+          transpose(blk);
+          for (std::int64_t j = 0; j < imin(W, lb.Dv - d0); ++j) store(io.ot + (d0 + j) * L, blk[j]);
+        }
+        return;
+      }
+    }
+    for (std::int64_t g = 0; g < nr; ++g)
+      for (std::int64_t d = 0; d < lb.Dv; ++d) io.ot[d * L + g] = st.orow[g * Dvp + pv_position(d)];
   }
 };
 

@@ -241,7 +241,7 @@ template <class T>
 struct storage {
   static constexpr int U = 1;  // vectors per unit
   static void get(const float* p, vf* out) { out[0] = load(p); }
-  static std::int64_t native(std::int64_t d) { return d; }
+  static constexpr std::int64_t native(std::int64_t d) { return d; }
   static float scalar(const float* p) { return *p; }
 };
 template <>
@@ -253,7 +253,7 @@ struct storage<std::uint16_t> {
     out[0] = (vf)(w << 16);
     out[1] = (vf)(w & splati(std::int32_t(0xffff0000u)));
   }
-  static std::int64_t native(std::int64_t d) {
+  static constexpr std::int64_t native(std::int64_t d) {
     const std::int64_t u = d / (2 * W), e = d % (2 * W);
     return u * 2 * W + (e & 1) * W + e / 2;
   }
@@ -274,7 +274,7 @@ struct storage<std::int8_t> {
     out[2] = __builtin_convertvector((w << 8) >> 24, vf);
     out[3] = __builtin_convertvector(w >> 24, vf);
   }
-  static std::int64_t native(std::int64_t d) {
+  static constexpr std::int64_t native(std::int64_t d) {
     const std::int64_t u = d / (4 * W), e = d % (4 * W);
     return u * 4 * W + (e & 3) * W + e / 4;
   }
