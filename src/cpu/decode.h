@@ -656,10 +656,10 @@ struct decode_run {
   // stride, the rows to prefetch into L2 (pf_keys ahead) and the distance to the next block's
   // rows (near prefetch; 0 for none).
   struct block_rows {
-    const T* rows = nullptr;
-    std::int64_t stride = 0;
-    const T* pf = nullptr;
-    std::ptrdiff_t nd = 0;
+    const T* rows;
+    std::int64_t stride;
+    const T* pf;
+    std::ptrdiff_t nd;
   };
   struct key_block : block_rows {
     vf ksm[RG];  // int8: the keys' scales in the mixed layout
@@ -694,7 +694,7 @@ struct decode_run {
   // block: issued in a burst, they stall), or the block itself; the near prefetch the next block,
   // line by line into L1 as this one is read, where it is whole and one run.
   template <class Off, class Copy>
-  block_rows rows_at(std::int64_t j0, bool aligned, const char* base, std::int64_t sn, std::int64_t width, const Off& off,
+  __attribute__((always_inline)) block_rows rows_at(std::int64_t j0, bool aligned, const char* base, std::int64_t sn, std::int64_t width, const Off& off,
                      T* pad, const Copy& copy) const {
     const std::int64_t nb = imin(W, kr.kmax - j0);
     if (copy_all || nb < W || !one_run(j0) || !aligned) {
@@ -724,7 +724,7 @@ struct decode_run {
     // the blocks pf_keys and W ahead then are too)
     const bool aligned = !lb.kblocked || (KB && j0 % 16 == 0);
     const auto koff = [&](std::int64_t j) { return KB ? kblock_off(j) : row_off(j, lb.ksn, lb.kps); };
-    const auto copy = [&](T* kp, std::int64_t nb) {
+    const auto copy = [&](T* kp, std::int64_t nb) __attribute__((noinline)) {
       if constexpr (q8) {
         if (lb.kblocked) {  // blocked keys: copied blocked (KB) or as rows (every other path)
           for (std::int64_t x = 0; x < W; ++x)
@@ -781,7 +781,7 @@ struct decode_run {
     const std::int64_t nb = imin(W, kr.kmax - j0);
     // the values: rows in place or the padded copy, as the keys
     const auto voff = [&](std::int64_t j) { return row_off(j, lb.vsn, lb.vps); };
-    const auto vcopy = [&](T* vp, std::int64_t n) { copy_rows(vp, vbase, lb.vsn, lb.vps, Dvp, lb.Dv, j0, n); };
+    const auto vcopy = [&](T* vp, std::int64_t n) __attribute__((noinline)) { copy_rows(vp, vbase, lb.vsn, lb.vps, Dvp, lb.Dv, j0, n); };
     const auto [vb, vs, vpf, vd] = rows_at(j0, true, vbase, lb.vsn, Dvp, voff, reinterpret_cast<T*>(st.vpad), vcopy);
     if constexpr (q8) block_scales(lb.vscale, lb.vss, lb.vsps, j0, nb, vsm);
     if (sc.bias) {
@@ -793,6 +793,7 @@ struct decode_run {
     const bool more = !done();
     key_block kn;
     if (more) key_side(next, kn);
+    else static_cast<block_rows&>(kn) = {nullptr, 0, nullptr, 0};  // not read: score() runs only with more
     for (std::int64_t g = 0; g < st.ng; ++g) {
       const bool first = g == 0;  // later row groups read the block from L1
       vf s[RG];
