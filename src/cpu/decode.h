@@ -219,9 +219,13 @@ inline void decode_scores_blocked(const std::uint32_t* q, std::int64_t qs, const
 // p = 2^(s − m) by vexp2, about half the instructions of vexp; decode_run converts m at its ends.
 // ranged: some key of the block lies outside a row's [lo, hi) (or past the block's nb keys):
 // only then are the scores masked. α is computed only where some row's max moved (else 1).
+// Inlined into the blocked-keys step only (decode_softmax_inlined): s then stays in registers
+// (Hq 4 / Hkv 1, D 128, Nk 16384, 1 thread, fastest of 1500: 261 -> 256.5 us); GCC's own call
+// measured 2 % faster for int8 rows and no different for bf16.
 template <int RG>
-inline void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s, std::int64_t j0,
-                           std::int64_t nb, bool ranged) {
+__attribute__((always_inline)) inline void decode_softmax_inlined(const decode_layout& st, const score_consts& sc,
+                                                                  std::int64_t g, vf* s, std::int64_t j0, std::int64_t nb,
+                                                                  bool ranged) {
   constexpr int KG = W / RG;
   const vf m_old = load(st.mvec + g * W);
   vf mx = m_old;
@@ -257,7 +261,11 @@ inline void decode_softmax(const decode_layout& st, const score_consts& sc, std:
 #pragma GCC unroll 4
   for (int r = 0; r < RG; ++r) st.alpha[r] = a[r * KG];
 }
-
+template <int RG>
+__attribute__((noinline)) void decode_softmax(const decode_layout& st, const score_consts& sc, std::int64_t g, vf* s,
+                                              std::int64_t j0, std::int64_t nb, bool ranged) {
+  decode_softmax_inlined<RG>(st, sc, g, s, j0, nb, ranged);
+}
 
 // The P·V accumulators of RG rows × CB output vectors from o (row stride Dvp), each row times α_r,
 // and back.
@@ -602,7 +610,7 @@ struct decode_run {
     return b16 ? bf16_scalar(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
   }
   // Element offset of row j (row stride sn, page stride ps): dense, or through the block table.
-  std::int64_t row_off(std::int64_t j, std::int64_t sn, std::int64_t ps) const {
+  __attribute__((always_inline)) std::int64_t row_off(std::int64_t j, std::int64_t sn, std::int64_t ps) const {
     if (!pages) return j * sn;
     if (pshift >= 0) return pages[j >> pshift] * ps + (j & (psz - 1)) * sn;
     return pages[j / psz] * ps + j % psz * sn;
@@ -611,7 +619,7 @@ struct decode_run {
   bool done() const { return next >= kr.kmax; }
 
   // Blocked keys: element offset of the block of 16 keys holding key j, and of key j's element d.
-  std::int64_t kblock_off(std::int64_t j) const {
+  __attribute__((always_inline)) std::int64_t kblock_off(std::int64_t j) const {
     if (!pages) return (j >> 4) * lb.ksn;
     if (pshift >= 0) return pages[j >> pshift] * lb.kps + ((j & (psz - 1)) >> 4) * lb.ksn;
     return pages[j / psz] * lb.kps + (j % psz >> 4) * lb.ksn;
@@ -799,7 +807,9 @@ struct decode_run {
       vf s[RG];
 #pragma GCC unroll 4
       for (int kg = 0; kg < RG; ++kg) s[kg] = load(st.snext + (g * RG + kg) * W);
-      decode_softmax<RG>(st, sc, g, s, j0, nb, nb < W || j0 < lo_max || j0 + W > hi_min);
+      const bool ranged = nb < W || j0 < lo_max || j0 + W > hi_min;
+      if constexpr (KB) decode_softmax_inlined<RG>(st, sc, g, s, j0, nb, ranged);
+      else decode_softmax<RG>(st, sc, g, s, j0, nb, ranged);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) s[kg] *= vsm[kg];
