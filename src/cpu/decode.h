@@ -220,12 +220,12 @@ inline void decode_scores_blocked(const std::uint32_t* q, std::int64_t qs, const
 // ranged: some key of the block lies outside a row's [lo, hi) (or past the block's nb keys):
 // only then are the scores masked. α is computed only where some row's max moved (else 1).
 // Inlined into the blocked-keys step only (decode_softmax_inlined): s then stays in registers
-// (Hq 4 / Hkv 1, D 128, Nk 16384, 1 thread, fastest of 1500: 261 -> 256.5 us); GCC's own call
-// measured 2 % faster for int8 rows and no different for bf16.
+// (Hq 4 / Hkv 1, D 128, Nk 16384, 1 thread, fastest of 1500: 261 -> 256.5 us); for int8 rows the
+// out-of-line call (decode_softmax, as GCC chose it) measured 2 % faster, for bf16 the same.
 template <int RG>
 __attribute__((always_inline)) inline void decode_softmax_inlined(const decode_layout& st, const score_consts& sc,
-                                                                  std::int64_t g, vf* s, std::int64_t j0, std::int64_t nb,
-                                                                  bool ranged) {
+                                                                  std::int64_t g, vf* s, std::int64_t j0,
+                                                                  std::int64_t nb, bool ranged) {
   constexpr int KG = W / RG;
   const vf m_old = load(st.mvec + g * W);
   vf mx = m_old;
@@ -505,22 +505,9 @@ struct decode_run {
       : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
         Dvp(st.Dvp) {
     if constexpr (i16) quantise_q_rows();  // decode's lane blocks are lanes_small = W rows
+    else q_rows();
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
-      if constexpr (i16) {
-        // q's words and scales: quantise_q_rows
-      } else if constexpr (P == 2) {  // words of bf16 pairs in memory order (q is exactly bf16: truncation is exact)
-        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
-        const auto bits = [&](std::int64_t d) {
-          std::uint32_t u = 0;
-          if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
-          return u >> 16;
-        };
-        for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
-      } else {
-        for (std::int64_t d = 0; d < Dp; ++d)
-          st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
-      }
       for (std::int64_t d = 0; d < Dvp; ++d) st.orow[g * Dvp + d] = 0.0f;
       const std::int64_t x0 = g / RG * W + g % RG * KG;  // the row's lanes in the mixed layout
       for (int x = 0; x < KG; ++x) {
@@ -552,6 +539,26 @@ struct decode_run {
     pf_keys = imax(W, kDecodePrefetchBytes / heads / row_bytes) / W * W;
     next = kr.kmin;
     near_prefetch = near && heads == 1;
+  }
+
+  // Float operands: q's rows from qᵀ, as words of bf16 pairs in memory order (P = 2; q is exactly
+  // bf16, so truncation is exact) or f32 in storage<T>'s native order; zero past nr.
+  void q_rows() {
+    for (std::int64_t g = 0; g < st.nrp; ++g) {
+      const bool valid = g < nr;
+      if constexpr (P == 2) {
+        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
+        const auto bits = [&](std::int64_t d) {
+          std::uint32_t u = 0;
+          if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
+          return u >> 16;
+        };
+        for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
+      } else {
+        for (std::int64_t d = 0; d < Dp; ++d)
+          st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+      }
+    }
   }
 
   // i16: q as integers, every row of the lane block at once (decode runs lane blocks of W rows:
@@ -702,8 +709,8 @@ struct decode_run {
   // block: issued in a burst, they stall), or the block itself; the near prefetch the next block,
   // line by line into L1 as this one is read, where it is whole and one run.
   template <class Off, class Copy>
-  __attribute__((always_inline)) block_rows rows_at(std::int64_t j0, bool aligned, const char* base, std::int64_t sn, std::int64_t width, const Off& off,
-                     T* pad, const Copy& copy) const {
+  __attribute__((always_inline)) block_rows rows_at(std::int64_t j0, bool aligned, const char* base, std::int64_t sn,
+                                                    std::int64_t width, const Off& off, T* pad, const Copy& copy) const {
     const std::int64_t nb = imin(W, kr.kmax - j0);
     if (copy_all || nb < W || !one_run(j0) || !aligned) {
       copy(pad, nb);
@@ -789,7 +796,9 @@ struct decode_run {
     const std::int64_t nb = imin(W, kr.kmax - j0);
     // the values: rows in place or the padded copy, as the keys
     const auto voff = [&](std::int64_t j) { return row_off(j, lb.vsn, lb.vps); };
-    const auto vcopy = [&](T* vp, std::int64_t n) __attribute__((noinline)) { copy_rows(vp, vbase, lb.vsn, lb.vps, Dvp, lb.Dv, j0, n); };
+    const auto vcopy = [&](T* vp, std::int64_t n) __attribute__((noinline)) {
+      copy_rows(vp, vbase, lb.vsn, lb.vps, Dvp, lb.Dv, j0, n);
+    };
     const auto [vb, vs, vpf, vd] = rows_at(j0, true, vbase, lb.vsn, Dvp, voff, reinterpret_cast<T*>(st.vpad), vcopy);
     if constexpr (q8) block_scales(lb.vscale, lb.vss, lb.vsps, j0, nb, vsm);
     if (sc.bias) {
