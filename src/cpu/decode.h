@@ -102,8 +102,9 @@ inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int
   // from one group to the next, and on through the next block of a dense head (constant
   // stride), which the cores' per-instruction stride prefetchers follow; unrolled, every line
   // had a load of its own, seen once a block, and only the software prefetch fetched ahead.
-  // Zen 5 (2 cores, Hq 4 / Hkv 1, D 128, bf16 K/V, Nk 262144 from DRAM, 1 thread, alternating
-  // libraries): 5.14-5.84 -> 4.65-5.05 ms; in cache (Nk 8192) unchanged.
+  // Zen 5, Hq 4 / Hkv 1, D 128, bf16 K/V, Nk 262144 from DRAM, 1 thread, alternating libraries:
+  // 5.09-5.84 -> 4.16-5.34 ms; in cache 1-2 % slower; int8 token-major pages of 16 (whose
+  // stride runs into a page's end after 4 groups) 0-6 % slower at 2 threads (docs/SERVING.md).
 #pragma GCC unroll 1
   for (int kg = 0; kg < RG; ++kg) {
     vf acc[W];
