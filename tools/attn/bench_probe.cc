@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -276,6 +277,107 @@ probe_result probe_dram_read(int threads, std::size_t bytes) {
     spent += s;
   }
   return {best, k.isa};
+}
+
+namespace {
+
+// Two streams (as decode reads K and V) a 4 KiB block of each at a time, with a chain of two
+// dependent multiply-adds on every line (arithmetic that keeps the out-of-order window from
+// running far ahead, as a kernel's does): the block's 64 lines read by one load instruction in
+// a loop (Rolled), or by a load instruction of their own (the loop unrolled, as
+// register-blocked kernels compile), with a prefetcht1 kPrefetchAhead ahead of each line or
+// not. Cores whose prefetchers follow each load instruction's stride read the rolled form at
+// about the DRAM probe's rate and the unrolled one at a fraction of it.
+constexpr std::size_t kProbeBlock = 4096, kPrefetchAhead = 16384;
+typedef float line_vec __attribute__((vector_size(64)));
+
+template <bool Rolled, bool Prefetch>
+__attribute__((always_inline)) inline std::uint64_t read_blocks(const std::byte* k, const std::byte* v, std::size_t bytes) {
+  line_vec a = {}, b = {};
+  const auto block = [](const std::byte* p, line_vec& acc) __attribute__((always_inline)) {
+    const line_vec c = line_vec{} + 0.999f;
+    const auto line = [&](std::size_t l) __attribute__((always_inline)) {
+      // line l of the block in the order decode reads 4 rows of 256 bytes: a unit of each row
+      // in turn (a 4 x 4 transpose of the lines of every KiB)
+      const std::size_t i = (l & ~std::size_t(15)) * 64 + ((l & 3) * 4 + (l >> 2 & 3)) * 64;
+      if constexpr (Prefetch) __builtin_prefetch(p + i + kPrefetchAhead, 0, 2);
+      line_vec x;
+      std::memcpy(&x, p + i, 64);
+      acc = (acc * c + x) * c + x;
+    };
+    if constexpr (Rolled) {
+#pragma GCC unroll 1
+      for (std::size_t l = 0; l < kProbeBlock / 64; ++l) line(l);
+    } else {
+#pragma GCC unroll 64
+      for (std::size_t l = 0; l < kProbeBlock / 64; ++l) line(l);
+    }
+  };
+  for (std::size_t o = 0; o + kProbeBlock <= bytes; o += kProbeBlock) block(k + o, a), block(v + o, b);
+  a += b;
+  std::uint32_t u;
+  std::memcpy(&u, &a, 4);
+  return u;
+}
+using blocks_fn = std::uint64_t (*)(const std::byte*, const std::byte*, std::size_t);
+std::uint64_t blocks_rolled(const std::byte* k, const std::byte* v, std::size_t n) { return read_blocks<true, false>(k, v, n); }
+std::uint64_t blocks_unrolled(const std::byte* k, const std::byte* v, std::size_t n) { return read_blocks<false, false>(k, v, n); }
+std::uint64_t blocks_unrolled_pf(const std::byte* k, const std::byte* v, std::size_t n) { return read_blocks<false, true>(k, v, n); }
+#ifdef ATTN_BENCH_X86
+__attribute__((target("avx512f"))) std::uint64_t blocks_rolled_avx512(const std::byte* k, const std::byte* v, std::size_t n) {
+  return read_blocks<true, false>(k, v, n);
+}
+__attribute__((target("avx512f"))) std::uint64_t blocks_unrolled_avx512(const std::byte* k, const std::byte* v, std::size_t n) {
+  return read_blocks<false, false>(k, v, n);
+}
+__attribute__((target("avx512f"))) std::uint64_t blocks_unrolled_pf_avx512(const std::byte* k, const std::byte* v, std::size_t n) {
+  return read_blocks<false, true>(k, v, n);
+}
+#endif
+
+}  // namespace
+
+prefetch_probe_result probe_prefetchers(int threads, std::size_t bytes) {
+  threads = std::max(1, threads);
+  blocks_fn fns[3] = {blocks_rolled, blocks_unrolled, blocks_unrolled_pf};
+  prefetch_probe_result r;
+  r.isa = "portable";
+#ifdef ATTN_BENCH_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    fns[0] = blocks_rolled_avx512, fns[1] = blocks_unrolled_avx512, fns[2] = blocks_unrolled_pf_avx512;
+    r.isa = "avx512f";
+  }
+#endif
+  // per thread: a K stream and a V stream of `chunk` bytes each, in huge pages where given
+  const std::size_t chunk = bytes / std::size_t(2 * threads) / kProbeBlock * kProbeBlock;
+  if (chunk == 0) return r;
+  constexpr std::size_t kHuge = std::size_t(2) << 20;
+  const std::size_t size = (chunk * 2 * std::size_t(threads) + kHuge - 1) / kHuge * kHuge;
+  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kHuge, size));
+  if (!raw) return r;
+#ifdef __linux__
+  madvise(raw, size, MADV_HUGEPAGE);
+#endif
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(raw, &std::free);
+  timed_parallel(threads, [&](int t) {
+    std::byte* p = raw + 2 * chunk * std::size_t(t);
+    for (std::size_t i = 0; i < 2 * chunk; i += 64) p[i] = std::byte(i >> 6);
+  });
+  double* out[3] = {&r.rolled, &r.unrolled, &r.unrolled_prefetch};
+  for (int f = 0; f < 3; ++f) {
+    double best = 0, spent = 0;
+    for (int pass = 0; pass < 4 || (pass < 40 && spent < 0.3); ++pass) {
+      const double s = timed_parallel(threads, [&](int t) {
+        const std::byte* p = raw + 2 * chunk * std::size_t(t);
+        g_sink_u = fns[f](p, p + chunk, chunk);
+      });
+      best = std::max(best, double(2 * chunk) * threads / s / 1e9);
+      spent += s;
+    }
+    *out[f] = best;
+  }
+  return r;
 }
 
 std::string cpu_model_name() {

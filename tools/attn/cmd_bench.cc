@@ -66,6 +66,7 @@ struct bench_args {
   std::int64_t paged = 0;    // --paged PAGE_SIZE
   std::string kv_dtype;      // --kv-dtype int8 | bf16 | f32 (--paged; default --dtype)
   bool fastest = false;      // --fastest (--varlen, --paged)
+  bool prefetch_probe = false;  // --prefetch-probe: the prefetcher probe alone
   bench::family_bench_args fam;  // --score/--distribution, --grid family: the family options
 };
 
@@ -561,6 +562,10 @@ void add_bench(CLI::App& app, int& exit_code) {
                            "--batch sequences of --nk keys, --nq queries each");
   s->add_option("--kv-dtype", a->kv_dtype, "with --paged: K/V cache dtype int8 | bf16 | f32 (default --dtype; a float cache sets q's dtype too)")
       ->check(CLI::IsMember({"int8", "bf16", "bfloat16", "f32", "float32"}));
+  s->add_flag("--prefetch-probe", a->prefetch_probe,
+              "print what the hardware prefetchers follow (two streams read a 4 KiB block at a time: one load "
+              "instruction in a loop, a load instruction per line, the latter with prefetcht1 ahead) for each --threads, "
+              "over --probe-mib, and exit");
   s->add_flag("--fastest", a->fastest,
               "with --varlen or --paged: report the fastest of the --reps calls rather than the median (steadier for a "
               "compute-bound kernel on a shared host)");
@@ -600,6 +605,23 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->add_flag("--multi-dimensional", f.multi_dim, "family: additive with w_v [Dv, A], one distribution per value feature");
   auto* peers = s->get_option("--peers");
   s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, &exit_code] {
+    if (a->prefetch_probe) {
+      if (vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
+          !a->fam.score.empty() || !a->fam.distribution.empty() || a->fastest)
+        throw error("attn bench: --prefetch-probe runs alone (with --threads and --probe-mib)");
+      for (int t : a->threads)
+        if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0", t));
+      if (a->probe_mib <= 0) throw error(fmt::format("attn bench: --prefetch-probe needs --probe-mib > 0 (got {})", a->probe_mib));
+      for (int t : a->threads) {
+        const int n = t ? t : int(std::max(1u, std::thread::hardware_concurrency()));
+        const bench::prefetch_probe_result r = bench::probe_prefetchers(n, std::size_t(a->probe_mib) << 20);
+        fmt::print("prefetch probe, {} thread{}, {} MiB ({}): one load instruction a stream {:.1f} GB/s | a load "
+                   "instruction per line {:.1f} GB/s | the same with prefetcht1 16 KiB ahead {:.1f} GB/s\n",
+                   n, n == 1 ? "" : "s", a->probe_mib, r.isa, r.rolled, r.unrolled, r.unrolled_prefetch);
+      }
+      exit_code = 0;
+      return;
+    }
     if (a->grid == "family" || !a->fam.score.empty() || !a->fam.distribution.empty()) {
       if (vl->count() || pg->count() || kv->count() || a->layer != "none")
         throw error("attn bench: --score/--distribution/--grid family do not combine with --varlen, --paged, "
