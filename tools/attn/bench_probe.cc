@@ -360,9 +360,15 @@ prefetch_probe_result probe_prefetchers(int threads, std::size_t bytes) {
   madvise(raw, size, MADV_HUGEPAGE);
 #endif
   std::unique_ptr<std::byte, decltype(&std::free)> buf(raw, &std::free);
+  // First touch by the thread that reads the part: a line is 1.0f and zeros (no subnormal
+  // floats for the multiply-adds).
   timed_parallel(threads, [&](int t) {
     std::byte* p = raw + 2 * chunk * std::size_t(t);
-    for (std::size_t i = 0; i < 2 * chunk; i += 64) p[i] = std::byte(i >> 6);
+    const float one = 1.0f;
+    for (std::size_t i = 0; i < 2 * chunk; i += 64) {
+      std::memset(p + i, 0, 64);
+      std::memcpy(p + i, &one, 4);
+    }
   });
   double* out[3] = {&r.rolled, &r.unrolled, &r.unrolled_prefetch};
   for (int f = 0; f < 3; ++f) {
