@@ -56,7 +56,9 @@
 //   - masking_options::check_finite turns any NaN/inf input into an attn::error naming the
 //     tensor and index. Precision of the cpu float32 backward against float64:
 //     |error| <= 4e-6 · (1 + max|lse|) · G, G = max(max|gradient|, scale·max|dout|·max|v|·
-//     max(|q|, |k|)·Dv) (the difference dp - Δ in ds cancels; tests/core/special_values_test.cc).
+//     max(|q|, |k|)·Dv) (the difference dp - Δ in ds cancels; tests/core/special_values_test.cc);
+//     for dv = Pᵀ dout, G also covers Σ_i p_ij |dout_i| (dout rows of ±1e19 that cancel into a
+//     small dv are resolved to that sum's magnitude, as out is to Σ_j α_j |v_j|).
 #pragma once
 
 #include <cstdint>
