@@ -234,7 +234,7 @@ int run_family_bench(const family_bench_args& a) {
   for (const workload& w : shapes)
     for (const auto& [s, d] : pairs)
       for (bool fb : a.passes)
-        for (int t : a.threads) time_pair(a, py.get(), w, s, d, fb, t ? t : int(std::max(1u, std::thread::hardware_concurrency())));
+        for (int t : a.threads) time_pair(a, py.get(), w, s, d, fb, resolve_threads(t));
   return 0;
 }
 

@@ -7,7 +7,7 @@
 // the benchmarks themselves report medians).
 #include "bench_probe.h"
 
-#include "attn/attention.h"
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <barrier>
@@ -24,6 +24,9 @@
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
+
+#include "attn/attention.h"
+#include "attn/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's reduce/cast intrinsics start from _mm512_undefined_*, which -Wuninitialized flags
@@ -248,26 +251,44 @@ probe_result probe_fma_peak(dtype t, int threads) {
   return {best, k.isa};
 }
 
+namespace {
+
+// `threads` parts of `part` bytes each, in transparent huge pages where the kernel gives them
+// (as attn's tensors of this size are, Tensor::empty: the probes read memory mapped as the
+// kernels' operands are), each first touched by the thread that reads it (its pages land on
+// that thread's memory node) with lines of 1.0f and zeros (no subnormal floats for probes that
+// compute on what they read). Null when the allocation fails.
+std::unique_ptr<std::byte, decltype(&std::free)> touched_parts(int threads, std::size_t part) {
+  constexpr std::size_t kHuge = std::size_t(2) << 20;
+  const std::size_t size = (part * std::size_t(threads) + kHuge - 1) / kHuge * kHuge;
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(static_cast<std::byte*>(std::aligned_alloc(kHuge, size)), &std::free);
+  if (!buf) return buf;
+#ifdef __linux__
+  madvise(buf.get(), size, MADV_HUGEPAGE);
+#endif
+  std::byte* raw = buf.get();
+  timed_parallel(threads, [&](int t) {
+    std::byte* p = raw + part * std::size_t(t);
+    const float one = 1.0f;
+    for (std::size_t i = 0; i < part; i += 64) {
+      std::memset(p + i, 0, 64);
+      std::memcpy(p + i, &one, 4);
+    }
+  });
+  return buf;
+}
+
+}  // namespace
+
 probe_result probe_dram_read(int threads, std::size_t bytes) {
   const read_kernel k = pick_read_kernel();
   threads = std::max(1, threads);
   const std::size_t chunk = (bytes / std::size_t(threads)) / 4096 * 4096;
-  if (chunk == 0) return {0, k.isa};
-  // In transparent huge pages where the kernel gives them, as attn's tensors of this size are
-  // (Tensor::empty): the probe reads memory mapped as the kernels' operands are.
-  constexpr std::size_t kHuge = std::size_t(2) << 20;
-  const std::size_t size = (chunk * threads + kHuge - 1) / kHuge * kHuge;
-  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kHuge, size));
-  if (!raw) return {0, k.isa};
-#ifdef __linux__
-  madvise(raw, size, MADV_HUGEPAGE);
-#endif
-  std::unique_ptr<std::byte, decltype(&std::free)> buf(raw, &std::free);
-  // First touch by the thread that reads the chunk (pages land on its memory node).
-  timed_parallel(threads, [&](int t) {
-    std::byte* p = raw + chunk * std::size_t(t);
-    for (std::size_t i = 0; i < chunk; i += 64) p[i] = std::byte(i >> 6);
-  });
+  if (chunk == 0)
+    throw error(fmt::format("attn bench: the DRAM probe's buffer of {} bytes leaves {} threads less than 4 KiB each", bytes, threads));
+  const auto buf = touched_parts(threads, chunk);
+  if (!buf) return {0, k.isa};
+  const std::byte* raw = buf.get();
   // At least 6 passes, then more up to about 0.6 s: on a busy machine the best pass is the one
   // that ran undisturbed.
   double best = 0, spent = 0;
@@ -349,27 +370,14 @@ prefetch_probe_result probe_prefetchers(int threads, std::size_t bytes) {
     r.isa = "avx512f";
   }
 #endif
-  // per thread: a K stream and a V stream of `chunk` bytes each, in huge pages where given
+  // per thread: a K stream and a V stream of `chunk` bytes each
   const std::size_t chunk = bytes / std::size_t(2 * threads) / kProbeBlock * kProbeBlock;
-  if (chunk == 0) return r;
-  constexpr std::size_t kHuge = std::size_t(2) << 20;
-  const std::size_t size = (chunk * 2 * std::size_t(threads) + kHuge - 1) / kHuge * kHuge;
-  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kHuge, size));
-  if (!raw) return r;
-#ifdef __linux__
-  madvise(raw, size, MADV_HUGEPAGE);
-#endif
-  std::unique_ptr<std::byte, decltype(&std::free)> buf(raw, &std::free);
-  // First touch by the thread that reads the part: a line is 1.0f and zeros (no subnormal
-  // floats for the multiply-adds).
-  timed_parallel(threads, [&](int t) {
-    std::byte* p = raw + 2 * chunk * std::size_t(t);
-    const float one = 1.0f;
-    for (std::size_t i = 0; i < 2 * chunk; i += 64) {
-      std::memset(p + i, 0, 64);
-      std::memcpy(p + i, &one, 4);
-    }
-  });
+  if (chunk == 0)
+    throw error(fmt::format("attn bench: the prefetch probe's buffer of {} bytes leaves {} threads less than two blocks of {} bytes each",
+                            bytes, threads, kProbeBlock));
+  const auto buf = touched_parts(threads, 2 * chunk);
+  if (!buf) return r;
+  const std::byte* raw = buf.get();
   double* out[3] = {&r.rolled, &r.unrolled, &r.unrolled_prefetch};
   for (int f = 0; f < 3; ++f) {
     double best = 0, spent = 0;
@@ -384,6 +392,11 @@ prefetch_probe_result probe_prefetchers(int threads, std::size_t bytes) {
     *out[f] = best;
   }
   return r;
+}
+
+int resolve_threads(int t) {
+  if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0 (0: all)", t));
+  return t ? t : int(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 std::string cpu_model_name() {

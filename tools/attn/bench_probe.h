@@ -23,19 +23,25 @@ struct probe_result {
 probe_result probe_fma_peak(dtype t, int threads);
 
 // Read bandwidth from memory with `threads` threads over a buffer of `bytes` (much larger than
-// the last-level cache), vector loads, best of a few passes.
+// the last-level cache), vector loads, best of a few passes. Throws attn::error when `bytes`
+// leaves a thread less than 4 KiB.
 probe_result probe_dram_read(int threads, std::size_t bytes);
 
 // What the hardware prefetchers follow: two streams of `bytes` in all (K and V, split among
 // `threads` threads) read a 4 KiB block of each at a time — by one load instruction in a loop,
 // by a load instruction per line (the loop unrolled, as register-blocked kernels compile), and
 // the unrolled form with a software prefetch (prefetcht1) 16 KiB ahead of each line. GB/s, best
-// of a few passes. (attn bench --prefetch-probe; docs/PERFORMANCE.md, "The probes".)
+// of a few passes; throws attn::error when `bytes` leaves a thread less than a block of each
+// stream. (attn bench --prefetch-probe; docs/PERFORMANCE.md, "The probes".)
 struct prefetch_probe_result {
   double rolled = 0, unrolled = 0, unrolled_prefetch = 0;
   std::string isa;
 };
 prefetch_probe_result probe_prefetchers(int threads, std::size_t bytes);
+
+// A --threads value as the benchmarks run it: 0 is every hardware thread (at least 1); below 0
+// throws attn::error naming the option.
+int resolve_threads(int t);
 
 // "AMD EPYC 9B45" from /proc/cpuinfo, or "unknown CPU".
 std::string cpu_model_name();

@@ -79,8 +79,6 @@ std::vector<medians> time_medians(const std::vector<std::function<void()>>& fs, 
   return m;
 }
 
-int thread_count(int t) { return t ? t : int(std::thread::hardware_concurrency()); }
-
 void check_common(const serving_args& a) {
   if (a.reps < 1) throw error(fmt::format("attn bench: --reps {} must be >= 1", a.reps));
   if (a.warmup < 0) throw error(fmt::format("attn bench: --warmup {} must be >= 0", a.warmup));
@@ -130,7 +128,7 @@ int run_varlen(const serving_args& a) {
     const double single = work(mean) / ms[2].wall / 1e6;
     fmt::print("  threads {}: varlen {:.2f} ms {:.1f} GFLOP/s | padded {:.2f} ms (varlen {:.2f}x faster) | one sequence "
                "of {} {:.1f} GFLOP/s (varlen at {:.0f}%)\n",
-               thread_count(t), ms[0].wall, flops / ms[0].wall / 1e6, ms[1].wall, ms[1].wall / ms[0].wall, mean, single,
+               resolve_threads(t), ms[0].wall, flops / ms[0].wall / 1e6, ms[1].wall, ms[1].wall / ms[0].wall, mean, single,
                100.0 * flops / ms[0].wall / 1e6 / single);
     fmt::print("    cpu time: varlen {:.2f} ms | padded {:.2f} ms ({:.2f}x) | one sequence {:.1f} GFLOP/cpu-s (varlen at {:.0f}%)\n",
                ms[0].cpu, ms[1].cpu, ms[1].cpu / ms[0].cpu, work(mean) / ms[2].cpu / 1e6,
@@ -233,13 +231,13 @@ int run_paged(const serving_args& a) {
       fs.push_back([&] { attention_paged(q, head_b.view(shuffled, lens), o, ex); });
     }
     const auto ms = time_medians(fs, a.warmup, a.reps, a.fastest);
-    const double probe = a.probe_mib > 0 ? probe_dram_read(thread_count(t), std::size_t(a.probe_mib) << 20).value : 0.0;
+    const double probe = a.probe_mib > 0 ? probe_dram_read(resolve_threads(t), std::size_t(a.probe_mib) << 20).value : 0.0;
     const std::string dram = a.probe_mib > 0 ? fmt::format("{:.1f} GB/s", probe) : std::string("not probed");
     const double bytes = kv_bytes(kvt), tok = double(a.batch * a.nq);
     const auto gbs = [&](double b, double msv) { return b / msv / 1e6; };
     fmt::print("  threads {}: DRAM read {} | dense {} {:.3f} ms {:.1f} GB/s{} {:.0f} tok/s | paged head-major {:.3f} ms ({:.0f}% of dense) | "
                "paged token-major {:.3f} ms ({:.0f}% of dense)\n",
-               thread_count(t), dram, dtype_name(kvt), ms[0].wall, gbs(bytes, ms[0].wall),
+               resolve_threads(t), dram, dtype_name(kvt), ms[0].wall, gbs(bytes, ms[0].wall),
                probe > 0 ? fmt::format(" ({:.0f}% of the probe)", 100 * gbs(bytes, ms[0].wall) / probe) : std::string(),
                tok / ms[0].wall * 1e3, ms[1].wall, 100 * ms[0].wall / ms[1].wall, ms[2].wall, 100 * ms[0].wall / ms[2].wall);
     fmt::print("    cpu time: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}%) | paged token-major {:.3f} ms ({:.0f}%)\n",

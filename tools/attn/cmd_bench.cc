@@ -178,10 +178,7 @@ std::vector<config> make_configs(const bench_args& a, const given& g) {
 
 std::vector<int> thread_counts(const bench_args& a) {
   std::vector<int> threads;
-  for (int t : a.threads) {
-    if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0 (0: all)", t));
-    threads.push_back(t ? t : int(std::max(1u, std::thread::hardware_concurrency())));
-  }
+  for (int t : a.threads) threads.push_back(bench::resolve_threads(t));
   return threads;
 }
 
@@ -609,11 +606,9 @@ void add_bench(CLI::App& app, int& exit_code) {
       if (vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
           !a->fam.score.empty() || !a->fam.distribution.empty() || a->fastest)
         throw error("attn bench: --prefetch-probe runs alone (with --threads and --probe-mib)");
-      for (int t : a->threads)
-        if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0", t));
+      const std::vector<int> threads = thread_counts(*a);
       if (a->probe_mib <= 0) throw error(fmt::format("attn bench: --prefetch-probe needs --probe-mib > 0 (got {})", a->probe_mib));
-      for (int t : a->threads) {
-        const int n = t ? t : int(std::max(1u, std::thread::hardware_concurrency()));
+      for (int n : threads) {
         const bench::prefetch_probe_result r = bench::probe_prefetchers(n, std::size_t(a->probe_mib) << 20);
         fmt::print("prefetch probe, {} thread{}, {} MiB ({}): one load instruction a stream {:.1f} GB/s | a load "
                    "instruction per line {:.1f} GB/s | the same with prefetcht1 16 KiB ahead {:.1f} GB/s\n",
