@@ -172,6 +172,40 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
                                    const TensorView& lse, const attention_options& options = {},
                                    const execution& exec = {});
 
+// Outputs in the caller's memory (an engine's arena, a framework's caching allocator, a slice of
+// a larger buffer): the call allocates none of them, so it pays no page faults of fresh memory
+// (measured on a Zen 5: 5 % of a large float32 backward, 3 % of a forward; docs/PERFORMANCE.md).
+//   out  the shape attention() returns ([B, Hq, Nq, Dv], or [B, Nq, Hq·Dv] for 3-D q), the dtype
+//        of q, any strides; every element is written.
+//   lse  optional: [B, Hq, Nq], float32 (float64 for float64 inputs), any strides.
+// Neither may overlap itself, the other, q, k, v or attn_mask (attn::error names which; slices of
+// one buffer that interleave without sharing an element are accepted).
+//
+//   attn::attention_into(q, k, v, {.out = o_slice, .lse = lse_buf}, opt);
+struct attention_outputs {
+  TensorView out = {};
+  std::optional<TensorView> lse = std::nullopt;
+};
+
+// attention() writing into dst; returns the name of the backend that ran. past_key/past_value
+// (whose present is a new tensor) and return_qk are refused: attention() serves those.
+std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v, const attention_outputs& dst,
+                           const attention_options& options = {}, const execution& exec = {});
+
+// The gradients of q, k and v in the caller's memory: the shapes of q, k, v, the dtype of q, any
+// strides; every element is written (not added to). None may overlap itself, another, or an
+// input (q, k, v, out, dout, lse, attn_mask); dq, dk, dv interleaved in one packed buffer are fine.
+struct attention_grad_outputs {
+  TensorView dq = {}, dk = {}, dv = {};
+};
+
+// attention_backward() writing dq, dk and dv into dst. Returns what attention_backward returns
+// besides them (dattn_mask, dalibi_slopes, dsinks, backend); its dq, dk, dv are left empty.
+attention_grads attention_backward_into(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                        const attention_grad_outputs& dst, const attention_options& options = {},
+                                        const execution& exec = {});
+
 // In-place KV cache, as FlashAttention's flash_attn_with_kvcache: preallocated buffers with
 // room for `capacity` tokens and the number of tokens each batch entry holds.
 //   key [B, Hkv, capacity, D]   value [B, Hkv, capacity, Dv]   lengths int64 [B]

@@ -15,6 +15,7 @@
 
 #include "attn/error.h"
 #include "core/common.h"
+#include "core/overlap.h"
 #include "core/problem.h"
 
 namespace attn {
@@ -654,10 +655,18 @@ double qk_term_bound_coarse(const problem& p) {
   return std::abs(p.scale) * double(p.D) * q * k;
 }
 
-// Whether every element of a freshly allocated (contiguous) gradient is finite: read in its own
-// dtype on nt threads (a serial float64 copy of dq, dk and dv cost a tenth of a small backward).
-bool all_finite(const Tensor& t, int nt) {
-  if (!t.defined()) return true;
+// Whether every element of a gradient is finite: a contiguous one read in its own dtype on nt
+// threads (a serial float64 copy of dq, dk and dv cost a tenth of a small backward), a strided
+// one (the caller's, attention_backward_into) element by element.
+bool all_finite(const TensorView& t, int nt) {
+  if (!t.is_contiguous()) {
+    Shape idx(std::size_t(t.rank()), 0);
+    for (std::int64_t n = 0; n < t.numel(); ++n) {
+      if (!std::isfinite(load_as_double(t.data(), t.type(), t.offset_of(idx)))) return false;
+      for (int d = t.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == t.size(d); --d) idx[std::size_t(d)] = 0;
+    }
+    return true;
+  }
   const std::int64_t n = t.numel();
   std::int64_t bad = 0;  // a count, not a short-circuit: the loops vectorise
   const void* d = t.data();
@@ -697,24 +706,78 @@ bool all_finite(const Tensor& t, int nt) {
       return bad == 0;
   }
 }
+bool all_finite(const Tensor& t, int nt) { return !t.defined() || all_finite(t.view(), nt); }
+
+// Element by element, src into dst of the same shape (any strides, converting through double).
+void copy_elements(const TensorView& src, const TensorView& dst) {
+  Shape idx(std::size_t(src.rank()), 0);
+  for (std::int64_t n = 0; n < src.numel(); ++n) {
+    store_from_double(dst.data(), dst.type(), dst.offset_of(idx), load_as_double(src.data(), src.type(), src.offset_of(idx)));
+    for (int d = src.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == src.size(d); --d) idx[std::size_t(d)] = 0;
+  }
+}
+
+// A destination of a *_into call: its shape and dtype, memory behind it, and no element written
+// twice.
+void check_destination(const char* op, const char* name, const TensorView& t, const Shape& shape, dtype type) {
+  if (t.shape() != shape) fail(op, fmt::format("{} has shape {}, expected {}", name, shape_str(t.shape()), shape_str(shape)));
+  if (t.type() != type) fail(op, fmt::format("{} has dtype {}, expected {}", name, dtype_name(t.type()), dtype_name(type)));
+  if (t.data() == nullptr && t.numel() != 0) fail(op, fmt::format("{} has no data", name));
+  if (overlaps_itself(t)) fail(op, fmt::format("{} overlaps itself (strides {})", name, shape_str(t.strides())));
+}
+
+// No destination shares memory with another or with an input.
+void check_disjoint(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> outputs,
+                    std::initializer_list<std::pair<const char*, const TensorView*>> inputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    for (auto x = std::next(o); x != outputs.end(); ++x)
+      if (may_share_memory(*o->second, *x->second)) fail(op, fmt::format("{} and {} share memory", o->first, x->first));
+    for (const auto& [name, t] : inputs)
+      if (t && may_share_memory(*o->second, *t)) fail(op, fmt::format("{} shares memory with input {}", o->first, name));
+  }
+}
 
 Shape out_shape(const TensorView& q, const problem& p) {
   return q.rank() == 4 ? Shape{p.B, p.Hq, p.Nq, p.Dv} : Shape{p.B, p.Nq, p.Hq * p.Dv};
 }
 
+// attention(), or attention_into() when dst is set (out and lse in the caller's memory; the
+// result's out and lse then stay empty).
 attention_result run_forward(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
-                             const attention_options& options, const execution& exec, const cache_input* cache) {
+                             const attention_options& options, const execution& exec, const cache_input* cache,
+                             const attention_outputs* dst = nullptr) {
+  if (dst && (options.past_key || options.past_value))
+    fail(op, "past_key/past_value are refused (their present is a new tensor): use attention()");
+  if (dst && options.return_qk != qk_output::none) fail(op, "return_qk is refused: use attention()");
   problem_storage store;
   const problem p = build_problem(op, q, k, v, options, exec, store, cache);
 
   attention_result r;
-  r.out = Tensor::empty(out_shape(q, p), q.type());
-  r.lse = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 ? dtype::f64 : dtype::f32);
+  const dtype lse_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
+  const Shape lse_shape{p.B, p.Hq, p.Nq};
+  TensorView out_view, lse_view;  // where the backend writes them
+  if (dst) {
+    check_destination(op, "out", dst->out, out_shape(q, p), q.type());
+    if (dst->lse) check_destination(op, "lse", *dst->lse, lse_shape, lse_type);
+    const TensorView* mask = options.attn_mask ? &*options.attn_mask : nullptr;
+    if (dst->lse)
+      check_disjoint(op, {{"out", &dst->out}, {"lse", &*dst->lse}}, {{"q", &q}, {"k", &k}, {"v", &v}, {"attn_mask", mask}});
+    else
+      check_disjoint(op, {{"out", &dst->out}}, {{"q", &q}, {"k", &k}, {"v", &v}, {"attn_mask", mask}});
+    out_view = dst->out;
+    // The backends write lse as contiguous rows: the caller's own when it is laid out so.
+    if (dst->lse && dst->lse->is_contiguous()) lse_view = *dst->lse;
+    else r.lse = Tensor::empty(lse_shape, lse_type), lse_view = r.lse.view();
+  } else {
+    r.out = Tensor::empty(out_shape(q, p), q.type());
+    r.lse = Tensor::empty(lse_shape, lse_type);
+    out_view = r.out.view(), lse_view = r.lse.view();
+  }
   special_rows found;
   forward_outputs fo;
-  fo.out = as_bhnx(r.out, p.Hq);
-  fo.lse = r.lse.data();
-  fo.lse_type = r.lse.type();
+  fo.out = as_bhnx(out_view, p.Hq);
+  fo.lse = lse_view.data();
+  fo.lse_type = lse_type;
   fo.qk_mode = options.return_qk;
   fo.found = &found;
   if (options.return_qk != qk_output::none) {
@@ -724,8 +787,8 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   // A shifted mask: the lse of the shifted scores may be a large number whose shift-back leaves a
   // small one (1e19 - 9.85e18): it stays float64 until the shift is added, then is rounded once.
   Tensor lse64, qk64;
-  if (store.shift.defined() && r.lse.type() != dtype::f64) {
-    lse64 = Tensor::empty(r.lse.shape(), dtype::f64);
+  if (store.shift.defined() && lse_type != dtype::f64) {
+    lse64 = Tensor::empty(lse_shape, dtype::f64);
     fo.lse = lse64.data();
     fo.lse_type = dtype::f64;
   }
@@ -739,8 +802,10 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   run_guarded(op, p, be, [&] { be.forward(p, fo); });
   if (&be != &reference_backend()) check_special_rows(p, fo);
   if (store.shift.defined()) unshift(p, store, fo);
-  if (lse64.defined()) r.lse = lse64.to(r.lse.type());
+  if (lse64.defined()) copy_elements(lse64.view(), lse_view);
   if (qk64.defined()) r.qk = qk64.to(r.qk.type());
+  if (dst && dst->lse && lse_view.data() != dst->lse->data()) copy_elements(lse_view, *dst->lse);
+  if (dst) r.lse = Tensor();
   r.backend = be.name();
   r.present_key = store.present_key;
   r.present_value = store.present_value;
@@ -764,6 +829,11 @@ std::vector<std::int64_t> cache_lengths(const char* op, const TensorView& t) {
 attention_result attention(const TensorView& q, const TensorView& k, const TensorView& v,
                            const attention_options& options, const execution& exec) {
   return detail::run_forward("attention", q, k, v, options, exec, nullptr);
+}
+
+std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v, const attention_outputs& dst,
+                           const attention_options& options, const execution& exec) {
+  return detail::run_forward("attention_into", q, k, v, options, exec, nullptr, &dst).backend;
 }
 
 attention_result attention_with_kv_cache(const TensorView& q, const TensorView& k_new, const TensorView& v_new,
@@ -807,11 +877,15 @@ attention_result attention_with_kv_cache(const TensorView& q, const TensorView& 
   return r;
 }
 
-attention_grads attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
-                                   const attention_options& options, const execution& exec) {
-  using namespace detail;
-  const char* op = "attention_backward";
+namespace detail {
+namespace {
+
+// attention_backward(), or attention_backward_into() when dst is set (dq, dk, dv in the caller's
+// memory; the result's then stay empty).
+attention_grads run_backward(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView& dout, const TensorView& lse,
+                             const attention_options& options, const execution& exec,
+                             const attention_grad_outputs* dst) {
   if (options.past_key || options.past_value)
     fail(op, "past_key/past_value are not accepted; pass present_key/present_value as k and v");
   if (options.return_qk != qk_output::none) fail(op, "return_qk is a forward option; leave it at none");
@@ -865,17 +939,29 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   if (wide) lse_from(reference_backend());
 
   attention_grads g;
-  g.dq = Tensor::empty(q.shape(), q.type());
-  g.dk = Tensor::empty(k.shape(), q.type());
-  g.dv = Tensor::empty(v.shape(), q.type());
+  TensorView dq, dk, dv;  // where the backend writes them
+  if (dst) {
+    check_destination(op, "dq", dst->dq, q.shape(), q.type());
+    check_destination(op, "dk", dst->dk, k.shape(), q.type());
+    check_destination(op, "dv", dst->dv, v.shape(), q.type());
+    const TensorView* mask = options.attn_mask ? &*options.attn_mask : nullptr;
+    check_disjoint(op, {{"dq", &dst->dq}, {"dk", &dst->dk}, {"dv", &dst->dv}},
+                   {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}, {"attn_mask", mask}});
+    dq = dst->dq, dk = dst->dk, dv = dst->dv;
+  } else {
+    g.dq = Tensor::empty(q.shape(), q.type());
+    g.dk = Tensor::empty(k.shape(), q.type());
+    g.dv = Tensor::empty(v.shape(), q.type());
+    dq = g.dq.view(), dk = g.dk.view(), dv = g.dv.view();
+  }
   backward_io io;
   io.out = as_bhnx(out, p.Hq);
   io.dout = as_bhnx(dout, p.Hq);
   io.lse = lse_c.defined() ? lse_c.data() : lse.data();
   io.lse_type = lse_c.defined() ? lse_c.type() : lse.type();
-  io.dq = as_bhnx(g.dq, p.Hq);
-  io.dk = as_bhnx(g.dk, p.Hkv);
-  io.dv = as_bhnx(g.dv, p.Hkv);
+  io.dq = as_bhnx(dq, p.Hq);
+  io.dk = as_bhnx(dk, p.Hkv);
+  io.dv = as_bhnx(dv, p.Hkv);
 
   Tensor dmask, dalibi, dsinks;
   if (p.mask == mask_kind::additive && options.mask_gradient) {
@@ -909,7 +995,7 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   // One answer on every backend: non-finite gradients from a float32 backend (special values,
   // overflow) are computed again, all of them, by the float64 reference.
   if (&be != &reference_backend() &&
-      !(all_finite(g.dq, nt) && all_finite(g.dk, nt) && all_finite(g.dv, nt) && all_finite(dalibi, 1) &&
+      !(all_finite(dq, nt) && all_finite(dk, nt) && all_finite(dv, nt) && all_finite(dalibi, 1) &&
         all_finite(dsinks, 1) && all_finite(dmask, nt))) {
     for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
       if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * dtype_size(acc->type()));
@@ -931,6 +1017,22 @@ attention_grads attention_backward(const TensorView& q, const TensorView& k, con
   }
   if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
   return g;
+}
+
+}  // namespace
+}  // namespace detail
+
+attention_grads attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                   const attention_options& options, const execution& exec) {
+  return detail::run_backward("attention_backward", q, k, v, out, dout, lse, options, exec, nullptr);
+}
+
+attention_grads attention_backward_into(const TensorView& q, const TensorView& k, const TensorView& v,
+                                        const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                        const attention_grad_outputs& dst, const attention_options& options,
+                                        const execution& exec) {
+  return detail::run_backward("attention_backward_into", q, k, v, out, dout, lse, options, exec, &dst);
 }
 
 std::string explain_backend(const TensorView& q, const TensorView& k, const TensorView& v,
