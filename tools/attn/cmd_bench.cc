@@ -324,13 +324,24 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   row attn_row{c, t, "attn", "", false};
   attention_result fwd;  // the forward that the backward differentiates (not timed)
   if (c.backward) fwd = attention(in.q, in.k, in.v, o, exec);
-  if (!c.backward)
-    locals.push_back({attn_row, [&, &r = locals] { r[0].r.detail = attention(in.q, in.k, in.v, o, exec).backend; },
-                      true, {}});
-  else
+  // attn writes into results allocated and touched once, before the timing, as the OpenBLAS
+  // baseline does (attention_into, attention_backward_into): the calls time the attention, not
+  // the page faults of fresh memory for out or dq/dk/dv, which an engine's arena or a caching
+  // allocator does not pay either (3–5 % of a large float32 call; docs/PERFORMANCE.md).
+  Tensor res[3];
+  if (!c.backward) {
+    res[0] = Tensor::zeros({p.B, p.Hq, p.Nq, p.Dv}, p.type), res[1] = Tensor::zeros({p.B, p.Hq, p.Nq}, dtype::f32);
     locals.push_back({attn_row, [&, &r = locals] {
-                        r[0].r.detail = attention_backward(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse, o, exec).backend;
+                        r[0].r.detail = attention_into(in.q, in.k, in.v, {.out = res[0], .lse = res[1].view()}, o, exec);
                       }, true, {}});
+  } else {
+    for (int i = 0; i < 3; ++i) res[i] = Tensor::zeros((i == 0 ? in.q : i == 1 ? in.k : in.v).shape(), p.type);
+    locals.push_back({attn_row, [&, &r = locals] {
+                        r[0].r.detail = attention_backward_into(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse,
+                                                                {.dq = res[0], .dk = res[1], .dv = res[2]}, o, exec)
+                                            .backend;
+                      }, true, {}});
+  }
   const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
   Tensor dq, dk, dv;
   if (ctx.blas) {
@@ -351,16 +362,11 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   std::map<std::string, std::vector<double>> remote_ms;
   if (py) remote = py->prepare(c, t, a.warmup);
 
-  // attn's first call also measures the memory it touches beyond its results (out and lse, or
-  // dq, dk and dv).
+  // attn's first call also measures the memory it touches beyond its results (touched before).
   time_contenders(locals, a.warmup, a.reps, [&] {
     if (py && !remote.empty())
       for (const auto& [impl, ms] : py->rep()) remote_ms[impl].push_back(ms);
   });
-  const double result_bytes = c.backward
-                                  ? double(in.q.numel() + in.k.numel() + in.v.numel()) * elem_bytes(p.type)
-                                  : double(p.B * p.Hq * p.Nq) * (double(p.Dv) * elem_bytes(p.type) + 4.0);
-  locals[0].r.work_mib -= result_bytes / (1 << 20);
   summarize_rows(locals);
   const double attn_ms = locals[0].r.median_ms;
   for (auto& l : locals)
