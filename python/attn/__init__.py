@@ -27,6 +27,7 @@ __version__: str = _attn.__version__
 
 __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "FamilyKept", "attention", "attention_backward",
+    "attention_into", "attention_backward_into",
     "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
     "VarlenGrads", "attention_paged", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
@@ -166,6 +167,50 @@ def attention_backward(q, k, v, out, dout, lse, *, attn_mask=None, is_causal: bo
     o["mask_gradient"] = mask_gradient
     g = _attn.attention_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), o, _EXT)
     return AttentionGrads(*(_result(x, kind) for x in g[:6]), g[6])
+
+
+def attention_into(q, k, v, out, lse=None, *, attn_mask=None, is_causal: bool = False,
+                   alignment: str = "top_left", scale: Optional[float] = None,
+                   window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                   sinks=None, nonpad_kv_seqlen=None, q_num_heads: int = 0, kv_num_heads: int = 0,
+                   backend: str = "automatic", num_threads: int = 0) -> str:
+    """:func:`attention` writing into arrays the caller owns; returns the backend that ran.
+
+    ``out``: writable, the shape :func:`attention` returns, q's dtype, any strides (a slice of a
+    larger buffer). ``lse``: optional writable ``[B, Hq, Nq]`` float32 (float64 for float64
+    inputs). Neither may share memory with the other or an input. The ONNX past cache and
+    ``return_qk`` are :func:`attention`'s.
+
+    >>> attn.attention_into(q, k, v, out_buf, lse_buf, is_causal=True)
+    """
+    o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
+                        sinks, nonpad_kv_seqlen, None, None, q_num_heads, kv_num_heads, None,
+                        backend, num_threads)
+    return _attn.attention_into(_arg(q), _arg(k), _arg(v), _arg(out), _arg(lse), o)
+
+
+def attention_backward_into(q, k, v, out, dout, lse, dq, dk, dv, *, attn_mask=None,
+                            is_causal: bool = False, alignment: str = "top_left",
+                            scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+                            softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                            nonpad_kv_seqlen=None, q_num_heads: int = 0, kv_num_heads: int = 0,
+                            backend: str = "automatic", num_threads: int = 0,
+                            mask_gradient: bool = True) -> AttentionGrads:
+    """:func:`attention_backward` writing dq, dk, dv into writable arrays the caller owns (shapes
+    of q, k, v, q's dtype, any strides; dq, dk, dv may interleave in one packed buffer but share
+    no element, nor memory with an input). Returns :class:`AttentionGrads` holding those arrays
+    and the other gradients.
+
+    >>> attn.attention_backward_into(q, k, v, r.out, dout, r.lse, dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2])
+    """
+    kind = _kind_of(q)
+    o = _attention_opts(attn_mask, is_causal, alignment, scale, window, softcap, alibi_slopes,
+                        sinks, nonpad_kv_seqlen, None, None, q_num_heads, kv_num_heads, None,
+                        backend, num_threads)
+    o["mask_gradient"] = mask_gradient
+    g = _attn.attention_backward_into(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse), _arg(dq),
+                                      _arg(dk), _arg(dv), o, _EXT)
+    return AttentionGrads(dq, dk, dv, *(_result(x, kind) for x in g[:3]), g[3])
 
 
 def attention_with_kv_cache(q, k_new, v_new, cache_key, cache_value, cache_lengths, *,

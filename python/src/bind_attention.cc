@@ -1,6 +1,7 @@
 // python/src/bind_attention.cc — attention.h and execution.h: the core op forward, backward,
 // the in-place KV cache step and explain_backend. Each takes its options as one dict
 // (options.h) and `kind`, the kind of array to return; the GIL is released while attn runs.
+#include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -70,6 +71,35 @@ nb::tuple attention_with_kv_cache_py(nb::handle q, nb::handle k_new, nb::handle 
   return result_tuple(res, kind(kind_));
 }
 
+// A destination the call writes: a writable array (a read-only NumPy array is refused).
+TensorView writable_arg(nb::handle a, const char* op, const char* name) {
+  nb::ndarray<> w;
+  if (!nb::try_cast(a, w, false))
+    throw nb::type_error(fmt::format("{}: {} must be a writable array (NumPy, torch or DLPack)", op, name).c_str());
+  return view_of(Array(w), op, name);
+}
+
+std::string attention_into_py(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::dict opts) {
+  const char* op = "attention_into";
+  const attention_call c = read_call(op, q, k, v, opts);
+  attention_outputs dst{writable_arg(out, op, "out"), std::nullopt};
+  if (!lse.is_none()) dst.lse = writable_arg(lse, op, "lse");
+  return without_gil([&] { return attention_into(c.q, c.k, c.v, dst, c.o, c.e); });
+}
+
+nb::tuple attention_backward_into_py(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
+                                     nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, nb::dict opts,
+                                     int kind_) {
+  const char* op = "attention_backward_into";
+  const attention_call c = read_call(op, q, k, v, opts);
+  const TensorView to = array_arg(out, op, "out"), tdo = array_arg(dout, op, "dout"), tl = array_arg(lse, op, "lse");
+  const attention_grad_outputs dst{writable_arg(dq, op, "dq"), writable_arg(dk, op, "dk"), writable_arg(dv, op, "dv")};
+  const attention_grads g =
+      without_gil([&] { return attention_backward_into(c.q, c.k, c.v, to, tdo, tl, dst, c.o, c.e); });
+  const kind kk = kind(kind_);
+  return nb::make_tuple(to_python(g.dattn_mask, kk), to_python(g.dalibi_slopes, kk), to_python(g.dsinks, kk), g.backend);
+}
+
 std::string explain_backend_py(nb::handle q, nb::handle k, nb::handle v, nb::dict opts, bool backward) {
   const attention_call c = read_call("explain_backend", q, k, v, opts);
   return explain_backend(c.q, c.k, c.v, c.o, backward, c.e);
@@ -83,6 +113,11 @@ void bind_attention(nb::module_& m) {
   m.def("attention_backward", &attention_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("dout"), nb::arg("lse"), nb::arg("opts"), nb::arg("kind"),
         "-> (dq, dk, dv, dattn_mask, dalibi_slopes, dsinks, backend)");
+  m.def("attention_into", &attention_into_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("opts"), "-> backend");
+  m.def("attention_backward_into", &attention_backward_into_py, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("opts"),
+        nb::arg("kind"), "-> (dattn_mask, dalibi_slopes, dsinks, backend)");
   m.def("attention_with_kv_cache", &attention_with_kv_cache_py, nb::arg("q"), nb::arg("k_new"), nb::arg("v_new"),
         nb::arg("cache_key"), nb::arg("cache_value"), nb::arg("lengths"), nb::arg("opts"), nb::arg("kind"),
         "-> (out, lse, qk, present_key, present_value, backend)");

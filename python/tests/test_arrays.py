@@ -267,3 +267,54 @@ def test_family_returns_the_kept_keys(distribution, k_top):
     np.testing.assert_allclose(attn.attention_family(q, k, v, distribution=distribution, top_k=k_top), r.out)
     soft = attn.attention_family(q, k, v, return_kept=True)
     assert soft.kept_index is None and soft.kept_weight is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_into_writes_the_callers_arrays(dtype):
+    """attention_into / attention_backward_into: the bits of attention / attention_backward in
+    arrays the caller owns — out a strided slice, dq/dk/dv interleaved in one packed [B, N, 4, H·D]
+    torch buffer (slot 3 untouched) — and the same for a float64 NumPy call."""
+    torch.manual_seed(3)
+    B, N, H, D = 2, 9, 3, 8
+    q, k, v = (torch.randn(B, N, H * D).to(dtype) for _ in range(3))
+    heads = dict(q_num_heads=H, kv_num_heads=H, is_causal=True)
+    r = attn.attention(q, k, v, return_lse=True, **heads)
+    big = torch.full((B, N, 2, H * D), 7.25, dtype=dtype)
+    lse = torch.full((B, H, N), 7.25)
+    assert attn.attention_into(q, k, v, big[:, :, 1], lse, **heads) == r.backend
+    assert torch.equal(big[:, :, 1], r.out) and torch.equal(lse, r.lse)
+    assert torch.all(big[:, :, 0] == 7.25)
+    dout = torch.randn(B, N, H * D).to(dtype)
+    want = attn.attention_backward(q, k, v, r.out, dout, r.lse, **heads)
+    packed = torch.full((B, N, 4, H * D), 7.25, dtype=dtype)
+    g = attn.attention_backward_into(q, k, v, r.out, dout, r.lse, packed[:, :, 0], packed[:, :, 1], packed[:, :, 2],
+                                     **heads)
+    assert g.backend == want.backend and g.dattn_mask is None
+    for got, w in ((packed[:, :, 0], want.dq), (packed[:, :, 1], want.dk), (packed[:, :, 2], want.dv)):
+        assert torch.equal(got, w)
+    assert torch.all(packed[:, :, 3] == 7.25)
+    qn, kn, vn = (x.to(torch.float64).numpy() for x in (q, k, v))
+    rn = attn.attention(qn, kn, vn, return_lse=True, **heads)
+    on, ln = np.zeros_like(rn.out), np.zeros_like(rn.lse)
+    attn.attention_into(qn, kn, vn, on, ln, **heads)
+    np.testing.assert_array_equal(on, rn.out)
+    np.testing.assert_array_equal(ln, rn.lse)
+
+
+def test_into_bad_destinations():
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    out = torch.empty(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"^attention_into: out has shape \[1, 2, 5, 3\], expected \[1, 2, 5, 4\]"):
+        attn.attention_into(q, k, v, torch.empty(1, 2, 5, 3))
+    with pytest.raises(ValueError, match=r"^attention_into: out shares memory with input q"):
+        attn.attention_into(q, k, v, q)
+    with pytest.raises(ValueError, match=r"^attention_into: out and lse share memory"):
+        attn.attention_into(q, k, v, out, out.view(-1)[:10].view(1, 2, 5))
+    ro = np.zeros((1, 2, 5, 4), np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(TypeError, match=r"^attention_into: out must be a writable array"):
+        attn.attention_into(q.numpy(), k.numpy(), v.numpy(), ro)
+    r = attn.attention(q, k, v, return_lse=True)
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    with pytest.raises(ValueError, match=r"^attention_backward_into: dq and dv share memory"):
+        attn.attention_backward_into(q, k, v, r.out, r.out, r.lse, dq, dk, dq)
