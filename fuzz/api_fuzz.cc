@@ -101,6 +101,27 @@ void compare(const char* what, const TensorView& got, const TensorView& want, do
 }
 
 // |x|, elementwise, in float64.
+// A destination of `shape` inside a larger buffer: the last dim padded by 3 elements (a strided
+// view, as attention_into and attention_backward_into take).
+struct padded {
+  Tensor buf;
+  TensorView view;
+  padded(const Shape& shape, dtype t) {
+    Shape big = shape;
+    big.back() += 3;
+    buf = Tensor::full(big, t, 7.25);
+    view = buf.view().slice(int(big.size()) - 1, 1, 1 + shape.back());
+  }
+};
+
+// The _into calls write the bits of the allocating ones (NaN as NaN).
+void same_bits(const char* what, const TensorView& got, const TensorView& want) {
+  const std::vector<double> g = to_vector(got), w = to_vector(want);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))) || std::signbit(g[i]) != std::signbit(w[i]))
+      finding(what, std::to_string(g[i]) + " vs " + std::to_string(w[i]) + " at " + std::to_string(i));
+}
+
 Tensor abs_f64(const Tensor& x) {
   std::vector<double> a = x.to_vector();
   for (double& y : a) y = std::abs(y);
@@ -165,6 +186,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try { ref = attention(q, k, v, o, {.use_backend = backend::reference}); } catch (const error& e) { ref_err = e.what(); }
   if (cpu_err.empty() != ref_err.empty()) finding("forward error on one backend only", cpu_err + " | " + ref_err);
   if (!cpu) return 0;
+  if (o.return_qk == qk_output::none) {  // the cpu forward into strided destinations: the same bits
+    padded out(cpu->out.shape(), cpu->out.type()), lse(cpu->lse.shape(), cpu->lse.type());
+    attention_into(q, k, v, {.out = out.view, .lse = lse.view}, o, {.use_backend = backend::cpu, .num_threads = 1});
+    same_bits("attention_into out", out.view, cpu->out);
+    same_bits("attention_into lse", lse.view, cpu->lse);
+  }
   // The float64 truth: the reference on float64 copies of the same values.
   const Tensor q8 = q.to(dtype::f64), k8 = k.to(dtype::f64), v8 = v.to(dtype::f64), d8 = dout.to(dtype::f64);
   const attention_result truth = attention(q8, k8, v8, o, {.use_backend = backend::reference});
@@ -223,6 +250,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   if (o.attn_mask && o.attn_mask->type() != dtype::boolean) return 0;  // dmask: reference only
   const attention_grads gc = attention_backward(q, k, v, cpu->out, dout, cpu->lse, o, {.use_backend = backend::cpu, .num_threads = 1});
+  {  // the cpu backward into strided destinations: the same bits
+    padded dq(q.shape(), t), dk(k.shape(), t), dv(v.shape(), t);
+    attention_backward_into(q, k, v, cpu->out, dout, cpu->lse, {.dq = dq.view, .dk = dk.view, .dv = dv.view}, o,
+                            {.use_backend = backend::cpu, .num_threads = 1});
+    same_bits("attention_backward_into dq", dq.view, gc.dq);
+    same_bits("attention_backward_into dk", dk.view, gc.dk);
+    same_bits("attention_backward_into dv", dv.view, gc.dv);
+  }
   const attention_grads gr = attention_backward(q, k, v, ref->out, dout, ref->lse, o, {.use_backend = backend::reference});
   const attention_grads g8 = attention_backward(q8, k8, v8, truth.out, d8, truth.lse, o, {.use_backend = backend::reference});
   // The stated bound of the float32 backward (special_values_test): grows with |lse|.
