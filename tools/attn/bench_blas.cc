@@ -130,18 +130,20 @@ blas_baseline& blas_baseline::instance(const std::string& coretype) {
   return b;
 }
 
-blas_baseline::blas_baseline(const std::string& coretype) {
-  // OpenBLAS reads OPENBLAS_CORETYPE once, when the library initialises: set it before dlopen.
+std::string apply_openblas_coretype(const std::string& coretype) {
   const char* env = std::getenv("OPENBLAS_CORETYPE");
   const std::string was = env ? fmt::format("; the environment had {}", env) : std::string();
-  std::string want = coretype == "auto" ? (cpu_has_avx512f() ? "SkylakeX" : "") : coretype == "env" ? "" : coretype;
-  std::string note;
+  const std::string want = coretype == "auto" ? (cpu_has_avx512f() ? "SkylakeX" : "") : coretype == "env" ? "" : coretype;
   if (!want.empty()) {
     setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
-    note = fmt::format(" (OPENBLAS_CORETYPE={} set by attn bench{})", want, was);
-  } else if (env) {
-    note = fmt::format(" (OPENBLAS_CORETYPE={} from the environment)", env);
+    return fmt::format(" (OPENBLAS_CORETYPE={} set by attn bench{})", want, was);
   }
+  return env ? fmt::format(" (OPENBLAS_CORETYPE={} from the environment)", env) : std::string();
+}
+
+blas_baseline::blas_baseline(const std::string& coretype) {
+  // OpenBLAS reads OPENBLAS_CORETYPE once, when the library initialises: set it before dlopen.
+  const std::string note = apply_openblas_coretype(coretype);
   const char* env_path = std::getenv("ATTN_BENCH_OPENBLAS");
   std::vector<std::string> names;
   if (env_path && *env_path) names.emplace_back(env_path);

@@ -21,6 +21,12 @@
 
 namespace attn::cli::bench {
 
+// OPENBLAS_CORETYPE for an OpenBLAS not yet opened in this process (the library reads it once,
+// when it initialises): "auto" sets SkylakeX where the CPU has AVX-512F (Debian's 0.3.21 does not
+// know AMD's AVX-512 and would take its Haswell kernels), "env" keeps the environment's, anything
+// else is set as the core name. Returns what was done, for the report (" (OPENBLAS_CORETYPE=...)").
+std::string apply_openblas_coretype(const std::string& coretype);
+
 class blas_baseline {
  public:
   // Opens OpenBLAS (the first call, once per process): $ATTN_BENCH_OPENBLAS, else

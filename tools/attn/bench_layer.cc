@@ -12,6 +12,7 @@
 
 #include "attn/linear.h"
 #include "attn/nn/nn.h"
+#include "bench_blas.h"
 #include "bench_grid.h"
 #include "bench_peers.h"
 #include "bench_probe.h"
@@ -38,7 +39,10 @@ int run_mha_layer(const layer_args& a) {
                        3.5 * (4.0 * double(a.B) * double(a.N) * double(a.N) * double(E));
   fmt::print("# attn bench --layer mha: MultiHeadAttention forward+backward, self-attention, biases, no mask\n");
   fmt::print("# B {} N {} E {} H {} (D {}) float32; {:.1f} GFLOP per call\n", a.B, a.N, E, a.H, a.D, flops / 1e9);
+  // Before the layer's first Linear opens OpenBLAS: the core type the OpenBLAS baseline gets too.
+  const std::string core = apply_openblas_coretype(a.openblas_coretype);
   fmt::print("# cpu: {}\n# linear: {}\n", cpu_model_name(), linear_backend_info());
+  if (!core.empty()) fmt::print("# openblas core type{}\n", core);
   std::unique_ptr<python_peers> py;
   if (a.torch) {
     const std::string python = find_python(a.python), script = find_peer_script(a.peer_script);

@@ -15,6 +15,7 @@ struct layer_args {
   int reps = 5, warmup = 1;
   bool torch = true;               // measure the torch peer
   std::string python, peer_script;  // as for `attn bench`
+  std::string openblas_coretype = "auto";  // for the layer's Linear (apply_openblas_coretype)
 };
 
 // Prints the machine, then one row per thread count; returns the exit status.

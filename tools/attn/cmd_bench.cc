@@ -644,6 +644,7 @@ void add_bench(CLI::App& app, int& exit_code) {
       if (threads->count()) l.threads = a->threads;
       l.reps = a->reps, l.warmup = a->warmup, l.python = a->python, l.peer_script = a->peer_script;
       l.torch = a->peers.find("torch") != std::string::npos;
+      l.openblas_coretype = a->openblas_coretype;
       exit_code = bench::run_mha_layer(l);
       return;
     }
