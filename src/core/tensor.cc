@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <numeric>
 #include <type_traits>
@@ -351,6 +352,83 @@ std::vector<double> to_vector(const TensorView& v) {
   return out;
 }
 
+namespace {
+
+// Freed buffers of kHugeMin bytes or more, kept for the next Tensor::empty of the same size: a
+// process that repeats a call (a training step, a layer, attention() in a loop) then writes into
+// pages it already has. Fresh ones cost a page fault and the kernel's zeroing each — on a virtual
+// machine whose host takes freed memory back, 2–3 ms an 8 MiB buffer, up to a fifth of an
+// attention() call (docs/PERFORMANCE.md, "Fresh memory") — and glibc maps and unmaps each
+// 2 MiB-aligned block afresh. At most kCacheBytes in all, the most recently freed kept first;
+// release_cached_buffers() gives them back.
+constexpr std::size_t kHuge = std::size_t(2) << 20, kHugeMin = 4 * kHuge, kCacheBytes = std::size_t(512) << 20;
+
+class buffer_cache {
+ public:
+  // A kept block of exactly `size` bytes (the most recent), or null.
+  void* take(std::size_t size) {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it)
+      if (it->first == size) {
+        void* p = it->second;
+        bytes_ -= size;
+        blocks_.erase(std::next(it).base());
+        return p;
+      }
+    return nullptr;
+  }
+  // Keeps p (size bytes), giving back the oldest blocks to stay within kCacheBytes.
+  void give(void* p, std::size_t size) {
+    std::vector<void*> drop;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (size > kCacheBytes) {
+        drop.push_back(p);
+      } else {
+        while (bytes_ + size > kCacheBytes) {
+          drop.push_back(blocks_.front().second);
+          bytes_ -= blocks_.front().first;
+          blocks_.erase(blocks_.begin());
+        }
+        blocks_.push_back({size, p});
+        bytes_ += size;
+      }
+    }
+    for (void* d : drop) std::free(d);
+  }
+  std::size_t release() {
+    std::vector<std::pair<std::size_t, void*>> all;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      all.swap(blocks_);
+      bytes_ = 0;
+    }
+    std::size_t n = 0;
+    for (const auto& [size, p] : all) n += size, std::free(p);
+    return n;
+  }
+  std::size_t bytes() {
+    std::lock_guard<std::mutex> lock(m_);
+    return bytes_;
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<std::pair<std::size_t, void*>> blocks_;  // oldest first
+  std::size_t bytes_ = 0;
+};
+
+// Never destroyed: a Tensor held in a static may be freed after every other static is gone.
+buffer_cache& huge_buffers() {
+  static buffer_cache* c = new buffer_cache;
+  return *c;
+}
+
+}  // namespace
+
+std::size_t release_cached_buffers() { return huge_buffers().release(); }
+std::size_t cached_buffer_bytes() { return huge_buffers().bytes(); }
+
 Tensor Tensor::empty(Shape shape, dtype t) {
   Tensor r;
   std::int64_t n = 1;
@@ -365,16 +443,23 @@ Tensor Tensor::empty(Shape shape, dtype t) {
   // kernel walks it (a head's rows, a page of a paged cache) then misses the TLB once per 2 MiB
   // rather than once per 4 KiB. Measured: paged bf16 decode (Hq 32 / Hkv 8, D 128, Nk 16384,
   // 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md).
-  constexpr std::size_t kHuge = std::size_t(2) << 20, kHugeMin = 4 * kHuge;
-  const std::size_t align = std::size_t(bytes) >= kHugeMin ? kHuge : 64;
+  // Buffers of kHugeMin bytes or more come from and go back to huge_buffers() (above).
+  const bool huge = std::size_t(bytes) >= kHugeMin;
+  const std::size_t align = huge ? kHuge : 64;
   const std::size_t size = (std::size_t(bytes) + align - 1) / align * align;
-  void* mem = std::aligned_alloc(align, size);
-  if (!mem)
-    throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
+  void* mem = huge ? huge_buffers().take(size) : nullptr;
+  if (!mem) {
+    mem = std::aligned_alloc(align, size);
+    if (!mem)
+      throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
 #ifdef __linux__
-  if (align == kHuge) madvise(mem, size, MADV_HUGEPAGE);  // a hint: refused (THP off, an old kernel) changes nothing
+    if (huge) madvise(mem, size, MADV_HUGEPAGE);  // a hint: refused (THP off, an old kernel) changes nothing
 #endif
-  r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem), [](std::byte* m) { std::free(m); });
+  }
+  if (huge)
+    r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem), [size](std::byte* m) { huge_buffers().give(m, size); });
+  else
+    r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem), [](std::byte* m) { std::free(m); });
   r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
   return r;
 }

@@ -127,5 +127,47 @@ TEST(TensorView, BadArgumentsThrowClearErrors) {
   EXPECT_TRUE(Tensor::empty({0, 3}, dtype::f32).to_vector().empty());
 }
 
+// Buffers of 8 MiB or more go back to a bounded cache when freed and come out again for the next
+// tensor of the same size (the same pages: no fault, no zeroing); smaller ones do not; zeros()
+// still zeroes a reused buffer; the cache keeps at most 512 MiB, the most recent first, and
+// release_cached_buffers() empties it.
+TEST(Tensor, LargeBuffersAreReusedFromABoundedCache) {
+  release_cached_buffers();
+  ASSERT_EQ(cached_buffer_bytes(), 0u);
+  const Shape big{3, 1024, 1024};  // 12 MiB of float32: kept as a 12 MiB block
+  const void* first = nullptr;
+  {
+    Tensor t = Tensor::full(big, dtype::f32, 5.0);
+    first = t.data();
+  }
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(12) << 20);
+  {
+    Tensor other = Tensor::empty({2, 1024, 1024}, dtype::f32);  // 8 MiB: another size, fresh
+    EXPECT_NE(other.data(), first);
+    Tensor again = Tensor::zeros(big, dtype::f32);
+    EXPECT_EQ(again.data(), first);
+    EXPECT_EQ(cached_buffer_bytes(), 0u);
+    EXPECT_EQ(again.get({2, 1023, 1023}), 0.0);
+  }
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(20) << 20);  // both back
+  {
+    Tensor small = Tensor::empty({1024, 1024}, dtype::f32);  // 4 MiB: malloc's, never kept
+  }
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(20) << 20);
+  // Freed one by one, each takes the block the one before left: one 32 MiB block kept.
+  for (int i = 0; i < 20; ++i) Tensor::empty({8, 1024, 1024}, dtype::f32);
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(52) << 20);
+  // 20 of them alive at once, then freed: the cache keeps the 16 freed last (512 MiB), and the
+  // 12 and 8 MiB blocks of before are given back first.
+  std::vector<Tensor> many;
+  for (int i = 0; i < 20; ++i) many.push_back(Tensor::empty({8, 1024, 1024}, dtype::f32));
+  const void* last = many.back().data();
+  many.clear();
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(512) << 20);
+  EXPECT_EQ(Tensor::empty({8, 1024, 1024}, dtype::f32).data(), last);  // the most recent first
+  EXPECT_EQ(release_cached_buffers(), std::size_t(512) << 20);
+  EXPECT_EQ(cached_buffer_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace attn
