@@ -43,13 +43,17 @@ TensorView layout_rows(const strided4& s, std::int64_t B, std::int64_t H, std::i
   if (rank == 4) return TensorView(s.data, s.type, {B, H, N, X}, {s.sb, s.sh, s.sn, s.sx});
   return TensorView(s.data, s.type, {B, N, H, X}, {s.sb, s.sn, s.sh, s.sx});
 }
-// A float64 tensor in the same layout order back into the [B, H, N, X] view `out`.
+// A float64 (or float32) tensor in the same layout order back into the [B, H, N, X] view `out`.
 void store_layout(const Tensor& y, const strided4& out, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                   int rank) {
-  const double* p = static_cast<const double*>(y.data());
+  const bool f64 = y.type() == dtype::f64;  // else float32 (unfold's float32 backward)
+  std::vector<double> row(f64 ? 0 : std::size_t(X));
   for_rows(B, H, N, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
     const std::int64_t r = rank == 4 ? (b * H + h) * N + n : (b * N + n) * H + h;
-    store_row(out, b, h, n, X, p + r * X);
+    if (f64) return store_row(out, b, h, n, X, y.data_as<const double>() + r * X);
+    const float* f = y.data_as<const float>() + r * X;
+    std::copy(f, f + X, row.begin());
+    store_row(out, b, h, n, X, row.data());
   });
 }
 // W as linear's weight [out = Dk, in = D] (Wᵀ), float64.
@@ -71,21 +75,25 @@ void fold(const score_call& c, const score_state& s, const strided4& q, const st
 }
 
 // qp = Wᵀ q + b:  dq = W dqp,  dW = Σ_rows q dqpᵀ,  db = Σ_rows dqp (into *db when given), by
-// attn::linear_backward in float64. Reads q and dqp, writes dq; returns dW [D, Dk].
+// attn::linear_backward in `t`: float64 for the float64 paths, float32 on the core op's float32
+// and bfloat16 routes (whose forward folds W in float32 too: core_prepare). Reads q and dqp,
+// writes dq; returns dW [D, Dk].
 std::vector<double> unfold(const score_call& c, const score_state& s, const strided4& q, const strided4& dqp,
-                           const strided4& dq, std::vector<double>* db = nullptr) {
+                           const strided4& dq, std::vector<double>* db = nullptr, dtype t = dtype::f64) {
+  // The rows in [B, H, N] order whatever the layout: dW and db sum them in the same order for a
+  // 3-D and a 4-D call (the same bits in float32).
   const std::int64_t D = c.D, Dk = c.Dk;
-  const Tensor x = Tensor::copy_of(layout_rows(q, c.B, c.Hq, c.Nq, D, c.rank), dtype::f64);
-  const Tensor dy = Tensor::copy_of(layout_rows(dqp, c.B, c.Hq, c.Nq, Dk, c.rank), dtype::f64);
-  const linear_grads lg = linear_backward(x, weight_t(c, s), dy, {.dx = true, .dW = true, .db = db != nullptr});
-  store_layout(lg.dx, dq, c.B, c.Hq, c.Nq, D, c.rank);
-  const double* gw = static_cast<const double*>(lg.dW.data());  // [Dk, D]: the gradient of Wᵀ
+  const Tensor x = Tensor::copy_of(layout_rows(q, c.B, c.Hq, c.Nq, D, 4), t);
+  const Tensor dy = Tensor::copy_of(layout_rows(dqp, c.B, c.Hq, c.Nq, Dk, 4), t);
+  const linear_grads lg = linear_backward(x, weight_t(c, s).to(t), dy, {.dx = true, .dW = true, .db = db != nullptr});
+  store_layout(lg.dx, dq, c.B, c.Hq, c.Nq, D, 4);
+  const std::vector<double> gw = lg.dW.to_vector();  // [Dk, D]: the gradient of Wᵀ
   std::vector<double> dW(std::size_t(D * Dk));
   for (std::int64_t d = 0; d < D; ++d)
-    for (std::int64_t e = 0; e < Dk; ++e) dW[std::size_t(d * Dk + e)] = gw[e * D + d];
+    for (std::int64_t e = 0; e < Dk; ++e) dW[std::size_t(d * Dk + e)] = gw[std::size_t(e * D + d)];
   if (db) {
-    const double* g = static_cast<const double*>(lg.db.data());
-    for (std::int64_t e = 0; e < Dk; ++e) (*db)[std::size_t(e)] += g[e];
+    const std::vector<double> g = lg.db.to_vector();
+    for (std::int64_t e = 0; e < Dk; ++e) (*db)[std::size_t(e)] += g[std::size_t(e)];
   }
   return dW;
 }
@@ -145,7 +153,8 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
   g.dq = empty_bhnx(c.B, c.Hq, c.Nq, c.D, c.rank, c.type);
   std::vector<double> db(std::size_t(c.Dk), 0.0);
   const bool fb = folds_bias(c);
-  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq), fb ? &db : nullptr));
+  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq), fb ? &db : nullptr,
+                                core_dtype(c.type) == dtype::f64 ? dtype::f64 : dtype::f32));
   if (fb) g.db = param_grad(s.b, db);
   g.dk = to_dtype(cg.dk, c.type);
 }
@@ -204,7 +213,8 @@ void core_backward_activated(const score_call& c, const score_state& s, const Te
                              const core_qkv& in, const attention_grads& cg, family_grads& g) {
   const std::int64_t Dk = c.Dk, P = in.k.size(in.k.rank() - 1) / (c.rank == 3 ? c.Hkv : 1);
   new_dq_dk(c, g);
-  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq)));
+  g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq), nullptr,
+                                core_dtype(c.type) == dtype::f64 ? dtype::f64 : dtype::f32));
   const strided4 dks = as_bhnx(cg.dk, c.Hkv), dko = as_bhnx(g.dk, c.Hkv);
   std::vector<double> r(static_cast<std::size_t>(P));
   double db = 0.0;
