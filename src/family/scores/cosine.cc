@@ -32,7 +32,8 @@ void normalise(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t D, c
     double nn = 0.0;
     for (std::int64_t e = 0; e < D; ++e) nn += r[e] * r[e];
     nn = std::sqrt(nn);
-    for (std::int64_t e = 0; e < D; ++e) r[e] = nn > 0.0 ? r[e] / (nn * div) : 0.0;
+    const double m = nn > 0.0 ? 1.0 / (nn * div) : 0.0;  // a multiply an element, not a divide
+    for (std::int64_t e = 0; e < D; ++e) r[e] *= m;
     store_row(xp, b, h, n, D, r);
   });
 }
@@ -54,13 +55,13 @@ double unnormalise(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t 
     nn = std::sqrt(nn);
     std::fill(d, d + D, 0.0);
     double dot = 0.0;
-    if (nn > 0.0) {
-      double proj = 0.0;
-      for (std::int64_t e = 0; e < D; ++e) proj += r[e] / nn * g[e] / div;
-      for (std::int64_t e = 0; e < D; ++e) {
-        d[e] = (g[e] / div - r[e] / nn * proj) / nn;
-        dot += g[e] * r[e] / (nn * div);
-      }
+    if (nn > 0.0) {  // (reciprocals once a row: three divides an element cost this pass most of its time)
+      const double inv = 1.0 / nn, idiv = 1.0 / div;
+      double rg = 0.0;
+      for (std::int64_t e = 0; e < D; ++e) rg += r[e] * g[e];
+      const double proj = rg * inv * idiv;  // x̂·dx̂
+      for (std::int64_t e = 0; e < D; ++e) d[e] = (g[e] * idiv - r[e] * inv * proj) * inv;
+      dot = rg * inv * idiv;
     }
     dots[std::size_t(row)] = dot;
     store_row(dx, b, h, n, D, d);
