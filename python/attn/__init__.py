@@ -27,7 +27,7 @@ __version__: str = _attn.__version__
 
 __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "FamilyKept", "attention", "attention_backward",
-    "attention_into", "attention_backward_into",
+    "attention_into", "attention_backward_into", "release_cached_buffers", "cached_buffer_bytes",
     "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
     "VarlenGrads", "attention_paged", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
@@ -395,6 +395,18 @@ def explain_backend(q, k, v, *, backward: bool = False, **options) -> str:
     'cpu: float64 inputs need the reference; runs on reference'
     """
     return _attn.explain_backend(_arg(q), _arg(k), _arg(v), _opts(**options), backward)
+
+
+def release_cached_buffers() -> int:
+    """attn keeps freed buffers of 8 MiB or more (at most 512 MiB, the most recent first) for the
+    next result of the same size — a repeated call then writes into memory it already has. This
+    gives them back to the system and returns their bytes."""
+    return _attn.release_cached_buffers()
+
+
+def cached_buffer_bytes() -> int:
+    """The bytes :func:`release_cached_buffers` would give back now."""
+    return _attn.cached_buffer_bytes()
 
 
 def backends() -> list:

@@ -124,6 +124,9 @@ void bind_attention(nb::module_& m) {
   m.def("explain_backend", &explain_backend_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("opts"),
         nb::arg("backward"));
   m.def("backends", &backends);
+  m.def("release_cached_buffers", [] { return release_cached_buffers(); },
+        "gives attn's cached buffers of 8 MiB or more back to the system; returns their bytes");
+  m.def("cached_buffer_bytes", [] { return cached_buffer_bytes(); });
   // Seconds per attn::attention call on these arrays, timed in a C++ loop (no Python in it):
   // the baseline python -m attn.bench subtracts to get the binding's own overhead.
   m.def("time_cpp_call", [](nb::handle q, nb::handle k, nb::handle v, nb::dict opts, int iterations) {

@@ -318,3 +318,19 @@ def test_into_bad_destinations():
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     with pytest.raises(ValueError, match=r"^attention_backward_into: dq and dv share memory"):
         attn.attention_backward_into(q, k, v, r.out, r.out, r.lse, dq, dk, dq)
+
+
+def test_cached_buffers_are_reused_and_released():
+    """A result of 8 MiB or more, freed, is kept and comes back for the next of its size (the same
+    memory); release_cached_buffers empties the cache and says how much it gave back."""
+    attn.release_cached_buffers()
+    assert attn.cached_buffer_bytes() == 0
+    q = np.zeros((1, 16, 1024, 128), np.float32)  # out: 8 MiB
+    out = attn.attention(q, q, q)
+    addr = out.__array_interface__["data"][0]
+    del out
+    assert attn.cached_buffer_bytes() == 8 << 20
+    again = attn.attention(q, q, q)
+    assert again.__array_interface__["data"][0] == addr and attn.cached_buffer_bytes() == 0
+    del again
+    assert attn.release_cached_buffers() == 8 << 20 and attn.cached_buffer_bytes() == 0
