@@ -389,15 +389,29 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
   return p;
 }
 
+namespace {
+// f(index) for every index of `shape` in C order, until f returns false; returns whether it ran
+// to the end.
+template <class F>
+bool for_each_index(const Shape& shape, F f) {
+  Shape idx(shape.size(), 0);
+  const std::int64_t n = TensorView(nullptr, dtype::f32, shape).numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!f(idx)) return false;
+    for (int d = int(shape.size()) - 1; d >= 0 && ++idx[std::size_t(d)] == shape[std::size_t(d)]; --d) idx[std::size_t(d)] = 0;
+  }
+  return true;
+}
+}  // namespace
+
 void check_finite(const char* op, const char* name, const TensorView& t, bool minus_inf_ok) {
   if (!is_floating(t.type())) return;
-  Shape idx(std::size_t(t.rank()), 0);
-  for (std::int64_t n = 0; n < t.numel(); ++n) {
+  for_each_index(t.shape(), [&](const Shape& idx) {
     const double x = load_as_double(t.data(), t.type(), t.offset_of(idx));
     if (!std::isfinite(x) && !(minus_inf_ok && x == kNegInf))
       fail(op, fmt::format("check_finite: {} holds {} at index {}", name, x, shape_str(idx)));
-    for (int d = t.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == t.size(d); --d) idx[std::size_t(d)] = 0;
-  }
+    return true;
+  });
 }
 
 const backend_impl& pick(const char* op, const problem& p, const backend_request& req, backend want) {
@@ -659,14 +673,10 @@ double qk_term_bound_coarse(const problem& p) {
 // threads (a serial float64 copy of dq, dk and dv cost a tenth of a small backward), a strided
 // one (the caller's, attention_backward_into) element by element.
 bool all_finite(const TensorView& t, int nt) {
-  if (!t.is_contiguous()) {
-    Shape idx(std::size_t(t.rank()), 0);
-    for (std::int64_t n = 0; n < t.numel(); ++n) {
-      if (!std::isfinite(load_as_double(t.data(), t.type(), t.offset_of(idx)))) return false;
-      for (int d = t.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == t.size(d); --d) idx[std::size_t(d)] = 0;
-    }
-    return true;
-  }
+  if (!t.is_contiguous())
+    return for_each_index(t.shape(), [&](const Shape& idx) {
+      return std::isfinite(load_as_double(t.data(), t.type(), t.offset_of(idx)));
+    });
   const std::int64_t n = t.numel();
   std::int64_t bad = 0;  // a count, not a short-circuit: the loops vectorise
   const void* d = t.data();
@@ -710,11 +720,10 @@ bool all_finite(const Tensor& t, int nt) { return !t.defined() || all_finite(t.v
 
 // Element by element, src into dst of the same shape (any strides, converting through double).
 void copy_elements(const TensorView& src, const TensorView& dst) {
-  Shape idx(std::size_t(src.rank()), 0);
-  for (std::int64_t n = 0; n < src.numel(); ++n) {
+  for_each_index(src.shape(), [&](const Shape& idx) {
     store_from_double(dst.data(), dst.type(), dst.offset_of(idx), load_as_double(src.data(), src.type(), src.offset_of(idx)));
-    for (int d = src.rank() - 1; d >= 0 && ++idx[std::size_t(d)] == src.size(d); --d) idx[std::size_t(d)] = 0;
-  }
+    return true;
+  });
 }
 
 // A destination of a *_into call: its shape and dtype, memory behind it, and no element written
@@ -726,9 +735,9 @@ void check_destination(const char* op, const char* name, const TensorView& t, co
   if (overlaps_itself(t)) fail(op, fmt::format("{} overlaps itself (strides {})", name, shape_str(t.strides())));
 }
 
-// No destination shares memory with another or with an input.
-void check_disjoint(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> outputs,
-                    std::initializer_list<std::pair<const char*, const TensorView*>> inputs) {
+// No destination shares memory with another or with an input (a null input: not given).
+using named_views = std::vector<std::pair<const char*, const TensorView*>>;
+void check_disjoint(const char* op, const named_views& outputs, const named_views& inputs) {
   for (auto o = outputs.begin(); o != outputs.end(); ++o) {
     for (auto x = std::next(o); x != outputs.end(); ++x)
       if (may_share_memory(*o->second, *x->second)) fail(op, fmt::format("{} and {} share memory", o->first, x->first));
@@ -759,11 +768,9 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   if (dst) {
     check_destination(op, "out", dst->out, out_shape(q, p), q.type());
     if (dst->lse) check_destination(op, "lse", *dst->lse, lse_shape, lse_type);
-    const TensorView* mask = options.attn_mask ? &*options.attn_mask : nullptr;
-    if (dst->lse)
-      check_disjoint(op, {{"out", &dst->out}, {"lse", &*dst->lse}}, {{"q", &q}, {"k", &k}, {"v", &v}, {"attn_mask", mask}});
-    else
-      check_disjoint(op, {{"out", &dst->out}}, {{"q", &q}, {"k", &k}, {"v", &v}, {"attn_mask", mask}});
+    named_views outs{{"out", &dst->out}};
+    if (dst->lse) outs.push_back({"lse", &*dst->lse});
+    check_disjoint(op, outs, {{"q", &q}, {"k", &k}, {"v", &v}, {"attn_mask", options.attn_mask ? &*options.attn_mask : nullptr}});
     out_view = dst->out;
     // The backends write lse as contiguous rows: the caller's own when it is laid out so.
     if (dst->lse && dst->lse->is_contiguous()) lse_view = *dst->lse;
