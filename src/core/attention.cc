@@ -997,13 +997,17 @@ attention_grads run_backward(const char* op, const TensorView& q, const TensorVi
   const backend_impl& picked = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
   const int nt = std::max(1, p.num_threads);
   const backend_impl& be = wide ? reference_backend() : picked;
+  bool seen_finite[3] = {false, false, false};  // dq, dk, dv as the backend saw them (backward_io::finite)
+  io.finite = seen_finite;
   run_guarded(op, p, be, [&] { be.backward(p, io); });
+  io.finite = nullptr;
   g.backend = be.name();
   // One answer on every backend: non-finite gradients from a float32 backend (special values,
   // overflow) are computed again, all of them, by the float64 reference.
   if (&be != &reference_backend() &&
-      !(all_finite(dq, nt) && all_finite(dk, nt) && all_finite(dv, nt) && all_finite(dalibi, 1) &&
-        all_finite(dsinks, 1) && all_finite(dmask, nt))) {
+      !((seen_finite[0] || all_finite(dq, nt)) && (seen_finite[1] || all_finite(dk, nt)) &&
+        (seen_finite[2] || all_finite(dv, nt)) && all_finite(dalibi, 1) && all_finite(dsinks, 1) &&
+        all_finite(dmask, nt))) {
     for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
       if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * dtype_size(acc->type()));
     reference_backend().backward(p, io);

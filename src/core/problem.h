@@ -169,6 +169,10 @@ struct backward_io {
   strided4 dmask;  // f64, or f32 when each element takes one term (a float32 mask without broadcast dims); data null when not requested
   double* dalibi = nullptr;
   double* dsinks = nullptr;
+  // [3]: dq, dk, dv. A backend that saw every element it wrote of one of them finite, as written,
+  // may set its entry true; the front then skips its own scan of that gradient (left false: the
+  // front scans it, and recomputes a non-finite one on the reference).
+  bool* finite = nullptr;
 };
 
 // One backend. `why_not` returns an empty string when the backend can run the request, or a

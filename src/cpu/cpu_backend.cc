@@ -29,6 +29,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -694,6 +695,14 @@ void backward(const problem& p, const backward_io& io) {
   // The two passes read each mask row more than once: its spans are found once (cpu/mask_fill.h).
   const mask_spans spans = find_mask_spans(p, nt);
 
+  // Whether dq, dk, dv each had a row not seen finite where it was stored (store_lane_rows' bits;
+  // backward_io::finite): the front scans only those.
+  std::atomic<bool> unseen[3] = {false, false, false};
+  const auto note = [&unseen](int which, std::uint64_t bad, std::int64_t rows) {
+    if (rows > 64 || (bad & (rows == 64 ? ~std::uint64_t(0) : (std::uint64_t(1) << rows) - 1)))
+      unseen[which].store(true, std::memory_order_relaxed);
+  };
+
   // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
   fbuf delta = alloc_floats(nrows), lse = alloc_floats(nrows);
@@ -793,7 +802,7 @@ void backward(const problem& p, const backward_io& io) {
         } else {
           kt.dq(lb, dio);
         }
-        cpu::store_lane_rows(kt, io.dq, b, ls.nl, p.D, dqt.get(), ls.L, scales, ls.row_of());
+        note(0, cpu::store_lane_rows(kt, io.dq, b, ls.nl, p.D, dqt.get(), ls.L, scales, ls.row_of()), ls.nl);
       }
     }
   }
@@ -851,7 +860,7 @@ void backward(const problem& p, const backward_io& io) {
                               std::int64_t X, const float* xt, std::int64_t ld, float mul) {
       float muls[kMaxKeyBlock];
       std::fill(muls, muls + nb, mul);
-      cpu::store_lane_rows(kt, t, b, nb, X, xt, ld, muls, [&](std::int64_t x) { return std::pair{hkv, j0 + x}; });
+      return cpu::store_lane_rows(kt, t, b, nb, X, xt, ld, muls, [&](std::int64_t x) { return std::pair{hkv, j0 + x}; });
     };
     // Key block t = (b, hkv, kb) against every query row of the group.
     auto key_block = [&](std::int64_t t) {
@@ -871,9 +880,11 @@ void backward(const problem& p, const backward_io& io) {
             for (std::int64_t d = 0; d < p.D; ++d) w[d] |= std::uint32_t(k[d * p.k.sx]) << shift;
         }
       } else if (fused) {
-        for (std::int64_t x = 0; x < nb; ++x) {
+        for (std::int64_t x = 0; x < nb; ++x) {  // (two loops without a branch: they vectorise)
           const float* k = K.row(b, hkv, j0 + x);
-          for (std::int64_t d = 0; d < ldq; ++d) krows[x * ldq + d] = d < p.D ? k[d] * scale : 0.0f;
+          float* r = krows + x * ldq;
+          for (std::int64_t d = 0; d < p.D; ++d) r[d] = k[d] * scale;
+          for (std::int64_t d = p.D; d < ldq; ++d) r[d] = 0.0f;
         }
       }
       if (dp) {  // word (d/2, x) = (row x's d, d + 1), zero past nb
@@ -971,8 +982,8 @@ void backward(const problem& p, const backward_io& io) {
           }
         }
       }
-      store_key_rows(io.dk, b, hkv, j0, nb, p.D, dkt, ld, scale);
-      store_key_rows(io.dv, b, hkv, j0, nb, p.Dv, dvt, ld, 1.0f);
+      note(1, store_key_rows(io.dk, b, hkv, j0, nb, p.D, dkt, ld, scale), nb);
+      note(2, store_key_rows(io.dv, b, hkv, j0, nb, p.Dv, dvt, ld, 1.0f), nb);
     };
     if (!fused) {
       // Tasks t = (b·Hkv + hkv)·nkb + kb; the (b, hkv) that share a mask gradient's elements run
@@ -995,13 +1006,19 @@ void backward(const problem& p, const backward_io& io) {
           for (std::int64_t i = 0; i < p.Nq; ++i) std::fill(dq_rows(b, hkv, g, i), dq_rows(b, hkv, g, i) + p.D, 0.0f);
         for (std::int64_t kb = 0; kb < nkb; ++kb) key_block(u * nkb + kb);
         const float dq_scale = dp ? scale : 1.0f;  // bf16 pairs: dq = scale · Σ dS K
+        int bad = 0;  // a non-finite element in dq rows accumulated in place (converted ones: not looked at)
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) {
             float* r = dq_rows(b, hkv, g, i);
-            if (!dq_direct) cpu::store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, dq_scale);
-            else if (dp)
+            if (!dq_direct) {
+              cpu::store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, dq_scale);
+              continue;
+            }
+            if (dp)
               for (std::int64_t d = 0; d < p.D; ++d) r[d] *= scale;
+            for (std::int64_t d = 0; d < p.D; ++d) bad |= !(r[d] * 0.0f == 0.0f);  // NaN and ±inf give NaN
           }
+        if (bad || !dq_direct) unseen[0].store(true, std::memory_order_relaxed);
       }
     }
   }
@@ -1011,6 +1028,8 @@ void backward(const problem& p, const backward_io& io) {
         for (std::int64_t kb = 0; kb < nkb; ++kb)
           io.dalibi[b * p.Hq + h] += dalibi_part[std::size_t(((b * p.Hkv + h / G) * nkb + kb) * G + h % G)];
   }
+  if (io.finite)
+    for (int x = 0; x < 3; ++x) io.finite[x] = !unseen[x].load();
 }
 
 // ---- eligibility ----
