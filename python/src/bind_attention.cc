@@ -71,14 +71,6 @@ nb::tuple attention_with_kv_cache_py(nb::handle q, nb::handle k_new, nb::handle 
   return result_tuple(res, kind(kind_));
 }
 
-// A destination the call writes: a writable array (a read-only NumPy array is refused).
-TensorView writable_arg(nb::handle a, const char* op, const char* name) {
-  nb::ndarray<> w;
-  if (!nb::try_cast(a, w, false))
-    throw nb::type_error(fmt::format("{}: {} must be a writable array (NumPy, torch or DLPack)", op, name).c_str());
-  return view_of(Array(w), op, name);
-}
-
 std::string attention_into_py(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::dict opts) {
   const char* op = "attention_into";
   const attention_call c = read_call(op, q, k, v, opts);

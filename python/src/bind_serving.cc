@@ -30,12 +30,8 @@ options_pair read_options(const char* op, nb::dict opts) {
 // a read-only array is refused rather than written through.
 paged_kv_view read_cache(const char* op, nb::handle k_pages, nb::handle v_pages, nb::handle block_table,
                          nb::handle seq_lens, nb::handle k_scales, nb::handle v_scales, bool writable) {
-  auto pages = [&](nb::handle h, const char* name) -> TensorView {
-    if (!writable) return array_arg(h, op, name);
-    nb::ndarray<> a;
-    if (!nb::try_cast(h, a, false))
-      throw nb::type_error(fmt::format("{}: {} must be a writable array (NumPy, torch or DLPack)", op, name).c_str());
-    return view_of(Array(a), op, name);
+  auto pages = [&](nb::handle h, const char* name) {
+    return writable ? writable_arg(h, op, name) : array_arg(h, op, name);
   };
   paged_kv_view c{pages(k_pages, "k_pages"), pages(v_pages, "v_pages"), array_arg(block_table, op, "block_table"),
                   array_arg(seq_lens, op, "seq_lens"), {}, {}};

@@ -70,6 +70,13 @@ TensorView array_arg(nb::handle h, const char* op, const char* name) {
   return view_of(a, op, name);
 }
 
+TensorView writable_arg(nb::handle h, const char* op, const char* name) {
+  nb::ndarray<> a;
+  if (!nb::try_cast(h, a, false))
+    throw nb::type_error(fmt::format("{}: {} must be a writable array (NumPy, torch or DLPack)", op, name).c_str());
+  return view_of(Array(a), op, name);
+}
+
 namespace {
 
 causal_alignment parse_alignment(const std::string& s, const char* op) {

@@ -43,6 +43,9 @@ class option_reader {
 
 // Any array (NumPy, torch, DLPack) or TypeError naming the argument.
 TensorView array_arg(nb::handle h, const char* op, const char* name);
+// An array the call writes: a read-only one (a NumPy array with write=False) is a TypeError
+// naming the argument, rather than written through.
+TensorView writable_arg(nb::handle h, const char* op, const char* name);
 
 // The masking_options keys: attn_mask, is_causal, alignment, window, nonpad_kv_seqlen,
 // q_num_heads, kv_num_heads.

@@ -74,6 +74,9 @@ void fold(const score_call& c, const score_state& s, const strided4& q, const st
   store_layout(y, qp, c.B, c.Hq, c.Nq, c.Dk, c.rank);
 }
 
+// The dtype the core route folds W in (core_prepare) and unfolds it back (core_backward).
+dtype fold_dtype(const score_call& c) { return core_dtype(c.type) == dtype::f64 ? dtype::f64 : dtype::f32; }
+
 // qp = Wᵀ q + b:  dq = W dqp,  dW = Σ_rows q dqpᵀ,  db = Σ_rows dqp (into *db when given), by
 // attn::linear_backward in `t`: float64 for the float64 paths, float32 on the core op's float32
 // and bfloat16 routes (whose forward folds W in float32 too: core_prepare). Reads q and dqp,
@@ -154,7 +157,7 @@ void core_backward(const score_call& c, const score_state& s, const TensorView& 
   std::vector<double> db(std::size_t(c.Dk), 0.0);
   const bool fb = folds_bias(c);
   g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq), fb ? &db : nullptr,
-                                core_dtype(c.type) == dtype::f64 ? dtype::f64 : dtype::f32));
+                                fold_dtype(c)));
   if (fb) g.db = param_grad(s.b, db);
   g.dk = to_dtype(cg.dk, c.type);
 }
@@ -214,7 +217,7 @@ void core_backward_activated(const score_call& c, const score_state& s, const Te
   const std::int64_t Dk = c.Dk, P = in.k.size(in.k.rank() - 1) / (c.rank == 3 ? c.Hkv : 1);
   new_dq_dk(c, g);
   g.dW = param_grad(s.W, unfold(c, s, as_bhnx(q, c.Hq), as_bhnx(cg.dq, c.Hq), as_bhnx(g.dq, c.Hq), nullptr,
-                                core_dtype(c.type) == dtype::f64 ? dtype::f64 : dtype::f32));
+                                fold_dtype(c)));
   const strided4 dks = as_bhnx(cg.dk, c.Hkv), dko = as_bhnx(g.dk, c.Hkv);
   std::vector<double> r(static_cast<std::size_t>(P));
   double db = 0.0;
