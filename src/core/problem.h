@@ -198,6 +198,10 @@ const backend_impl& reference_backend();  // src/reference
 // there the rows a fast backend left non-finite (special values, attention.h).
 void reference_forward_rows(const problem& p, const forward_outputs& o, std::span<const std::int64_t> rows);
 const backend_impl& cpu_backend();        // src/cpu
+// The largest finite |x| of n unit-stride float32 or bfloat16 values (t), as the bits of a
+// float32 (0 where there is none), by the cpu kernels of this CPU's level (src/cpu): the front's
+// coarse bound on the q·k terms.
+std::int32_t max_finite_abs_bits(const void* x, std::int64_t n, dtype t);
 const backend_impl& cuda_backend();       // src/cuda (a refusing stub in builds without CUDA)
 
 // The one backend selector, used by every call and by explain_backend. `want` is the caller's

@@ -703,12 +703,13 @@ void backward(const problem& p, const backward_io& io) {
       unseen[which].store(true, std::memory_order_relaxed);
   };
 
-  // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0).
+  // Δ_i = dout_i · out_i and the lse (+inf on fully masked rows, so p = e^{s - lse} = 0) of row
+  // r = (b·Hq + h)·Nq + i. The fused schedule reads a row's only in the task of its (b, hkv) and
+  // finds them there (without dsinks, which sum them all first): no parallel region of their own
+  // (its wake and barrier cost a futex each under OMP_WAIT_POLICY=passive).
   const std::int64_t nrows = p.B * p.Hq * p.Nq;
   fbuf delta = alloc_floats(nrows), lse = alloc_floats(nrows);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t r = 0; r < nrows; ++r) {
-    const std::int64_t i = r % p.Nq, h = r / p.Nq % p.Hq, b = r / p.Nq / p.Hq;
+  const auto dout_dot_out = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
     double s = 0.0;
     const std::int64_t ox = io.out.sx;
     if (dp) {  // dout bf16; out read as what it is
@@ -718,8 +719,7 @@ void backward(const problem& p, const backward_io& io) {
       if (io.out.type == dtype::bf16) {
         const std::uint16_t* o = io.out.ptr<std::uint16_t>(b, h, i, 0);
         if (dx == 1 && ox == 1)
-          s = dot8(p.Dv, [d](std::int64_t x) { return double(bf16_to_f32(d[x])); },
-                   [o](std::int64_t x) { return double(bf16_to_f32(o[x])); });
+          s = kt.dot_f64(d, o, p.Dv, true);  // (dot8's sum, on this level's vectors)
         else
           s = dot8(p.Dv, dl, [o, ox](std::int64_t x) { return double(bf16_to_f32(o[x * ox])); });
       } else if (io.out.type == dtype::f32) {
@@ -732,16 +732,38 @@ void backward(const problem& p, const backward_io& io) {
       const float* d = dO.row(b, h, i);
       const float* o = io.out.ptr<float>(b, h, i, 0);
       if (ox == 1)
-        s = dot8(p.Dv, [d](std::int64_t x) { return double(d[x]); }, [o](std::int64_t x) { return double(o[x]); });
+        s = kt.dot_f64(d, o, p.Dv, false);
       else
         s = dot8(p.Dv, [d](std::int64_t x) { return double(d[x]); }, [o, ox](std::int64_t x) { return double(o[x * ox]); });
     } else {
       const float* d = dO.row(b, h, i);
       s = dot8(p.Dv, [d](std::int64_t x) { return double(d[x]); }, [&](std::int64_t x) { return io.out.load(b, h, i, x); });
     }
-    delta[r] = float(s);
-    const double l = load_as_double(io.lse, io.lse_type, r);
-    lse[r] = l == kNegInf ? kInfF : float(l);
+    return s;
+  };
+  // Rows [i0, i1) of head (b, h): no index arithmetic per row, the lse read as float32 where it is.
+  const auto head_stats = [&](std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t i1) {
+    const std::int64_t r0 = (b * p.Hq + h) * p.Nq;
+    for (std::int64_t i = i0; i < i1; ++i) delta[r0 + i] = float(dout_dot_out(b, h, i));
+    if (io.lse_type == dtype::f32) {
+      const float* l = static_cast<const float*>(io.lse) + r0;
+      for (std::int64_t i = i0; i < i1; ++i) lse[r0 + i] = l[i] == -kInfF ? kInfF : l[i];
+    } else {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const double l = load_as_double(io.lse, io.lse_type, r0 + i);
+        lse[r0 + i] = l == kNegInf ? kInfF : float(l);
+      }
+    }
+  };
+  const bool stats_in_task = fused && !io.dsinks;
+  if (!stats_in_task) {  // heads in chunks of kStatRows rows
+    constexpr std::int64_t kStatRows = 64;
+    const std::int64_t nc = ceil_div(p.Nq, kStatRows);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (std::int64_t u = 0; u < p.B * p.Hq * nc; ++u) {
+      const std::int64_t c = u % nc, h = u / nc % p.Hq, b = u / nc / p.Hq;
+      head_stats(b, h, c * kStatRows, std::min(p.Nq, (c + 1) * kStatRows));
+    }
   }
   if (io.dsinks) {  // dsink_h = -Σ_{b,i} e^{sink_h - lse} Δ_i, in (b, i) order
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -1001,6 +1023,8 @@ void backward(const problem& p, const backward_io& io) {
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < p.B * p.Hkv; ++u) {
         const std::int64_t hkv = u % p.Hkv, b = u / p.Hkv;
+        if (stats_in_task)  // the rows of the group's heads
+          for (std::int64_t g = 0; g < G; ++g) head_stats(b, hkv * G + g, 0, p.Nq);
         if (!dq_direct && !dqbuf) dqbuf = alloc_floats(G * p.Nq * ldq);
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) std::fill(dq_rows(b, hkv, g, i), dq_rows(b, hkv, g, i) + p.D, 0.0f);
@@ -1094,6 +1118,10 @@ std::string describe(const problem& p, const backend_request& req) {
 }
 
 }  // namespace
+
+std::int32_t max_finite_abs_bits(const void* x, std::int64_t n, dtype t) {
+  return cpu::select_kernels().max_abs_bits(x, n, t == dtype::bf16);
+}
 
 const backend_impl& cpu_backend() {
   static const backend_impl impl{backend::cpu, why_not, describe, forward, backward};

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "core/common.h"
 #include "cpu/decode.h"
 #include "cpu/kernels.h"
 #include "cpu/prefill.h"
@@ -173,6 +174,44 @@ void lane_words(const std::uint32_t* const* rows, std::int64_t L, std::int64_t n
     }
 }
 
+// kernel_table::dot_f64. A product of two floats is exact in float64, so a contracted
+// multiply-add (this ISA's FMA) gives the bits of sum8's multiply and add.
+double dot_f64(const void* a, const void* b, std::int64_t n, bool bf16) {
+  if (bf16) {
+    const auto* x = static_cast<const std::uint16_t*>(a);
+    const auto* y = static_cast<const std::uint16_t*>(b);
+    return sum8(n, [x, y](std::int64_t i) { return double(bf16_to_f32(x[i])) * double(bf16_to_f32(y[i])); });
+  }
+  const auto* x = static_cast<const float*>(a);
+  const auto* y = static_cast<const float*>(b);
+  return sum8(n, [x, y](std::int64_t i) { return double(x[i]) * double(y[i]); });
+}
+
+// kernel_table::max_abs_bits: a float's and a bfloat16's magnitude order as their bits do once
+// the sign is cleared, so an integer max (narrow lanes: loops the compiler vectorises).
+std::int32_t max_abs_bits(const void* x, std::int64_t n, bool bf16) {
+  if (bf16) {
+    const auto* r = static_cast<const std::uint16_t*>(x);
+    std::int16_t m = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int16_t u = std::int16_t(r[i] & 0x7fff);
+      u = u < 0x7f80 ? u : std::int16_t(0);
+      m = m > u ? m : u;
+    }
+    return std::int32_t(m) << 16;  // the float32 of the bf16
+  }
+  const auto* r = static_cast<const float*>(x);
+  std::int32_t m = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int32_t u;
+    __builtin_memcpy(&u, r + i, 4);
+    u &= 0x7fffffff;
+    u = u < 0x7f800000 ? u : 0;
+    m = m > u ? m : u;
+  }
+  return m;
+}
+
 // The table of this ISA; the bf16 entries only where it has a bf16 dot product.
 template <class Dot>
 constexpr kernel_table make_table(const char* name) {
@@ -182,6 +221,8 @@ constexpr kernel_table make_table(const char* name) {
   t.mask_tile = mask_tile;
   t.store_lanes = store_lanes;
   t.lane_words = lane_words;
+  t.dot_f64 = dot_f64;
+  t.max_abs_bits = max_abs_bits;
   return t;
 }
 

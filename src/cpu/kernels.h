@@ -289,6 +289,12 @@ struct kernel_table {
   // past nl zero. A float is a word: f32 rows transpose the same way.
   void (*lane_words)(const std::uint32_t* const* rows, std::int64_t L, std::int64_t nl, std::int64_t Xw,
                      std::uint32_t* out, std::int64_t ld) = nullptr;
+  // Σ a[x]·b[x] over n unit-stride float32 values (bfloat16 with bf16) in float64, in sum8's
+  // order (core/common.h): the backward's Δ = dout · out of a row.
+  double (*dot_f64)(const void* a, const void* b, std::int64_t n, bool bf16) = nullptr;
+  // The largest finite |x| of n unit-stride float32 values (bfloat16 with bf16), as the bits of
+  // a float32; 0 where there is none (the front's coarse bound on the q·k terms).
+  std::int32_t (*max_abs_bits)(const void* x, std::int64_t n, bool bf16) = nullptr;
 };
 
 static constexpr inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }

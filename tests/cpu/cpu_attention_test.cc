@@ -6,10 +6,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/common.h"
 #include "cpu/kernels.h"
 #include "test_util.h"
 
@@ -219,6 +221,57 @@ TEST(cpu_attention, fused_backward_random_sweep) {
     isa_scope scope(isa.c_str());
     std::mt19937 rng(4321);
     for (int n = 0; n < 60; ++n) check_case(random_config(rng), std::uint32_t(1000 + n));
+  }
+}
+
+// The backward's Δ = dout · out (kernel_table::dot_f64) and the front's coarse bound on the
+// q·k terms (max_abs_bits), on every level: Δ bit for bit sum8's float64 sum, the bound the
+// largest finite magnitude exactly — lengths off the vector width, NaN, ±inf, -0, subnormals
+// and (bfloat16) the upper halves of the same floats.
+TEST(cpu_attention, row_scans_every_isa) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), -0.0f, 1e-41f, -3e38f};
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    const detail::cpu::kernel_table& kt = detail::cpu::select_kernels();
+    for (std::int64_t n : {0, 1, 7, 8, 9, 31, 33, 64, 65, 1000}) {
+      for (int special = -1; special < 6; ++special) {
+        std::vector<float> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) a[std::size_t(i)] = normal(rng), b[std::size_t(i)] = normal(rng);
+        if (special >= 0 && n > 0) a[std::size_t(n / 2)] = specials[special];
+        std::vector<std::uint16_t> ah(static_cast<std::size_t>(n)), bh(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) {
+          std::uint32_t u, v;
+          std::memcpy(&u, &a[std::size_t(i)], 4), std::memcpy(&v, &b[std::size_t(i)], 4);
+          ah[std::size_t(i)] = std::uint16_t(u >> 16), bh[std::size_t(i)] = std::uint16_t(v >> 16);
+        }
+        const std::string what = fmt::format("n {} special {}", n, special);
+        // Δ: sum8 of the float64 products
+        const double want = detail::sum8(n, [&](std::int64_t i) { return double(a[std::size_t(i)]) * double(b[std::size_t(i)]); });
+        const double want16 = detail::sum8(n, [&](std::int64_t i) {
+          return double(bf16_to_f32(ah[std::size_t(i)])) * double(bf16_to_f32(bh[std::size_t(i)]));
+        });
+        const double got = kt.dot_f64(a.data(), b.data(), n, false), got16 = kt.dot_f64(ah.data(), bh.data(), n, true);
+        EXPECT_TRUE(std::memcmp(&got, &want, 8) == 0 || (std::isnan(got) && std::isnan(want))) << what << ": " << got << " vs " << want;
+        EXPECT_TRUE(std::memcmp(&got16, &want16, 8) == 0 || (std::isnan(got16) && std::isnan(want16)))
+            << what << " bf16: " << got16 << " vs " << want16;
+        // the bound: the largest finite |a|, as float32 bits
+        float top = 0.0f, top16 = 0.0f;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float x = std::abs(a[std::size_t(i)]), x16 = std::abs(bf16_to_f32(ah[std::size_t(i)]));
+          if (std::isfinite(x)) top = std::max(top, x);
+          if (std::isfinite(x16)) top16 = std::max(top16, x16);
+        }
+        const std::int32_t m = kt.max_abs_bits(a.data(), n, false), m16 = kt.max_abs_bits(ah.data(), n, true);
+        float fm, fm16;
+        std::memcpy(&fm, &m, 4), std::memcpy(&fm16, &m16, 4);
+        EXPECT_EQ(fm, top) << what;
+        EXPECT_EQ(fm16, top16) << what << " bf16";
+      }
+    }
   }
 }
 
