@@ -4,29 +4,92 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <span>
 
 #include "cpu/kernels.h"
 
 namespace attn::detail::cpu {
 
+namespace {
+
+// Row `row` = (b·H + h)·Np + n of bf16_row_words' layout, Xw words at o.
+void row_words_row(const strided4& s, std::int64_t H, std::int64_t N, std::int64_t Xw, std::int64_t Np,
+                   std::int64_t row, std::uint32_t* o) {
+  const std::int64_t n = row % Np, h = row / Np % H, b = row / Np / H;
+  if (n >= N) {
+    std::fill(o, o + Xw, 0u);
+    return;
+  }
+  const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
+  if (s.sx == 1)  // the row's own bytes (little-endian: the first value in the low half)
+    std::memcpy(o, p, std::size_t(Xw) * 4);
+  else
+    for (std::int64_t w = 0; w < Xw; ++w) o[w] = std::uint32_t(p[2 * w * s.sx]) | std::uint32_t(p[(2 * w + 1) * s.sx]) << 16;
+}
+
+// Whether either bf16 of a word is an inf or a NaN (its exponent bits all ones).
+inline std::uint32_t special_word(std::uint32_t w) {
+  return std::uint32_t((w & 0x7f80u) == 0x7f80u) | std::uint32_t((w & 0x7f800000u) == 0x7f800000u);
+}
+
+// Row `row` = (b·H + h)·Npairs + j' of bf16_pair_words' layout, X words at o (zero on entry);
+// nonzero where a word holds an inf or a NaN (looked at only with check).
+std::uint32_t pair_words_row(const strided4& s, std::int64_t H, std::int64_t N, std::int64_t X, std::int64_t Npairs,
+                             std::int64_t row, std::uint32_t* o, bool check) {
+  const std::int64_t jp = row % Npairs, h = row / Npairs % H, b = row / Npairs / H;
+  for (std::int64_t half = 0; half < 2; ++half) {
+    const std::int64_t j = 2 * jp + half;
+    if (j >= N) break;
+    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
+    const int shift = 16 * int(half);
+    if (s.sx == 1)  // (a loop the compiler vectorises)
+      for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x]) << shift;
+    else
+      for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << shift;
+  }
+  std::uint32_t bad = 0;
+  if (check)
+    for (std::int64_t x = 0; x < X; ++x) bad |= special_word(o[x]);
+  return bad;
+}
+
+}  // namespace
+
+void bf16_packs(std::span<const word_pack> packs, int nt) {
+  std::vector<std::uint32_t> bad(packs.size(), 0u);
+  for (const word_pack& k : packs) {
+    const std::size_t n = std::size_t(k.B * k.H * k.np * (k.kind == word_pack::rows ? k.X / 2 : k.X));
+    if (k.kind == word_pack::rows) *k.out = words(n);  // every word written below
+    else *k.out = words(n, 0u);                        // the pairs are or-ed in
+  }
+#pragma omp parallel num_threads(nt)
+  for (std::size_t i = 0; i < packs.size(); ++i) {  // (every thread meets the same loops)
+    const word_pack& k = packs[i];
+    const std::int64_t rows = k.B * k.H * k.np;
+    std::uint32_t* out = k.out->data();
+    std::uint32_t my = 0;
+    if (k.kind == word_pack::rows) {
+#pragma omp for schedule(static) nowait
+      for (std::int64_t row = 0; row < rows; ++row) row_words_row(*k.s, k.H, k.N, k.X / 2, k.np, row, out + row * (k.X / 2));
+    } else {
+#pragma omp for schedule(static) nowait
+      for (std::int64_t row = 0; row < rows; ++row)
+        my |= pair_words_row(*k.s, k.H, k.N, k.X, k.np, row, out + row * k.X, k.finite != nullptr);
+    }
+    if (my) {
+#pragma omp atomic
+      bad[i] |= my;
+    }
+  }
+  for (std::size_t i = 0; i < packs.size(); ++i)
+    if (packs[i].finite) *packs[i].finite = bad[i] == 0;
+}
+
 words bf16_row_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                      std::int64_t Np, int nt) {
-  const std::int64_t Xw = X / 2;
-  words r(std::size_t(B * H * Np * Xw));  // every word written below: rows [0, N), then zero rows to Np
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (std::int64_t row = 0; row < B * H * Np; ++row) {
-    const std::int64_t n = row % Np, h = row / Np % H, b = row / Np / H;
-    std::uint32_t* o = r.data() + row * Xw;
-    if (n >= N) {
-      std::fill(o, o + Xw, 0u);
-      continue;
-    }
-    const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, n, 0);
-    if (s.sx == 1)  // the row's own bytes (little-endian: the first value in the low half)
-      std::memcpy(o, p, std::size_t(Xw) * 4);
-    else
-      for (std::int64_t w = 0; w < Xw; ++w) o[w] = std::uint32_t(p[2 * w * s.sx]) | std::uint32_t(p[(2 * w + 1) * s.sx]) << 16;
-  }
+  words r;
+  const word_pack k{word_pack::rows, &s, B, H, N, X, Np, &r};
+  bf16_packs({&k, 1}, nt);
   return r;
 }
 
@@ -68,33 +131,11 @@ word_rows bf16_rows_in_place(const strided4& s, std::int64_t B, std::int64_t H, 
   return r;
 }
 
-// Whether either bf16 of a word is an inf or a NaN (its exponent bits all ones).
-inline std::uint32_t special_word(std::uint32_t w) {
-  return std::uint32_t((w & 0x7f80u) == 0x7f80u) | std::uint32_t((w & 0x7f800000u) == 0x7f800000u);
-}
-
 words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                       std::int64_t Npairs, int nt, bool* finite) {
-  words r(std::size_t(B * H * Npairs * X), 0u);
-  std::uint32_t bad = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
-  for (std::int64_t row = 0; row < B * H * Npairs; ++row) {
-    const std::int64_t jp = row % Npairs, h = row / Npairs % H, b = row / Npairs / H;
-    std::uint32_t* o = r.data() + row * X;
-    for (std::int64_t half = 0; half < 2; ++half) {
-      const std::int64_t j = 2 * jp + half;
-      if (j >= N) break;
-      const std::uint16_t* p = s.ptr<std::uint16_t>(b, h, j, 0);
-      const int shift = 16 * int(half);
-      if (s.sx == 1)  // (a loop the compiler vectorises)
-        for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x]) << shift;
-      else
-        for (std::int64_t x = 0; x < X; ++x) o[x] |= std::uint32_t(p[x * s.sx]) << shift;
-    }
-    if (finite)
-      for (std::int64_t x = 0; x < X; ++x) bad |= special_word(o[x]);
-  }
-  if (finite) *finite = bad == 0;
+  words r;
+  const word_pack k{word_pack::pairs, &s, B, H, N, X, Npairs, &r, finite};
+  bf16_packs({&k, 1}, nt);
   return r;
 }
 

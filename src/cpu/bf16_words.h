@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/problem.h"
@@ -46,6 +47,20 @@ words bf16_pair_words(const strided4& s, std::int64_t B, std::int64_t H, std::in
 // (rows at or past N zero) — each column's keys in pairs, as the AMX forward's Vᵀ (amx.h).
 words bf16_pair_words_t(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                         std::int64_t Npairs, int nt, bool* finite = nullptr);
+
+// One pack for bf16_packs: the layout of bf16_row_words (rows, np = Np rows a head) or of
+// bf16_pair_words (pairs, np = Npairs; finite as there) of the view s [B, H, N, X], into *out.
+struct word_pack {
+  enum layout { rows, pairs } kind;
+  const strided4* s;
+  std::int64_t B, H, N, X, np;
+  words* out;
+  bool* finite = nullptr;
+};
+// Every pack of `packs` (the same words as the functions above, one by one) in one parallel
+// region: each region wakes the threads, a futex each under OMP_WAIT_POLICY=passive — ≈ 70 µs
+// on the 2-core virtual machines of docs/PERFORMANCE.md, a tenth of a small backward.
+void bf16_packs(std::span<const word_pack> packs, int nt);
 
 // Every element of the bfloat16 view finite (exponent bits not all ones).
 bool bf16_all_finite(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int nt);

@@ -251,12 +251,14 @@ struct bf16_pack {
   // the dq pass's) in place of kp, value pairs (vt: Vᵀ, the forward's) in place of vp.
   bf16_pack(const problem& p, int nt, bool k_rows, bool k_pairs, bool v_rows, bool v_pairs, bool amx = false)
       : nk2(amx ? (p.Nk + 31) / 32 * 32 + kAmxPad : (p.Nk + 1) / 2 * 2) {
-    if (k_rows) k = bf16_row_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2, nt);
-    if (v_rows) v = bf16_row_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, nt);
+    std::vector<word_pack> packs;  // (rows and pairs in one parallel region)
+    if (k_rows) packs.push_back({word_pack::rows, &p.k, p.B, p.Hkv, p.Nk, p.D, nk2, &k});
+    if (v_rows) packs.push_back({word_pack::rows, &p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2, &v});
+    if (k_pairs && !amx) packs.push_back({word_pack::pairs, &p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, &kp});
+    if (v_pairs && !amx) packs.push_back({word_pack::pairs, &p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, &vp});
+    if (!packs.empty()) bf16_packs(packs, nt);
     if (k_pairs && amx) kt = bf16_pair_words_t(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
-    if (k_pairs && !amx) kp = bf16_pair_words(p.k, p.B, p.Hkv, p.Nk, p.D, nk2 / 2, nt);
     if (v_pairs && amx) vt = bf16_pair_words_t(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
-    if (v_pairs && !amx) vp = bf16_pair_words(p.v, p.B, p.Hkv, p.Nk, p.Dv, nk2 / 2, nt);
   }
   // Row 0 of the (b, hkv) whose first packed row is `base`, as the kernels' bf16 rows.
   static const std::uint16_t* rows(const words& w, std::int64_t base, std::int64_t X) {
@@ -834,16 +836,23 @@ void backward(const problem& p, const backward_io& io) {
   // even rows, so a block's pairs are the call's; the pair past an odd Nq is zero).
   // AMX (amx.h, dkdv_amx): the rows padded with zero rows to whole tiles of 16, and instead of
   // the pairs Qᵀ and dOᵀ in pairs of rows [B·Hq][D|Dv][nqt], zero to whole query blocks.
-  const words none;
   const std::int64_t nqp = (p.Nq + 1) / 2, nqw = amx ? ceil_div(p.Nq, 16) * 16 : p.Nq;
   const std::int64_t qb = amx ? kAmxRowQueryBlock : kRowQueryBlock;
   const std::int64_t nqt = amx ? ceil_div(p.Nq, qb) * qb / 2 : 0;
-  const words Qw = dp ? bf16_row_words(p.q, p.B, p.Hq, p.Nq, p.D, nqw, nt) : none;
-  const words DOw = dp ? bf16_row_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqw, nt) : none;
-  const words Qp = dp && !amx ? bf16_pair_words(p.q, p.B, p.Hq, p.Nq, p.D, nqp, nt) : none;
-  const words DOp = dp && !amx ? bf16_pair_words(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, nt) : none;
-  const words Qt = amx ? bf16_pair_words_t(p.q, p.B, p.Hq, p.Nq, p.D, nqt, nt) : none;
-  const words DOt = amx ? bf16_pair_words_t(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqt, nt) : none;
+  words Qw, DOw, Qp, DOp, Qt, DOt;
+  if (dp) {  // (the rows and pairs in one parallel region)
+    std::vector<word_pack> packs{{word_pack::rows, &p.q, p.B, p.Hq, p.Nq, p.D, nqw, &Qw},
+                                 {word_pack::rows, &io.dout, p.B, p.Hq, p.Nq, p.Dv, nqw, &DOw}};
+    if (!amx) {
+      packs.push_back({word_pack::pairs, &p.q, p.B, p.Hq, p.Nq, p.D, nqp, &Qp});
+      packs.push_back({word_pack::pairs, &io.dout, p.B, p.Hq, p.Nq, p.Dv, nqp, &DOp});
+    }
+    bf16_packs(packs, nt);
+  }
+  if (amx) {
+    Qt = bf16_pair_words_t(p.q, p.B, p.Hq, p.Nq, p.D, nqt, nt);
+    DOt = bf16_pair_words_t(io.dout, p.B, p.Hq, p.Nq, p.Dv, nqt, nt);
+  }
 
   // Pass 2: dk, dv, row layout over (b, hkv, key block), every query row of every head of the
   // group. Fused: one task per (b, hkv) walks its key blocks in order and also accumulates
