@@ -61,11 +61,8 @@ nb::tuple attention_with_kv_cache_py(nb::handle q, nb::handle k_new, nb::handle 
                                      nb::handle cache_value, nb::handle lengths, nb::dict opts, int kind_) {
   const char* op = "attention_with_kv_cache";
   const attention_call c = read_call(op, q, k_new, v_new, opts, "k_new", "v_new");
-  // The cache is written: it must be a writable array (a read-only NumPy array is refused).
-  nb::ndarray<> ck, cv;
-  if (!nb::try_cast(cache_key, ck, false) || !nb::try_cast(cache_value, cv, false))
-    throw nb::type_error("attention_with_kv_cache: cache key and value must be writable arrays (NumPy, torch or DLPack)");
-  kv_cache_view cache{view_of(Array(ck), op, "cache key"), view_of(Array(cv), op, "cache value"),
+  // The cache is written: writable arrays (a read-only NumPy array is refused).
+  kv_cache_view cache{writable_arg(cache_key, op, "cache key"), writable_arg(cache_value, op, "cache value"),
                       array_arg(lengths, op, "cache lengths")};
   const attention_result res = without_gil([&] { return attention_with_kv_cache(c.q, c.k, c.v, cache, c.o, c.e); });
   return result_tuple(res, kind(kind_));

@@ -100,6 +100,20 @@ def test_kv_cache_written_in_place():
     assert torch.equal(lens, torch.tensor([0, 3])), "lengths are the caller's to advance"
 
 
+def test_kv_cache_read_only_refused_by_name():
+    """A read-only cache is refused with the message of every written argument (writable_arg),
+    naming which of the two it is; the other stays untouched."""
+    B, Hkv, cap, D = 1, 1, 4, 4
+    q, k1, v1 = (np.ones((B, 1, 1, D), np.float32) for _ in range(3))
+    lens = np.zeros(B, np.int64)
+    for which in ("key", "value"):
+        K, V = np.zeros((B, Hkv, cap, D), np.float32), np.zeros((B, Hkv, cap, D), np.float32)
+        (K if which == "key" else V).flags.writeable = False
+        with pytest.raises(TypeError, match=f"^attention_with_kv_cache: cache {which} must be a writable array"):
+            attn.attention_with_kv_cache(q, k1, v1, K, V, lens)
+        assert not K.any() and not V.any()
+
+
 def test_backward_numpy(rng):
     q, k, v = (rng.standard_normal((1, 2, 3, 4)) for _ in range(3))
     r = attn.attention(q, k, v, return_lse=True)
