@@ -1036,7 +1036,7 @@ void lane_stats(const family_lanes& lb, const float* S, std::int64_t n, std::int
           vf mk, th, sum;
           [&]<int... K>(std::integer_sequence<int, K...>) {  // k as a constant (topk_lanes)
             const lane_kept kc = kept.cnt ? lane_kept{kept.cnt + c * W, kept.idx + c * W * kept.kmax, kept.kmax} : kept;
-            ((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, mk, th, cut, sum, kc), true)) || ...);
+            (void)((fp.topk == K + 1 && (topk_lanes<K + 1>(S + c * W, L, n, kbase, mk, th, cut, sum, kc), true)) || ...);
           }(std::make_integer_sequence<int, int(kVectorTopk)>{});
           const vi none = mk == splat(-kInf);
           t = vselect(none, splat(kInf), th);
