@@ -17,35 +17,13 @@
 #include "attn/error.h"
 #include "attn/npy.h"
 #include "attn/tensor.h"
+#include "fuzz_bytes.h"
 
 namespace {
 
 using namespace attn;
 
-struct bytes {
-  const std::uint8_t* p;
-  std::size_t n;
-  std::uint8_t next() {
-    if (!n) return 0;
-    --n;
-    return *p++;
-  }
-  int upto(int k) { return next() % (k + 1); }  // 0..k
-  // A value: mostly in [-4, 4], sometimes large or special.
-  double value() {
-    const std::uint8_t c = next();
-    if (c < 240) return (c - 120) / 30.0 + next() / 7680.0;
-    switch (c) {
-      case 240: return std::nan("");
-      case 241: return INFINITY;
-      case 242: return -INFINITY;
-      case 243: return 1e19;
-      case 244: return -1e19;
-      case 245: return 300.0;
-      default: return 0.0;
-    }
-  }
-};
+using fuzz::bytes;
 
 Tensor filled(bytes& in, const Shape& s, dtype t, bool specials) {
   Tensor r = Tensor::empty(s, t);
@@ -57,10 +35,7 @@ Tensor filled(bytes& in, const Shape& s, dtype t, bool specials) {
   return r;
 }
 
-[[noreturn]] void finding(const char* what, const std::string& detail) {
-  std::fprintf(stderr, "api_fuzz finding: %s: %s\n", what, detail.c_str());
-  __builtin_trap();
-}
+[[noreturn]] void finding(const char* what, const std::string& detail) { fuzz::finding("api_fuzz", what, detail); }
 
 double tol_for(dtype t) { return t == dtype::f32 ? 2e-4 : t == dtype::f16 ? 4e-3 : 3e-2; }
 

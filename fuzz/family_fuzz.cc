@@ -27,33 +27,21 @@
 #include "attn/positional.h"
 #include "attn/serving.h"
 #include "attn/tensor.h"
+#include "fuzz_bytes.h"
 
 namespace {
 
 using namespace attn;
 
-struct bytes {
-  const std::uint8_t* p;
-  std::size_t n;
-  std::uint8_t next() {
-    if (!n) return 0;
-    --n;
-    return *p++;
-  }
-  int upto(int k) { return next() % (k + 1); }                           // 0..k
-  double value() { return (next() - 128) / 32.0 + next() / 8192.0; }   // [-4, 4)
-};
+using fuzz::bytes;
 
 Tensor filled(bytes& in, const Shape& s, dtype t) {
   Tensor r = Tensor::empty(s, t);
-  for (std::int64_t i = 0; i < r.numel(); ++i) store_from_double(r.data(), t, i, in.value());
+  for (std::int64_t i = 0; i < r.numel(); ++i) store_from_double(r.data(), t, i, in.moderate());
   return r;
 }
 
-[[noreturn]] void finding(const std::string& what, const std::string& detail) {
-  std::fprintf(stderr, "family_fuzz finding: %s: %s\n", what.c_str(), detail.c_str());
-  __builtin_trap();
-}
+[[noreturn]] void finding(const std::string& what, const std::string& detail) { fuzz::finding("family_fuzz", what, detail); }
 
 double tol_for(dtype t) { return t == dtype::f32 ? 2e-4 : t == dtype::f16 ? 4e-3 : t == dtype::bf16 ? 3e-2 : 1e-9; }
 
@@ -108,11 +96,11 @@ void fuzz_family(bytes& in) {
   o.distribution.kind = dists[in.upto(6)];
   o.distribution.k = 1 + in.upto(3);
   o.distribution.hardmax_grad = in.upto(1) ? hardmax_gradient::straight_through : hardmax_gradient::zero;
-  if (in.upto(3) == 0) o.distribution.sigmoid_bias = in.value();
+  if (in.upto(3) == 0) o.distribution.sigmoid_bias = in.moderate();
   o.score.activation = score_activation(in.upto(2));
   o.score.temperature = 0.25 + in.upto(7) / 4.0;
   o.score.bandwidth = 0.5 + in.upto(7) / 2.0;
-  if (o.score.kind == score_kind::scaled_dot && in.upto(1)) o.score.scale = in.value();
+  if (o.score.kind == score_kind::scaled_dot && in.upto(1)) o.score.scale = in.moderate();
   o.is_causal = in.upto(1);
   o.alignment = causal_alignment(in.upto(2));
   o.window_left = in.upto(3) - 1;
