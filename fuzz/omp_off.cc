@@ -5,3 +5,4 @@
 extern "C" int omp_get_max_threads() { return 1; }
 extern "C" int omp_get_num_procs() { return 1; }
 extern "C" int omp_get_thread_num() { return 0; }
+extern "C" int omp_get_num_threads() { return 1; }

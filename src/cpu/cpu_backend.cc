@@ -47,6 +47,7 @@
 #include "cpu/kernels.h"
 #include "cpu/mask_fill.h"
 #include "cpu/rows.h"
+#include "cpu/team.h"
 
 namespace attn::detail {
 namespace {
@@ -421,6 +422,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   const std::int64_t nh = plan.heads, tasks = units / nh * nchunk;
   // Floats of one head's scratch, 64-byte aligned.
   const std::int64_t scratch_floats = (lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L) + 15) / 16 * 16;
+  team_join join;
 #pragma omp parallel num_threads(nt)
   {
     // Per head of a task: its lane positions and qᵀ, scratch, (m, l, oᵀ), mask context, block.
@@ -445,7 +447,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
                       ldvt);
       }
     }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (std::int64_t t = 0; t < tasks; ++t) {
       const std::int64_t c = t % nchunk, w = t / nchunk;
       for (std::int64_t hh = 0; hh < nh; ++hh) {
@@ -522,6 +524,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         else std::copy(io.m, io.m + per, part.get() + (u * nchunk + c) * per);
       }
     }
+    join.arrive();
   }
   if (nchunk == 1) return hand_over();
 
@@ -864,6 +867,7 @@ void backward(const problem& p, const backward_io& io) {
   std::vector<double> dalibi_part(io.dalibi ? std::size_t(ntask * G) : 0, 0.0);
   const std::int64_t ldq = ceil_div(p.D, kt.W) * kt.W;
   const bool dq_direct = fused && io.dq.type == dtype::f32 && (io.dq.sx == 1 || p.D <= 1) && ldq == p.D;
+  team_join join;
 #pragma omp parallel num_threads(nt)
   {
     const std::int64_t ldk = ceil_div(rkb, kt.W) * kt.W;
@@ -1021,7 +1025,7 @@ void backward(const problem& p, const backward_io& io) {
       // in one task, b then hkv in order (the same sums for any thread count).
       const dmask_sharing sh = shared_dmask(p, io.dmask.data != nullptr);
       const std::int64_t gb = sh.b ? p.B : 1, gh = sh.h ? p.Hkv : 1;
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
       for (std::int64_t o = 0; o < ntask / (gb * gh); ++o) {
         // o over (b', hkv', kb) of the dims not shared
         const std::int64_t kb = o % nkb, hkv0 = sh.h ? 0 : o / nkb % p.Hkv, b0 = sh.b ? 0 : o / nkb / (sh.h ? 1 : p.Hkv);
@@ -1029,7 +1033,7 @@ void backward(const problem& p, const backward_io& io) {
           for (std::int64_t hh = 0; hh < gh; ++hh) key_block(((b0 + bb) * p.Hkv + hkv0 + hh) * nkb + kb);
       }
     } else {
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
       for (std::int64_t u = 0; u < p.B * p.Hkv; ++u) {
         const std::int64_t hkv = u % p.Hkv, b = u / p.Hkv;
         if (stats_in_task)  // the rows of the group's heads
@@ -1054,6 +1058,7 @@ void backward(const problem& p, const backward_io& io) {
         if (bad || !dq_direct) unseen[0].store(true, std::memory_order_relaxed);
       }
     }
+    join.arrive();
   }
   if (io.dalibi) {
     for (std::int64_t b = 0; b < p.B; ++b)
