@@ -17,6 +17,7 @@
 #include "core/common.h"
 #include "core/overlap.h"
 #include "core/problem.h"
+#include "core/team.h"
 
 namespace attn {
 namespace detail {
@@ -646,12 +647,14 @@ double qk_term_bound_coarse(const problem& p) {
   // under OMP_WAIT_POLICY=passive, tens of microseconds on a virtual machine).
   const std::int64_t hq = p.B * p.Hq, hk = p.B * p.Hkv;
   std::int32_t mq = 0, mk = 0;
+  team_join join;
 #pragma omp parallel num_threads(std::max(1, p.num_threads))
   {
 #pragma omp for reduction(max : mq) schedule(static) nowait
     for (std::int64_t u = 0; u < hq; ++u) mq = std::max(mq, head_max(p.q, u / p.Hq, u % p.Hq, p.Nq));
 #pragma omp for reduction(max : mk) schedule(static) nowait
     for (std::int64_t u = 0; u < hk; ++u) mk = std::max(mk, head_max(p.k, u / p.Hkv, u % p.Hkv, p.keys_valid(u / p.Hkv)));
+    join.arrive();
   }
   const auto as_float = [](std::int32_t m) {
     float f;

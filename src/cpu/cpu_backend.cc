@@ -42,12 +42,12 @@
 
 #include "core/common.h"
 #include "core/problem.h"
+#include "core/team.h"
 #include "cpu/bf16_words.h"
 #include "cpu/buffers.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_fill.h"
 #include "cpu/rows.h"
-#include "cpu/team.h"
 
 namespace attn::detail {
 namespace {

@@ -1,4 +1,4 @@
-// src/cpu/team.h — ending a parallel region's work so that the thread that carries on after it
+// src/core/team.h — ending a parallel region's work so that the thread that carries on after it
 // does not sleep at its closing barrier.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <atomic>
 #include <chrono>
 
-namespace attn::detail::cpu {
+namespace attn::detail {
 
 // Under OMP_WAIT_POLICY=passive a thread that reaches a region's closing barrier before the
 // others sleeps there (a futex) and the last one to arrive wakes it: ≈ 37 µs on the 2-core
@@ -38,4 +38,4 @@ class team_join {
   std::atomic<int> done_{0};
 };
 
-}  // namespace attn::detail::cpu
+}  // namespace attn::detail
