@@ -58,8 +58,9 @@ struct word_pack {
   bool* finite = nullptr;
 };
 // Every pack of `packs` (the same words as the functions above, one by one) in one parallel
-// region: each region wakes the threads, a futex each under OMP_WAIT_POLICY=passive — ≈ 70 µs
-// on the 2-core virtual machines of docs/PERFORMANCE.md, a tenth of a small backward.
+// region: each region wakes the threads, a futex each under OMP_WAIT_POLICY=passive — ≈ 37 µs
+// on the 2-core virtual machines of docs/PERFORMANCE.md (four packs: 3 % of a bf16 backward at
+// H16 N512 D64).
 void bf16_packs(std::span<const word_pack> packs, int nt);
 
 // Every element of the bfloat16 view finite (exponent bits not all ones).
