@@ -628,19 +628,21 @@ double qk_term_bound(const problem& p) {
 // D · max_d |q_id| · max_d |k_jd| over the finite elements (a float's and a bfloat16's magnitude
 // orders as its bits do, the sign cleared). +inf where a view is not unit-stride float32 or
 // bfloat16. Most calls are decided by it (N(0, 1) rows at D 128: ≈ 230 against kWideLse's 1024).
-// The scan is the cpu kernels' (max_finite_abs_bits: this CPU's vectors), a head at a time.
+// The scan is the cpu kernels' (cpu_max_abs_bits: this CPU's vectors), a head at a time.
 double qk_term_bound_coarse(const problem& p) {
   const auto scannable = [](const strided4& x, std::int64_t D) {
     return (x.type == dtype::f32 || x.type == dtype::bf16) && (x.sx == 1 || D <= 1);
   };
   if (!scannable(p.q, p.D) || !scannable(p.k, p.D)) return std::numeric_limits<double>::infinity();
   // Rows [0, n) of head (b, h): one span where the rows are contiguous, else row by row.
+  const max_abs_bits_fn scan = cpu_max_abs_bits();
   const auto head_max = [&](const strided4& x, std::int64_t b, std::int64_t h, std::int64_t n) {
     const std::int64_t es = std::int64_t(dtype_size(x.type));
+    const bool bf16 = x.type == dtype::bf16;
     const char* r = static_cast<const char*>(x.data) + x.offset(b, h, 0, 0) * es;
-    if (x.sn == p.D || n <= 1) return max_finite_abs_bits(r, n * p.D, x.type);
+    if (x.sn == p.D || n <= 1) return scan(r, n * p.D, bf16);
     std::int32_t m = 0;
-    for (std::int64_t i = 0; i < n; ++i) m = std::max(m, max_finite_abs_bits(r + i * x.sn * es, p.D, x.type));
+    for (std::int64_t i = 0; i < n; ++i) m = std::max(m, scan(r + i * x.sn * es, p.D, bf16));
     return m;
   };
   // q's heads, then k's, in one parallel region (each region wakes the threads: a futex each

@@ -198,10 +198,11 @@ const backend_impl& reference_backend();  // src/reference
 // there the rows a fast backend left non-finite (special values, attention.h).
 void reference_forward_rows(const problem& p, const forward_outputs& o, std::span<const std::int64_t> rows);
 const backend_impl& cpu_backend();        // src/cpu
-// The largest finite |x| of n unit-stride float32 or bfloat16 values (t), as the bits of a
-// float32 (0 where there is none), by the cpu kernels of this CPU's level (src/cpu): the front's
-// coarse bound on the q·k terms.
-std::int32_t max_finite_abs_bits(const void* x, std::int64_t n, dtype t);
+// The cpu kernels' scan of this CPU's level (src/cpu; read once per call, as ATTN_CPU_ISA may
+// change): the largest finite |x| of n unit-stride float32 values (bfloat16 with bf16), as the
+// bits of a float32 (0 where there is none) — the front's coarse bound on the q·k terms.
+using max_abs_bits_fn = std::int32_t (*)(const void* x, std::int64_t n, bool bf16);
+max_abs_bits_fn cpu_max_abs_bits();
 const backend_impl& cuda_backend();       // src/cuda (a refusing stub in builds without CUDA)
 
 // The one backend selector, used by every call and by explain_backend. `want` is the caller's

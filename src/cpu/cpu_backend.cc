@@ -1133,9 +1133,7 @@ std::string describe(const problem& p, const backend_request& req) {
 
 }  // namespace
 
-std::int32_t max_finite_abs_bits(const void* x, std::int64_t n, dtype t) {
-  return cpu::select_kernels().max_abs_bits(x, n, t == dtype::bf16);
-}
+max_abs_bits_fn cpu_max_abs_bits() { return cpu::select_kernels().max_abs_bits; }
 
 const backend_impl& cpu_backend() {
   static const backend_impl impl{backend::cpu, why_not, describe, forward, backward};
