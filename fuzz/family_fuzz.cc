@@ -263,7 +263,9 @@ void fuzz_serving(bytes& in) {
   std::int64_t mq = 0, mk = 0;
   for (std::int64_t b = 0; b < B; ++b) mq = std::max(mq, cq[b + 1] - cq[b]), mk = std::max(mk, ck[b + 1] - ck[b]);
   std::vector<double> cqd(cq.begin(), cq.end()), ckd(ck.begin(), ck.end());
-  const Tensor cu_q = Tensor::from_values({B + 1}, dtype::i64, cqd), cu_k = Tensor::from_values({B + 1}, dtype::i64, ckd);
+  // index tensors int32 or int64 (from the data drawn, no byte of its own: the corpus keeps its meaning)
+  const dtype it = ck.back() % 2 ? dtype::i32 : dtype::i64;
+  const Tensor cu_q = Tensor::from_values({B + 1}, it, cqd), cu_k = Tensor::from_values({B + 1}, it, ckd);
   const Tensor q = filled(in, {cq.back(), Hq, D}, t), k = filled(in, {ck.back(), Hkv, D}, t),
                v = filled(in, {ck.back(), Hkv, Dv}, t), dout = filled(in, {cq.back(), Hq, Dv}, t);
   const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, mq, mk, o, {.num_threads = 1});
@@ -290,10 +292,10 @@ void fuzz_serving(bytes& in) {
   std::iota(perm.begin(), perm.end(), 0);
   for (std::size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[in.next() % i]);
   Tensor kp = Tensor::zeros({num_pages, page, Hkv, D}, t), vp = Tensor::zeros({num_pages, page, Hkv, Dv}, t);
-  Tensor table = Tensor::empty({B, max_pages}, dtype::i64), lens = Tensor::empty({B}, dtype::i64);
+  Tensor table = Tensor::empty({B, max_pages}, it), lens = Tensor::empty({B}, it);
   for (std::int64_t b = 0; b < B; ++b) {
-    lens.data_as<std::int64_t>()[b] = ck[b + 1] - ck[b];
-    for (std::int64_t p = 0; p < max_pages; ++p) table.data_as<std::int64_t>()[b * max_pages + p] = perm[std::size_t(b * max_pages + p)];
+    lens.set({b}, double(ck[b + 1] - ck[b]));
+    for (std::int64_t p = 0; p < max_pages; ++p) table.set({b, p}, double(perm[std::size_t(b * max_pages + p)]));
     for (std::int64_t j = 0; j < ck[b + 1] - ck[b]; ++j) {
       const std::int64_t pg = perm[std::size_t(b * max_pages + j / page)], slot = j % page;
       for (std::int64_t h = 0; h < Hkv; ++h) {

@@ -99,7 +99,7 @@ struct masking_options {
   // bool (true = attend) or float (added to the scores), broadcast to [B, Hq, Nq, Nk] by
   // NumPy rules. A last dim shorter than Nk is padded with false / -inf (as ONNX does).
   std::optional<TensorArg> attn_mask;
-  // int64 [B]: keys j >= nonpad_kv_seqlen[b] are excluded (ONNX opset 24).
+  // int64 (ONNX opset 24) or int32 [B]: keys j >= nonpad_kv_seqlen[b] are excluded.
   std::optional<TensorArg> nonpad_kv_seqlen;
 
   std::int64_t q_num_heads = 0;   // required for 3-D inputs; checked against 4-D ones
@@ -208,7 +208,7 @@ attention_grads attention_backward_into(const TensorView& q, const TensorView& k
 
 // In-place KV cache, as FlashAttention's flash_attn_with_kvcache: preallocated buffers with
 // room for `capacity` tokens and the number of tokens each batch entry holds.
-//   key [B, Hkv, capacity, D]   value [B, Hkv, capacity, Dv]   lengths int64 [B]
+//   key [B, Hkv, capacity, D]   value [B, Hkv, capacity, Dv]   lengths int64 or int32 [B]
 // key/value have the dtype of q and any strides (unit stride on the last dim reads fastest).
 struct kv_cache_view {
   TensorArg key, value, lengths;

@@ -7,7 +7,7 @@
 //
 // Varlen layouts (packed back to back, token-major as FlashAttention):
 //   q [total_q, Hq, D]   k [total_k, Hkv, D]   v [total_k, Hkv, Dv]   out [total_q, Hq, Dv]
-//   cu_seqlens_q, cu_seqlens_k: int64 [B + 1], 0 = cu[0] <= cu[1] <= ... <= cu[B] = total
+//   cu_seqlens_q, cu_seqlens_k: int64 or int32 [B + 1], 0 = cu[0] <= cu[1] <= ... <= cu[B] = total
 //   sequence b owns query rows [cu_q[b], cu_q[b+1]) and key rows [cu_k[b], cu_k[b+1])
 //   lse [Hq, total_q] (FlashAttention's varlen layout), float32 (float64 for float64 inputs)
 // Every option of attention_options that is per call applies to each sequence on its own:
@@ -19,14 +19,14 @@
 //
 // Paged KV cache layouts:
 //   k_pages [num_pages, page_size, Hkv, D]   v_pages [num_pages, page_size, Hkv, Dv]
-//   block_table int64 [B, max_pages]: page of sequence b's tokens [p·page_size, (p+1)·page_size)
-//   seq_lens int64 [B]: keys of sequence b (0 <= seq_lens[b] <= max_pages · page_size)
+//   block_table int64 or int32 [B, max_pages]: page of sequence b's tokens [p·page_size, (p+1)·page_size)
+//   seq_lens int64 or int32 [B]: keys of sequence b (0 <= seq_lens[b] <= max_pages · page_size)
 //   q [B, Hq, Nq, D] (the core op's 4-D layout, any strides)   out [B, Hq, Nq, Dv]   lse [B, Hq, Nq]
 // Pages may be shared between sequences and appear in any order; entries of block_table past
 // a sequence's last page are not read.
 //
-// int32 index tensors: attn has no int32 dtype yet, so cu_seqlens, block_table and seq_lens are
-// int64 (a wrong dtype is an attn::error).
+// Index tensors (cu_seqlens, block_table, seq_lens) are int64 or int32 — FlashAttention's and
+// vLLM's int32 ones pass as they are — with any strides; another dtype is an attn::error.
 #pragma once
 
 #include <cstdint>

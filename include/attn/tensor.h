@@ -20,10 +20,10 @@
 
 namespace attn {
 
-enum class dtype : std::uint8_t { f32, f16, bf16, f64, boolean, i64, i8 };
+enum class dtype : std::uint8_t { f32, f16, bf16, f64, boolean, i64, i8, i32 };
 
 std::size_t dtype_size(dtype t);
-// "float32", "float16", "bfloat16", "float64", "bool", "int64", "int8" (NumPy names).
+// "float32", "float16", "bfloat16", "float64", "bool", "int64", "int8", "int32" (NumPy names).
 std::string_view dtype_name(dtype t);
 bool is_floating(dtype t);
 

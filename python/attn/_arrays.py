@@ -56,7 +56,7 @@ def arg(x):
         return None
     if isinstance(x, np.ndarray):
         if x.dtype == np.uint16:  # the extension reads uint16 as bfloat16: refuse real uint16
-            raise TypeError("attn: an array has dtype uint16, expected float32, float16, bfloat16, float64, bool or int64")
+            raise TypeError("attn: an array has dtype uint16, expected float32, float16, bfloat16, float64, bool, int64, int32 or int8")
         if _NP_BF16 is not None and x.dtype == _NP_BF16:
             x = x.view(np.uint16)
         if any(s < 0 for s in x.strides):
@@ -65,7 +65,7 @@ def arg(x):
     t = _torch_module()
     if t is not None and isinstance(x, t.Tensor):
         if x.dtype == t.uint16:
-            raise TypeError("attn: a tensor has dtype torch.uint16, expected float32, float16, bfloat16, float64, bool or int64")
+            raise TypeError("attn: a tensor has dtype torch.uint16, expected float32, float16, bfloat16, float64, bool, int64, int32 or int8")
         if x.device.type == "cpu" and not x.is_conj() and not x.is_neg():
             # A NumPy view of the same memory: the buffer protocol is several times cheaper
             # than torch's __dlpack__ for the extension to read (docs/PERFORMANCE.md).
@@ -77,17 +77,18 @@ def arg(x):
 
 def index(x):
     """An index array (cu_seqlens, block_table, seq_lens, cache_lengths, nonpad_kv_seqlen): attn
-    reads int64, and FlashAttention, vLLM and PyTorch users hold int32 ones — a signed or unsigned
-    integer array of at most 32 bits is widened to int64 (a copy: B + 1 or B × pages values,
-    exact). Anything else goes through as it is, to be checked by the extension."""
+    reads int64 and int32 in place (FlashAttention's, vLLM's and PyTorch's int32 ones pass
+    without a copy); a smaller or unsigned integer array is widened to int64 (a copy: B + 1 or
+    B × pages values, exact). Anything else goes through as it is, to be checked by the
+    extension."""
     if x is None:
         return None
     if isinstance(x, np.ndarray):
-        if x.dtype.kind in "iu" and x.dtype.itemsize <= 4:
+        if x.dtype.kind in "iu" and x.dtype.itemsize <= 4 and x.dtype != np.int32:
             return x.astype(np.int64)
         return arg(x)
     t = _torch_module()
-    if t is not None and isinstance(x, t.Tensor) and x.dtype in (t.int32, t.int16, t.int8, t.uint8):
+    if t is not None and isinstance(x, t.Tensor) and x.dtype in (t.int16, t.int8, t.uint8):
         return arg(x.to(t.int64))
     return arg(x)
 

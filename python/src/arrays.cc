@@ -55,6 +55,7 @@ std::optional<dtype> attn_dtype(nb::dlpack::dtype t) {
       break;
     case nb::dlpack::dtype_code::Int:
       if (t.bits == 64) return dtype::i64;
+      if (t.bits == 32) return dtype::i32;
       if (t.bits == 8) return dtype::i8;
       break;
     default: break;
@@ -73,6 +74,7 @@ nb::dlpack::dtype dlpack_of(dtype t, kind k) {
     case dtype::boolean: return nb::dtype<bool>();
     case dtype::i64: return nb::dtype<std::int64_t>();
     case dtype::i8: return nb::dtype<std::int8_t>();
+    case dtype::i32: return nb::dtype<std::int32_t>();
   }
   return nb::dtype<float>();
 }
@@ -85,7 +87,7 @@ TensorView view_of(const Array& a, const char* op, const char* name) {
                             device_name(a.device_type())));
   const std::optional<dtype> t = attn_dtype(a.dtype());
   if (!t)
-    throw error(fmt::format("{}: {} has dtype {}, expected float32, float16, bfloat16, float64, bool or int64", op,
+    throw error(fmt::format("{}: {} has dtype {}, expected float32, float16, bfloat16, float64, bool, int64, int32 or int8", op,
                             name, dlpack_name(a.dtype())));
   Shape shape(a.ndim()), strides(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) {

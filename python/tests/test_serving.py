@@ -304,8 +304,19 @@ def test_int32_index_arrays_as_flash_attention_and_vllm_pass_them():
     torch.testing.assert_close(attn.attention(qs, ks, ks, nonpad_kv_seqlen=n64.to(torch.int32)), want, atol=0, rtol=0)
     torch.testing.assert_close(at.scaled_dot_product_attention(qs, ks, ks, nonpad_kv_seqlen=n64.to(torch.int32)), want,
                                atol=0, rtol=0)
+    # int32 arrays reach the extension as they are (no widening copy); int16 and uint8 are widened
+    from attn._arrays import index
+    i32 = np.array([0, 5], np.int32)
+    assert index(i32) is i32
+    assert index(cu64.to(torch.int32)).dtype == np.int32
+    assert index(np.array([0, 5], np.int16)).dtype == np.int64
+    # a strided int32 view (a column of a wider table) gives the int64 result too
+    table2 = np.zeros((table.shape[0], 2 * table.shape[1]), np.int32)
+    table2[:, ::2] = table
+    np.testing.assert_array_equal(attn.attention_paged(qd, kp2, vp2, table2[:, ::2], lens.astype(np.int32), is_causal=True),
+                                  attn.attention_paged(qd, kp2, vp2, table, lens, is_causal=True))
     # not an index dtype: refused, naming the argument
-    with pytest.raises(TypeError, match="attention_varlen: cu_seqlens_q has dtype float32"):
+    with pytest.raises(TypeError, match="attention_varlen: cu_seqlens_q has dtype float32, expected int64 or int32"):
         attn.attention_varlen(q, k, v, cu64.float(), cu64, 9, 9)
     with pytest.raises(TypeError, match="attention_paged: block_table has dtype"):
         attn.attention_paged(qd, kp, vp, table.astype(np.uint64), lens)

@@ -22,6 +22,25 @@
 namespace attn {
 namespace detail {
 
+std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank, const char* want) {
+  if (t.type() != dtype::i64 && t.type() != dtype::i32)
+    fail(op, fmt::format("{} has dtype {}, expected int64 or int32", name, dtype_name(t.type())));
+  if (t.rank() != rank) fail(op, fmt::format("{} has shape {}, expected {}", name, shape_str(t.shape()), want));
+  if (t.data() == nullptr && t.numel() != 0) fail(op, fmt::format("{} has no data", name));
+  std::vector<std::int64_t> r;
+  r.reserve(std::size_t(t.numel()));
+  const auto at = [&t](std::int64_t i) {
+    return t.type() == dtype::i64 ? t.data_as<const std::int64_t>()[i] : std::int64_t(t.data_as<const std::int32_t>()[i]);
+  };
+  if (rank == 1) {
+    for (std::int64_t i = 0; i < t.size(0); ++i) r.push_back(at(i * t.stride(0)));
+  } else {
+    for (std::int64_t i = 0; i < t.size(0); ++i)
+      for (std::int64_t j = 0; j < t.size(1); ++j) r.push_back(at(i * t.stride(0) + j * t.stride(1)));
+  }
+  return r;
+}
+
 void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, const TensorView& v) {
   for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) {
     if (!is_floating(t->type()))
@@ -350,11 +369,12 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
 
   if (o.nonpad_kv_seqlen) {
     const TensorView& t = *o.nonpad_kv_seqlen;
-    if (t.type() != dtype::i64) fail(op, fmt::format("nonpad_kv_seqlen has dtype {}, expected int64", dtype_name(t.type())));
-    if (t.rank() != 1 || t.size(0) != p.B)
-      fail(op, fmt::format("nonpad_kv_seqlen has shape {}, expected [B] = [{}]", shape_str(t.shape()), p.B));
+    const std::string want = fmt::format("[B] = [{}]", p.B);
+    const std::vector<std::int64_t> lens = read_index(op, "nonpad_kv_seqlen", t, 1, want.c_str());
+    if (t.size(0) != p.B)
+      fail(op, fmt::format("nonpad_kv_seqlen has shape {}, expected {}", shape_str(t.shape()), want));
     for (std::int64_t b = 0; b < p.B; ++b) {
-      const auto n = static_cast<const std::int64_t*>(t.data())[b * t.stride(0)];
+      const std::int64_t n = lens[std::size_t(b)];
       if (n < 0 || n > p.Nk)
         fail(op, fmt::format("nonpad_kv_seqlen[{}] = {} is outside [0, {}] (the number of keys)", b, n, p.Nk));
       p.kv_len.push_back(n);
@@ -816,14 +836,9 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
   return r;
 }
 
-// The cache lengths as a vector: int64 [B].
+// The cache lengths as a vector: int64 or int32 [B].
 std::vector<std::int64_t> cache_lengths(const char* op, const TensorView& t) {
-  if (t.type() != dtype::i64) fail(op, fmt::format("cache lengths has dtype {}, expected int64", dtype_name(t.type())));
-  if (t.rank() != 1) fail(op, fmt::format("cache lengths has shape {}, expected [B]", shape_str(t.shape())));
-  if (t.data() == nullptr && t.numel() != 0) fail(op, "cache lengths has no data");
-  std::vector<std::int64_t> r(std::size_t(t.size(0)));
-  for (std::int64_t b = 0; b < t.size(0); ++b) r[std::size_t(b)] = t.data_as<const std::int64_t>()[b * t.stride(0)];
-  return r;
+  return read_index(op, "cache lengths", t, 1, "[B]");
 }
 
 }  // namespace

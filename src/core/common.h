@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attn/error.h"
 #include "core/problem.h"
@@ -37,6 +38,12 @@ double sum8(std::int64_t n, Term term) {
   for (; x < n; ++x) acc[x % 8] += term(x);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+
+// An index tensor (int64 or int32; any strides) of the given rank, 1 or 2, as a C-order vector
+// of int64; `want` describes the expected shape for the message ("[B + 1]"). Every index input
+// of the library that a caller builds once per step — cu_seqlens, block_table, seq_lens,
+// nonpad_kv_seqlen, cache lengths — is read here: FlashAttention, vLLM and PyTorch hold int32.
+std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank, const char* want);
 
 inline int thread_count(const char* op, const execution& exec) {
   if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));

@@ -53,8 +53,9 @@ dtype parse_descr(const std::string& d, const std::string& name) {
   if (d == "|b1") return dtype::boolean;
   if (d == "<i8") return dtype::i64;
   if (d == "|i1") return dtype::i8;
+  if (d == "<i4") return dtype::i32;
   if (d.size() == 3 && d[0] == '>') fail(name, fmt::format("big-endian dtype '{}' is not supported", d));
-  fail(name, fmt::format("unsupported dtype '{}' (supported: <f4 <f2 <f8 |b1 <i8 |i1)", d));
+  fail(name, fmt::format("unsupported dtype '{}' (supported: <f4 <f2 <f8 |b1 <i8 <i4 |i1)", d));
 }
 
 // A Python tuple of non-negative integers: "()", "(5,)", "(2, 3)". Elements are separated by
@@ -162,6 +163,7 @@ void write_npy(const std::string& path, const TensorView& t) {
     case dtype::boolean: descr = "|b1"; break;
     case dtype::i64: descr = "<i8"; break;
     case dtype::i8: descr = "|i1"; break;
+    case dtype::i32: descr = "<i4"; break;
     case dtype::bf16: break;
   }
   // Python tuple syntax: "()", "(5,)", "(2, 3)".

@@ -23,7 +23,7 @@ struct dtype_code {
   dtype type;
 };
 constexpr dtype_code kCodes[] = {{"F32", dtype::f32}, {"F16", dtype::f16}, {"BF16", dtype::bf16},
-                                 {"F64", dtype::f64}, {"I64", dtype::i64}, {"I8", dtype::i8}, {"BOOL", dtype::boolean}};
+                                 {"F64", dtype::f64}, {"I64", dtype::i64}, {"I32", dtype::i32}, {"I8", dtype::i8}, {"BOOL", dtype::boolean}};
 
 const char* code_of(dtype t) {
   for (const auto& c : kCodes)

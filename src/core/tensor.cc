@@ -29,6 +29,7 @@ std::size_t dtype_size(dtype t) {
     case dtype::boolean: return 1;
     case dtype::i64: return 8;
     case dtype::i8: return 1;
+    case dtype::i32: return 4;
   }
   return 0;
 }
@@ -42,6 +43,7 @@ std::string_view dtype_name(dtype t) {
     case dtype::boolean: return "bool";
     case dtype::i64: return "int64";
     case dtype::i8: return "int8";
+    case dtype::i32: return "int32";
   }
   return "?";
 }
@@ -265,6 +267,7 @@ double load_as_double(const void* base, dtype t, std::int64_t i) {
     case dtype::boolean: return static_cast<const bool*>(base)[i] ? 1.0 : 0.0;
     case dtype::i64: return double(static_cast<const std::int64_t*>(base)[i]);
     case dtype::i8: return double(static_cast<const std::int8_t*>(base)[i]);
+    case dtype::i32: return double(static_cast<const std::int32_t*>(base)[i]);
   }
   return 0;
 }
@@ -278,6 +281,7 @@ void store_from_double(void* base, dtype t, std::int64_t i, double x) {
     case dtype::boolean: static_cast<bool*>(base)[i] = x != 0.0; break;
     case dtype::i64: static_cast<std::int64_t*>(base)[i] = std::int64_t(x); break;
     case dtype::i8: static_cast<std::int8_t*>(base)[i] = std::int8_t(x); break;
+    case dtype::i32: static_cast<std::int32_t*>(base)[i] = std::int32_t(x); break;
   }
 }
 

@@ -100,10 +100,9 @@ ring_plan make_plan(const char* op, const private_comm& comm, const TensorView& 
     plan.sinks = p.sinks;  // the ring adds them itself, once per row
     if (o.nonpad_kv_seqlen) {
       const TensorView& t = *o.nonpad_kv_seqlen;
-      if (t.type() != dtype::i64 || t.rank() != 1 || t.size(0) != p.B)
-        fail(op, fmt::format("nonpad_kv_seqlen has dtype {} and shape {}, expected int64 [B] = [{}]",
-                             dtype_name(t.type()), shape_str(t.shape()), p.B));
-      for (double x : to_vector(t)) plan.nonpad.push_back(std::int64_t(x));
+      const std::string want = fmt::format("[B] = [{}]", p.B);
+      plan.nonpad = attn::detail::read_index(op, "nonpad_kv_seqlen", t, 1, want.c_str());
+      if (t.size(0) != p.B) fail(op, fmt::format("nonpad_kv_seqlen has shape {}, expected {}", shape_str(t.shape()), want));
     }
     plan.backend = &attn::detail::pick(op, p, {.backward = backward}, exec.use_backend);
     more(p);

@@ -9,24 +9,6 @@
 
 namespace attn::detail {
 
-std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank,
-                                     const char* want) {
-  if (t.type() != dtype::i64)
-    fail(op, fmt::format("{} has dtype {}, expected int64", name, dtype_name(t.type())));
-  if (t.rank() != rank) fail(op, fmt::format("{} has shape {}, expected {}", name, shape_str(t.shape()), want));
-  if (t.data() == nullptr && t.numel() != 0) fail(op, fmt::format("{} has no data", name));
-  std::vector<std::int64_t> r;
-  r.reserve(std::size_t(t.numel()));
-  const auto* d = t.data_as<const std::int64_t>();
-  if (rank == 1) {
-    for (std::int64_t i = 0; i < t.size(0); ++i) r.push_back(d[i * t.stride(0)]);
-  } else {
-    for (std::int64_t i = 0; i < t.size(0); ++i)
-      for (std::int64_t j = 0; j < t.size(1); ++j) r.push_back(d[i * t.stride(0) + j * t.stride(1)]);
-  }
-  return r;
-}
-
 void check_serving_options(const char* op, const attention_options& o, std::int64_t B, std::int64_t Hq,
                            std::int64_t Hkv) {
   if (o.attn_mask) fail(op, "attn_mask is not supported per sequence (use causal, windows or ALiBi)");

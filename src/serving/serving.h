@@ -1,5 +1,5 @@
-// src/serving/serving.h — what the varlen and paged fronts share: reading int64 index
-// tensors, the options a per-sequence call cannot take, token-major rows seen as a [1, H, n, X]
+// src/serving/serving.h — what the varlen and paged fronts share (index tensors are read by
+// core/common.h's read_index): the options a per-sequence call cannot take, token-major rows seen as a [1, H, n, X]
 // view of the core op, and the backend pick.
 #pragma once
 
@@ -11,11 +11,6 @@
 
 namespace attn::detail {
 
-// An int64 tensor of the given rank as a C-order vector; `want` describes the expected shape
-// for the message ("[B + 1]").
-std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank,
-                                     const char* want);
-
 // Refuses the options that make no sense per sequence (attn_mask, nonpad_kv_seqlen, past_*,
 // return_qk) and checks q_num_heads / kv_num_heads against Hq / Hkv. ALiBi slopes must be
 // [Hq] or [B, Hq]; returns the options of one sequence with ALiBi [B, Hq] sliced to row b
@@ -24,7 +19,7 @@ void check_serving_options(const char* op, const attention_options& o, std::int6
                            std::int64_t Hkv);
 attention_options for_sequence(const attention_options& o, std::int64_t b);
 
-// cu_seqlens: int64 [B + 1], 0 at the front, non-decreasing, `total` at the back, every
+// cu_seqlens: int64 or int32 [B + 1], 0 at the front, non-decreasing, `total` at the back, every
 // length <= max_seqlen (attn::error naming op and `name` otherwise).
 std::vector<std::int64_t> read_cu_seqlens(const char* op, const char* name, const TensorView& t, std::int64_t total,
                                           std::int64_t max_seqlen);

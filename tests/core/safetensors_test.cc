@@ -70,7 +70,7 @@ TEST(safetensors, malformed_files_refused_by_message) {
     s.replace(at, from.size(), to);  // same length keeps the header length right
     return s;
   };
-  expect(header_swap("\"F32\"", "\"I32\""), "has dtype I32, which attn does not read");
+  expect(header_swap("\"F32\"", "\"I16\""), "has dtype I16, which attn does not read");
   expect(header_swap("[2,3]", "[3,3]"), "tensor 'w': 24 bytes for shape [3, 3] of F32 (36 expected)");
   expect(read_all(p) + "junk", "the tensors cover 36 of the 40 bytes of data");
   EXPECT_THROW_MSG(read_safetensors(temp_path("missing.safetensors")), "cannot open the file");
