@@ -53,18 +53,44 @@ constexpr std::int64_t round_up(std::int64_t n) {
 // hold for any m the block sums were taken against.
 constexpr float kMaxSlack = 8.0f;
 
+// The lanes' key ranges [lo, hi) over a block of plain scores that some lane's range cuts (a
+// causal diagonal, a window's edge): the scores stay as the products wrote them and the passes
+// read each through keep() — s inside the lane's range, -inf outside (weight exactly 0) — where
+// the general path rewrote the block through transform() and took two passes.
+template <int CC>
+struct lane_bounds {
+  vi lo[CC], hi[CC];
+  std::int64_t j0;  // the block's first key
+  lane_bounds(const lane_block& lb, std::int64_t j0_) : j0(j0_) {
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) lo[c] = loadi(lb.lo + c * W), hi[c] = loadi(lb.hi + c * W);
+  }
+  // Score s of key j0 + jj in vector c of the lanes.
+  vf keep(vf s, std::int64_t jj, int c) const {
+    const vi j = splati(std::int32_t(j0 + jj));
+    return ((j >= lo[c]) & (j < hi[c])) ? s : splat(-kInf);
+  }
+};
+// (Ranged: s through lane_bounds::keep; else as it is.)
+template <bool Ranged, int CC>
+inline vf kept(const lane_bounds<CC>* kb, vf s, std::int64_t jj, int c) {
+  if constexpr (Ranged) return kb->keep(s, jj, c);
+  else return s;
+}
+
 // The weights 2^{S·zs - mz} of a block's keys in pairs (nb is even: keys jj, jj + 1 of the lanes
 // → one vector of words), summed into sum; with Max, the block's max of S into mx as well (the
-// one-pass form). The weights are rounded to bf16 for the product, so 2^x takes vexp2's degree-4
-// polynomial (simd.h).
-template <class Ops, int CC, bool Max>
+// one-pass form); Ranged, each score through kb->keep first. The weights are rounded to bf16 for
+// the product, so 2^x takes vexp2's degree-4 polynomial (simd.h).
+template <class Ops, int CC, bool Max, bool Ranged = false>
 inline void pair_weights(const float* S, std::int64_t nb, vf zs, const vf* mz, vf* mx, vf* sum,
-                         typename Ops::word* packed) {
+                         typename Ops::word* packed, const lane_bounds<CC>* kb = nullptr) {
   const std::int64_t L = CC * W;
   for (std::int64_t jj = 0; jj < nb; jj += 2)
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
-      const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
+      const vf s0 = kept<Ranged>(kb, load(S + jj * L + c * W), jj, c);
+      const vf s1 = kept<Ranged>(kb, load(S + (jj + 1) * L + c * W), jj + 1, c);
       if constexpr (Max) mx[c] = vmax(vmax(mx[c], s0), s1);
       const vf p0 = vexp2<4>(s0 * zs - mz[c]), p1 = vexp2<4>(s1 * zs - mz[c]);
       sum[c] += p0;
@@ -87,8 +113,11 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
   if (mk == mask_tile_kind::zeros) sc.drop_bias();  // a mask block of 0s
   const bool ranged = block_ranged(lb, j0, j0 + nb);
   // Plain scores (the common case): the max of scale·S is scale·max(S) (scale > 0, rounding is
-  // monotonic), and scale goes into the exponent's multiply-add; S is read, not rewritten.
-  const bool plain = sc.plain && !ranged && lb.sp.scale > 0.0f;
+  // monotonic), and scale goes into the exponent's multiply-add — the backward's recomputation
+  // of P (weight_log2) takes the same form; S is read, not rewritten. A block some lane's key
+  // range cuts reads its scores through lane_bounds (-inf outside the range).
+  const bool plain = sc.plain && lb.sp.scale > 0.0f;
+  const lane_bounds<CC> kb(lb, j0);
   const vf zs = plain ? sc.scale_log2 : splat(kLog2e);
   // Key by key, the CC vectors of a key's row side by side: S is walked in memory order, and the
   // CC maxima and sums are independent chains.
@@ -110,7 +139,8 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
       mz[c] = m_old * splat(kLog2e), mx[c] = splat(-kInf), sum[c] = vf{};
     }
     if (finite) {
-      pair_weights<Ops, CC, true>(S, nb, zs, mz, mx, sum, packed);
+      if (ranged) pair_weights<Ops, CC, true, true>(S, nb, zs, mz, mx, sum, packed, &kb);
+      else pair_weights<Ops, CC, true>(S, nb, zs, mz, mx, sum, packed);
       bool moved = false;
 #pragma GCC unroll 4
       for (int c = 0; c < CC; ++c) moved = moved || any_lane(mx[c] * sc.scale > load(io.m + c * W) + splat(kMaxSlack));
@@ -124,9 +154,13 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) mx[c] = splat(-kInf), sum[c] = vf{};
   if (plain) {
-    for (std::int64_t jj = 0; jj < nb; ++jj)
+    const auto block_max = [&]<bool Ranged>() {
+      for (std::int64_t jj = 0; jj < nb; ++jj)
 #pragma GCC unroll 4
-      for (int c = 0; c < CC; ++c) mx[c] = vmax(mx[c], load(S + jj * L + c * W));
+        for (int c = 0; c < CC; ++c) mx[c] = vmax(mx[c], kept<Ranged>(&kb, load(S + jj * L + c * W), jj, c));
+    };
+    if (ranged) block_max.template operator()<true>();
+    else block_max.template operator()<false>();
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) mx[c] *= sc.scale;
   } else {
@@ -158,15 +192,22 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
     mz[c] = mu * splat(kLog2e);
   }
   speculate = !moved;
+  const bool keep = plain && ranged;  // (else S holds -inf outside the ranges, or no lane is cut)
   if constexpr (Ops::kPack == 1) {
-    for (std::int64_t jj = 0; jj < nb; ++jj)
+    const auto weights = [&]<bool Ranged>() {
+      for (std::int64_t jj = 0; jj < nb; ++jj)
 #pragma GCC unroll 4
-      for (int c = 0; c < CC; ++c) {
-        float* sj = S + jj * L + c * W;
-        const vf p = vexp2(load(sj) * zs - mz[c]);
-        store(sj, p);
-        sum[c] += p;
-      }
+        for (int c = 0; c < CC; ++c) {
+          float* sj = S + jj * L + c * W;
+          const vf p = vexp2(kept<Ranged>(&kb, load(sj), jj, c) * zs - mz[c]);
+          store(sj, p);
+          sum[c] += p;
+        }
+    };
+    if (keep) weights.template operator()<true>();
+    else weights.template operator()<false>();
+  } else if (keep) {
+    pair_weights<Ops, CC, false, true>(S, nb, zs, mz, mx, sum, packed, &kb);
   } else {
     pair_weights<Ops, CC, false>(S, nb, zs, mz, mx, sum, packed);
   }
