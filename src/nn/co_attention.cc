@@ -24,12 +24,12 @@ Tensor xavier(Shape shape, rng& gen, dtype t) {
   return x;
 }
 
-// lengths int64 [B] from the caller, or N for every b.
+// lengths int64 [B] from the caller (int32 widened), or N for every b.
 Tensor lengths_or_full(const std::optional<Tensor>& lengths, const char* name, std::int64_t B, std::int64_t N,
                        const char* range) {
   if (!lengths) return Tensor::full({B}, dtype::i64, double(N));
   detail::read_lengths(kOp, name, *lengths, {B}, N, range);
-  return *lengths;
+  return detail::int64_indices(kOp, name, *lengths);
 }
 
 std::int64_t length(const Tensor& lengths, std::int64_t b) { return lengths.data_as<std::int64_t>()[b]; }

@@ -17,9 +17,9 @@ Embedding::Embedding(std::int64_t num, std::int64_t dim, rng& gen, dtype t) {
 
 namespace {
 
-// Checks ids (int64, every value in range) and returns the output shape [..., dim].
+// Checks ids (int64 — int32 ids are widened first —, every value in range) and returns the
+// output shape [..., dim].
 Shape checked(const char* op, const Tensor& ids, const Tensor& weight) {
-  detail::check_dtype(op, "ids", ids, dtype::i64);
   const std::int64_t num = weight.size(0);
   const std::int64_t* id = ids.data_as<std::int64_t>();
   for (std::int64_t i = 0; i < ids.numel(); ++i)
@@ -33,7 +33,8 @@ Shape checked(const char* op, const Tensor& ids, const Tensor& weight) {
 
 }  // namespace
 
-Tensor Embedding::forward(const Tensor& ids) const {
+Tensor Embedding::forward(const Tensor& ids_in) const {
+  const Tensor ids = detail::int64_indices("Embedding", "ids", ids_in);
   const Tensor out = Tensor::empty(checked("Embedding", ids, weight), weight.type());
   const std::int64_t C = weight.size(1);
   const std::size_t row = std::size_t(C) * dtype_size(weight.type());
@@ -45,8 +46,9 @@ Tensor Embedding::forward(const Tensor& ids) const {
 }
 
 // out[i, :] = weight[ids[i], :]  →  dweight[ids[i], :] += dy[i, :]
-void Embedding::backward(const Tensor& ids, const Tensor& dy) {
+void Embedding::backward(const Tensor& ids_in, const Tensor& dy) {
   const char* op = "Embedding.backward";
+  const Tensor ids = detail::int64_indices(op, "ids", ids_in);
   detail::check_shape(op, "dy", dy, checked(op, ids, weight));
   detail::check_dtype(op, "dy", dy, weight.type());
   const std::int64_t C = weight.size(1);

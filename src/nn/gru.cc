@@ -152,10 +152,10 @@ BiGRUEncoder::result BiGRUEncoder::forward(const Tensor& x, const std::optional<
   const std::int64_t B = x.size(0), N = x.size(1);
   std::vector<std::int64_t> len(std::size_t(B), N);
   if (lengths) {
-    detail::check_dtype(op, "lengths", *lengths, dtype::i64);
-    detail::check_shape(op, "lengths", *lengths, {B});
+    const Tensor l = detail::int64_indices(op, "lengths", *lengths);
+    detail::check_shape(op, "lengths", l, {B});
     for (std::int64_t b = 0; b < B; ++b) {
-      len[std::size_t(b)] = lengths->data_as<std::int64_t>()[b];
+      len[std::size_t(b)] = l.data_as<std::int64_t>()[b];
       if (len[std::size_t(b)] < 0 || len[std::size_t(b)] > N)
         detail::fail(op, fmt::format("lengths[{}] = {} is outside [0, N] = [0, {}]", b, len[std::size_t(b)], N));
     }

@@ -8,10 +8,10 @@
 
 namespace attn::nn {
 
-loss_result cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index) {
+loss_result cross_entropy(const Tensor& logits, const Tensor& targets_in, std::int64_t ignore_index) {
   const char* op = "cross_entropy";
   detail::check_compute_dtype(op, "logits", logits);
-  detail::check_dtype(op, "targets", targets, dtype::i64);
+  const Tensor targets = detail::int64_indices(op, "targets", targets_in);
   if (logits.rank() < 1) detail::fail(op, fmt::format("logits has shape {}, expected [..., C]", shape_str(logits.shape())));
   Shape rows_shape = logits.shape();
   const std::int64_t C = rows_shape.back();

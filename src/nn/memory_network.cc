@@ -67,12 +67,11 @@ MemoryNetwork::MemoryNetwork(std::int64_t V, std::int64_t d, std::int64_t S, std
   }
 }
 
-MemoryNetwork::result MemoryNetwork::forward(const Tensor& story, const Tensor& query, const Tensor& lengths, saved* s,
-                                             bool need_weights) const {
+MemoryNetwork::result MemoryNetwork::forward(const Tensor& story_in, const Tensor& query_in, const Tensor& lengths,
+                                             saved* s, bool need_weights) const {
   const dtype t = E.front().weight.type();
   const std::int64_t V = E.front().num_embeddings(), d = E.front().dim(), Smax = T.front().size(0);
-  detail::check_dtype(kOp, "story", story, dtype::i64);
-  detail::check_dtype(kOp, "query", query, dtype::i64);
+  const Tensor story = detail::int64_indices(kOp, "story", story_in), query = detail::int64_indices(kOp, "query", query_in);
   if (story.rank() != 3 || story.size(1) > Smax)
     detail::fail(kOp, fmt::format("story has shape {}, expected [B, S, W] with S <= {}", shape_str(story.shape()), Smax));
   const std::int64_t B = story.size(0);

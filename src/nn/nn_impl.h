@@ -39,13 +39,23 @@ inline void check_last_dim(const char* op, const char* name, const Tensor& t, st
     fail(op, fmt::format("{} has shape {}, expected [..., {}] with {} = {}", name, shape_str(t.shape()), what, what, C));
 }
 
-// Sequence lengths: int64 of shape `want`, every value in [0, N]. The message names the element:
-// "lengths[1, 2] = 9 is outside [0, W] = [0, 5]" (`range` names N).
+// An index input (ids, lengths, targets) as int64: int64 as it is, int32 widened (a copy of the
+// indices — what PyTorch's nn layers take as well); another dtype is an error naming it.
+inline Tensor int64_indices(const char* op, const char* name, const Tensor& t) {
+  if (!t.defined()) fail(op, fmt::format("{} is not set", name));
+  if (t.type() == dtype::i32) return t.to(dtype::i64);
+  if (t.type() != dtype::i64)
+    fail(op, fmt::format("{} has dtype {}, expected int64 or int32", name, dtype_name(t.type())));
+  return t;
+}
+
+// Sequence lengths: int64 or int32 of shape `want`, every value in [0, N]. The message names the
+// element: "lengths[1, 2] = 9 is outside [0, W] = [0, 5]" (`range` names N).
 inline std::vector<std::int64_t> read_lengths(const char* op, const char* name, const Tensor& lengths,
                                               const Shape& want, std::int64_t N, const char* range) {
-  check_dtype(op, name, lengths, dtype::i64);
-  check_shape(op, name, lengths, want);
-  std::vector<std::int64_t> len(lengths.data_as<std::int64_t>(), lengths.data_as<std::int64_t>() + lengths.numel());
+  const Tensor l = int64_indices(op, name, lengths);
+  check_shape(op, name, l, want);
+  std::vector<std::int64_t> len(l.data_as<std::int64_t>(), l.data_as<std::int64_t>() + l.numel());
   for (std::size_t i = 0; i < len.size(); ++i)
     if (len[i] < 0 || len[i] > N) {
       std::string at = std::to_string(want.size() == 2 ? std::int64_t(i) / want[1] : std::int64_t(i));

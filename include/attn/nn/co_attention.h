@@ -9,7 +9,7 @@
 //                alternating: one direction first, and its result drives the other ("summarise
 //                             one side, attend the other with that summary, and back").
 //
-//   x [B, Nx, Dx]   y [B, Ny, Dy]   x_lengths, y_lengths int64 [B] (elements past them are padding)
+//   x [B, Nx, Dx]   y [B, Ny, Dy]   x_lengths, y_lengths int64 or int32 [B] (elements past them are padding)
 //   x̄, ȳ = the means of the real elements of x and y (0 for an empty sequence)
 //
 // coarse (additive scores, attn::nn::AdditiveAttention: score = w_vᵀ tanh(W_q q + W_k k + b)):

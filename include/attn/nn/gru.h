@@ -15,7 +15,7 @@
 //   attn::nn::GRUCell::grads g = cell.backward(x, s, dh1);   // g.dx, g.dh; parameter grads accumulate
 //
 // BiGRUEncoder: a forward and a backward GRU over x [B, N, I]; out [B, N, 2H] = [h→_t ; h←_t].
-// Optional lengths (int64 [B]): steps t >= length_b are padding — their output is 0 and the
+// Optional lengths (int64 or int32 [B]): steps t >= length_b are padding — their output is 0 and the
 // state passes them unchanged, so the backward direction starts at the last real step.
 #pragma once
 
@@ -80,7 +80,7 @@ struct BiGRUEncoder {
     std::vector<GRUCell::saved> f, b;   // per time step t (b: indexed by t too)
   };
 
-  // lengths: int64 [B], each in [0, N]; absent: every sequence has N steps.
+  // lengths: int64 or int32 [B], each in [0, N]; absent: every sequence has N steps.
   result forward(const Tensor& x, const std::optional<Tensor>& lengths, saved* s) const;
   // dout [B, N, 2H]; dh_fwd / dh_bwd [B, H] or undefined (no gradient through the final states).
   // Accumulates every parameter gradient; returns dx [B, N, I].

@@ -4,15 +4,15 @@
 //
 // ContextAttention — attention pooling with a learned context vector u_c (the query is not an
 // input but a parameter: "which element is informative"):
-//   h [R, N, D], lengths int64 [R] (elements t >= lengths_r are padding)
+//   h [R, N, D], lengths int64 or int32 [R] (elements t >= lengths_r are padding)
 //   u_t = tanh(W h_t + b)          W [A, D], b [A]
 //   α_t = softmax_t(u_tᵀ u_c)       over t < lengths_r; padding gets α = 0
 //   s   = Σ_t α_t h_t               [R, D]; a row with length 0 gives s = 0 (and no gradient)
 // The softmax and the sum are attn::attention (query u_c, keys u, values h, scale 1).
 //
 // HierarchicalAttention:
-//   x [B, S, W, E] word vectors (S sentences of W words), word_lengths int64 [B, S] in [0, W],
-//   sentence_lengths int64 [B] in [0, S]. Sentences s >= sentence_lengths_b are padding: they
+//   x [B, S, W, E] word vectors (S sentences of W words), word_lengths int64 or int32 [B, S] in [0, W],
+//   sentence_lengths int64 or int32 [B] in [0, S]. Sentences s >= sentence_lengths_b are padding: they
 //   are treated as empty (word length 0), get sentence weight 0 and do not change the output.
 //   h_it = BiGRU_w(x_i·)_t                        [B·S, W, 2Hw]  (padded words excluded)
 //   s_i  = ContextAttention_w(h_i·)               [B, S, 2Hw]    (context u_w)

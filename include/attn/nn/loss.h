@@ -1,7 +1,7 @@
 // attn/nn/loss.h — losses that return their value and their gradient in one call (llm.c's
 // fused classifier: the softmax is computed once for both).
 //
-//   cross_entropy  logits [..., C], targets int64 [...]:
+//   cross_entropy  logits [..., C], targets int64 or int32 [...]:
 //                  L = mean over counted rows r of −log softmax(logits_r)[t_r]
 //                  rows whose target is ignore_index are not counted and get a zero gradient;
 //                  dlogits_r = (softmax(logits_r) − onehot(t_r)) / count

@@ -2,7 +2,7 @@
 // multi-hop attention of the tutorials (literature 003), with adjacent weight tying.
 //
 //   story ids [B, S, W] (S sentences of W word ids, 0 = no word), query ids [B, W],
-//   lengths int64 [B] (sentences 0 .. lengths_b − 1 are real)
+//   lengths int64 or int32 [B] (sentences 0 .. lengths_b − 1 are real)
 //   tables E^0 .. E^K [V, d] and temporal encodings T^0 .. T^K [S, d]
 //   u_1     = Σ_w E^0[q_w]                                  (B = A^1 = E^0)
 //   hop k = 1 .. K:  m_i = Σ_w E^{k−1}[x_iw] + T^{k−1}_i       (A^k = E^{k−1})
