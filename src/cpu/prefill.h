@@ -378,20 +378,27 @@ void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float
   const vf slope = splat(pr.slope);
   vf dalibi{};
   for (std::int64_t r = 0; r < nq; ++r) {
-    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb))), pos = splati(pr.pos[r]);
+    const std::int64_t h_r = imin(pr.hi[r], pr.j0 + pr.nb);
+    const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(h_r)), pos = splati(pr.pos[r]);
     const vf lz = splat(pr.lse[r] * kLog2e), delta = splat(pr.delta[r]);
-    for (std::int64_t x = 0; x < ld; x += W) {
-      const vi j = iota() + std::int32_t(pr.j0 + x);
-      vf t{};
-      const vf p = vexp2(weight_log2(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos,
-                                     lo, hi, slope, true, lz));
-      vf ds = p * (load(dP + r * ld + x) - delta);
-      if (sc.alibi) dalibi -= ds * key_distance(pos, j);
-      if (pr.ds_out) store(pr.ds_out + r * ld + x, ds);
-      if (sc.softcap) ds *= splat(1.0f) - t * t;
-      store(S + r * ld + x, p);
-      store(dP + r * ld + x, ds);
-    }
+    // Ranged: the row's key range (or the block's end, nb < ld) cuts the block, so [lo, hi) is
+    // applied; a row that sees all ld keys skips the comparisons (the same weights).
+    const auto row = [&]<bool Ranged>() {
+      for (std::int64_t x = 0; x < ld; x += W) {
+        const vi j = iota() + std::int32_t(pr.j0 + x);
+        vf t{};
+        const vf p = vexp2(weight_log2(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos,
+                                       lo, hi, slope, Ranged, lz));
+        vf ds = p * (load(dP + r * ld + x) - delta);
+        if (sc.alibi) dalibi -= ds * key_distance(pos, j);
+        if (pr.ds_out) store(pr.ds_out + r * ld + x, ds);
+        if (sc.softcap) ds *= splat(1.0f) - t * t;
+        store(S + r * ld + x, p);
+        store(dP + r * ld + x, ds);
+      }
+    };
+    if (pr.lo[r] > pr.j0 || h_r < pr.j0 + ld) row.template operator()<true>();
+    else row.template operator()<false>();
   }
   if (sc.alibi) {
     double sum = 0.0;
