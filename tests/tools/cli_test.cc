@@ -182,6 +182,11 @@ TEST(Cli, RunFamilyMembersAndLinearAttention) {
   EXPECT_TRUE(testing::all_close(read_npy(f("dq")), lg.dq, 0));
   EXPECT_TRUE(testing::all_close(read_npy(f("dk")), lg.dk, 0));
   EXPECT_TRUE(testing::all_close(read_npy(f("dv")), lg.dv, 0));
+  // The same lengths as an int32 .npy (<i4): the same result.
+  write_npy(f("lens32"), lens.to(dtype::i32));
+  r = sh(base + " --k " + f("k3") + " --linear relu --causal --alignment bottom_right --nonpad-kv-seqlen " + f("lens32"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(testing::all_close(read_npy(f("out")), linear_attention(q, k3, v, lo).out, 0));
   r = sh(base + " --k " + f("k3") + " --linear elu_plus_one --linear-unnormalised --family-path reference");
   ASSERT_EQ(r.code, 0) << r.out;
   lo = {}, lo.normalize = false;

@@ -372,7 +372,7 @@ void add_run(CLI::App& app, int& exit_code) {
   s->add_option("--window-right", a->window_right, "sliding window: keys after the query position kept (-1: all)");
   s->add_option("--softcap", a->softcap, "softcap * tanh(x / softcap) on the scores (0: off)");
   s->add_option("--mask", a->mask, "bool (true = attend) or float additive mask, broadcast to [B, Hq, Nq, Nk]");
-  s->add_option("--nonpad-kv-seqlen", a->nonpad, "int64 [B]: valid keys per batch row");
+  s->add_option("--nonpad-kv-seqlen", a->nonpad, "int64 or int32 [B]: valid keys per batch row");
   s->add_option("--alibi-slopes", a->alibi, "ALiBi slopes [Hq] or [B, Hq]");
   s->add_option("--sinks", a->sinks, "attention-sink logits [Hq]");
   s->add_option("--past-key", a->past_key, "KV cache keys [B, Hkv, P, D]");
