@@ -873,7 +873,7 @@ void backward(const problem& p, const backward_io& io) {
     const std::int64_t ldk = ceil_div(rkb, kt.W) * kt.W;
     fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? rkb * ldq : 0));
     float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;
-    float* krows = dvt + p.Dv * ldk;  // fused: [rkb][ldq] scale·k rows
+    float* krows = dvt + p.Dv * ldk;  // fused, f32 keys not in place: [rkb][ldq] the key rows, zero-padded
     fbuf dqbuf;  // fused, dq not in place: one unit's dq rows [G][Nq][ldq], made by a thread's first unit
     // (so at most min(threads, units) of them: together no larger than dq in f32)
     fbuf scratch = alloc_floats(row_scratch_floats(qb, ldk));
@@ -914,12 +914,12 @@ void backward(const problem& p, const backward_io& io) {
           else
             for (std::int64_t d = 0; d < p.D; ++d) w[d] |= std::uint32_t(k[d * p.k.sx]) << shift;
         }
-      } else if (fused) {
-        for (std::int64_t x = 0; x < nb; ++x) {  // (two loops without a branch: they vectorise)
+      } else if (fused && ldq != p.D) {  // (else the unit-stride key rows are read in place)
+        for (std::int64_t x = 0; x < nb; ++x) {
           const float* k = K.row(b, hkv, j0 + x);
           float* r = krows + x * ldq;
-          for (std::int64_t d = 0; d < p.D; ++d) r[d] = k[d] * scale;
-          for (std::int64_t d = p.D; d < ldq; ++d) r[d] = 0.0f;
+          std::copy(k, k + p.D, r);
+          std::fill(r + p.D, r + ldq, 0.0f);
         }
       }
       if (dp) {  // word (d/2, x) = (row x's d, d + 1), zero past nb
@@ -982,7 +982,11 @@ void backward(const problem& p, const backward_io& io) {
           pr.sp = sp;
           pr.dalibi = io.dalibi ? &dalibi_part[std::size_t(t * G + g)] : nullptr;
           pr.scratch = scratch.get();
-          if (fused) pr.krows = krows, pr.krw = reinterpret_cast<const std::uint32_t*>(krows), pr.dq = dq_rows(b, hkv, g, i0), pr.ldq = ldq, pr.dqs = dqs;
+          if (fused) {
+            const bool in_place = !dp && ldq == p.D;
+            pr.krows = in_place ? K.row(b, hkv, j0) : krows, pr.krs = in_place ? K.sn : ldq;
+            pr.krw = reinterpret_cast<const std::uint32_t*>(krows), pr.dq = dq_rows(b, hkv, g, i0), pr.ldq = ldq, pr.dqs = dqs;
+          }
           pr.ds_out = dsb.get();
           if (!dp) {
             kt.dkdv(pr);
@@ -1042,17 +1046,15 @@ void backward(const problem& p, const backward_io& io) {
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) std::fill(dq_rows(b, hkv, g, i), dq_rows(b, hkv, g, i) + p.D, 0.0f);
         for (std::int64_t kb = 0; kb < nkb; ++kb) key_block(u * nkb + kb);
-        const float dq_scale = dp ? scale : 1.0f;  // bf16 pairs: dq = scale · Σ dS K
-        int bad = 0;  // a non-finite element in dq rows accumulated in place (converted ones: not looked at)
+        int bad = 0;  // (dq = scale · Σ dS K)  // a non-finite element in dq rows accumulated in place (converted ones: not looked at)
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < p.Nq; ++i) {
             float* r = dq_rows(b, hkv, g, i);
             if (!dq_direct) {
-              cpu::store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, dq_scale);
+              cpu::store_row(io.dq, b, hkv * G + g, i, p.D, r, 1, scale);
               continue;
             }
-            if (dp)
-              for (std::int64_t d = 0; d < p.D; ++d) r[d] *= scale;
+            for (std::int64_t d = 0; d < p.D; ++d) r[d] *= scale;
             for (std::int64_t d = 0; d < p.D; ++d) bad |= !(r[d] * 0.0f == 0.0f);  // NaN and ±inf give NaN
           }
         if (bad || !dq_direct) unseen[0].store(true, std::memory_order_relaxed);

@@ -150,12 +150,14 @@ struct dkdv_pair {
   float* ds_out = nullptr;             // [nq][ldk] when set: ds before the softcap factor (the
                                        // gradient of the biased score: a float mask's)
   float* scratch = nullptr;            // row_scratch_floats(...) floats, 64-byte aligned
-  // Fused backward (dq in the same pass): dq row r at dq + r·dqs, ldq columns, += dS · krows,
-  // where krows [nb][ldq] holds the key block's rows times scale, zero-padded to ldq (a multiple
-  // of W), an f32 product; with bf16 pair operands instead += dS · K on bf16 pairs, dS rounded to
-  // bf16 in key pairs and krw [ldk/2][ldq] the block's keys by pairs, unscaled (word (x', d) =
-  // k[2x'][d] | k[2x' + 1][d] << 16, zero past nb and D): the caller scales dq. Null dq: no dq.
+  // Fused backward (dq in the same pass): dq row r at dq + r·dqs, ldq columns, += dS · K, the
+  // caller scaling dq at the end. f32: an f32 product with the block's nb key rows at krows, krs
+  // apart, ldq floats each (a multiple of W: the keys in place where D is one, else a copy
+  // zero-padded to ldq); with bf16 pair operands on bf16 pairs instead, dS rounded to bf16 in key
+  // pairs and krw [ldk/2][ldq] the block's keys by pairs (word (x', d) = k[2x'][d] |
+  // k[2x' + 1][d] << 16, zero past nb and D). Null dq: no dq.
   const float* krows = nullptr;
+  std::int64_t krs = 0;
   const std::uint32_t* krw = nullptr;
   float* dq = nullptr;
   std::int64_t ldq = 0, dqs = 0;

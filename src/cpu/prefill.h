@@ -351,7 +351,7 @@ void dq_lanes(const lane_block& lb, const lane_operands<Ops>& op, const dq_io& i
 
 // ---- backward dk, dv (and dq when fused), row layout: one query block against one key block ----
 //   S = Q Kᵀ, dP = dO Vᵀ, P = e^{s' - lse} (s' the transformed score), dS = P (dP - Δ),
-//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS,  fused: dQ += dS (scale·K) (bf16 pairs: dS K, scaled by the caller)
+//   dVᵀ += dOᵀ P,  dKᵀ += Qᵀ dS,  fused: dQ += dS K (scaled by the caller)
 
 // What the row-layout pass multiplies, in words of Ops.
 template <class Ops>
@@ -442,7 +442,7 @@ void dkdv_rows(const dkdv_pair& pr, const row_operands<Ops>& op) {
       for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(dsk + i / 2, load(dP + i));
       gemm<Ops>(nq, pr.ldq, ld / 2, dsk, ld / 2, 1, pr.krw, pr.ldq, pr.dq, pr.dqs, true);
     } else {
-      gemm<f32_operands>(nq, pr.ldq, pr.nb, dP, ld, 1, pr.krows, pr.ldq, pr.dq, pr.dqs, true);
+      gemm<f32_operands>(nq, pr.ldq, pr.nb, dP, ld, 1, pr.krows, pr.krs, pr.dq, pr.dqs, true);
     }
   }
 }
