@@ -18,12 +18,12 @@
 namespace attn {
 
 // Where each row of a sequence sits. Either an offset (row n of every batch is at
-// offset + n; a KV cache of P entries gives offset = P for the new rows) or explicit int64
-// ids: [N] shared by the batch, or [B, N] per batch (left padding, packed sequences).
+// offset + n; a KV cache of P entries gives offset = P for the new rows) or explicit int64 (or
+// int32, widened once) ids: [N] shared by the batch, or [B, N] per batch (left padding, packed sequences).
 // Converts implicitly from both, so `rotary(q, 16)` and `rotary(q, ids)` read naturally.
 struct positions {
   std::int64_t offset = 0;
-  std::optional<TensorArg> ids;  // int64 [N] or [B, N]
+  std::optional<TensorArg> ids;  // int64 or int32 [N] or [B, N]
 
   positions() = default;
   positions(std::int64_t start) : offset(start) {}                 // NOLINT: implicit by design

@@ -500,7 +500,7 @@ def rotary(x, positions=None, *, rotary_dim: int = 0, base: float = 10000.0,
            layout: str = "half_split", num_heads: int = 0):
     """Rotary position embedding (RoPE) of ``x [B, H, N, D]`` (or ``[B, N, H*D]`` with num_heads).
 
-    ``positions``: an int offset (row n at offset + n) or int64 ids ``[N]`` / ``[B, N]``.
+    ``positions``: an int offset (row n at offset + n) or int64 / int32 ids ``[N]`` / ``[B, N]``.
     ``layout``: "half_split" (GPT-NeoX, LLaMA) or "interleaved" (GPT-J). ``rotary_dim``: the
     leading features rotated (0 = all).
 

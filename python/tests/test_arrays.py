@@ -196,6 +196,8 @@ def test_family_positional_numpy(rng):
     x = rng.standard_normal((1, 2, 5, 4))
     y = attn.rotary(x, 7)
     np.testing.assert_allclose(attn.rotary_backward(y, 7), x, rtol=1e-12, atol=1e-12)
+    ids = np.array([[3, 0, 9, 2, 2]])  # position ids as int32 (Hugging Face's often are): the int64 result
+    np.testing.assert_array_equal(attn.rotary(x, ids.astype(np.int32)), attn.rotary(x, ids))
     bias = attn.t5_relative_bias(rng.standard_normal((32, 2)).astype(np.float32), 3, 5)
     assert bias.shape == (1, 2, 3, 5)
     assert attn.t5_relative_buckets(2, 2, bidirectional=False).tolist() == [[0, 0], [1, 0]]

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "attn/error.h"
 #include "attn/positional.h"
@@ -40,6 +42,7 @@ strided4 as_bnd(const TensorView& t) {
 struct resolved_positions {
   row_positions rows;
   std::int64_t batches = 0;  // 0: shared by every batch (offset or ids [N]); else ids.size(0)
+  std::shared_ptr<std::vector<std::int64_t>> widened;  // int32 ids as int64 (rows.ids points here)
 };
 
 resolved_positions resolve_positions(const char* op, const positions& pos, std::int64_t N) {
@@ -51,16 +54,22 @@ resolved_positions resolve_positions(const char* op, const positions& pos, std::
   const TensorView& t = *pos.ids;
   if (pos.offset != 0)
     fail(op, fmt::format("positions has both offset = {} and ids {}; give one of them", pos.offset, shape_str(t.shape())));
-  if (t.type() != dtype::i64) fail(op, fmt::format("positions has dtype {}, expected int64", dtype_name(t.type())));
+  if (t.type() != dtype::i64 && t.type() != dtype::i32)
+    fail(op, fmt::format("positions has dtype {}, expected int64 or int32", dtype_name(t.type())));
   if (t.data() == nullptr && t.numel() != 0) fail(op, "positions has no data");
   if ((t.rank() != 1 && t.rank() != 2) || t.size(-1) != N)
     fail(op, fmt::format("positions has shape {}, expected [N] = [{}] or [B, N] = [B, {}]", shape_str(t.shape()), N, N));
+  if (t.rank() == 2) r.batches = t.size(0);
+  if (t.type() == dtype::i32) {  // widened once, C order (the kernels read int64 ids)
+    r.widened = std::make_shared<std::vector<std::int64_t>>(detail::read_index(op, "positions", t, t.rank(), "[N] or [B, N]"));
+    r.rows.ids = r.widened->data();
+    r.rows.sn = 1;
+    r.rows.sb = r.batches > 1 ? N : 0;
+    return r;
+  }
   r.rows.ids = t.data_as<const std::int64_t>();
   r.rows.sn = t.stride(-1);
-  if (t.rank() == 2) {
-    r.batches = t.size(0);
-    r.rows.sb = r.batches == 1 ? 0 : t.stride(0);
-  }
+  if (t.rank() == 2) r.rows.sb = r.batches == 1 ? 0 : t.stride(0);
   return r;
 }
 

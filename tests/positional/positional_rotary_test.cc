@@ -221,13 +221,46 @@ TEST(Rotary, BadInputNamesOpArgumentAndValues) {
   EXPECT_THROW_MSG(rotary(x, 0, ro), "rotary: num_heads = 5 but 4-D x [2, 3, 4, 8] has 3 heads");
   EXPECT_THROW_MSG(rotary_backward(Tensor::zeros({2, 3, 4, 8, 1}, dtype::f32)), "rotary_backward: dy has 5 dims [2, 3, 4, 8, 1], expected 4");
   EXPECT_THROW_MSG(rotary(Tensor::zeros({2, 3, 4, 8}, dtype::i64)), "rotary: x has dtype int64, expected float32");
-  EXPECT_THROW_MSG(rotary(x, Tensor::zeros({4}, dtype::f32)), "rotary: positions has dtype float32, expected int64");
+  EXPECT_THROW_MSG(rotary(x, Tensor::zeros({4}, dtype::f32)), "rotary: positions has dtype float32, expected int64 or int32");
   EXPECT_THROW_MSG(rotary(x, Tensor::zeros({5}, dtype::i64)), "rotary: positions has shape [5], expected [N] = [4] or [B, N] = [B, 4]");
   EXPECT_THROW_MSG(rotary(x, Tensor::zeros({3, 4}, dtype::i64)), "rotary: positions has 3 batches but x [2, 3, 4, 8] has 2");
   const Tensor ids4 = Tensor::zeros({4}, dtype::i64);
   positions both(ids4);
   both.offset = 3;
   EXPECT_THROW_MSG(rotary(x, both), "rotary: positions has both offset = 3 and ids [4]");
+}
+
+// Position ids as int32 (what Hugging Face models and PyTorch users often hold): every op that
+// takes ids gives bitwise what int64 ids give — [N], [B, N], [1, N] and a strided [B, N] view.
+TEST(PositionalInt32, IdsAsInt64) {
+  std::mt19937 rng(4);
+  const Tensor x = random_tensor({2, 3, 4, 8}, dtype::f32, rng);
+  const Tensor x3 = random_tensor({2, 4, 8}, dtype::f32, rng);
+  const Tensor table = random_tensor({9, 8}, dtype::f32, rng);
+  const Tensor n64 = Tensor::from_values({4}, dtype::i64, {7, 0, 3, 3});
+  const Tensor b64 = Tensor::from_values({2, 4}, dtype::i64, {1, 2, 8, 0, 5, 5, 6, 2});
+  const Tensor one64 = Tensor::from_values({1, 4}, dtype::i64, {2, 4, 6, 8});
+  Tensor wide = Tensor::full({2, 8}, dtype::i32, -1.0);  // b64's values in every other column
+  for (std::int64_t i = 0; i < 8; ++i) wide.set({i / 4, 2 * (i % 4)}, b64.to_vector()[std::size_t(i)]);
+  const TensorView b32s(wide.data(), dtype::i32, {2, 4}, {8, 2});
+  const auto same = [](const Tensor& a, const Tensor& b, const char* what) {
+    ASSERT_EQ(a.shape(), b.shape()) << what;
+    EXPECT_EQ(a.to_vector(), b.to_vector()) << what;
+  };
+  const Tensor n32 = n64.to(dtype::i32), b32 = b64.to(dtype::i32), one32 = one64.to(dtype::i32);
+  for (const auto& [ids64, ids32, name] : {std::tuple{n64, n32.view(), "[N]"}, std::tuple{b64, b32.view(), "[B, N]"},
+                                           std::tuple{one64, one32.view(), "[1, N]"},
+                                           std::tuple{b64, b32s, "[B, N] strided"}}) {
+    SCOPED_TRACE(name);
+    same(rotary(x, ids32), rotary(x, ids64), "rotary");
+    same(rotary_backward(x, ids32), rotary_backward(x, ids64), "rotary_backward");
+    same(add_sinusoidal_encoding(x3, ids32), add_sinusoidal_encoding(x3, ids64), "add_sinusoidal_encoding");
+    same(learned_position_encoding(table, 4, ids32), learned_position_encoding(table, 4, ids64), "learned");
+    same(learned_position_encoding_backward(x3, 9, ids32), learned_position_encoding_backward(x3, 9, ids64),
+         "learned backward");
+  }
+  EXPECT_THROW_MSG(learned_position_encoding(table, 4, Tensor::from_values({4}, dtype::i32, {0, 9, 1, 1})),
+                   "learned_position_encoding:");
 }
 
 }  // namespace
