@@ -168,8 +168,8 @@ bert_model bert_model::load(const std::string& dir) {
 
 Tensor bert_model::forward(const Tensor& ids, const std::vector<std::int64_t>& lengths, dtype attention_dtype,
                            const execution& exec, embed_profile* prof) const {
-  if (ids.rank() != 2 || ids.type() != dtype::i64)
-    fail(fmt::format("ids must be int64 [B, N], got {} {}", dtype_name(ids.type()), shape_str(ids.shape())));
+  if (ids.rank() != 2 || (ids.type() != dtype::i64 && ids.type() != dtype::i32))
+    fail(fmt::format("ids must be int64 or int32 [B, N], got {} {}", dtype_name(ids.type()), shape_str(ids.shape())));
   const std::int64_t B = ids.size(0), N = ids.size(1), H = config_.hidden_size;
   if (std::int64_t(lengths.size()) != B) fail(fmt::format("{} lengths for a batch of {}", lengths.size(), B));
   if (N > config_.max_position_embeddings)

@@ -59,7 +59,7 @@ class bert_model {
   static bert_model load(const std::string& dir);
   explicit bert_model(const bert_config& config);
 
-  // ids int64 [B, N] (right-padded), lengths [B] (valid tokens per row, >= 1). Returns the last
+  // ids int64 or int32 [B, N] (right-padded), lengths [B] (valid tokens per row, >= 1). Returns the last
   // hidden state [B, N, hidden] (rows past a sequence's length are zero). Everything but
   // attention runs on the valid tokens only, packed.
   // `attention_dtype` bf16 runs attention on bf16 q/k/v (fp32 accumulation).
