@@ -35,6 +35,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -361,8 +362,153 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   return f;
 }
 
+// Paged float32 K/V whose (b, hkv) has many query rows (a prefill chunk, a long speculative step):
+// the f32 decode kernel reads every key once per pass of lanes_small rows, at about 0.6 of the
+// prefill kernel's rate on whole lane blocks, so the pages are gathered into rows and the call
+// runs as dense prefill where that pays — from two whole prefill lane blocks of rows, or from three
+// decode passes when the pages are token-major (a token's heads side by side, which decode reads
+// a block of every head at a time, slower still). Measured, Zen 5, 2 threads, Hq 32 / Hkv 8,
+// D 128, Nk 4096, shuffled pages of 16, B 1 (`attn bench --paged 16`, decode → gathered, ms;
+// dense 3.3 / 6.6 / 8.7 / 10.5 / 39):
+//   head-major   Nq 16: 4.5 → 4.0 | 24: 6.3 → 8.6 | 32: 8.6 → 8.5 | 64: 16.1 → 13.4 | 256: 61 → 42
+//   token-major  Nq 12: 4.6 → 4.0 | 16: 5.9 → 4.0 | 24: 8.4 → 8.4 | 32: 10.6 → 8.5 | 64: 20.7 → 13.1
+// (24 rows a head leave the second lane block of 64 half empty). bfloat16 pages stay on decode,
+// whose vdpbf16ps passes over the rows in place run at the dense prefill's rate (B 1, Nq 256:
+// 21.1 ms paged, 20.6 dense, 21.1 gathered) and cost less below that (Nq 16: 2.9 against 4.8).
+bool paged_gather(const problem& p, const kernel_table& kt) {
+  if (p.page_table == nullptr || p.k.type != dtype::f32) return false;
+  const std::int64_t rows = p.Nq * p.group();
+  const bool token_major = p.k.sh < p.k.sn;
+  return rows >= 2 * kt.lanes || (token_major && rows > 2 * kt.lanes_small);
+}
+
+// The most bytes of gathered K/V one pass of forward_paged_gathered holds: 8 MiB (a quarter of
+// a 32 MiB L3, so the lane blocks read the rows the gather just wrote from cache), or
+// ATTN_PAGED_GATHER_MIB (0: one kv head of one sequence a pass).
+std::int64_t gather_bytes() {
+  if (const char* e = std::getenv("ATTN_PAGED_GATHER_MIB"); e && *e) return std::max<std::int64_t>(0, std::atoll(e)) << 20;
+  return std::int64_t(8) << 20;
+}
+
+// The gather's buffer, kept between calls when it is at most kGatherKeep bytes: a fresh one costs a
+// page fault per 4 KiB on first touch (a prefill chunk of 16 rows at Nk 4096, Hkv 8, D 128 f32:
+// 32 MiB gathered, 9 ms of faults against 3 ms of attention on a 2-core VM). A call takes it (or
+// allocates) and gives it back; calls running at once each get their own.
+constexpr std::int64_t kGatherKeep = std::int64_t(64) << 20;
+struct gather_pool {
+  std::mutex m;
+  fbuf buf;
+  std::int64_t floats = 0;
+
+  fbuf take(std::int64_t n, std::int64_t& have) {
+    {
+      const std::lock_guard<std::mutex> lock(m);
+      if (buf && floats >= n) return have = floats, std::move(buf);
+    }
+    return have = n, alloc_floats(n);
+  }
+  void give(fbuf b, std::int64_t n) {
+    if (n * 4 > kGatherKeep) return;
+    const std::lock_guard<std::mutex> lock(m);
+    if (!buf || n > floats) buf = std::move(b), floats = n;
+  }
+};
+gather_pool& the_gather_pool() {
+  static gather_pool pool;
+  return pool;
+}
+
+void forward_out(const problem& p, const forward_outputs& o);
+
+// Kv heads [h0, h1) of sequences [b0, b1) (every head, or some heads of one sequence): rows
+// [0, kv_len[b]) copied from their pages into [b][hkv][n][X] (rows past a sequence's length up to
+// the pass's longest zero), then the dense forward of the same rows of q, the same kv_len.
+void forward_gathered_pass(const problem& p, const forward_outputs& o, std::int64_t b0, std::int64_t b1, std::int64_t h0,
+                           std::int64_t h1) {
+  const int nt = std::max(1, p.num_threads);
+  const std::int64_t es = std::int64_t(dtype_size(p.k.type)), G = p.group(), nb = b1 - b0, nh = h1 - h0;
+  std::int64_t nk = 0;
+  for (std::int64_t b = b0; b < b1; ++b) nk = std::max(nk, p.kv_len[std::size_t(b)]);
+  std::int64_t have = 0;
+  fbuf kv = the_gather_pool().take(ceil_div(nb * nh * nk * (p.D + p.Dv) * es, 4), have);
+  auto* kd = reinterpret_cast<std::byte*>(kv.get());
+  std::byte* vd = kd + nb * nh * nk * p.D * es;
+  const std::int64_t pages = ceil_div(nk, p.page_size);
+#pragma omp parallel for num_threads(nb * nh * nk * (p.D + p.Dv) < kSerialCopy ? 1 : nt) schedule(static)
+  for (std::int64_t t = 0; t < nb * nh * pages; ++t) {
+    const std::int64_t pg = t % pages, hl = t / pages % nh, bl = t / pages / nh, b = b0 + bl;
+    const std::int64_t n0 = pg * p.page_size, n1 = std::min(nk, n0 + p.page_size);
+    const std::int64_t valid = std::clamp<std::int64_t>(p.kv_len[std::size_t(b)] - n0, 0, n1 - n0);
+    const auto copy = [&](const strided4& src, std::int64_t page_stride, std::int64_t X, std::byte* dst) {
+      std::byte* d = dst + ((bl * nh + hl) * nk + n0) * X * es;
+      if (valid > 0) {
+        const auto* s = static_cast<const std::byte*>(src.data) +
+                        (p.page_table[b * p.max_pages + pg] * page_stride + (h0 + hl) * src.sh) * es;
+        for (std::int64_t n = 0; n < valid; ++n) std::memcpy(d + n * X * es, s + n * src.sn * es, std::size_t(X * es));
+      }
+      std::memset(d + valid * X * es, 0, std::size_t((n1 - n0 - valid) * X * es));
+    };
+    copy(p.k, p.page_stride.k, p.D, kd);
+    copy(p.v, p.page_stride.v, p.Dv, vd);
+  }
+  problem d = p;
+  d.B = nb, d.Hkv = nh, d.Hq = nh * G, d.Nk = nk;
+  d.page_table = nullptr, d.max_pages = 0, d.page_size = 0, d.page_stride = {};
+  d.k = strided4{kd, p.k.type, nh * nk * p.D, nk * p.D, p.D, 1};
+  d.v = strided4{vd, p.v.type, nh * nk * p.Dv, nk * p.Dv, p.Dv, 1};
+  const auto at = [](const strided4& t, std::int64_t b, std::int64_t h) {
+    return static_cast<void*>(static_cast<std::byte*>(t.data) + t.offset(b, h, 0, 0) * std::int64_t(dtype_size(t.type)));
+  };
+  d.q.data = at(p.q, b0, h0 * G);
+  d.kv_len.assign(p.kv_len.begin() + b0, p.kv_len.begin() + b1);
+  d.alibi.clear();
+  if (!p.alibi.empty())
+    for (std::int64_t b = b0; b < b1; ++b)
+      d.alibi.insert(d.alibi.end(), p.alibi.begin() + b * p.Hq + h0 * G, p.alibi.begin() + b * p.Hq + h1 * G);
+  if (!p.sinks.empty()) d.sinks.assign(p.sinks.begin() + h0 * G, p.sinks.begin() + h1 * G);
+  if (!p.past_lens.empty()) d.past_lens.assign(p.past_lens.begin() + b0, p.past_lens.begin() + b1);
+  // lse [B, Hq, Nq] is contiguous: the pass's rows (all heads of its sequences, or some heads of one)
+  // are one run from row0.
+  const std::int64_t row0 = (b0 * p.Hq + h0 * G) * p.Nq;
+  forward_outputs od = o;
+  od.out.data = at(o.out, b0, h0 * G);
+  od.lse = static_cast<std::byte*>(o.lse) + row0 * std::int64_t(dtype_size(o.lse_type));
+  special_rows found;
+  od.found = o.found ? &found : nullptr;
+  forward_out(d, od);
+  the_gather_pool().give(std::move(kv), have);
+  if (o.found) {
+    for (const std::int64_t r : found.rows) o.found->rows.push_back(row0 + r);
+    o.found->complete = o.found->complete && found.complete;
+  }
+}
+
+// Paged K/V gathered pass by pass: whole sequences while they fit in gather_bytes() together, a
+// sequence that does not alone in passes of as many of its kv heads as fit (one at least). The
+// passes depend on the shapes and lengths only, never on the thread count.
+void forward_paged_gathered(const problem& p, const forward_outputs& o) {
+  const std::int64_t head_token = (p.D + p.Dv) * std::int64_t(dtype_size(p.k.type));  // bytes
+  const std::int64_t budget = gather_bytes();
+  if (o.found) o.found->rows.clear(), o.found->complete = true;
+  for (std::int64_t b0 = 0; b0 < p.B;) {
+    const std::int64_t len = p.kv_len[std::size_t(b0)];
+    if (len * p.Hkv * head_token > budget) {
+      const std::int64_t hp = std::clamp<std::int64_t>(budget / std::max<std::int64_t>(1, len * head_token), 1, p.Hkv);
+      for (std::int64_t h0 = 0; h0 < p.Hkv; h0 += hp) forward_gathered_pass(p, o, b0, b0 + 1, h0, std::min(p.Hkv, h0 + hp));
+      ++b0;
+      continue;
+    }
+    std::int64_t b1 = b0 + 1, nk = len;
+    while (b1 < p.B && std::max(nk, p.kv_len[std::size_t(b1)]) * (b1 + 1 - b0) * p.Hkv * head_token <= budget)
+      nk = std::max(nk, p.kv_len[std::size_t(b1)]), ++b1;
+    forward_gathered_pass(p, o, b0, b1, 0, p.Hkv);
+    b0 = b1;
+  }
+}
+
 void forward_out(const problem& p, const forward_outputs& o) {
   const kernel_table& kt = select_kernels();
+  if (paged_gather(p, kt)) return forward_paged_gathered(p, o);
   const int nt = std::max(1, p.num_threads);
   const forward_plan plan = plan_forward(p, kt);
   const std::int64_t L = plan.lanes, nlb = plan.lane_blocks, units = plan.units;
@@ -1113,6 +1259,11 @@ const char* int8_decode_words(const problem& p, const kernel_table& kt, const fo
 // What forward() / backward() will do for this problem, in words (explain_backend).
 std::string describe(const problem& p, const backend_request& req) {
   const kernel_table& kt = select_kernels();
+  if (!req.backward && paged_gather(p, kt)) {
+    problem d = p;
+    d.page_table = nullptr;
+    return describe(d, req) + ", paged K/V gathered into rows";
+  }
   const forward_plan fp = plan_forward(p, kt);
   const char* type = p.q.type == dtype::bf16 ? "bf16" : p.q.type == dtype::f16 ? "f16 as f32" : "f32";
   std::string s = fmt::format("{} kernels, ", kt.name);

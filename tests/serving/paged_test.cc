@@ -114,6 +114,68 @@ INSTANTIATE_TEST_SUITE_P(Cases, Paged,
                                               dtype_name(std::get<1>(info.param)));
                          });
 
+// A prefill chunk over float32 pages (more query rows per kv head than two decode passes) gathers
+// the pages into rows and runs as dense prefill: the same answer as attention() on the dense
+// keys, whatever the gather's budget (every sequence in one pass here; ATTN_PAGED_GATHER_MIB=0:
+// one kv head of one sequence a pass) and the thread count; rows past a sequence's length in its
+// last page and unused pages hold NaN, which nothing may read. bfloat16 pages (read in place by
+// decode at any Nq) are held to the same.
+TEST(PagedGather, PrefillChunksAsDenseInAnyPass) {
+  struct env_scope {
+    const char* name;
+    env_scope(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+    ~env_scope() { unsetenv(name); }
+  };
+  for (const dtype type : {dtype::f32, dtype::bf16})
+  for (const bool head_major : {false, true}) {
+    std::mt19937 rng(41);
+    const std::vector<std::int64_t> lens{300, 0, 77, 9};  // 9 < Nq: the first queries see no key
+    const std::int64_t B = 4, Hq = 8, Hkv = 2, D = 16, Dv = 24, ps = 16, Nq = 40, max_pages = 20, num_pages = 48;
+    std::vector<std::int64_t> order(num_pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::int64_t> table(std::size_t(B * max_pages), -1);
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
+    // head-major: storage [num_pages, Hkv, ps, X] seen as [num_pages, ps, Hkv, X]
+    const Tensor kbuf = random_tensor(head_major ? Shape{num_pages, Hkv, ps, D} : Shape{num_pages, ps, Hkv, D}, type, rng);
+    const Tensor vbuf = random_tensor(head_major ? Shape{num_pages, Hkv, ps, Dv} : Shape{num_pages, ps, Hkv, Dv}, type, rng);
+    const TensorView kp = head_major ? kbuf.view().permute({0, 2, 1, 3}) : kbuf.view();
+    const TensorView vp = head_major ? vbuf.view().permute({0, 2, 1, 3}) : vbuf.view();
+    std::vector<bool> used(num_pages * ps, false);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t j = 0; j < lens[std::size_t(b)]; ++j) used[std::size_t(table[std::size_t(b * max_pages + j / ps)] * ps + j % ps)] = true;
+    for (std::int64_t r = 0; r < num_pages * ps; ++r)
+      if (!used[std::size_t(r)])
+        for (std::int64_t h = 0; h < Hkv; ++h) kp.set({r / ps, r % ps, h, 0}, NAN), vp.set({r / ps, r % ps, h, 1}, NAN);
+    const Tensor kd = Tensor::copy_of(kp), vd = Tensor::copy_of(vp);  // (token-major, for gather below)
+    const Tensor q = random_tensor({B, Hq, Nq, D}, type, rng);
+    const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, lens)};
+    attention_options o;
+    o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+    o.alibi_slopes = random_tensor({Hq}, dtype::f64, rng, 0.1, 0.9);
+    o.sinks = random_tensor({Hq}, dtype::f64, rng);  // (a pass of some heads takes their sinks)
+    const attention_result all = attention_paged(q, cache, o);
+    const attention_result one = attention_paged(q, cache, o, {.num_threads = 1});
+    EXPECT_TRUE(all_close(one.out, all.out, 0, 0)) << dtype_name(type);
+    EXPECT_TRUE(all_close(one.lse, all.lse, 0, 0)) << dtype_name(type);
+    const env_scope small("ATTN_PAGED_GATHER_MIB", "0");
+    const attention_result apart = attention_paged(q, cache, o);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t L = lens[std::size_t(b)];
+      SCOPED_TRACE(fmt::format("{} {} sequence {} (L {})", dtype_name(type), head_major ? "head-major" : "token-major", b, L));
+      const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1));
+      const attention_result want = attention(qb, gather(kd, table, max_pages, b, L), gather(vd, table, max_pages, b, L), o);
+      for (const attention_result* r : {&all, &apart}) {
+        EXPECT_FALSE(testing::any_nan(r->out));
+        EXPECT_TRUE(all_close(Tensor::copy_of(r->out.view().slice(0, b, b + 1)), want.out, testing::tolerance_for(type) * 4));
+        EXPECT_TRUE(all_close(Tensor::copy_of(r->lse.view().slice(0, b, b + 1)), want.lse, testing::tolerance_for(type) * 4));
+      }
+    }
+  }
+}
+
 // Appending writes rows [L_b, L_b + Nnew) through the table and nothing else; decoding token by
 // token through the pages equals one causal call on the dense keys.
 TEST(PagedAppend, WritesOnlyItsRowsAndDecodesLikeDense) {
