@@ -105,8 +105,9 @@ void store_from_double(void* base, dtype t, std::int64_t offset, double value);
 
 class TensorArg;
 
-// Tensor buffers of 8 MiB or more are kept when freed (at most 512 MiB in all, the most recently
-// freed first) and handed to the next Tensor::empty of the same size, so that a repeated call
+// Tensor buffers of 8 MiB or more, and the kernels' working memory of that size (packed or
+// transposed K/V, gathered pages), are kept when freed (at most 512 MiB in all, the most recently
+// freed first) and handed to the next allocation of the same size, so that a repeated call
 // writes into pages the process already has rather than fresh ones (a page fault and the kernel's
 // zeroing each). release_cached_buffers() gives them back to the system and returns their bytes;
 // cached_buffer_bytes() is what is kept now.

@@ -45,6 +45,14 @@ double sum8(std::int64_t n, Term term) {
 // nonpad_kv_seqlen, cache lengths — is read here: FlashAttention, vLLM and PyTorch hold int32.
 std::vector<std::int64_t> read_index(const char* op, const char* name, const TensorView& t, int rank, const char* want);
 
+// Working memory of `bytes` bytes, 64-byte aligned, or null when the system has none: blocks of
+// 8 MiB or more are 2 MiB aligned, on transparent huge pages where the kernel gives them, and come
+// from the cache of freed Tensor buffers (attn/tensor.h, release_cached_buffers) when one of the
+// same rounded size is kept — a fresh block costs a page fault and the kernel's zeroing per 4 KiB
+// on first touch. Give it back with free_working(p, bytes), the same bytes. (src/core/tensor.cc)
+void* alloc_working(std::size_t bytes);
+void free_working(void* p, std::size_t bytes);
+
 inline int thread_count(const char* op, const execution& exec) {
   if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
   const int cap = 4 * std::max(1, omp_get_num_procs());

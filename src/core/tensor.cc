@@ -358,7 +358,8 @@ std::vector<double> to_vector(const TensorView& v) {
 
 namespace {
 
-// Freed buffers of kHugeMin bytes or more, kept for the next Tensor::empty of the same size: a
+// Freed buffers of kHugeMin bytes or more (Tensors, and the backends' working memory through
+// detail::alloc_working), kept for the next allocation of the same size: a
 // process that repeats a call (a training step, a layer, attention() in a loop) then writes into
 // pages it already has. Fresh ones cost a page fault and the kernel's zeroing each — on a virtual
 // machine whose host takes freed memory back, 2–3 ms an 8 MiB buffer, up to a fifth of an
@@ -433,6 +434,36 @@ buffer_cache& huge_buffers() {
 std::size_t release_cached_buffers() { return huge_buffers().release(); }
 std::size_t cached_buffer_bytes() { return huge_buffers().bytes(); }
 
+namespace detail {
+
+// A block of kHugeMin bytes or more is aligned to 2 MiB and asks the kernel for transparent huge
+// pages, which it gives where THP is in `madvise` mode (the usual default): reading one in the
+// order a kernel walks it (a head's rows, a page of a paged cache) then misses the TLB once per
+// 2 MiB rather than once per 4 KiB. Measured: paged bf16 decode (Hq 32 / Hkv 8, D 128, Nk 16384,
+// 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md). Such blocks come
+// from and go back to huge_buffers() (above); smaller ones are malloc's, 64-byte aligned.
+void* alloc_working(std::size_t bytes) {
+  const bool huge = bytes >= kHugeMin;
+  const std::size_t align = huge ? kHuge : 64;
+  const std::size_t size = (std::max<std::size_t>(bytes, 1) + align - 1) / align * align;
+  void* mem = huge ? huge_buffers().take(size) : nullptr;
+  if (!mem) {
+    mem = std::aligned_alloc(align, size);
+#ifdef __linux__
+    if (mem && huge) madvise(mem, size, MADV_HUGEPAGE);  // a hint: refused (THP off, an old kernel) changes nothing
+#endif
+  }
+  return mem;
+}
+
+void free_working(void* p, std::size_t bytes) {
+  if (!p) return;
+  if (bytes >= kHugeMin) huge_buffers().give(p, (bytes + kHuge - 1) / kHuge * kHuge);
+  else std::free(p);
+}
+
+}  // namespace detail
+
 Tensor Tensor::empty(Shape shape, dtype t) {
   Tensor r;
   std::int64_t n = 1;
@@ -441,29 +472,13 @@ Tensor Tensor::empty(Shape shape, dtype t) {
     n = checked_mul(n, s, shape, "elements");
   }
   const std::int64_t bytes = checked_mul(std::max<std::int64_t>(n, 1), std::int64_t(dtype_size(t)), shape, "bytes");
-  // 64-byte aligned (a cache line, an AVX-512 vector); a buffer of kHugeMin bytes or more (a KV
-  // cache, a weight matrix) is aligned to 2 MiB and asks the kernel for transparent huge pages,
-  // which it gives where THP is in `madvise` mode (the usual default): reading one in the order a
-  // kernel walks it (a head's rows, a page of a paged cache) then misses the TLB once per 2 MiB
-  // rather than once per 4 KiB. Measured: paged bf16 decode (Hq 32 / Hkv 8, D 128, Nk 16384,
-  // 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md).
-  // Buffers of kHugeMin bytes or more come from and go back to huge_buffers() (above).
-  const bool huge = std::size_t(bytes) >= kHugeMin;
-  const std::size_t align = huge ? kHuge : 64;
-  const std::size_t size = (std::size_t(bytes) + align - 1) / align * align;
-  void* mem = huge ? huge_buffers().take(size) : nullptr;
-  if (!mem) {
-    mem = std::aligned_alloc(align, size);
-    if (!mem)
-      throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
-#ifdef __linux__
-    if (huge) madvise(mem, size, MADV_HUGEPAGE);  // a hint: refused (THP off, an old kernel) changes nothing
-#endif
-  }
-  if (huge)
-    r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem), [size](std::byte* m) { huge_buffers().give(m, size); });
-  else
-    r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem), [](std::byte* m) { std::free(m); });
+  // 64-byte aligned (a cache line, an AVX-512 vector); a buffer of 8 MiB or more (a KV cache, a
+  // weight matrix) 2 MiB aligned, on huge pages where the kernel gives them, and kept when freed
+  // for the next of its size (detail::alloc_working, above).
+  void* mem = detail::alloc_working(std::size_t(bytes));
+  if (!mem) throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
+  r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem),
+                                            [bytes](std::byte* m) { detail::free_working(m, std::size_t(bytes)); });
   r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
   return r;
 }

@@ -16,15 +16,21 @@
 
 namespace attn::detail::cpu {
 
+// Gives a buffer back to the working memory it came from (core/common.h, free_working: blocks of
+// 8 MiB or more are kept for the next call of the same size).
 struct free_deleter {
-  void operator()(float* p) const { std::free(p); }
+  std::size_t bytes = 0;
+  void operator()(float* p) const { free_working(p, bytes); }
 };
 using fbuf = std::unique_ptr<float[], free_deleter>;
 
-// n floats, 64-byte aligned; attn::error "<op>: cannot allocate N bytes …" when the memory is not there.
+// n floats, 64-byte aligned; attn::error "<op>: cannot allocate N bytes …" when the memory is not
+// there. From alloc_working: a packed K/V, a transposed V, gathered pages of tens of MiB reuse
+// the pages of the last call of their size instead of faulting fresh ones (docs/PERFORMANCE.md,
+// "Working memory kept between calls").
 inline fbuf alloc_floats(std::int64_t n, const char* op) {
   const std::size_t bytes = (std::size_t(std::max<std::int64_t>(n, 1)) * 4 + 63) / 64 * 64;
-  fbuf r(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  fbuf r(static_cast<float*>(alloc_working(bytes)), free_deleter{bytes});
   if (!r) fail(op, fmt::format("cannot allocate {} bytes of working memory", bytes));
   return r;
 }
@@ -39,12 +45,12 @@ struct aligned64 {
   aligned64() = default;
   template <class U>
   aligned64(const aligned64<U>&) noexcept {}
+  static std::size_t bytes(std::size_t n) { return (std::max<std::size_t>(n, 1) * sizeof(T) + 63) / 64 * 64; }
   T* allocate(std::size_t n) {
-    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(T) + 63) / 64 * 64;
-    if (void* p = std::aligned_alloc(64, bytes)) return static_cast<T*>(p);
+    if (void* p = alloc_working(bytes(n))) return static_cast<T*>(p);
     throw std::bad_alloc();
   }
-  void deallocate(T* p, std::size_t) noexcept { std::free(p); }
+  void deallocate(T* p, std::size_t n) noexcept { free_working(p, bytes(n)); }
   // words(n) leaves its n words unset (default-initialised), as new T[n] would: the packs write
   // every word they hold, and a zero fill first was one more pass over fresh pages. words(n, 0u)
   // fills as usual.

@@ -35,7 +35,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -390,34 +389,6 @@ std::int64_t gather_bytes() {
   return std::int64_t(8) << 20;
 }
 
-// The gather's buffer, kept between calls when it is at most kGatherKeep bytes: a fresh one costs a
-// page fault per 4 KiB on first touch (a prefill chunk of 16 rows at Nk 4096, Hkv 8, D 128 f32:
-// 32 MiB gathered, 9 ms of faults against 3 ms of attention on a 2-core VM). A call takes it (or
-// allocates) and gives it back; calls running at once each get their own.
-constexpr std::int64_t kGatherKeep = std::int64_t(64) << 20;
-struct gather_pool {
-  std::mutex m;
-  fbuf buf;
-  std::int64_t floats = 0;
-
-  fbuf take(std::int64_t n, std::int64_t& have) {
-    {
-      const std::lock_guard<std::mutex> lock(m);
-      if (buf && floats >= n) return have = floats, std::move(buf);
-    }
-    return have = n, alloc_floats(n);
-  }
-  void give(fbuf b, std::int64_t n) {
-    if (n * 4 > kGatherKeep) return;
-    const std::lock_guard<std::mutex> lock(m);
-    if (!buf || n > floats) buf = std::move(b), floats = n;
-  }
-};
-gather_pool& the_gather_pool() {
-  static gather_pool pool;
-  return pool;
-}
-
 void forward_out(const problem& p, const forward_outputs& o);
 
 // Kv heads [h0, h1) of sequences [b0, b1) (every head, or some heads of one sequence): rows
@@ -429,8 +400,7 @@ void forward_gathered_pass(const problem& p, const forward_outputs& o, std::int6
   const std::int64_t es = std::int64_t(dtype_size(p.k.type)), G = p.group(), nb = b1 - b0, nh = h1 - h0;
   std::int64_t nk = 0;
   for (std::int64_t b = b0; b < b1; ++b) nk = std::max(nk, p.kv_len[std::size_t(b)]);
-  std::int64_t have = 0;
-  fbuf kv = the_gather_pool().take(ceil_div(nb * nh * nk * (p.D + p.Dv) * es, 4), have);
+  fbuf kv = alloc_floats(ceil_div(nb * nh * nk * (p.D + p.Dv) * es, 4));  // (kept between calls: alloc_working)
   auto* kd = reinterpret_cast<std::byte*>(kv.get());
   std::byte* vd = kd + nb * nh * nk * p.D * es;
   const std::int64_t pages = ceil_div(nk, p.page_size);
@@ -476,7 +446,6 @@ void forward_gathered_pass(const problem& p, const forward_outputs& o, std::int6
   special_rows found;
   od.found = o.found ? &found : nullptr;
   forward_out(d, od);
-  the_gather_pool().give(std::move(kv), have);
   if (o.found) {
     for (const std::int64_t r : found.rows) o.found->rows.push_back(row0 + r);
     o.found->complete = o.found->complete && found.complete;
