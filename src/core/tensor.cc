@@ -441,26 +441,45 @@ namespace detail {
 // order a kernel walks it (a head's rows, a page of a paged cache) then misses the TLB once per
 // 2 MiB rather than once per 4 KiB. Measured: paged bf16 decode (Hq 32 / Hkv 8, D 128, Nk 16384,
 // 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md). Such blocks come
-// from and go back to huge_buffers() (above); smaller ones are malloc's, 64-byte aligned.
-void* alloc_working(std::size_t bytes) {
-  const bool huge = bytes >= kHugeMin;
-  const std::size_t align = huge ? kHuge : 64;
-  const std::size_t size = (std::max<std::size_t>(bytes, 1) + align - 1) / align * align;
-  void* mem = huge ? huge_buffers().take(size) : nullptr;
+// from and go back to huge_buffers() (above). Working memory (not Tensors) of kKeepMin bytes or
+// more is kept there too, in whole 4 KiB pages: glibc serves a block of that size from a fresh
+// mmap unless it has freed a larger mapped block before (its threshold moves up then), so
+// whether a call's 4 MiB pack faulted every call depended on what the process had freed earlier
+// (the bf16 forward H8 N2048 D128 in the standard grid: 6 % slower once the larger blocks stopped
+// being freed). Smaller blocks are malloc's, 64-byte aligned.
+constexpr std::size_t kKeepMin = std::size_t(1) << 20, kPage = 4096;
+
+namespace {
+std::size_t working_size(std::size_t bytes, bool& huge, bool& kept) {
+  bytes = std::max<std::size_t>(bytes, 1);
+  huge = bytes >= kHugeMin, kept = bytes >= kKeepMin;
+  const std::size_t align = huge ? kHuge : kept ? kPage : 64;
+  return (bytes + align - 1) / align * align;
+}
+void* take_block(std::size_t bytes, bool working) {
+  bool huge = false, kept = false;
+  const std::size_t size = working_size(bytes, huge, kept);
+  if (!working) kept = huge;
+  void* mem = kept ? huge_buffers().take(size) : nullptr;
   if (!mem) {
-    mem = std::aligned_alloc(align, size);
+    mem = std::aligned_alloc(huge ? kHuge : kept ? kPage : 64, size);
 #ifdef __linux__
     if (mem && huge) madvise(mem, size, MADV_HUGEPAGE);  // a hint: refused (THP off, an old kernel) changes nothing
 #endif
   }
   return mem;
 }
-
-void free_working(void* p, std::size_t bytes) {
+void give_block(void* p, std::size_t bytes, bool working) {
   if (!p) return;
-  if (bytes >= kHugeMin) huge_buffers().give(p, (bytes + kHuge - 1) / kHuge * kHuge);
+  bool huge = false, kept = false;
+  const std::size_t size = working_size(bytes, huge, kept);
+  if (working ? kept : huge) huge_buffers().give(p, size);
   else std::free(p);
 }
+}  // namespace
+
+void* alloc_working(std::size_t bytes) { return take_block(bytes, true); }
+void free_working(void* p, std::size_t bytes) { give_block(p, bytes, true); }
 
 }  // namespace detail
 
@@ -474,11 +493,11 @@ Tensor Tensor::empty(Shape shape, dtype t) {
   const std::int64_t bytes = checked_mul(std::max<std::int64_t>(n, 1), std::int64_t(dtype_size(t)), shape, "bytes");
   // 64-byte aligned (a cache line, an AVX-512 vector); a buffer of 8 MiB or more (a KV cache, a
   // weight matrix) 2 MiB aligned, on huge pages where the kernel gives them, and kept when freed
-  // for the next of its size (detail::alloc_working, above).
-  void* mem = detail::alloc_working(std::size_t(bytes));
+  // for the next of its size (take_block, above).
+  void* mem = detail::take_block(std::size_t(bytes), false);
   if (!mem) throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
   r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem),
-                                            [bytes](std::byte* m) { detail::free_working(m, std::size_t(bytes)); });
+                                            [bytes](std::byte* m) { detail::give_block(m, std::size_t(bytes), false); });
   r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
   return r;
 }
