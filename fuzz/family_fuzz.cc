@@ -283,8 +283,10 @@ void fuzz_serving(bytes& in) {
     compare("varlen dv, sequence " + std::to_string(b), sequence(g.dv, ck[b], ck[b + 1]), cg.dv, tol, gs);
   }
 
-  // paged: the same keys in pages of page_size tokens, handed out in a shuffled order.
-  const std::int64_t page = 1 + in.upto(3), Nq = 1 + in.upto(3);
+  // paged: the same keys in pages of page_size tokens, handed out in a shuffled order. Nq 1…3,
+  // or (where 4 was drawn) a prefill chunk of 21…33 queries: float32 pages are then gathered out
+  // of the pages by the cpu backend and run as dense prefill (cpu_backend.cc, paged_gather).
+  const std::int64_t page = 1 + in.upto(3), drawn = 1 + in.upto(3), Nq = drawn == 4 ? 17 + 4 * page : drawn;
   std::int64_t max_pages = 1;
   for (std::int64_t b = 0; b < B; ++b) max_pages = std::max(max_pages, (ck[b + 1] - ck[b] + page - 1) / page);
   const std::int64_t num_pages = B * max_pages;
