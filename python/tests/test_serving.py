@@ -151,28 +151,33 @@ def test_paged_varlen_mixed_batch_against_torch_sdpa():
 
 
 @pytest.mark.parametrize("head_major", [False, True])
-def test_paged_float32_prefill_chunks_against_torch_sdpa(head_major):
-    """Prefill chunks over float32 pages (40 queries, GQA 4: 160 rows a kv head, which the cpu
-    backend gathers out of the pages and runs as dense prefill) against torch SDPA in float64 on
-    each sequence's keys, causal bottom-right, ALiBi-free; token-major and head-major pages."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_chunks_against_torch_sdpa(head_major, dtype):
+    """Prefill chunks over float32 and bfloat16 pages (40 queries, GQA 4: 160 rows a kv head, which
+    the cpu backend gathers out of the pages and runs as dense prefill) against torch SDPA in
+    float64 on each sequence's keys (the values as stored), causal bottom-right; token-major and
+    head-major pages."""
     rng = np.random.default_rng(11)
     B, Hq, Hkv, D, page, nq = 3, 8, 2, 16, 16, 40
     lens = np.array([300, 77, 40], dtype=np.int64)
     per = int(-(-lens.max() // page))
-    K = rng.standard_normal((B, Hkv, per * page, D)).astype(np.float32)
-    V = rng.standard_normal((B, Hkv, per * page, D)).astype(np.float32)
-    kp, vp, table = paged_from_dense(K, V, page, rng)
+    K = torch.from_numpy(rng.standard_normal((B, Hkv, per * page, D))).to(dtype)
+    V = torch.from_numpy(rng.standard_normal((B, Hkv, per * page, D))).to(dtype)
+    kp, vp, table = paged_from_dense(K.float().numpy(), V.float().numpy(), page, rng)
+    kp, vp = torch.from_numpy(kp).to(dtype), torch.from_numpy(vp).to(dtype)  # (exact: the values are dtype's)
     if head_major:  # storage [pages, Hkv, page, D], passed as the view [pages, page, Hkv, D]
-        kp = np.ascontiguousarray(kp.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-        vp = np.ascontiguousarray(vp.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    q = rng.standard_normal((B, Hq, nq, D)).astype(np.float32)
-    out = attn.attention_paged(q, kp, vp, table, lens, is_causal=True)
+        kp = kp.transpose(1, 2).contiguous().transpose(1, 2)
+        vp = vp.transpose(1, 2).contiguous().transpose(1, 2)
+    q = torch.from_numpy(rng.standard_normal((B, Hq, nq, D))).to(dtype)
+    out = attn.attention_paged(q, kp, vp, torch.from_numpy(table), torch.from_numpy(lens), is_causal=True)
+    assert out.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
     for b in range(B):
         n = lens[b]
-        kb = torch.from_numpy(K[b, :, :n].astype(np.float64)).repeat_interleave(Hq // Hkv, 0)
-        vb = torch.from_numpy(V[b, :, :n].astype(np.float64)).repeat_interleave(Hq // Hkv, 0)
-        want = sdpa_bottom_right(torch.from_numpy(q[b].astype(np.float64)), kb, vb, True)
-        torch.testing.assert_close(torch.from_numpy(out[b]).double(), want, atol=2e-5, rtol=2e-5)
+        kb = K[b, :, :n].double().repeat_interleave(Hq // Hkv, 0)
+        vb = V[b, :, :n].double().repeat_interleave(Hq // Hkv, 0)
+        want = sdpa_bottom_right(q[b].double(), kb, vb, True)
+        torch.testing.assert_close(out[b].double(), want, atol=tol, rtol=tol)
 
 
 def test_paged_append_decodes_like_dense_and_int8_is_close():

@@ -361,24 +361,25 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   return f;
 }
 
-// Paged float32 K/V whose (b, hkv) has many query rows (a prefill chunk, a long speculative step):
-// the f32 decode kernel reads every key once per pass of lanes_small rows, at about 0.6 of the
-// prefill kernel's rate on whole lane blocks, so the pages are gathered into rows and the call
-// runs as dense prefill where that pays — from two whole prefill lane blocks of rows, or from three
-// decode passes when the pages are token-major (a token's heads side by side, which decode reads
-// a block of every head at a time, slower still). Measured, Zen 5, 2 threads, Hq 32 / Hkv 8,
-// D 128, Nk 4096, shuffled pages of 16, B 1 (`attn bench --paged 16`, decode → gathered, ms;
-// dense 3.3 / 6.6 / 8.7 / 10.5 / 39):
-//   head-major   Nq 16: 4.5 → 4.0 | 24: 6.3 → 8.6 | 32: 8.6 → 8.5 | 64: 16.1 → 13.4 | 256: 61 → 42
-//   token-major  Nq 12: 4.6 → 4.0 | 16: 5.9 → 4.0 | 24: 8.4 → 8.4 | 32: 10.6 → 8.5 | 64: 20.7 → 13.1
-// (24 rows a head leave the second lane block of 64 half empty). bfloat16 pages stay on decode,
-// whose vdpbf16ps passes over the rows in place run at the dense prefill's rate (B 1, Nq 256:
-// 21.1 ms paged, 20.6 dense, 21.1 gathered) and cost less below that (Nq 16: 2.9 against 4.8).
+// Paged float32 or bfloat16 K/V whose (b, hkv) has many query rows (a prefill chunk, a long
+// speculative step): the decode kernel reads every key once per pass of lanes_small rows, at
+// about 0.6 of the prefill kernels' rate on whole lane blocks, so the pages are gathered into
+// rows and the call runs as dense prefill where that pays — from two whole prefill lane blocks
+// of rows, or from four decode passes when the pages are token-major (a token's heads side by
+// side, which decode reads a block of every head at a time, slower still). Measured, Zen 5,
+// 2 threads, Hq 32 / Hkv 8, D 128, Nk 4096, shuffled pages of 16, B 1 (`attn bench --paged 16`,
+// decode → gathered, ms):
+//   f32  head-major   Nq 16: 4.5 → 4.0 | 24: 6.3 → 8.6 | 32: 8.6 → 8.5 | 64: 16.1 → 13.4 | 256: 61 → 42
+//        token-major  Nq 12: 4.6 → 4.0–5.0 | 16: 5.9 → 4.0 | 32: 10.6 → 8.5 | 64: 20.7 → 13.1
+//   bf16 head-major   Nq 16: 3.7 → 3.7 | 24: 4.9 → 5.1 | 32: 6.3 → 5.6 | 64: 10.8 → 8.0 | 256: 40 → 23
+//        token-major  Nq 12: 3.0 → 3.8 | 16: 4.3 → 3.9 | 32: 7.8 → 5.4 | 64: 12.6 → 7.7 | 256: 51 → 24
+// (dense f32 3.3 / 6.6 / 8.7 / 10.5 / 39 at Nq 16 / 24 / 32 / 64 / 256, bf16 2.6–2.8 / 4.0 /
+// 4.2 / 6.4 / 21.5; 24 rows a head leave the second lane block of 64 half empty).
 bool paged_gather(const problem& p, const kernel_table& kt) {
-  if (p.page_table == nullptr || p.k.type != dtype::f32) return false;
+  if (p.page_table == nullptr || (p.k.type != dtype::f32 && p.k.type != dtype::bf16)) return false;
   const std::int64_t rows = p.Nq * p.group();
   const bool token_major = p.k.sh < p.k.sn;
-  return rows >= 2 * kt.lanes || (token_major && rows > 2 * kt.lanes_small);
+  return rows >= 2 * kt.lanes || (token_major && rows >= 4 * kt.lanes_small);
 }
 
 // The most bytes of gathered K/V one pass of forward_paged_gathered holds: 8 MiB (a quarter of

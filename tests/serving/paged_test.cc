@@ -114,12 +114,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, Paged,
                                               dtype_name(std::get<1>(info.param)));
                          });
 
-// A prefill chunk over float32 pages (more query rows per kv head than two decode passes) gathers
-// the pages into rows and runs as dense prefill: the same answer as attention() on the dense
-// keys, whatever the gather's budget (every sequence in one pass here; ATTN_PAGED_GATHER_MIB=0:
-// one kv head of one sequence a pass) and the thread count; rows past a sequence's length in its
-// last page and unused pages hold NaN, which nothing may read. bfloat16 pages (read in place by
-// decode at any Nq) are held to the same.
+// A prefill chunk over float32 or bfloat16 pages (160 query rows per kv head here: more than
+// decode's passes pay for) gathers the pages into rows and runs as dense prefill: the same answer
+// as attention() on the dense keys, whatever the gather's budget (every sequence in one pass here;
+// ATTN_PAGED_GATHER_MIB=0: one kv head of one sequence a pass) and the thread count, token- and
+// head-major pages; rows past a sequence's length in its last page and unused pages hold NaN,
+// which nothing may read.
 TEST(PagedGather, PrefillChunksAsDenseInAnyPass) {
   struct env_scope {
     const char* name;
