@@ -369,14 +369,16 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
 // side, which decode reads a block of every head at a time, slower still). Measured, Zen 5,
 // 2 threads, Hq 32 / Hkv 8, D 128, Nk 4096, shuffled pages of 16, B 1 (`attn bench --paged 16`,
 // decode → gathered, ms):
-//   f32  head-major   Nq 16: 4.5 → 4.0 | 24: 6.3 → 8.6 | 32: 8.6 → 8.5 | 64: 16.1 → 13.4 | 256: 61 → 42
-//        token-major  Nq 12: 4.6 → 4.0–5.0 | 16: 5.9 → 4.0 | 32: 10.6 → 8.5 | 64: 20.7 → 13.1
-//   bf16 head-major   Nq 16: 3.7 → 3.7 | 24: 4.9 → 5.1 | 32: 6.3 → 5.6 | 64: 10.8 → 8.0 | 256: 40 → 23
-//        token-major  Nq 12: 3.0 → 3.8 | 16: 4.3 → 3.9 | 32: 7.8 → 5.4 | 64: 12.6 → 7.7 | 256: 51 → 24
+//   f32  head-major   Nq 16: 4.5 → 4.0 | 24: 6.3 → 8.6 (both kept on decode) | 32: 8.6 → 8.5 | 64: 16.1 → 13.4 | 256: 61 → 42
+//        token-major  Nq 12: 4.6 → 4.0–5.0 (kept on decode) | 16: 5.9 → 4.0 | 32: 10.6 → 8.5 | 64: 20.7 → 13.1
+//   bf16 head-major   Nq 16: 3.7 → 3.7 | 24: 4.9 → 5.1 (both kept on decode) | 32: 6.3 → 5.6 | 64: 10.8 → 8.0 | 256: 40 → 23
+//        token-major  Nq 12: 3.0 → 3.8 (kept on decode) | 16: 4.3 → 3.9 | 32: 7.8 → 5.4 | 64: 12.6 → 7.7 | 256: 51 → 24
 // (dense f32 3.3 / 6.6 / 8.7 / 10.5 / 39 at Nq 16 / 24 / 32 / 64 / 256, bf16 2.6–2.8 / 4.0 /
 // 4.2 / 6.4 / 21.5; 24 rows a head leave the second lane block of 64 half empty).
 bool paged_gather(const problem& p, const kernel_table& kt) {
-  if (p.page_table == nullptr || (p.k.type != dtype::f32 && p.k.type != dtype::bf16)) return false;
+  if (p.page_table == nullptr || (p.k.type != dtype::f32 && p.k.type != dtype::bf16) ||
+      std::int64_t(p.kv_len.size()) != p.B)  // (the serving front always sets the lengths)
+    return false;
   const std::int64_t rows = p.Nq * p.group();
   const bool token_major = p.k.sh < p.k.sn;
   return rows >= 2 * kt.lanes || (token_major && rows >= 4 * kt.lanes_small);

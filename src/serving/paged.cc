@@ -7,8 +7,8 @@
 // (src/cpu/decode.h), with the backend's own split-KV partition, sinks and merge — no run or
 // page costs more than its bytes. (A prefill chunk over float32 or bfloat16 pages — enough rows
 // per kv head — is gathered into rows by the backend, a few MiB a pass, and runs on the dense
-// prefill kernels: cpu_backend.cc, paged_gather and forward_paged_gathered.) Otherwise (float64 or float16 pages, strided rows, another
-// backend asked for) a run of table entries that are consecutive pages
+// prefill kernels: cpu_backend.cc, paged_gather and forward_paged_gathered.) Otherwise (float64
+// or float16 pages, strided rows, another backend asked for) a run of table entries that are consecutive pages
 // in memory is one strided view [1, Hkv, n, X] (when a page's stride is page_size token rows);
 // each run is one core-op problem whose causal frontier, window and ALiBi are shifted to the
 // run's first key j0 (after_past alignment with P = pos_0 - j0, which may be negative). The run
