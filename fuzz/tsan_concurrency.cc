@@ -6,8 +6,9 @@
 //   family      attention_family forward and backward on the core, tiled and fused paths
 //   positional  rotary and rotary_backward, the T5 bias and its backward, sinusoidal and learned
 //               encodings (ALiBi runs through the core op above)
-//   serving     attention_varlen forward and backward, attention_paged, paged_kv_append on
-//               each thread's own pages
+//   serving     attention_varlen forward and backward, attention_paged (decode and a prefill
+//               chunk, which gathers the pages), paged_kv_append on each thread's own pages;
+//               a bf16 call whose working memory comes from the shared buffer cache
 //   linear      linear and linear_backward (the reference path: OpenBLAS is not built for TSan)
 //   attn::nn    MultiHeadAttention forward and backward, each thread its own layer made from
 //               the same seed (so the same weights and the same parameter gradients)
@@ -145,6 +146,14 @@ std::vector<Tensor> round_ops(const Tensor& q, const Tensor& k, const Tensor& v,
   lens.data_as<std::int64_t>()[0] = 13;
   const attention_result pr = attention_paged(q, cache, so, ex);
   r.push_back(pr.out), r.push_back(pr.lse);
+  // a prefill chunk of 20 queries (40 rows a kv head): the cpu backend gathers the pages into
+  // rows (cpu_backend.cc, paged_gather) and runs them as dense prefill
+  const attention_result pc = attention_paged(ramp({1, 4, 20, 8}, dtype::f32, 0.21), cache, so, ex);
+  r.push_back(pc.out), r.push_back(pc.lse);
+  // working memory of 1 MiB or more (the bf16 K/V packed or widened) from the buffer cache that
+  // every thread takes blocks from and gives them back to
+  const Tensor kb = ramp({1, 1, 4096, 128}, dtype::bf16, 0.013), vb = ramp({1, 1, 4096, 128}, dtype::bf16, 0.017);
+  r.push_back(attention(ramp({1, 1, 40, 128}, dtype::bf16, 0.11), kb, vb, {}, ex).out);
   // linear
   const TensorView x = q.view().reshape({36, 8});
   const Tensor W = ramp({5, 8}, dtype::f32, 0.8), b = ramp({5}, dtype::f32, 0.5);
