@@ -1231,11 +1231,6 @@ const char* int8_decode_words(const problem& p, const kernel_table& kt, const fo
 // What forward() / backward() will do for this problem, in words (explain_backend).
 std::string describe(const problem& p, const backend_request& req) {
   const kernel_table& kt = select_kernels();
-  if (!req.backward && paged_gather(p, kt)) {
-    problem d = p;
-    d.page_table = nullptr;
-    return describe(d, req) + ", paged K/V gathered into rows";
-  }
   const forward_plan fp = plan_forward(p, kt);
   const char* type = p.q.type == dtype::bf16 ? "bf16" : p.q.type == dtype::f16 ? "f16 as f32" : "f32";
   std::string s = fmt::format("{} kernels, ", kt.name);
