@@ -15,6 +15,15 @@
 
 namespace attn::testing {
 
+// An environment variable set for a scope (the library reads its ATTN_* switches per call).
+struct env_scope {
+  std::string name;
+  env_scope(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~env_scope() { unsetenv(name.c_str()); }
+  env_scope(const env_scope&) = delete;
+  env_scope& operator=(const env_scope&) = delete;
+};
+
 inline Tensor random_tensor(const Shape& shape, dtype t, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
   std::uniform_real_distribution<double> u(lo, hi);
   std::vector<double> v(std::size_t(TensorView(nullptr, t, shape).numel()));

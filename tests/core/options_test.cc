@@ -15,12 +15,7 @@ namespace {
 using testing::all_close;
 using testing::random_tensor;
 
-// A scoped environment variable.
-struct env_scope {
-  std::string name;
-  env_scope(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
-  ~env_scope() { unsetenv(name.c_str()); }
-};
+using testing::env_scope;
 
 // include/attn/positional.h's example, as written there: the bias is a temporary Tensor that
 // the option keeps alive. Under ASan a borrowed view would be a heap-use-after-free here.

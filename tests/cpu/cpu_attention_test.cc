@@ -964,7 +964,7 @@ TEST(cpu_attention, eligibility_says_why) {
   EXPECT_EQ(backends().front(), "cpu");
 }
 
-// The cpu kernels' working memory of 8 MiB or more (here the packed or widened bf16 K/V, 32 MiB
+// The cpu kernels' working memory of 1 MiB or more (here the packed or widened bf16 K/V, 32 MiB
 // each; the output is 32 KiB) goes back to the buffer cache of attn/tensor.h when a call ends, and
 // the next call of the same shape takes the same blocks: the cache holds as much after it as
 // before. A repeated call then writes into pages the process has, not fresh ones (a fault and the

@@ -30,11 +30,7 @@ struct isa_scope {
   ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
 };
 
-struct env_scope {
-  const char* name;
-  env_scope(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~env_scope() { unsetenv(name); }
-};
+using testing::env_scope;
 
 std::vector<std::string> isas() {
   int n = 0;

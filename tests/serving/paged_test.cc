@@ -121,11 +121,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, Paged,
 // head-major pages; rows past a sequence's length in its last page and unused pages hold NaN,
 // which nothing may read.
 TEST(PagedGather, PrefillChunksAsDenseInAnyPass) {
-  struct env_scope {
-    const char* name;
-    env_scope(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-    ~env_scope() { unsetenv(name); }
-  };
   for (const dtype type : {dtype::f32, dtype::bf16})
   for (const bool head_major : {false, true}) {
     std::mt19937 rng(41);
@@ -160,7 +155,7 @@ TEST(PagedGather, PrefillChunksAsDenseInAnyPass) {
     const attention_result one = attention_paged(q, cache, o, {.num_threads = 1});
     EXPECT_TRUE(all_close(one.out, all.out, 0, 0)) << dtype_name(type);
     EXPECT_TRUE(all_close(one.lse, all.lse, 0, 0)) << dtype_name(type);
-    const env_scope small("ATTN_PAGED_GATHER_MIB", "0");
+    const testing::env_scope small("ATTN_PAGED_GATHER_MIB", "0");
     const attention_result apart = attention_paged(q, cache, o);
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t L = lens[std::size_t(b)];
