@@ -47,10 +47,11 @@ namespace {
 
 // Software prefetch of the K/V rows kDecodePrefetchBytes ahead of the block being read, one line
 // per line read, into L2 (prefetcht1): the fill buffers of L1 stay free for the block's own
-// loads, and a window twice that of an L1 prefetch fits. Measured on Zen 4 (Hq 32 / Hkv 8,
-// D 128, Nk 16384, bf16, 2 threads): 8 KiB into L1 4.0–4.4 ms, 16 KiB into L2 3.2–4.0 ms, in the
-// same runs; 32–64 KiB no better.
-constexpr std::int64_t kDecodePrefetchBytes = 16384;
+// loads. Measured on Zen 4 (Hq 32 / Hkv 8, D 128, Nk 16384, bf16, 2 threads): 8 KiB into L1
+// 4.0–4.4 ms, 16 KiB into L2 3.2–4.0 ms, in the same runs; on a Xeon 4–64 KiB alike. On Zen 5
+// (docs/SERVING.md, 29 Nov 2026) the nearer the better: 4 KiB (one block of bf16 rows of 128)
+// against 16 KiB, dense bf16 at Nk 131072 9.8 against 10.9 ms, int8 rows 6.4 against 7.0.
+constexpr std::int64_t kDecodePrefetchBytes = 4096;
 inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 // The same line of the next block into L1 (nd: bytes from a row of this block to the same row
 // of the next; 0 where there is no next block in one run, or the level does not ask for it:
