@@ -141,6 +141,69 @@ inline void decode_scores(const typename Ops::word* q, std::int64_t qs, std::int
   }
 }
 
+// W = 16, RG = 4, bf16 rows on the ISA's bf16 dot, D ≤ 128 (NU ≤ 4 units of 32 elements):
+// q·k with the four rows side by side in the 128-bit quarters of a vector rather than in
+// accumulators of their own. qa holds q chunked ([NU·4][16] words: quarter r of vector c = row
+// r's words 4c … 4c + 3, decode_run::chunk_q); each key's 4 words at c are broadcast to the four
+// quarters (vbroadcasti32x4 from memory), so one bf16 dot advances all four rows, and a key's
+// accumulator ends with row r's four partial sums in quarter r. A group of 4 keys then folds
+// into the mixed layout (lane r·4 + x = row r · key x) in-quarter: two stages of two-source
+// shuffles, 9 instructions where transpose_add over 16 accumulators takes 45. The same number of
+// dots and K bytes read; q stays in registers across the block.
+template <int NU, class Dot>
+inline void decode_scores_chunked(const std::uint32_t* qa, const std::uint16_t* kb, std::int64_t ks, vf* s,
+                                  const std::uint16_t* kpf, std::ptrdiff_t nd) {
+  static_assert(NU > 0 && W == 16, "four rows in the quarters of a 16-lane vector");
+  constexpr int NC = NU * 4;  // chunks of 4 words (8 elements of d)
+  constexpr int NA = NC >= 12 ? 3 : 2;
+  vu qv[NC];
+#pragma GCC unroll 16
+  for (int c = 0; c < NC; ++c) qv[c] = loadu(qa + c * W);
+  // Lane i = 4r + j: stage 1 pairs keys (a, b) as [a_s, b_s, a_s+1, b_s+1] of quarter r (s = 0
+  // or 2, added), stage 2 takes halves of two such pairs.
+  constexpr auto lo1 = [](int i) { return (i % 2 ? W : 0) + i / 4 * 4 + i % 4 / 2; };
+  constexpr auto lo2 = [](int i) { return (i % 4 < 2 ? 0 : W - 2) + i; };
+#pragma GCC unroll 1
+  for (int kg = 0; kg < 4; ++kg) {
+    vf acc[4][NA];
+#pragma GCC unroll 4
+    for (int x = 0; x < 4; ++x)
+#pragma GCC unroll 4
+      for (int i = 0; i < NA; ++i) acc[x][i] = vf{};
+    const std::uint16_t* kp = kb + kg * 4 * ks;
+    const std::uint16_t* pp = kpf + kg * 4 * ks;
+#pragma GCC unroll 4
+    for (int x = 0; x < 4; ++x) {
+      const std::uint32_t* kw = reinterpret_cast<const std::uint32_t*>(kp + x * ks);
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) {
+        acc[x][c % NA] = Dot::dot_pairs(acc[x][c % NA], Dot::bcast_quarters(kw + c * 4), qv[c]);
+        if (c % 4 == 0) prefetch_l2(pp + x * ks + c * 8), prefetch_next(kp + x * ks + c * 8, nd);
+      }
+    }
+    vf a[4];
+#pragma GCC unroll 4
+    for (int x = 0; x < 4; ++x) {
+      a[x] = acc[x][0];
+#pragma GCC unroll 4
+      for (int i = 1; i < NA; ++i) a[x] += acc[x][i];
+    }
+    const auto stage1 = [&](vf p, vf q) {
+      return shuffle2<lo1(0), lo1(1), lo1(2), lo1(3), lo1(4), lo1(5), lo1(6), lo1(7), lo1(8), lo1(9), lo1(10), lo1(11),
+                      lo1(12), lo1(13), lo1(14), lo1(15)>(p, q) +
+             shuffle2<lo1(0) + 2, lo1(1) + 2, lo1(2) + 2, lo1(3) + 2, lo1(4) + 2, lo1(5) + 2, lo1(6) + 2, lo1(7) + 2,
+                      lo1(8) + 2, lo1(9) + 2, lo1(10) + 2, lo1(11) + 2, lo1(12) + 2, lo1(13) + 2, lo1(14) + 2,
+                      lo1(15) + 2>(p, q);
+    };
+    const vf t01 = stage1(a[0], a[1]), t23 = stage1(a[2], a[3]);
+    s[kg] = shuffle2<lo2(0), lo2(1), lo2(2), lo2(3), lo2(4), lo2(5), lo2(6), lo2(7), lo2(8), lo2(9), lo2(10), lo2(11),
+                     lo2(12), lo2(13), lo2(14), lo2(15)>(t01, t23) +
+            shuffle2<lo2(0) + 2, lo2(1) + 2, lo2(2) + 2, lo2(3) + 2, lo2(4) + 2, lo2(5) + 2, lo2(6) + 2, lo2(7) + 2,
+                     lo2(8) + 2, lo2(9) + 2, lo2(10) + 2, lo2(11) + 2, lo2(12) + 2, lo2(13) + 2, lo2(14) + 2,
+                     lo2(15) + 2>(t01, t23);
+  }
+}
+
 // Lane r·KG + x of the result = s[kg·KG + x] (the mixed layout of per-key values of a block).
 template <int KG, int kg, int... X>
 inline vf spread_impl(vf s, std::integer_sequence<int, X...>) {
@@ -473,6 +536,8 @@ struct decode_run {
   // The order of d in the P·V accumulators: storage<T>'s native order, memory order where int8
   // rows are paired for bf16 products (decode_pv_pairs), or decode_pv_int16's.
   static constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
+  // q·k of bf16 rows by decode_scores_chunked (q chunked, chunk_q) where D fits: see there.
+  static constexpr bool kChunkable = W == 16 && RG == 4 && P == 2 && !Ops::kInt && !KB && __is_same(T, std::uint16_t);
   static constexpr std::int64_t pv_position(std::int64_t d) {
     if constexpr (i16) return int16_pv_position(d);
     else if constexpr (pv_memory_order) return d;
@@ -498,6 +563,7 @@ struct decode_run {
   int pshift;
   bool whole_blocks;  // a block that starts at a multiple of W lies in one page
   std::int64_t nu, nv, pf_keys;
+  bool chunked = false;  // kChunkable and nu <= 4: q chunked, scores by decode_scores_chunked
   std::int64_t next;  // the first key of the next block
   bool primed = false;  // the scores of the block at next are in st.snext
   std::int64_t lo_max = 0, hi_min = 0;  // over the rows: a block in [lo_max, hi_min) needs no mask
@@ -547,6 +613,22 @@ struct decode_run {
     pf_keys = imax(W, kDecodePrefetchBytes / heads / row_bytes) / W * W;
     next = kr.kmin;
     near_prefetch = near && heads == 1;
+    if constexpr (kChunkable) {
+      chunked = nu <= 4;
+      if (chunked) chunk_q();
+    }
+  }
+
+  // Each row group's q words [RG][qs] → [qs / 4][RG][4] (decode_scores_chunked's qa), in place.
+  void chunk_q() {
+    std::uint32_t tmp[4 * 256];
+    for (std::int64_t g = 0; g < st.ng; ++g) {
+      auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * RG * qs;
+      std::copy(qw, qw + RG * qs, tmp);
+      for (std::int64_t c = 0; c < qs / 4; ++c)
+        for (int r = 0; r < RG; ++r)
+          for (int w = 0; w < 4; ++w) qw[(c * RG + r) * 4 + w] = tmp[r * qs + c * 4 + w];
+    }
   }
 
   // Float operands: q's rows from qᵀ, as words of bf16 pairs in memory order (P = 2; q is exactly
@@ -764,6 +846,18 @@ struct decode_run {
     if constexpr (q8) block_scales(lb.kscale, lb.kss, lb.ksps, j0, imin(W, kr.kmax - j0), b.ksm);
   }
 
+  void score_chunked(std::int64_t g, const key_block& b, vf* s, bool first) const {
+    if constexpr (kChunkable) {
+      const auto* qa = reinterpret_cast<const std::uint32_t*>(qwords + g * RG * qs);
+      const auto* pf = first ? b.pf : b.rows;
+      const std::ptrdiff_t nd = first ? b.nd : 0;
+      if (nu == 4) decode_scores_chunked<4, typename Ops::dot>(qa, b.rows, b.stride, s, pf, nd);
+      else if (nu == 3) decode_scores_chunked<3, typename Ops::dot>(qa, b.rows, b.stride, s, pf, nd);
+      else if (nu == 2) decode_scores_chunked<2, typename Ops::dot>(qa, b.rows, b.stride, s, pf, nd);
+      else decode_scores_chunked<1, typename Ops::dot>(qa, b.rows, b.stride, s, pf, nd);
+    }
+  }
+
   // The scores of row group g over the key block b, scaled (int8), into st.snext.
   void score(std::int64_t g, const key_block& b) {
     vf s[RG];
@@ -771,6 +865,8 @@ struct decode_run {
     if constexpr (KB)
       decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.rows, s,
                                                    first ? b.pf : b.rows, first ? b.nd : 0);
+    else if (chunked)
+      score_chunked(g, b, s, first);
     else
       decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, b.rows, b.stride, s, first ? b.pf : b.rows, first ? b.nd : 0);
     if constexpr (i16) {

@@ -20,6 +20,10 @@ struct avx512bf16_dot {
   static vf dot_pairs(vf acc, vu a, vu b) { return (vf)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b); }
   // lo ‖ hi (2W floats) → W words of bf16 pairs, word w = (x[2w], x[2w + 1]), rounded to nearest
   // even (vcvtne2ps2bf16; exact for floats bf16 holds, as widened int8 values).
+  // The 4 words at p in each 128-bit quarter (vbroadcasti32x4 from memory; decode_scores_chunked).
+  static vu bcast_quarters(const std::uint32_t* p) {
+    return (vu)_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static vu pack_pairs(vf lo, vf hi) { return (vu)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo); }
   // Lanes of two rows → W words (bf16(lo[x]), bf16(hi[x])), rounded to nearest even: the pairs
   // of P and dS along the reduction axis (tile.h). vcvtne2ps2bf16 puts lo's 16 bf16 below hi's;

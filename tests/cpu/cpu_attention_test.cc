@@ -603,7 +603,8 @@ TEST(cpu_attention, split_kv_decode) {
 }
 
 // The decode kernel's row groups (1, 2 or 4 rows per K/V read; up to W rows), its direct and
-// padded-copy paths (head sizes that do / do not fill whole vectors or bf16 word vectors, D ≠ Dv),
+// padded-copy paths (head sizes that do / do not fill whole vectors or bf16 word vectors, D ≠ Dv;
+// bf16 groups of 4 rows with D ≤ 128 take decode_scores_chunked),
 // key counts that end mid-block and mid-chunk, and every mask and modifier, on every ISA.
 TEST(cpu_attention, decode_row_groups_and_modifiers) {
   struct shape {
@@ -614,6 +615,7 @@ TEST(cpu_attention, decode_row_groups_and_modifiers) {
       {4, 2, 1, 4113, 64, 64},    // 2 rows
       {6, 2, 1, 2063, 48, 48},    // 3 rows (a padded group); D a whole f32 vector, not a bf16 word vector
       {8, 2, 1, 4097, 128, 128},  // 4 rows
+      {8, 2, 1, 1001, 96, 96},    // 4 rows, D of 3 bf16 units (the chunked q·k's NU = 3)
       {16, 2, 1, 300, 64, 32},    // 8 rows, D ≠ Dv
       {8, 2, 2, 4096, 40, 24},    // 8 rows (2 queries), odd head sizes
       {4, 1, 4, 77, 32, 32},      // 16 rows (4 queries: causal rows see different keys)
