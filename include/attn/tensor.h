@@ -105,7 +105,7 @@ void store_from_double(void* base, dtype t, std::int64_t offset, double value);
 
 class TensorArg;
 
-// Tensor buffers of 8 MiB or more, and the kernels' working memory of that size (packed or
+// Tensor buffers of 1 MiB or more, and the kernels' working memory of that size (packed or
 // transposed K/V, gathered pages), are kept when freed (at most 512 MiB in all, the most recently
 // freed first) and handed to the next allocation of the same size, so that a repeated call
 // writes into pages the process already has rather than fresh ones (a page fault and the kernel's

@@ -358,8 +358,8 @@ std::vector<double> to_vector(const TensorView& v) {
 
 namespace {
 
-// Freed buffers of kHugeMin bytes or more (Tensors, and the backends' working memory through
-// detail::alloc_working), kept for the next allocation of the same size: a
+// Freed buffers of a MiB or more (kKeepMin below: Tensors, and the backends' working memory
+// through detail::alloc_working), kept for the next allocation of the same size: a
 // process that repeats a call (a training step, a layer, attention() in a loop) then writes into
 // pages it already has. Fresh ones cost a page fault and the kernel's zeroing each — on a virtual
 // machine whose host takes freed memory back, 2–3 ms an 8 MiB buffer, up to a fifth of an
@@ -440,13 +440,15 @@ namespace detail {
 // pages, which it gives where THP is in `madvise` mode (the usual default): reading one in the
 // order a kernel walks it (a head's rows, a page of a paged cache) then misses the TLB once per
 // 2 MiB rather than once per 4 KiB. Measured: paged bf16 decode (Hq 32 / Hkv 8, D 128, Nk 16384,
-// 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md). Such blocks come
-// from and go back to huge_buffers() (above). Working memory (not Tensors) of kKeepMin bytes or
-// more is kept there too, in whole 4 KiB pages: glibc serves a block of that size from a fresh
-// mmap unless it has freed a larger mapped block before (its threshold moves up then), so
-// whether a call's 4 MiB pack faulted every call depended on what the process had freed earlier
-// (the bf16 forward H8 N2048 D128 in the standard grid: 6 % slower once the larger blocks stopped
-// being freed). Smaller blocks are malloc's, 64-byte aligned.
+// 2 threads) 3.5 → 3.0 ms, the dense decode 2.8 → 2.4 ms (docs/SERVING.md). Every block of
+// kKeepMin bytes or more — a Tensor's or the kernels' working memory — comes from and goes back
+// to huge_buffers() (above), the smaller ones in whole 4 KiB pages: glibc serves a block of that
+// size from a fresh mmap unless it has freed a larger mapped block before (its threshold moves
+// up then), so whether a call's 4 MiB pack or result faulted every call depended on what the
+// process had freed earlier (the bf16 forward H8 N2048 D128 in the standard grid: 6 % slower once
+// the larger blocks stopped being freed; the family's general × softmax, whose front converts
+// and projects q through 4 MiB tensors, 32 000 faults in 41 calls or 88 000 by the order of a
+// few small frees, 7 000 with them kept). Smaller blocks are malloc's, 64-byte aligned.
 constexpr std::size_t kKeepMin = std::size_t(1) << 20, kPage = 4096;
 
 namespace {
@@ -456,10 +458,9 @@ std::size_t working_size(std::size_t bytes, bool& huge, bool& kept) {
   const std::size_t align = huge ? kHuge : kept ? kPage : 64;
   return (bytes + align - 1) / align * align;
 }
-void* take_block(std::size_t bytes, bool working) {
+void* take_block(std::size_t bytes) {
   bool huge = false, kept = false;
   const std::size_t size = working_size(bytes, huge, kept);
-  if (!working) kept = huge;
   void* mem = kept ? huge_buffers().take(size) : nullptr;
   if (!mem) {
     mem = std::aligned_alloc(huge ? kHuge : kept ? kPage : 64, size);
@@ -469,17 +470,17 @@ void* take_block(std::size_t bytes, bool working) {
   }
   return mem;
 }
-void give_block(void* p, std::size_t bytes, bool working) {
+void give_block(void* p, std::size_t bytes) {
   if (!p) return;
   bool huge = false, kept = false;
   const std::size_t size = working_size(bytes, huge, kept);
-  if (working ? kept : huge) huge_buffers().give(p, size);
+  if (kept) huge_buffers().give(p, size);
   else std::free(p);
 }
 }  // namespace
 
-void* alloc_working(std::size_t bytes) { return take_block(bytes, true); }
-void free_working(void* p, std::size_t bytes) { give_block(p, bytes, true); }
+void* alloc_working(std::size_t bytes) { return take_block(bytes); }
+void free_working(void* p, std::size_t bytes) { give_block(p, bytes); }
 
 }  // namespace detail
 
@@ -492,12 +493,12 @@ Tensor Tensor::empty(Shape shape, dtype t) {
   }
   const std::int64_t bytes = checked_mul(std::max<std::int64_t>(n, 1), std::int64_t(dtype_size(t)), shape, "bytes");
   // 64-byte aligned (a cache line, an AVX-512 vector); a buffer of 8 MiB or more (a KV cache, a
-  // weight matrix) 2 MiB aligned, on huge pages where the kernel gives them, and kept when freed
-  // for the next of its size (take_block, above).
-  void* mem = detail::take_block(std::size_t(bytes), false);
+  // weight matrix) 2 MiB aligned, on huge pages where the kernel gives them; one of 1 MiB or more
+  // kept when freed for the next of its size (take_block, above).
+  void* mem = detail::take_block(std::size_t(bytes));
   if (!mem) throw error(fmt::format("tensor: cannot allocate {} bytes for shape {} of {}", bytes, shape_str(shape), dtype_name(t)));
   r.storage_ = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(mem),
-                                            [bytes](std::byte* m) { detail::give_block(m, std::size_t(bytes), false); });
+                                            [bytes](std::byte* m) { detail::give_block(m, std::size_t(bytes)); });
   r.view_ = TensorView(r.storage_.get(), t, std::move(shape));
   return r;
 }

@@ -865,7 +865,7 @@ struct decode_run {
     if constexpr (KB)
       decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.rows, s,
                                                    first ? b.pf : b.rows, first ? b.nd : 0);
-    else if (chunked)
+    else if (kChunkable && chunked)
       score_chunked(g, b, s, first);
     else
       decode_scores<RG, Ops>(qwords + g * RG * qs, qs, nu, b.rows, b.stride, s, first ? b.pf : b.rows, first ? b.nd : 0);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cpu/buffers.h"  // aligned64: working memory kept between calls
 #include "cpu/kernels.h"  // available_isas: the one place that asks the CPU what it supports
 #include "linear/linear_impl.h"
 
@@ -95,6 +96,13 @@ void use_one_thread() { lib().set_threads(1); }
 
 // ---- operands ----
 
+// Converted operands and outputs (a bf16 or f16 linear computes in f32) come from attn's working
+// memory (core/common.h, alloc_working): a block of a MiB or more is kept for the next call of
+// its size, where a std::vector's fresh pages faulted on every call (a bf16 projection of
+// 16384 × 64: 4 MiB of f32 scratch a call).
+template <class T>
+using buffer = std::vector<T, detail::cpu::aligned64<T>>;
+
 template <class T>
 struct operand {
   const T* data = nullptr;
@@ -102,34 +110,47 @@ struct operand {
   int trans = kNoTrans;
 };
 
+// Conversions of operands (into working memory, whose pages the process keeps) of at least
+// this many elements run on the op's threads.
+constexpr std::int64_t kParallelElements = std::int64_t(1) << 16;
+
+// fn(r) for r in [0, rows), on `threads` threads where rows · cols is large enough.
+template <class Fn>
+void for_rows(std::int64_t rows, std::int64_t cols, int threads, const Fn& fn) {
+  const bool par = threads > 1 && rows > 1 && rows * cols >= kParallelElements;
+#pragma omp parallel for num_threads(threads) schedule(static) if (par)
+  for (std::int64_t r = 0; r < rows; ++r) fn(r);
+}
+
 // Converts element i of a buffer of dtype t to T (the compute type: float or double).
 template <class T, class Load>
-void gather_as(const matrix& a, T* out, Load load) {
-  for (std::int64_t r = 0; r < a.rows; ++r)
+void gather_as(const matrix& a, T* out, Load load, int threads) {
+  for_rows(a.rows, a.cols, threads, [&](std::int64_t r) {
     for (std::int64_t c = 0; c < a.cols; ++c) out[r * a.cols + c] = T(load(a.offset(r, c)));
+  });
 }
 
 template <class T>
-void gather(const matrix& a, T* out) {
+void gather(const matrix& a, T* out, int threads) {
   switch (a.type) {
     case dtype::f32: {
       const float* s = static_cast<const float*>(a.data);
-      gather_as<T>(a, out, [s](std::int64_t i) { return s[i]; });
+      gather_as<T>(a, out, [s](std::int64_t i) { return s[i]; }, threads);
       break;
     }
     case dtype::f64: {
       const double* s = static_cast<const double*>(a.data);
-      gather_as<T>(a, out, [s](std::int64_t i) { return s[i]; });
+      gather_as<T>(a, out, [s](std::int64_t i) { return s[i]; }, threads);
       break;
     }
     case dtype::bf16: {
       const std::uint16_t* s = static_cast<const std::uint16_t*>(a.data);
-      gather_as<T>(a, out, [s](std::int64_t i) { return bf16_to_f32(s[i]); });
+      gather_as<T>(a, out, [s](std::int64_t i) { return bf16_to_f32(s[i]); }, threads);
       break;
     }
     case dtype::f16: {
       const std::uint16_t* s = static_cast<const std::uint16_t*>(a.data);
-      gather_as<T>(a, out, [s](std::int64_t i) { return f16_to_f32(s[i]); });
+      gather_as<T>(a, out, [s](std::int64_t i) { return f16_to_f32(s[i]); }, threads);
       break;
     }
     default: break;  // the front admits float dtypes only
@@ -140,7 +161,7 @@ void gather(const matrix& a, T* out) {
 // allows (its dtype is T and one stride is 1 with a large enough other one); otherwise gathers
 // it row-major into `buf`.
 template <class T>
-operand<T> as_operand(const matrix& a, bool transpose, std::vector<T>& buf) {
+operand<T> as_operand(const matrix& a, bool transpose, buffer<T>& buf, int threads) {
   const bool native = a.type == (sizeof(T) == 4 ? dtype::f32 : dtype::f64);
   const std::int64_t rmin = std::max<std::int64_t>(1, a.cols), cmin = std::max<std::int64_t>(1, a.rows);
   if (native && a.cs == 1 && (a.rows <= 1 || (a.rs >= rmin && a.rs <= INT_MAX)))
@@ -148,7 +169,7 @@ operand<T> as_operand(const matrix& a, bool transpose, std::vector<T>& buf) {
   if (native && a.rs == 1 && (a.cols <= 1 || (a.cs >= cmin && a.cs <= INT_MAX)))
     return {static_cast<const T*>(a.data), int(a.cols <= 1 ? cmin : a.cs), transpose ? kNoTrans : kTrans};
   buf.resize(std::size_t(a.rows * a.cols));
-  gather(a, buf.data());
+  gather(a, buf.data(), threads);
   return {buf.data(), int(rmin), transpose ? kTrans : kNoTrans};
 }
 
@@ -191,7 +212,7 @@ void gemm(int m, int n, int k, const operand<T>& a, const operand<T>& b, T beta,
 template <class T>
 struct output {
   const matrix& dst;
-  std::vector<T> scratch;
+  buffer<T> scratch;
   T* data;
   explicit output(const matrix& m) : dst(m) {
     const bool native = m.type == (sizeof(T) == 4 ? dtype::f32 : dtype::f64);
@@ -216,28 +237,32 @@ struct output {
 template <class T>
 void forward_as(const problem& p) {
   output<T> y(p.y);
-  // y rows start as the bias (or zero); the GEMM adds x Wᵀ on top (beta = 1).
-  for (std::int64_t m = 0; m < p.M; ++m)
-    for (std::int64_t n = 0; n < p.N; ++n) y.data[m * p.N + n] = p.b.data ? T(p.b.load(n)) : T(0);
+  // y rows start as the bias (or zero; read once); the GEMM adds x Wᵀ on top (beta = 1).
+  std::vector<T> brow(std::size_t(p.N), T(0));
+  if (p.b.data)
+    for (std::int64_t n = 0; n < p.N; ++n) brow[std::size_t(n)] = T(p.b.load(n));
+  // (on the calling thread: y is often fresh memory, and two threads faulting its pages in
+  // together measured slower than one)
+  for (std::int64_t m = 0; m < p.M; ++m) std::copy(brow.begin(), brow.end(), y.data + m * p.N);
   if (p.M > 0 && p.N > 0 && p.K > 0) {
-    std::vector<T> xb, wb;
+    buffer<T> xb, wb;
     // y [M, N] = x [M, K] · Wᵀ [K, N]
-    gemm<T>(int(p.M), int(p.N), int(p.K), as_operand<T>(p.x, false, xb), as_operand<T>(p.W, true, wb), T(1), y.data,
-            p.num_threads);
+    gemm<T>(int(p.M), int(p.N), int(p.K), as_operand<T>(p.x, false, xb, p.num_threads),
+            as_operand<T>(p.W, true, wb, p.num_threads), T(1), y.data, p.num_threads);
   }
   y.finish();
 }
 
 template <class T>
 void backward_as(const problem& p) {
-  std::vector<T> dyb, wb, xb;
+  buffer<T> dyb, wb, xb;
   const bool any = p.M > 0 && p.N > 0 && p.K > 0;
-  const operand<T> dy = any ? as_operand<T>(p.dy, false, dyb) : operand<T>{};
+  const operand<T> dy = any ? as_operand<T>(p.dy, false, dyb, p.num_threads) : operand<T>{};
   if (p.dx.data) {
     output<T> dx(p.dx);
     std::fill(dx.data, dx.data + p.M * p.K, T(0));
     // dx [M, K] = dy [M, N] · W [N, K]
-    if (any) gemm<T>(int(p.M), int(p.K), int(p.N), dy, as_operand<T>(p.W, false, wb), T(0), dx.data, p.num_threads);
+    if (any) gemm<T>(int(p.M), int(p.K), int(p.N), dy, as_operand<T>(p.W, false, wb, p.num_threads), T(0), dx.data, p.num_threads);
     dx.finish();
   }
   if (p.dW.data) {
@@ -246,7 +271,7 @@ void backward_as(const problem& p) {
     // dW [N, K] = dyᵀ [N, M] · x [M, K]
     if (any) {
       const operand<T> dyt{dy.data, dy.ld, dy.trans == kNoTrans ? kTrans : kNoTrans};
-      gemm<T>(int(p.N), int(p.K), int(p.M), dyt, as_operand<T>(p.x, false, xb), T(0), dW.data, p.num_threads);
+      gemm<T>(int(p.N), int(p.K), int(p.M), dyt, as_operand<T>(p.x, false, xb, p.num_threads), T(0), dW.data, p.num_threads);
     }
     dW.finish();
   }

@@ -151,14 +151,18 @@ TEST(Tensor, LargeBuffersAreReusedFromABoundedCache) {
   }
   EXPECT_EQ(cached_buffer_bytes(), std::size_t(20) << 20);  // both back
   {
-    Tensor small = Tensor::empty({1024, 1024}, dtype::f32);  // 4 MiB: malloc's, never kept
+    Tensor small = Tensor::empty({512, 256}, dtype::f32);  // 512 KiB: malloc's, never kept
   }
   EXPECT_EQ(cached_buffer_bytes(), std::size_t(20) << 20);
+  {
+    Tensor mid = Tensor::empty({1024, 1024}, dtype::f32);  // 4 MiB (1 MiB or more): kept too
+  }
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(24) << 20);
   // Freed one by one, each takes the block the one before left: one 32 MiB block kept.
   for (int i = 0; i < 20; ++i) Tensor::empty({8, 1024, 1024}, dtype::f32);
-  EXPECT_EQ(cached_buffer_bytes(), std::size_t(52) << 20);
+  EXPECT_EQ(cached_buffer_bytes(), std::size_t(56) << 20);
   // 20 of them alive at once, then freed: the cache keeps the 16 freed last (512 MiB), and the
-  // 12 and 8 MiB blocks of before are given back first.
+  // 12, 8 and 4 MiB blocks of before are given back first.
   std::vector<Tensor> many;
   for (int i = 0; i < 20; ++i) many.push_back(Tensor::empty({8, 1024, 1024}, dtype::f32));
   const void* last = many.back().data();
