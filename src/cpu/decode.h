@@ -9,6 +9,8 @@
 //   dots: KG = W / RG keys × RG rows at a time into W accumulator vectors with D in the lanes,
 //     each K vector loaded once for the RG rows; transpose_add folds the W accumulators into one
 //     score vector whose lane r·KG + x is row r · key x ("mixed layout"), RG vectors per block;
+//     bf16 rows in groups of 4 with D <= 128 instead put the 4 rows in the quarters of each q
+//     vector and broadcast each key's 8 values of d to them (decode_scores_chunked);
 //   softmax in the mixed layout, in base 2 (scores times log2 e): a per-lane running max (equal
 //     over a row's KG lanes), one 2^x per score and per-lane partial sums of p — no scalar work
 //     per key; masks only on blocks that reach past a row's key range;
@@ -621,7 +623,7 @@ struct decode_run {
 
   // Each row group's q words [RG][qs] → [qs / 4][RG][4] (decode_scores_chunked's qa), in place.
   void chunk_q() {
-    std::uint32_t tmp[4 * 256];
+    std::uint32_t tmp[RG * 64];  // chunked: D <= 128, so qs <= 64 words
     for (std::int64_t g = 0; g < st.ng; ++g) {
       auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * RG * qs;
       std::copy(qw, qw + RG * qs, tmp);
