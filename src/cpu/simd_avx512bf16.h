@@ -21,11 +21,11 @@ struct avx512bf16_dot {
   // lo ‖ hi (2W floats) → W words of bf16 pairs, word w = (x[2w], x[2w + 1]), rounded to nearest
   // even (vcvtne2ps2bf16; exact for floats bf16 holds, as widened int8 values).
   // The 4 words at p in each 128-bit quarter (vbroadcasti32x4 from memory; decode_scores_chunked).
-  // (The builtin with a zero pass-through: _mm512_broadcast_i32x4's undefined one made GCC 12
+  // (Zero-masked with every lane set: _mm512_broadcast_i32x4's undefined pass-through made GCC 12
   // warn "may be used uninitialized"; a generic vector shuffle compiled to three instructions.)
   static vu bcast_quarters(const std::uint32_t* p) {
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return (vu)__builtin_ia32_broadcasti32x4_512((__v4si)x, (__v16si)_mm512_setzero_si512(), (__mmask16)-1);
+    return (vu)_mm512_maskz_broadcast_i32x4(__mmask16(0xffff), x);
   }
   static vu pack_pairs(vf lo, vf hi) { return (vu)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo); }
   // Lanes of two rows → W words (bf16(lo[x]), bf16(hi[x])), rounded to nearest even: the pairs
