@@ -452,7 +452,7 @@ namespace detail {
 constexpr std::size_t kKeepMin = std::size_t(1) << 20, kPage = 4096;
 
 namespace {
-std::size_t working_size(std::size_t bytes, bool& huge, bool& kept) {
+std::size_t block_size(std::size_t bytes, bool& huge, bool& kept) {
   bytes = std::max<std::size_t>(bytes, 1);
   huge = bytes >= kHugeMin, kept = bytes >= kKeepMin;
   const std::size_t align = huge ? kHuge : kept ? kPage : 64;
@@ -460,7 +460,7 @@ std::size_t working_size(std::size_t bytes, bool& huge, bool& kept) {
 }
 void* take_block(std::size_t bytes) {
   bool huge = false, kept = false;
-  const std::size_t size = working_size(bytes, huge, kept);
+  const std::size_t size = block_size(bytes, huge, kept);
   void* mem = kept ? huge_buffers().take(size) : nullptr;
   if (!mem) {
     mem = std::aligned_alloc(huge ? kHuge : kept ? kPage : 64, size);
@@ -473,7 +473,7 @@ void* take_block(std::size_t bytes) {
 void give_block(void* p, std::size_t bytes) {
   if (!p) return;
   bool huge = false, kept = false;
-  const std::size_t size = working_size(bytes, huge, kept);
+  const std::size_t size = block_size(bytes, huge, kept);
   if (kept) huge_buffers().give(p, size);
   else std::free(p);
 }
