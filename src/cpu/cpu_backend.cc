@@ -331,9 +331,22 @@ std::int64_t decode_heads_per_task(std::int64_t Hkv, std::int64_t run_bytes) {
 // every lane block has at most lanes_small rows, however many rows a (b, hkv) has.
 bool decode_only(const problem& p) { return p.page_table != nullptr || p.k.type == dtype::i8; }
 
+// A (b, hkv) with a few more rows than lanes_small (a speculative step of 2–16 tokens on GQA, a
+// short chunk against a long cache) runs on decode's passes of lanes_small rows rather than in
+// prefill lane blocks mostly empty (with bf16 K/V, also packed whole for the lane blocks every
+// call): where a block costs more than the passes its rows take in decode
+// (kernel_table::decode_passes; bf16 K/V rows that decode reads in place as they are).
+bool few_rows(const problem& p, const kernel_table& kt) {
+  const std::int64_t rows = p.Nq * p.group();
+  if (rows <= kt.lanes_small || rows > 2 * kt.lanes) return rows <= kt.lanes_small;
+  const bool bf16_rows = p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) && (p.v.sx == 1 || p.Dv <= 1);
+  const float passes = bf16_rows ? kt.decode_passes_bf16 : kt.decode_passes_f32;
+  return float(ceil_div(rows, kt.lanes_small)) <= passes * float(ceil_div(rows, kt.lanes));
+}
+
 forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   forward_plan f;
-  f.lanes = decode_only(p) ? kt.lanes_small : lanes_for(p, kt);
+  f.lanes = decode_only(p) || few_rows(p, kt) ? kt.lanes_small : lanes_for(p, kt);
   f.lane_blocks = ceil_div(p.Nq * p.group(), f.lanes);
   f.units = p.B * p.Hkv * f.lane_blocks;
   f.bf16_dots = kt.forward_bf16 && p.q.type == dtype::bf16 && p.D % 2 == 0 && f.lanes == kt.lanes;

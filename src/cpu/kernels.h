@@ -267,6 +267,11 @@ struct kernel_table {
   void (*decode_heads)(const lane_block* lbs, const forward_io* ios, int n);
   // Whether decode_heads reads int8 rows with int16 q and weights (decode.h, int8_as_int16).
   bool int16_decode = false;
+  // What one prefill lane block of `lanes` rows costs in decode passes of lanes_small rows, with
+  // float32 K/V and with bfloat16 K/V rows (which decode reads in place and the bf16 prefill
+  // packs): the forward runs a (b, hkv) of up to 2·lanes rows on decode where its passes are at
+  // most this many per lane block it would fill (cpu_backend.cc, few_rows).
+  float decode_passes_f32 = 1.0f, decode_passes_bf16 = 1.0f;
   // The mask bias of a tile (mask_rows above), vectorised: in the lane layout (row_stride 1)
   // W × W blocks are loaded by rows and transposed.
   // Returns bias_fn's answer (zeros, excluded or mixed, exactly). Rows that all read the same

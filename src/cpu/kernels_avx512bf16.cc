@@ -48,6 +48,9 @@ const kernel_table& kernels_amx() {
     // 2 threads), and the bf16-pair backward took 240-248 ms where the f32 one takes 152 (B1 H8
     // N2048 D128).
     t.dq_bf16 = nullptr, t.dkdv_bf16 = nullptr;
+    // Its bf16 prefill runs on the tiles, its bf16 decode widened to f32: a lane block counts as
+    // many decode passes as with f32 K/V (a guess: not measured on an AMX machine).
+    t.decode_passes_bf16 = t.decode_passes_f32;
     return t;
   }();
   return table;

@@ -619,6 +619,8 @@ TEST(cpu_attention, decode_row_groups_and_modifiers) {
       {16, 2, 1, 300, 64, 32},    // 8 rows, D ≠ Dv
       {8, 2, 2, 4096, 40, 24},    // 8 rows (2 queries), odd head sizes
       {4, 1, 4, 77, 32, 32},      // 16 rows (4 queries: causal rows see different keys)
+      {8, 2, 5, 2100, 64, 64},    // 20 rows: more than one pass (decode on every level, few_rows)
+      {4, 1, 10, 1500, 128, 96},  // 40 rows: decode for bf16 on the avx512 levels, else prefill
       {2, 1, 1, 5, 16, 16},       // fewer keys than a block
   };
   for (const std::string& isa : isas()) {
@@ -644,6 +646,33 @@ TEST(cpu_attention, decode_row_groups_and_modifiers) {
           }
           check_case(c, ++seed);
         }
+  }
+}
+
+// A speculative step on GQA (Hq 32 / Hkv 8, Nq 8: 32 rows a kv head) runs on decode's passes,
+// not in a prefill lane block half empty (cpu_backend.cc, few_rows); a prefill chunk of 64 queries
+// (256 rows) stays on prefill; the 32 rows' results equal one decode call per query.
+TEST(cpu_attention, few_rows_run_on_decode) {
+  std::mt19937 rng(11);
+  const Tensor q = random_tensor({1, 32, 8, 64}, dtype::bf16, rng), q64 = random_tensor({1, 32, 64, 64}, dtype::bf16, rng);
+  const Tensor k = random_tensor({1, 8, 3000, 64}, dtype::bf16, rng), v = random_tensor({1, 8, 3000, 64}, dtype::bf16, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  for (const std::string& isa : isas()) {
+    SCOPED_TRACE("isa " + isa);
+    isa_scope scope(isa.c_str());
+    const std::string path = explain_backend(q, k, v, o, false, {.use_backend = backend::cpu});
+    if (isa != "generic")  // (its vectors of 4 floats: 32 rows fill 4 lane blocks of 8, prefill)
+      EXPECT_NE(path.find("decode ("), std::string::npos) << path;
+    const std::string path64 = explain_backend(q64, k, v, o, false, {.use_backend = backend::cpu});
+    EXPECT_NE(path64.find("prefill"), std::string::npos) << path64;
+    const attention_result r = attention(q, k, v, o, {.use_backend = backend::cpu});
+    for (std::int64_t i = 0; i < 8; ++i) {  // query i alone sees keys [0, 3000 - 8 + i]
+      const std::int64_t n = 3000 - 8 + i + 1;
+      const attention_result one = attention(q.view().slice(2, i, i + 1), k.view().slice(2, 0, n), v.view().slice(2, 0, n), {},
+                                             {.use_backend = backend::cpu});
+      EXPECT_TRUE(all_close(r.out.view().slice(2, i, i + 1), one.out, 2e-2, 2e-2)) << "query " << i;
+    }
   }
 }
 
@@ -966,15 +995,15 @@ TEST(cpu_attention, eligibility_says_why) {
   EXPECT_EQ(backends().front(), "cpu");
 }
 
-// The cpu kernels' working memory of 1 MiB or more (here the packed or widened bf16 K/V, 32 MiB
-// each; the output is 32 KiB) goes back to the buffer cache of attn/tensor.h when a call ends, and
+// The cpu kernels' working memory of 1 MiB or more (here the packed or widened bf16 K/V, 16 MiB
+// each; the output is 128 KiB; 128 rows a head, which prefill lane blocks take) goes back to the buffer cache of attn/tensor.h when a call ends, and
 // the next call of the same shape takes the same blocks: the cache holds as much after it as
 // before. A repeated call then writes into pages the process has, not fresh ones (a fault and the
 // kernel's zeroing per 4 KiB: 30–45 % of a B 4 Nk 4096 prefill, docs/PERFORMANCE.md).
 TEST(cpu_attention, working_memory_kept_between_calls) {
   std::mt19937 rng(7);
-  const Tensor q = random_tensor({1, 8, 32, 64}, dtype::bf16, rng);
-  const Tensor k = random_tensor({1, 8, 32768, 64}, dtype::bf16, rng), v = random_tensor({1, 8, 32768, 64}, dtype::bf16, rng);
+  const Tensor q = random_tensor({1, 8, 128, 64}, dtype::bf16, rng);
+  const Tensor k = random_tensor({1, 8, 16384, 64}, dtype::bf16, rng), v = random_tensor({1, 8, 16384, 64}, dtype::bf16, rng);
   release_cached_buffers();
   const attention_result a = attention(q, k, v, {}, {.use_backend = backend::cpu});
   const std::size_t kept = cached_buffer_bytes();
