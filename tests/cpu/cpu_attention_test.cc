@@ -680,10 +680,10 @@ TEST(cpu_attention, few_rows_run_on_decode) {
 // size, f32 and bf16, with an odd number of keys.
 TEST(cpu_attention, decode_bitwise_identical_across_threads) {
   for (dtype type : {dtype::f32, dtype::bf16})
-    for (std::int64_t G : {1, 2, 3, 4}) {
+    for (std::int64_t G : {1, 2, 3, 4, 24}) {  // 24: Nq 1 and 24 rows, two decode passes (few_rows)
       SCOPED_TRACE(fmt::format("{} G {}", std::string(dtype_name(type)), G));
       std::mt19937 rng(5);
-      const std::int64_t Hkv = 3, Nk = 10001, D = 128;
+      const std::int64_t Hkv = G == 24 ? 1 : 3, Nk = 10001, D = 128;
       Tensor q = random_tensor({1, Hkv * G, 1, D}, type, rng), k = random_tensor({1, Hkv, Nk, D}, type, rng),
              v = random_tensor({1, Hkv, Nk, D}, type, rng);
       std::vector<double> first_out, first_lse;
