@@ -253,6 +253,35 @@ void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store, in
 
 }  // namespace
 
+// Mask: [.., Nq', Nk'] broadcast to [B, Hq, Nq, Nk] right-aligned; a short last dim is padding.
+void set_attn_mask(const char* op, const TensorView& m, problem& p, problem_storage& store, int nt) {
+  if (m.type() != dtype::boolean && !is_floating(m.type()))
+    fail(op, fmt::format("attn_mask has dtype {}, expected bool or a float dtype", dtype_name(m.type())));
+  if (m.rank() < 1 || m.rank() > 4)
+    fail(op, fmt::format("attn_mask has {} dims {}, expected 1 to 4 (broadcast to [B, Hq, Nq, Nk])", m.rank(),
+                         shape_str(m.shape())));
+  const std::int64_t full[4] = {p.B, p.Hq, p.Nq, p.Nk};
+  std::int64_t st[4] = {0, 0, 0, 0};
+  const int off = 4 - m.rank();
+  for (int i = 0; i < m.rank(); ++i) {
+    const std::int64_t s = m.size(i), want = full[off + i];
+    if (off + i == 3) {
+      if (s > want && s != 1)  // a size-1 dim still broadcasts onto Nk = 0
+        fail(op, fmt::format("attn_mask {} has {} columns but there are {} keys", shape_str(m.shape()), s, want));
+      st[3] = m.stride(i);
+    } else if (s == want && s != 1) {
+      st[off + i] = m.stride(i);
+    } else if (s != 1) {
+      fail(op, fmt::format("attn_mask {} does not broadcast to [B, Hq, Nq, Nk] = {}", shape_str(m.shape()),
+                           shape_str(full)));
+    }
+  }
+  p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
+  p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
+  p.mask_cols = std::min(m.size(-1), p.Nk);
+  if (p.mask == mask_kind::additive) shift_mask_rows(m, p, store, nt);
+}
+
 problem build_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention_options& o, const execution& exec, problem_storage& store,
                       const cache_input* cache) {
@@ -337,35 +366,7 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
   p.window_left = o.window_left < 0 ? -1 : std::min(o.window_left, kWideWindow);
   p.window_right = o.window_right < 0 ? -1 : std::min(o.window_right, kWideWindow);
 
-  // Mask: [.., Nq', Nk'] broadcast to [B, Hq, Nq, Nk] right-aligned; a short last dim is padding.
-  if (o.attn_mask) {
-    const TensorView& m = *o.attn_mask;
-    if (m.type() != dtype::boolean && !is_floating(m.type()))
-      fail(op, fmt::format("attn_mask has dtype {}, expected bool or a float dtype", dtype_name(m.type())));
-    if (m.rank() < 1 || m.rank() > 4)
-      fail(op, fmt::format("attn_mask has {} dims {}, expected 1 to 4 (broadcast to [B, Hq, Nq, Nk])", m.rank(),
-                           shape_str(m.shape())));
-    const std::int64_t full[4] = {p.B, p.Hq, p.Nq, p.Nk};
-    std::int64_t st[4] = {0, 0, 0, 0};
-    const int off = 4 - m.rank();
-    for (int i = 0; i < m.rank(); ++i) {
-      const std::int64_t s = m.size(i), want = full[off + i];
-      if (off + i == 3) {
-        if (s > want && s != 1)  // a size-1 dim still broadcasts onto Nk = 0
-          fail(op, fmt::format("attn_mask {} has {} columns but there are {} keys", shape_str(m.shape()), s, want));
-        st[3] = m.stride(i);
-      } else if (s == want && s != 1) {
-        st[off + i] = m.stride(i);
-      } else if (s != 1) {
-        fail(op, fmt::format("attn_mask {} does not broadcast to [B, Hq, Nq, Nk] = {}", shape_str(m.shape()),
-                             shape_str(full)));
-      }
-    }
-    p.mask = m.type() == dtype::boolean ? mask_kind::boolean : mask_kind::additive;
-    p.mask_view = strided4{m.data(), m.type(), st[0], st[1], st[2], st[3]};
-    p.mask_cols = std::min(m.size(-1), p.Nk);
-    if (p.mask == mask_kind::additive) shift_mask_rows(m, p, store, thread_count(op, exec));
-  }
+  if (o.attn_mask) set_attn_mask(op, *o.attn_mask, p, store, thread_count(op, exec));
 
   if (o.nonpad_kv_seqlen) {
     const TensorView& t = *o.nonpad_kv_seqlen;

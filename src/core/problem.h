@@ -236,6 +236,12 @@ struct cache_input {
   std::vector<std::int64_t> lengths;
 };
 
+// attn_mask m onto p (mask, mask_view, mask_cols; a float mask with rows beyond ±1024 shifted
+// into store, see problem_storage): m broadcasts right-aligned to [p.B, p.Hq, p.Nq, p.Nk], a
+// shorter last dim being padding (excluded columns). build_problem calls it; the paged front
+// calls it with Nk the block table's capacity.
+void set_attn_mask(const char* op, const TensorView& m, problem& p, problem_storage& store, int nt);
+
 // q, k, v: float dtypes, all the same; all 4-D or all 3-D. Throws attn::error naming `op`.
 void check_qkv_types(const char* op, const TensorView& q, const TensorView& k, const TensorView& v);
 

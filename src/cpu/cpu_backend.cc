@@ -446,6 +446,7 @@ void forward_gathered_pass(const problem& p, const forward_outputs& o, std::int6
     return static_cast<void*>(static_cast<std::byte*>(t.data) + t.offset(b, h, 0, 0) * std::int64_t(dtype_size(t.type)));
   };
   d.q.data = at(p.q, b0, h0 * G);
+  if (p.mask != mask_kind::none) d.mask_view.data = at(p.mask_view, b0, h0 * G);
   d.kv_len.assign(p.kv_len.begin() + b0, p.kv_len.begin() + b1);
   d.alibi.clear();
   if (!p.alibi.empty())
@@ -1216,7 +1217,6 @@ std::string why_not_common(const problem& p) {
 std::string why_not(const problem& p, const backend_request& req) {
   if (decode_only(p)) {
     if (req.backward || req.qk != qk_output::none) return "cpu: paged or int8 K/V are read by the forward alone";
-    if (p.mask != mask_kind::none) return "cpu: paged or int8 K/V take no attn_mask";
     const auto in_place = [](const strided4& t, std::int64_t X) {
       return (t.type == dtype::f32 || t.type == dtype::bf16 || t.type == dtype::i8) && (t.sx == 1 || X <= 1);
     };

@@ -237,10 +237,11 @@ void check_paged_special_rows(const TensorView& q, const paged_kv_view& c, const
 // (problem::page_table); `templ` holds each sequence's validated problem. An empty reason means
 // it was run; else the reason the cpu backend gave.
 std::string paged_in_kernel(const TensorView& q, const paged_kv_view& c, const paged_dims& d,
-                            const std::vector<problem>& templ, const std::vector<double>& sinks,
+                            const std::vector<problem>& templ, const problem& masked, const std::vector<double>& sinks,
                             const attention_options& options, int nt, const attention_result& r) {
   problem p = templ.front();
   p.B = d.B;
+  p.mask_view = masked.mask_view;  // (the whole batch's; mask and mask_cols as every sequence's)
   p.q = as_bhnx(q, p.Hq);
   p.Nk = d.max_pages * d.page_size;
   p.k = page_view(c.k_pages), p.v = page_view(c.v_pages);
@@ -298,9 +299,18 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   if (B != d.B) fail(op, fmt::format("q has B = {} sequences but seq_lens has {}", B, d.B));
   if (q.size(3) != d.D) fail(op, fmt::format("q has head size {}, k_pages {}; they must match", q.size(3), d.D));
   if (Hq % d.Hkv) fail(op, fmt::format("q has {} heads and the pages {}; Hq must be a multiple of Hkv", Hq, d.Hkv));
-  check_serving_options(op, options, B, Hq, d.Hkv);
+  check_serving_options(op, options, B, Hq, d.Hkv, /*bool_mask=*/true);
   if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
   const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  // A boolean attn_mask over each sequence's key positions (a tree of draft tokens): it
+  // broadcasts to [B, Hq, Nq, K] with K the block table's capacity (max_pages · page_size), a
+  // shorter last dim excluding the positions past it, as the core op's mask does.
+  problem masked;  // its mask fields, for the whole batch
+  if (options.attn_mask) {
+    masked.B = B, masked.Hq = Hq, masked.Nq = Nq, masked.Nk = d.max_pages * d.page_size;
+    problem_storage unused;  // (a boolean mask is never shifted)
+    set_attn_mask(op, *options.attn_mask, masked, unused, nt);
+  }
   const dtype part_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
   const std::int64_t rows = Hq * Nq;
 
@@ -310,10 +320,16 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   for (std::int64_t b = 0; b < B; ++b) {
     attention_options ob = for_sequence(options, b);
     ob.sinks.reset();
+    ob.attn_mask.reset();  // (set below: the problem has no keys yet)
     ob.alignment = causal_alignment::top_left;  // the shift is set per run below
     problem_storage store;
     templ.push_back(build_problem(op, q.slice(0, b, b + 1), k0, v0, ob, exec, store));
     templ.back().alignment = causal_alignment::after_past;
+    if (masked.mask != mask_kind::none) {  // sequence b's rows of the mask
+      problem& t = templ.back();
+      t.mask = masked.mask, t.mask_cols = masked.mask_cols, t.mask_view = masked.mask_view;
+      t.mask_view.data = static_cast<std::byte*>(masked.mask_view.data) + b * masked.mask_view.sb;  // (bool: 1 byte)
+    }
     be.push_back(&pick(op, templ.back(), {}, exec.use_backend));
   }
   std::vector<double> sinks;
@@ -330,7 +346,8 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   r.backend = be.empty() ? std::string("none") : std::string(be.front()->name());
   if (B == 0) return r;
   const bool on_cpu = std::all_of(be.begin(), be.end(), [](const backend_impl* b) { return b == &cpu_backend(); });
-  const std::string why = on_cpu ? paged_in_kernel(q, cache, d, templ, sinks, options, nt, r) : "the cpu backend does not run it";
+  const std::string why =
+      on_cpu ? paged_in_kernel(q, cache, d, templ, masked, sinks, options, nt, r) : "the cpu backend does not run it";
   if (why.empty()) return r;
   if (d.int8) fail(op, fmt::format("int8 pages are read by the cpu decode kernel alone; here {}", why));
 
@@ -364,6 +381,11 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
       p.v = as_bhnx(page_rows(cache.v_pages, d.page(task.b, p0), n), d.Hkv);
       p.Nk = n;
       p.past_len = pos0 - j0;
+      if (p.mask != mask_kind::none) {  // the mask's columns of keys [j0, j0 + n)
+        const problem& t = templ[std::size_t(task.b)];
+        p.mask_view.data = static_cast<std::byte*>(t.mask_view.data) + j0 * t.mask_view.sx;  // (bool: 1 byte)
+        p.mask_cols = std::clamp<std::int64_t>(t.mask_cols - j0, 0, n);
+      }
       special_rows found;
       forward_outputs fo;
       fo.out = as_bhnx(o, Hq);

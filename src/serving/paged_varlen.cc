@@ -50,6 +50,7 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
   if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
   if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
   if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
+  if (options.attn_mask) fail(op, "attn_mask is not supported here (attention_paged takes one per call)");
   const std::vector<std::int64_t> cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
   const std::int64_t B = std::int64_t(cu.size()) - 1, Hq = q.size(1), D = q.size(2);
   const std::vector<std::int64_t> table = read_index(op, "block_table", cache.block_table, 2, "[B, max_pages]");

@@ -68,6 +68,7 @@ struct int8_case {
   std::int64_t wl;
   bool alibi, sinks;
   double softcap;
+  bool mask = false;  // a boolean attn_mask [B, 1, Nq, capacity]: a quarter false, row (0, 0, 0) all false
 };
 
 const int8_case kCases[] = {
@@ -80,6 +81,9 @@ const int8_case kCases[] = {
     // Head sizes in whole units of 4W: with bf16 q, the bf16 dot products (int8 rows as exact bf16 pairs)
     {"decode_d128_gqa4", {300, 17, 0, 2100}, 16, 1, 8, 2, 128, causal_alignment::bottom_right, -1, false, false, 0},
     {"speculative_d64", {61, 9}, 8, 3, 4, 1, 64, causal_alignment::bottom_right, 20, true, true, 0},
+    // A tree of draft tokens as a boolean mask: whole blocks of 16 keys, and pages of 5 (copied blocks)
+    {"mask_speculative_d128", {300, 17, 0, 2100}, 16, 4, 8, 2, 128, causal_alignment::bottom_right, -1, false, true, 0, true},
+    {"mask_decode_page5", {23, 11}, 5, 1, 6, 2, 12, causal_alignment::bottom_right, -1, true, false, 0, true},
 };
 
 void PrintTo(const int8_case& c, std::ostream* os) { *os << c.name; }
@@ -111,6 +115,15 @@ TEST_P(Int8Paged, EqualsReferenceOnDequantisedCache) {
   o.is_causal = true, o.alignment = c.align, o.window_left = c.wl, o.softcap = c.softcap;
   if (c.alibi) o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.1, 0.9);
   if (c.sinks) o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
+  Tensor mask;
+  if (c.mask) {
+    mask = Tensor::empty({B, 1, c.Nq, max_pages * ps}, dtype::boolean);
+    std::bernoulli_distribution keep(0.75);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < c.Nq; ++i)
+        for (std::int64_t j = 0; j < max_pages * ps; ++j) mask.set({b, 0, i, j}, (b || i) && keep(rng) ? 1.0 : 0.0);
+    o.attn_mask = mask;
+  }
 
   // The reference: float64 on the dequantised cache, q exactly as given.
   std::vector<attention_result> want;
@@ -119,6 +132,7 @@ TEST_P(Int8Paged, EqualsReferenceOnDequantisedCache) {
     if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
     ob.alignment = c.align == causal_alignment::top_left ? causal_alignment::top_left : causal_alignment::bottom_right;
     const std::int64_t L = c.lens[std::size_t(b)];
+    if (c.mask) ob.attn_mask = Tensor::copy_of(mask.view().slice(0, b, b + 1).slice(3, 0, L));
     want.push_back(attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64),
                              dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vs, table, max_pages, b, L), ob));
   }
@@ -655,8 +669,15 @@ TEST(Int8Errors, BadScalesAndInputsByMessage) {
                    "attention_paged: q has dtype float64; int8 pages take float32, bfloat16 or float16 q");
   EXPECT_THROW_MSG(attention_paged(q, {kp, fp, table, lens, sc, sc}), "k_pages/v_pages have dtypes int8/float32");
   attention_options o;
-  o.attn_mask = Tensor::zeros({1, 2, 1, 3}, dtype::boolean);
-  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o), "attention_paged: attn_mask is not supported");
+  o.attn_mask = Tensor::zeros({1, 2, 1, 4}, dtype::f32);
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o),
+                   "attention_paged: attn_mask has dtype float32; this op takes a boolean mask (true: attend)");
+  o.attn_mask = Tensor::zeros({1, 2, 2, 4}, dtype::boolean);
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o),
+                   "attention_paged: attn_mask [1, 2, 2, 4] does not broadcast to [B, Hq, Nq, Nk] = [1, 2, 1, 4]");
+  o.attn_mask = Tensor::zeros({1, 2, 1, 5}, dtype::boolean);
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o),
+                   "attention_paged: attn_mask [1, 2, 1, 5] has 5 columns but there are 4 keys");
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, {}, {.use_backend = backend::reference}),
                    "attention_paged: int8 pages are read by the cpu decode kernel alone; here");
   Tensor bad = Tensor::zeros({1, 1, 1, 4}, dtype::f32);

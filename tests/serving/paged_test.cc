@@ -41,6 +41,10 @@ struct paged_case {
   causal_alignment align;
   std::int64_t wl;
   bool alibi, sinks;
+  // A boolean attn_mask [B, mask_heads, Nq, K] over the key positions (a tree of draft tokens):
+  // mask_cols 0 none, -1 K = the table's capacity, else K = mask_cols (shorter: the keys past it
+  // are excluded); about a quarter false, and row (0, 0, 0) all false (a fully masked row).
+  std::int64_t mask_cols = 0, mask_heads = 1;
 };
 
 const paged_case kCases[] = {
@@ -55,6 +59,12 @@ const paged_case kCases[] = {
     // pages of 16 (a multiple of every SIMD width): blocks read in place through the table
     {"page16_window_alibi", {70, 33, 16, 0}, 16, 2, true, true, causal_alignment::bottom_right, 21, true, true},
     {"page16_split_kv", {4200, 300}, 16, 1, true, false, causal_alignment::bottom_right, -1, false, false},
+    // boolean masks: decode, a speculative step with a short mask, a gathered prefill chunk, pages
+    // of 16 with split-KV, every head its own mask
+    {"mask_decode", {13, 1, 0, 32, 7}, 4, 1, true, false, causal_alignment::bottom_right, -1, false, false, -1},
+    {"mask_speculative_short", {13, 9, 16, 21}, 4, 4, true, true, causal_alignment::bottom_right, -1, false, true, 18, 4},
+    {"mask_prefill_gathered", {100, 37, 0}, 8, 80, true, false, causal_alignment::bottom_right, 20, true, false, -1},
+    {"mask_page16_split_kv", {4200, 300}, 16, 3, true, false, causal_alignment::bottom_right, -1, false, false, 4100, 4},
 };
 
 // Names the case in gtest's output instead of dumping its bytes.
@@ -85,6 +95,17 @@ TEST_P(Paged, EqualsDenseAttention) {
   o.is_causal = true, o.alignment = c.align, o.window_left = c.wl;
   if (c.alibi) o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);  // one row per sequence
   if (c.sinks) o.sinks = random_tensor({Hq}, dtype::f64, rng);
+  const std::int64_t K = c.mask_cols < 0 ? max_pages * ps : c.mask_cols;
+  Tensor mask;
+  if (c.mask_cols) {
+    mask = Tensor::empty({B, c.mask_heads, c.Nq, K}, dtype::boolean);
+    std::bernoulli_distribution keep(0.75);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < c.mask_heads; ++h)
+        for (std::int64_t i = 0; i < c.Nq; ++i)
+          for (std::int64_t j = 0; j < K; ++j) mask.set({b, h, i, j}, (b || h || i) && keep(rng) ? 1.0 : 0.0);
+    o.attn_mask = mask;
+  }
 
   const attention_result r = attention_paged(q, cache, o);
   ASSERT_EQ(r.out.shape(), (Shape{B, Hq, c.Nq, Dv}));
@@ -96,6 +117,7 @@ TEST_P(Paged, EqualsDenseAttention) {
     if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({Hq}));
     // The queries are the last Nq tokens: after_past puts them at L - Nq + i.
     ob.alignment = c.align == causal_alignment::top_left ? causal_alignment::top_left : causal_alignment::bottom_right;
+    if (c.mask_cols) ob.attn_mask = Tensor::copy_of(mask.view().slice(0, b, b + 1).slice(3, 0, std::min(K, L)));
     const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1));
     const attention_result want = attention(qb, gather(kp, table, max_pages, b, L), gather(vp, table, max_pages, b, L), ob);
     EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1)), want.out, tol));
@@ -104,6 +126,12 @@ TEST_P(Paged, EqualsDenseAttention) {
   // One thread gives the same bits (the partition depends on the shapes only).
   const attention_result one = attention_paged(q, cache, o, {.num_threads = 1});
   EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
+  if (c.mask_cols) {  // a gathered prefill chunk one kv head of one sequence a pass: the mask's rows of each
+    const testing::env_scope small("ATTN_PAGED_GATHER_MIB", "0");
+    const attention_result apart = attention_paged(q, cache, o);
+    EXPECT_TRUE(all_close(apart.out, r.out, tol));
+    EXPECT_TRUE(all_close(apart.lse, r.lse, tol));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Paged,
@@ -367,6 +395,10 @@ TEST(PagedVarlen, BadInputsByMessage) {
                    "attention_paged_varlen: q has shape [1, 3, 2, 4], expected [total_q, Hq, D]");
   EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, index_tensor({2}, {9, 2})}),
                    "attention_paged: seq_lens[0] = 9 is beyond the block table's capacity 4");
+  attention_options masked;
+  masked.attn_mask = Tensor::zeros({1, 1, 2, 4}, dtype::boolean);
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
+                   "attention_paged_varlen: attn_mask is not supported here (attention_paged takes one per call)");
 }
 
 }  // namespace
