@@ -318,7 +318,7 @@ def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
 
 
 def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None, v_scales=None,
-                    is_causal: bool = False, alignment: str = "bottom_right",
+                    attn_mask=None, is_causal: bool = False, alignment: str = "bottom_right",
                     scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
                     softcap: float = 0.0, alibi_slopes=None, sinks=None,
                     return_lse: bool = False, backend: str = "automatic", num_threads: int = 0,
@@ -333,12 +333,16 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     page_size / 16, Hkv, D / 4, 16, 4]`` (16 keys side by side for every 4 elements of d: the
     layout the AVX512-VNNI decode reads fastest). With ``is_causal`` and "bottom_right", query i of
     sequence b sits at key ``seq_lens[b] - Nq + i`` (the queries are the newest tokens).
-    Forward only. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an :class:`AttentionResult`.
+    ``attn_mask``: boolean (True = attend) over each sequence's key positions, broadcast to
+    ``[B, Hq, Nq, K]`` with K = max_pages · page_size (a shorter last dim excludes the positions
+    past it) — e.g. a tree of draft tokens in a speculative step. Forward only. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an :class:`AttentionResult`.
 
     >>> attn.paged_kv_append(K, V, table, lens, k_t, v_t); lens += 1
     >>> out = attn.attention_paged(q_t, K, V, table, lens, is_causal=True)
     """
     kind = _kind_of(q)
+    if attn_mask is not None:
+        extra = dict(extra, attn_mask=attn_mask)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
                       num_threads, extra)
     out, lse, used = _attn.attention_paged(_arg(q), _arg(k_pages), _arg(v_pages), _index(block_table),

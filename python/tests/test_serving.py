@@ -123,6 +123,44 @@ def test_paged_equals_dense_per_sequence():
         np.testing.assert_allclose(out[b:b + 1], want, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_paged_tree_mask_against_torch_sdpa(dtype):
+    """A speculative step of 4 draft tokens in a tree (1 and 2 children of 0, 3 of 1: each sees
+    its ancestors) as a boolean attn_mask over the key positions, with causal bottom-right and
+    GQA 2, on shuffled pages: each sequence against torch SDPA (float64 math backend) on its own
+    keys with the same mask. float64 pages take the per-run path, float32 the decode kernel."""
+    rng = np.random.default_rng(7)
+    B, Hq, Hkv, L, D, Nq, ps = 3, 4, 2, 32, 16, 4, 8
+    K = rng.standard_normal((B, Hkv, L, D))
+    V = rng.standard_normal((B, Hkv, L, D))
+    q = rng.standard_normal((B, Hq, Nq, D))
+    kp, vp, table = paged_from_dense(K, V, ps, rng)
+    lens = np.array([32, 12, 5], dtype=np.int64)
+    parent = [-1, 0, 0, 1]
+    tree = np.zeros((Nq, Nq), bool)
+    for i in range(Nq):
+        a = i
+        while a >= 0:
+            tree[i, a], a = True, parent[a]
+    cap = table.shape[1] * ps
+    mask = np.ones((B, 1, Nq, cap), bool)
+    for b in range(B):
+        mask[b, 0, :, lens[b] - Nq:lens[b]] = tree  # the draft tokens are the newest Nq keys
+    out = attn.attention_paged(q.astype(dtype), kp.astype(dtype), vp.astype(dtype), table, lens,
+                               is_causal=True, attn_mask=mask)
+    for b in range(B):
+        n = lens[b]
+        i = torch.arange(Nq).unsqueeze(1)
+        j = torch.arange(n).unsqueeze(0)
+        m = (j <= i + (n - Nq)) & torch.from_numpy(mask[b, 0, :, :n])
+        kb = torch.from_numpy(K[b, :, :n]).repeat_interleave(Hq // Hkv, 0)
+        vb = torch.from_numpy(V[b, :, :n]).repeat_interleave(Hq // Hkv, 0)
+        want = F.scaled_dot_product_attention(torch.from_numpy(q[b]), kb, vb, attn_mask=m)
+        np.testing.assert_allclose(out[b], want.numpy(), atol=1e-10 if dtype == np.float64 else 2e-5)
+    with pytest.raises(TypeError, match="attention_paged: attn_mask has dtype float32; this op takes a boolean mask"):
+        attn.attention_paged(q, kp, vp, table, lens, attn_mask=mask.astype(np.float32))
+
+
 def test_paged_varlen_mixed_batch_against_torch_sdpa():
     """Decode steps and prefill chunks in one call: each sequence against torch SDPA (float64 math
     backend) on its own keys, causal bottom-right; GQA 2."""
