@@ -907,11 +907,17 @@ struct decode_run {
     };
     const auto [vb, vs, vpf, vd] = rows_at(j0, true, vbase, lb.vsn, Dvp, voff, reinterpret_cast<T*>(st.vpad), vcopy);
     if constexpr (q8) block_scales(lb.vscale, lb.vss, lb.vsps, j0, nb, vsm);
+    // This block's score constants: a mask block of zeros (a boolean mask's block where every
+    // row attends to every key — all but a few blocks of a tree of draft tokens) is no mask.
+    score_consts scb = sc;
     if (sc.bias) {
-      (void)lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1);
-      for (std::int64_t g = 0; g < st.nrp; ++g)
-        for (std::int64_t x = 0; x < W; ++x)
-          st.biasm[g / RG * RG * W + x / KG * W + g % RG * KG + x % KG] = g < L && x < nb ? st.bias[g * W + x] : 0.0f;
+      if (lb.sp.bias(lb.sp.bias_ctx, j0, nb, st.bias, W, 1) == mask_tile_kind::zeros) {
+        scb.drop_bias();
+      } else {
+        for (std::int64_t g = 0; g < st.nrp; ++g)
+          for (std::int64_t x = 0; x < W; ++x)
+            st.biasm[g / RG * RG * W + x / KG * W + g % RG * KG + x % KG] = g < L && x < nb ? st.bias[g * W + x] : 0.0f;
+      }
     }
     const bool more = !done();
     key_block kn;
@@ -923,8 +929,8 @@ struct decode_run {
 #pragma GCC unroll 4
       for (int kg = 0; kg < RG; ++kg) s[kg] = load(st.snext + (g * RG + kg) * W);
       const bool ranged = nb < W || j0 < lo_max || j0 + W > hi_min;
-      if constexpr (KB) decode_softmax_inlined<RG>(st, sc, g, s, j0, nb, ranged);
-      else decode_softmax<RG>(st, sc, g, s, j0, nb, ranged);
+      if constexpr (KB) decode_softmax_inlined<RG>(st, scb, g, s, j0, nb, ranged);
+      else decode_softmax<RG>(st, scb, g, s, j0, nb, ranged);
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) s[kg] *= vsm[kg];

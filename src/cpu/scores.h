@@ -74,6 +74,15 @@ inline vf mask_chunk(const void* row, bool is_bool, std::int64_t jj) {
   return bool_chunk<c>(words, std::make_integer_sequence<int, W>{});
 }
 
+// Keys [jj, jj + W) of a mask row (bool: W bytes read, widened; f32: one vector).
+inline vf mask_vector(const void* row, bool is_bool, std::int64_t jj) {
+  if (!is_bool) return load(static_cast<const float*>(row) + jj);
+  typedef unsigned char vbytes __attribute__((vector_size(W)));
+  vbytes b;
+  __builtin_memcpy(&b, static_cast<const unsigned char*>(row) + jj, W);
+  return __builtin_convertvector(b, vi) != 0 ? vf{} : splat(-kInf);
+}
+
 inline float mask_value(const mask_rows& m, std::int64_t r, std::int64_t jj, std::int64_t n) {
   if (r >= m.valid) return 0.0f;
   if (jj >= n) return -kInf;
@@ -154,6 +163,12 @@ mask_tile_kind mask_tile(const mask_rows& m, std::int64_t nb, float* tile, std::
           seen.add(v[c]);
           store(t + jj + c * W, v[c]);
         }
+      }
+    if (ks == 1 && r < m.valid)  // (a decode block: W keys)
+      for (; jj + W <= n; jj += W) {
+        const vf v = mask_vector(m.row[r], m.is_bool, jj);
+        seen.add(v);
+        store(t + jj, v);
       }
     for (; jj < nb; ++jj) {
       const float y = mask_value(m, r, jj, n);
