@@ -88,10 +88,11 @@ struct paged_kv_view {
 // place: decode (Nq = 1 … 16, speculative decoding) and chunked prefill. With is_causal and
 // bottom_right or after_past alignment, query row i of sequence b sits at key position
 // seq_lens[b] - Nq + i (the queries are the last Nq tokens, already appended); top_left keeps
-// pos_i = i. Options as for varlen, ALiBi [Hq] or [B, Hq], and a boolean attn_mask (true:
-// attend) over each sequence's key positions, broadcast to [B, Hq, Nq, K] with K the table's
-// capacity max_pages · page_size (a shorter last dim excludes the positions past it, as the core
-// op's mask does) — e.g. a tree of draft tokens; a float mask is refused. Runs of pages that are consecutive
+// pos_i = i. Options as for varlen, ALiBi [Hq] or [B, Hq], and an attn_mask (bool, true:
+// attend; or float, added) over each sequence's key positions, broadcast to [B, Hq, Nq, K] with K
+// the table's capacity max_pages · page_size (a shorter last dim excludes the positions past it,
+// as the core op's mask does) — e.g. a tree of draft tokens; a float mask with a row whose largest
+// finite value lies beyond ±1024 is refused (the core op shifts such rows). Runs of pages that are consecutive
 // in memory are read as one view; each run gives a partial softmax that is merged by
 // log-sum-exp (sinks join once, at the merge) — except where the cpu backend runs it on float32,
 // bfloat16 or int8 pages with unit x-stride: its decode kernel then walks the block table itself.

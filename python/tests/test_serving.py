@@ -157,8 +157,14 @@ def test_paged_tree_mask_against_torch_sdpa(dtype):
         vb = torch.from_numpy(V[b, :, :n]).repeat_interleave(Hq // Hkv, 0)
         want = F.scaled_dot_product_attention(torch.from_numpy(q[b]), kb, vb, attn_mask=m)
         np.testing.assert_allclose(out[b], want.numpy(), atol=1e-10 if dtype == np.float64 else 2e-5)
-    with pytest.raises(TypeError, match="attention_paged: attn_mask has dtype float32; this op takes a boolean mask"):
-        attn.attention_paged(q, kp, vp, table, lens, attn_mask=mask.astype(np.float32))
+    # the same mask as floats (0 kept, -inf not) gives the same answer; a row beyond ±1024 is refused
+    fmask = np.where(mask, 0.0, -np.inf).astype(np.float32)
+    again = attn.attention_paged(q.astype(dtype), kp.astype(dtype), vp.astype(dtype), table, lens,
+                                 is_causal=True, attn_mask=fmask)
+    np.testing.assert_allclose(again, out, atol=1e-12 if dtype == np.float64 else 1e-6)
+    fmask[0, 0, 0, 0] = 5000.0
+    with pytest.raises(ValueError, match="attention_paged: attn_mask has a row whose largest finite value lies beyond"):
+        attn.attention_paged(q, kp, vp, table, lens, attn_mask=fmask)
 
 
 def test_paged_varlen_mixed_batch_against_torch_sdpa():

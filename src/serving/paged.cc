@@ -299,17 +299,26 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   if (B != d.B) fail(op, fmt::format("q has B = {} sequences but seq_lens has {}", B, d.B));
   if (q.size(3) != d.D) fail(op, fmt::format("q has head size {}, k_pages {}; they must match", q.size(3), d.D));
   if (Hq % d.Hkv) fail(op, fmt::format("q has {} heads and the pages {}; Hq must be a multiple of Hkv", Hq, d.Hkv));
-  check_serving_options(op, options, B, Hq, d.Hkv, /*bool_mask=*/true);
+  check_serving_options(op, options, B, Hq, d.Hkv, /*mask_ok=*/true);
   if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
   const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
-  // A boolean attn_mask over each sequence's key positions (a tree of draft tokens): it
-  // broadcasts to [B, Hq, Nq, K] with K the block table's capacity (max_pages · page_size), a
-  // shorter last dim excluding the positions past it, as the core op's mask does.
+  // An attn_mask over each sequence's key positions (a tree of draft tokens; a padding or bias
+  // mask): it broadcasts to [B, Hq, Nq, K] with K the block table's capacity (max_pages ·
+  // page_size), a shorter last dim excluding the positions past it, as the core op's mask does.
+  // A float mask whose rows the core op would shift (largest finite value beyond ±1024) is
+  // refused: the shift would have to reach the merge of runs and the sinks.
   problem masked;  // its mask fields, for the whole batch
+  std::int64_t mask_esize = 0;
   if (options.attn_mask) {
-    masked.B = B, masked.Hq = Hq, masked.Nq = Nq, masked.Nk = d.max_pages * d.page_size;
-    problem_storage unused;  // (a boolean mask is never shifted)
-    set_attn_mask(op, *options.attn_mask, masked, unused, nt);
+    const TensorView& m = *options.attn_mask;
+    masked.B = B, masked.Hq = Hq, masked.Nq = Nq, masked.Nk = d.max_pages * d.page_size, masked.q.type = q.type();
+    problem_storage shifted;
+    set_attn_mask(op, m, masked, shifted, nt);
+    if (shifted.shifted_mask.defined())
+      fail(op, "attn_mask has a row whose largest finite value lies beyond ±1024; attention_paged takes float masks "
+               "within that band (subtract each row's maximum: softmax is unchanged)");
+    if (options.check_finite && masked.mask == mask_kind::additive) check_finite(op, "attn_mask", m, /*minus_inf_ok=*/true);
+    mask_esize = std::int64_t(dtype_size(m.type()));
   }
   const dtype part_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
   const std::int64_t rows = Hq * Nq;
@@ -328,7 +337,7 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     if (masked.mask != mask_kind::none) {  // sequence b's rows of the mask
       problem& t = templ.back();
       t.mask = masked.mask, t.mask_cols = masked.mask_cols, t.mask_view = masked.mask_view;
-      t.mask_view.data = static_cast<std::byte*>(masked.mask_view.data) + b * masked.mask_view.sb;  // (bool: 1 byte)
+      t.mask_view.data = static_cast<std::byte*>(masked.mask_view.data) + b * masked.mask_view.sb * mask_esize;
     }
     be.push_back(&pick(op, templ.back(), {}, exec.use_backend));
   }
@@ -383,7 +392,7 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
       p.past_len = pos0 - j0;
       if (p.mask != mask_kind::none) {  // the mask's columns of keys [j0, j0 + n)
         const problem& t = templ[std::size_t(task.b)];
-        p.mask_view.data = static_cast<std::byte*>(t.mask_view.data) + j0 * t.mask_view.sx;  // (bool: 1 byte)
+        p.mask_view.data = static_cast<std::byte*>(t.mask_view.data) + j0 * t.mask_view.sx * mask_esize;
         p.mask_cols = std::clamp<std::int64_t>(t.mask_cols - j0, 0, n);
       }
       special_rows found;

@@ -10,13 +10,8 @@
 namespace attn::detail {
 
 void check_serving_options(const char* op, const attention_options& o, std::int64_t B, std::int64_t Hq,
-                           std::int64_t Hkv, bool bool_mask) {
-  if (o.attn_mask && !bool_mask) fail(op, "attn_mask is not supported per sequence (use causal, windows or ALiBi)");
-  if (o.attn_mask) {
-    const TensorView& m = *o.attn_mask;
-    if (m.type() != dtype::boolean)
-      fail(op, fmt::format("attn_mask has dtype {}; this op takes a boolean mask (true: attend)", dtype_name(m.type())));
-  }
+                           std::int64_t Hkv, bool mask_ok) {
+  if (o.attn_mask && !mask_ok) fail(op, "attn_mask is not supported per sequence (use causal, windows or ALiBi)");
   if (o.nonpad_kv_seqlen) fail(op, "nonpad_kv_seqlen is not accepted: the sequence lengths say which keys are valid");
   if (o.past_key || o.past_value) fail(op, "past_key/past_value are not accepted; the keys are given in full");
   if (o.return_qk != qk_output::none) fail(op, "return_qk is not supported; leave it at none");

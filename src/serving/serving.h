@@ -11,12 +11,12 @@
 
 namespace attn::detail {
 
-// Refuses the options that make no sense per sequence (attn_mask unless bool_mask — then a
-// boolean one only —, nonpad_kv_seqlen, past_*, return_qk) and checks q_num_heads /
-// kv_num_heads against Hq / Hkv. ALiBi slopes must be [Hq] or [B, Hq]. for_sequence returns the
-// options of one sequence with ALiBi [B, Hq] sliced to row b.
+// Refuses the options that make no sense per sequence (attn_mask unless mask_ok, nonpad_kv_seqlen,
+// past_*, return_qk) and checks q_num_heads / kv_num_heads against Hq / Hkv. ALiBi slopes must be
+// [Hq] or [B, Hq]. for_sequence returns the options of one sequence with ALiBi [B, Hq] sliced to
+// row b.
 void check_serving_options(const char* op, const attention_options& o, std::int64_t B, std::int64_t Hq,
-                           std::int64_t Hkv, bool bool_mask = false);
+                           std::int64_t Hkv, bool mask_ok = false);
 attention_options for_sequence(const attention_options& o, std::int64_t b);
 
 // cu_seqlens: int64 or int32 [B + 1], 0 at the front, non-decreasing, `total` at the back, every

@@ -669,9 +669,14 @@ TEST(Int8Errors, BadScalesAndInputsByMessage) {
                    "attention_paged: q has dtype float64; int8 pages take float32, bfloat16 or float16 q");
   EXPECT_THROW_MSG(attention_paged(q, {kp, fp, table, lens, sc, sc}), "k_pages/v_pages have dtypes int8/float32");
   attention_options o;
-  o.attn_mask = Tensor::zeros({1, 2, 1, 4}, dtype::f32);
+  Tensor wide = Tensor::zeros({1, 2, 1, 4}, dtype::f32);
+  wide.set({0, 1, 0, 2}, 5000.0);
+  o.attn_mask = wide;
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o),
-                   "attention_paged: attn_mask has dtype float32; this op takes a boolean mask (true: attend)");
+                   "attention_paged: attn_mask has a row whose largest finite value lies beyond ±1024");
+  o.attn_mask = Tensor::zeros({1, 2, 1, 4}, dtype::i64);
+  EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o),
+                   "attention_paged: attn_mask has dtype int64, expected bool or a float dtype");
   o.attn_mask = Tensor::zeros({1, 2, 2, 4}, dtype::boolean);
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, sc}, o),
                    "attention_paged: attn_mask [1, 2, 2, 4] does not broadcast to [B, Hq, Nq, Nk] = [1, 2, 1, 4]");

@@ -45,6 +45,7 @@ struct paged_case {
   // mask_cols 0 none, -1 K = the table's capacity, else K = mask_cols (shorter: the keys past it
   // are excluded); about a quarter false, and row (0, 0, 0) all false (a fully masked row).
   std::int64_t mask_cols = 0, mask_heads = 1;
+  bool float_mask = false;  // float32: a bias in [-2, 2] where kept, -inf elsewhere
 };
 
 const paged_case kCases[] = {
@@ -65,6 +66,8 @@ const paged_case kCases[] = {
     {"mask_speculative_short", {13, 9, 16, 21}, 4, 4, true, true, causal_alignment::bottom_right, -1, false, true, 18, 4},
     {"mask_prefill_gathered", {100, 37, 0}, 8, 80, true, false, causal_alignment::bottom_right, 20, true, false, -1},
     {"mask_page16_split_kv", {4200, 300}, 16, 3, true, false, causal_alignment::bottom_right, -1, false, false, 4100, 4},
+    {"float_mask_decode", {13, 1, 0, 32, 7}, 4, 2, true, false, causal_alignment::bottom_right, -1, false, true, -1, 4, true},
+    {"float_mask_gathered", {100, 37, 0}, 8, 80, true, false, causal_alignment::bottom_right, 20, true, false, 90, 1, true},
 };
 
 // Names the case in gtest's output instead of dumping its bytes.
@@ -98,12 +101,16 @@ TEST_P(Paged, EqualsDenseAttention) {
   const std::int64_t K = c.mask_cols < 0 ? max_pages * ps : c.mask_cols;
   Tensor mask;
   if (c.mask_cols) {
-    mask = Tensor::empty({B, c.mask_heads, c.Nq, K}, dtype::boolean);
+    mask = Tensor::empty({B, c.mask_heads, c.Nq, K}, c.float_mask ? dtype::f32 : dtype::boolean);
     std::bernoulli_distribution keep(0.75);
+    std::uniform_real_distribution<double> bias(-2.0, 2.0);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < c.mask_heads; ++h)
         for (std::int64_t i = 0; i < c.Nq; ++i)
-          for (std::int64_t j = 0; j < K; ++j) mask.set({b, h, i, j}, (b || h || i) && keep(rng) ? 1.0 : 0.0);
+          for (std::int64_t j = 0; j < K; ++j) {
+            const bool kept = (b || h || i) && keep(rng);
+            mask.set({b, h, i, j}, c.float_mask ? (kept ? bias(rng) : -INFINITY) : kept ? 1.0 : 0.0);
+          }
     o.attn_mask = mask;
   }
 
