@@ -338,7 +338,8 @@ bool decode_only(const problem& p) { return p.page_table != nullptr || p.k.type 
 // (kernel_table::decode_passes; bf16 K/V rows that decode reads in place as they are).
 bool few_rows(const problem& p, const kernel_table& kt) {
   const std::int64_t rows = p.Nq * p.group();
-  if (rows <= kt.lanes_small || rows > 2 * kt.lanes) return rows <= kt.lanes_small;
+  if (rows <= kt.lanes_small) return true;
+  if (rows > 2 * kt.lanes) return false;
   const bool bf16_rows = p.k.type == dtype::bf16 && (p.k.sx == 1 || p.D <= 1) && (p.v.sx == 1 || p.Dv <= 1);
   const float passes = bf16_rows ? kt.decode_passes_bf16 : kt.decode_passes_f32;
   return float(ceil_div(rows, kt.lanes_small)) <= passes * float(ceil_div(rows, kt.lanes));
