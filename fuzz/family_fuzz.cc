@@ -6,9 +6,8 @@
 //               tolerances; the weights (fused where eligible) against the truth's;
 //   positional  rotary (both layouts, partial R, offset or ids) fast vs the float64 reference
 //               (ATTN_BACKEND=reference), rotary_backward ∘ rotary = identity, and the T5 bias
-//               against relative_position_bucket looked up by hand;
-//   serving     attention_varlen (forward and backward) and attention_paged (pages shuffled)
-//               against the core op run on each sequence alone.
+//               against relative_position_bucket looked up by hand.
+// The serving ops (varlen, paged) have a harness of their own: serving_fuzz.cc.
 // Values are finite and moderate: the special-value contract is the core op's (api_fuzz).
 // attn::error is a valid answer only where both sides of a comparison give it.
 #include <algorithm>
@@ -16,7 +15,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,7 +23,6 @@
 #include "attn/error.h"
 #include "attn/family.h"
 #include "attn/positional.h"
-#include "attn/serving.h"
 #include "attn/tensor.h"
 #include "fuzz_bytes.h"
 
@@ -233,98 +230,13 @@ void fuzz_positional(bytes& in) {
       }
 }
 
-// ---- serving ----
-
-// Rows [r0, r1) of a token-major [total, H, X] tensor as the core op's [1, H, n, X].
-Tensor sequence(const Tensor& packed, std::int64_t r0, std::int64_t r1) {
-  const int order[] = {1, 0, 2};
-  const Tensor s = Tensor::copy_of(packed.view().slice(0, r0, r1).permute(order));
-  return Tensor::copy_of(s.view().reshape({1, s.size(0), s.size(1), s.size(2)}));
-}
-
-void fuzz_serving(bytes& in) {
-  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::f64};
-  const dtype t = types[in.upto(3)];
-  const std::int64_t B = 1 + in.upto(3), Hkv = 1 + in.upto(1), Hq = Hkv * (1 + in.upto(2)), D = 1 + in.upto(7),
-                     Dv = 1 + in.upto(7);
-  attention_options o;
-  o.is_causal = in.upto(1);
-  o.alignment = in.upto(1) ? causal_alignment::bottom_right : causal_alignment::top_left;
-  o.window_left = in.upto(3) - 1;
-  o.window_right = in.upto(3) - 1;
-  if (in.upto(3) == 0) o.softcap = 0.5 + in.upto(20) / 4.0;
-  if (in.upto(3) == 0) o.alibi_slopes = filled(in, {Hq}, dtype::f32);
-  if (in.upto(3) == 0) o.sinks = filled(in, {Hq}, dtype::f32);
-  const double tol = tol_for(t);
-
-  // varlen: B packed sequences of nq[b] queries and nk[b] keys.
-  std::vector<std::int64_t> cq{0}, ck{0};
-  for (std::int64_t b = 0; b < B; ++b) cq.push_back(cq.back() + in.upto(5)), ck.push_back(ck.back() + in.upto(7));
-  std::int64_t mq = 0, mk = 0;
-  for (std::int64_t b = 0; b < B; ++b) mq = std::max(mq, cq[b + 1] - cq[b]), mk = std::max(mk, ck[b + 1] - ck[b]);
-  std::vector<double> cqd(cq.begin(), cq.end()), ckd(ck.begin(), ck.end());
-  // index tensors int32 or int64 (from the data drawn, no byte of its own: the corpus keeps its meaning)
-  const dtype it = ck.back() % 2 ? dtype::i32 : dtype::i64;
-  const Tensor cu_q = Tensor::from_values({B + 1}, it, cqd), cu_k = Tensor::from_values({B + 1}, it, ckd);
-  const Tensor q = filled(in, {cq.back(), Hq, D}, t), k = filled(in, {ck.back(), Hkv, D}, t),
-               v = filled(in, {ck.back(), Hkv, Dv}, t), dout = filled(in, {cq.back(), Hq, Dv}, t);
-  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, mq, mk, o, {.num_threads = 1});
-  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, mq, mk, o, {.num_threads = 1});
-  for (std::int64_t b = 0; b < B; ++b) {
-    if (cq[b + 1] == cq[b]) continue;
-    const Tensor qs = sequence(q, cq[b], cq[b + 1]), ks = sequence(k, ck[b], ck[b + 1]), vs = sequence(v, ck[b], ck[b + 1]),
-                 ds = sequence(dout, cq[b], cq[b + 1]);
-    const attention_result c = attention(qs, ks, vs, o, {.num_threads = 1});
-    compare("varlen out, sequence " + std::to_string(b), sequence(r.out, cq[b], cq[b + 1]), c.out, tol, 1 + amax(vs));
-    const attention_grads cg = attention_backward(qs, ks, vs, c.out, ds, c.lse, o, {.num_threads = 1});
-    const double gs = (1 + amax(ds)) * (1 + amax(vs)) * (1 + amax(qs)) * (1 + amax(ks)) * double(std::max(D, Dv));
-    compare("varlen dq, sequence " + std::to_string(b), sequence(g.dq, cq[b], cq[b + 1]), cg.dq, tol, gs);
-    compare("varlen dk, sequence " + std::to_string(b), sequence(g.dk, ck[b], ck[b + 1]), cg.dk, tol, gs);
-    compare("varlen dv, sequence " + std::to_string(b), sequence(g.dv, ck[b], ck[b + 1]), cg.dv, tol, gs);
-  }
-
-  // paged: the same keys in pages of page_size tokens, handed out in a shuffled order. Nq 1…3,
-  // or (where 4 was drawn) a prefill chunk of 21…33 queries: float32 pages are then gathered out
-  // of the pages by the cpu backend and run as dense prefill (cpu_backend.cc, paged_gather).
-  const std::int64_t page = 1 + in.upto(3), drawn = 1 + in.upto(3), Nq = drawn == 4 ? 17 + 4 * page : drawn;
-  std::int64_t max_pages = 1;
-  for (std::int64_t b = 0; b < B; ++b) max_pages = std::max(max_pages, (ck[b + 1] - ck[b] + page - 1) / page);
-  const std::int64_t num_pages = B * max_pages;
-  std::vector<std::int64_t> perm(static_cast<std::size_t>(num_pages));
-  std::iota(perm.begin(), perm.end(), 0);
-  for (std::size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[in.next() % i]);
-  Tensor kp = Tensor::zeros({num_pages, page, Hkv, D}, t), vp = Tensor::zeros({num_pages, page, Hkv, Dv}, t);
-  Tensor table = Tensor::empty({B, max_pages}, it), lens = Tensor::empty({B}, it);
-  for (std::int64_t b = 0; b < B; ++b) {
-    lens.set({b}, double(ck[b + 1] - ck[b]));
-    for (std::int64_t p = 0; p < max_pages; ++p) table.set({b, p}, double(perm[std::size_t(b * max_pages + p)]));
-    for (std::int64_t j = 0; j < ck[b + 1] - ck[b]; ++j) {
-      const std::int64_t pg = perm[std::size_t(b * max_pages + j / page)], slot = j % page;
-      for (std::int64_t h = 0; h < Hkv; ++h) {
-        for (std::int64_t d = 0; d < D; ++d) kp.set({pg, slot, h, d}, k.get({ck[b] + j, h, d}));
-        for (std::int64_t d = 0; d < Dv; ++d) vp.set({pg, slot, h, d}, v.get({ck[b] + j, h, d}));
-      }
-    }
-  }
-  const Tensor qp = filled(in, {B, Hq, Nq, D}, t);
-  const attention_result pr = attention_paged(qp, {kp, vp, table, lens}, o, {.num_threads = 1});
-  for (std::int64_t b = 0; b < B; ++b) {
-    const Tensor qs = Tensor::copy_of(qp.view().slice(0, b, b + 1)), ks = sequence(k, ck[b], ck[b + 1]),
-                 vs = sequence(v, ck[b], ck[b + 1]);
-    const attention_result c = attention(qs, ks, vs, o, {.num_threads = 1});
-    compare("paged out, sequence " + std::to_string(b), pr.out.view().slice(0, b, b + 1), c.out, tol, 1 + amax(vs));
-    compare("paged lse, sequence " + std::to_string(b), pr.lse.view().slice(0, b, b + 1), c.lse, 1e-5, 1 + amax(c.lse));
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   bytes in{data, size};
   switch (in.upto(2)) {
-    case 0: fuzz_family(in); break;
     case 1: fuzz_positional(in); break;
-    default: fuzz_serving(in); break;
+    default: fuzz_family(in); break;  // (2 was the serving ops, now serving_fuzz's: the corpus keeps its meaning)
   }
   return 0;
 }

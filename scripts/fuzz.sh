@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzing and ThreadSanitizer (issue 14), run by scripts/test.sh. Builds fuzz/ with clang-14
-# twice — libFuzzer + ASan + UBSan (npy_fuzz, api_fuzz, family_fuzz, cli_fuzz), and ThreadSanitizer
+# twice — libFuzzer + ASan + UBSan (npy_fuzz, api_fuzz, family_fuzz, cli_fuzz, serving_fuzz), and ThreadSanitizer
 # (tsan_concurrency, OpenMP pragmas off) — only the library part they need, then runs each
 # fuzzer for ATTN_FUZZ_SECONDS (default 15; it was 60 for two harnesses: 60 s of fuzzing less
 # pays for the larger builds — the family, positional and serving ops and `attn run` in the
@@ -22,7 +22,7 @@ for mode in fuzz tsan; do
 done
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1
-for h in npy_fuzz api_fuzz family_fuzz cli_fuzz; do
+for h in npy_fuzz api_fuzz family_fuzz cli_fuzz serving_fuzz; do
   name=${h%_fuzz}
   work=$(mktemp -d)
   cp fuzz/corpus/"$name"/* "$work"/

@@ -280,27 +280,48 @@ std::string paged_in_kernel(const TensorView& q, const paged_kv_view& c, const p
 }  // namespace
 }  // namespace detail
 
+namespace detail {
+namespace {
+
+// What attention_paged checks of a call before any work, for a q of dtype qt and shape
+// [B, Hq, ·, Dq]: pages, block table and lengths (check_pages), dtypes, heads, head size, options.
+paged_dims check_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq, std::int64_t Dq,
+                      const paged_kv_view& cache, const attention_options& options, const execution& exec) {
+  const paged_dims d = check_pages(op, cache, 0);
+  if (d.int8) {
+    if (qt != dtype::f32 && qt != dtype::bf16 && qt != dtype::f16)
+      fail(op, fmt::format("q has dtype {}; int8 pages take float32, bfloat16 or float16 q", dtype_name(qt)));
+  } else {
+    check_qkv_types(op, TensorView(nullptr, qt, {0, 0, 0, 0}), cache.k_pages, cache.v_pages);  // (q: its dtype)
+  }
+  if (B != d.B) fail(op, fmt::format("q has B = {} sequences but seq_lens has {}", B, d.B));
+  if (Dq != d.D) fail(op, fmt::format("q has head size {}, k_pages {}; they must match", Dq, d.D));
+  if (Hq % d.Hkv) fail(op, fmt::format("q has {} heads and the pages {}; Hq must be a multiple of Hkv", Hq, d.Hkv));
+  check_serving_options(op, options, B, Hq, d.Hkv, /*mask_ok=*/true);
+  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
+  return d;
+}
+
+}  // namespace
+
+void check_paged_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq, std::int64_t Dq,
+                      const paged_kv_view& cache, const attention_options& options, const execution& exec) {
+  (void)check_call(op, qt, B, Hq, Dq, cache, options, exec);
+}
+
+}  // namespace detail
+
 attention_result attention_paged(const TensorView& q, const paged_kv_view& cache, const attention_options& options,
                                  const execution& exec) {
   using namespace detail;
   const char* op = "attention_paged";
-  const paged_dims d = check_pages(op, cache, 0);
+  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
+  if (q.data() == nullptr && q.numel() != 0) fail(op, "q has no data");
+  const paged_dims d = check_call(op, q.type(), q.size(0), q.size(1), q.size(3), cache, options, exec);
   // int8 pages: the problems below are validated on empty K/V of q's dtype
   const TensorView k0 = d.int8 ? TensorView(nullptr, q.type(), {1, d.Hkv, 0, d.D}) : page_rows(cache.k_pages, 0, 0);
   const TensorView v0 = d.int8 ? TensorView(nullptr, q.type(), {1, d.Hkv, 0, d.Dv}) : page_rows(cache.v_pages, 0, 0);
-  if (d.int8) {
-    if (q.type() != dtype::f32 && q.type() != dtype::bf16 && q.type() != dtype::f16)
-      fail(op, fmt::format("q has dtype {}; int8 pages take float32, bfloat16 or float16 q", dtype_name(q.type())));
-  } else {
-    check_qkv_types(op, q, cache.k_pages, cache.v_pages);
-  }
-  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
   const std::int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), Dv = d.Dv;
-  if (B != d.B) fail(op, fmt::format("q has B = {} sequences but seq_lens has {}", B, d.B));
-  if (q.size(3) != d.D) fail(op, fmt::format("q has head size {}, k_pages {}; they must match", q.size(3), d.D));
-  if (Hq % d.Hkv) fail(op, fmt::format("q has {} heads and the pages {}; Hq must be a multiple of Hkv", Hq, d.Hkv));
-  check_serving_options(op, options, B, Hq, d.Hkv, /*mask_ok=*/true);
-  if (exec.num_threads < 0) fail(op, fmt::format("num_threads = {} must be >= 0 (0: all)", exec.num_threads));
   const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
   // An attn_mask over each sequence's key positions (a tree of draft tokens; a padding or bias
   // mask): it broadcasts to [B, Hq, Nq, K] with K the block table's capacity (max_pages ·

@@ -58,9 +58,9 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
   if (cache.block_table.size(0) != B || std::int64_t(lens.size()) != B)
     fail(op, fmt::format("cu_seqlens_q has B + 1 = {} entries but block_table has shape {} and seq_lens {}", B + 1,
                          shape_str(cache.block_table.shape()), shape_str(cache.seq_lens.shape())));
-  if (cache.v_pages.rank() != 4)
-    fail(op, fmt::format("v_pages has shape {}, expected [num_pages, page_size, Hkv, Dv]",
-                         shape_str(cache.v_pages.shape())));
+  // Every sequence's pages, table entries and length, and the call's dtypes, heads and options,
+  // before any group runs (a sequence with no queries joins no group).
+  check_paged_call(op, q.type(), B, Hq, D, cache, options, exec);
   const std::int64_t max_pages = cache.block_table.size(1), Dv = cache.v_pages.size(3);
   const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;
   if (alibi_rows && options.alibi_slopes->size(0) != B)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "attn/serving.h"
 #include "core/problem.h"
 
 namespace attn::detail {
@@ -23,6 +24,13 @@ attention_options for_sequence(const attention_options& o, std::int64_t b);
 // length <= max_seqlen (attn::error naming op and `name` otherwise).
 std::vector<std::int64_t> read_cu_seqlens(const char* op, const char* name, const TensorView& t, std::int64_t total,
                                           std::int64_t max_seqlen);
+
+// What attention_paged checks of a call before any work (src/serving/paged.cc), for a q of dtype
+// qt and shape [B, Hq, ·, Dq]: the pages, block table and lengths, the dtypes, heads, head size
+// and options, each failure an attn::error naming op. attention_paged_varlen checks its whole
+// batch so, under its own name, before its calls per Nq (a sequence with no queries has none).
+void check_paged_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq, std::int64_t Dq,
+                      const paged_kv_view& cache, const attention_options& options, const execution& exec);
 
 // Rows [r0, r0 + n) of a token-major [T, H, X] view as the core op's [1, H, n, X] (no copy).
 TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n);

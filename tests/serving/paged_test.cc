@@ -401,7 +401,18 @@ TEST(PagedVarlen, BadInputsByMessage) {
                                           {kp, vp, table, lens}),
                    "attention_paged_varlen: q has shape [1, 3, 2, 4], expected [total_q, Hq, D]");
   EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, index_tensor({2}, {9, 2})}),
-                   "attention_paged: seq_lens[0] = 9 is beyond the block table's capacity 4");
+                   "attention_paged_varlen: seq_lens[0] = 9 is beyond the block table's capacity 4");
+  // The whole cache is checked, under this op's name, before any group runs: a sequence with no
+  // queries runs no call of its own (serving_fuzz found both accepted).
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 3, 3}), 4, {kp, vp, index_tensor({2, 2}, {0, 3, 7, 2}), lens}),
+                   "attention_paged_varlen: block_table[1, 0] = 7 is outside [0, num_pages = 4)");
+  EXPECT_THROW_MSG(attention_paged_varlen(Tensor::zeros({0, 2, 4}, dtype::f32), index_tensor({3}, {0, 0, 0}), 0,
+                                          {kp, vp, table, index_tensor({2}, {3, 5})}),
+                   "attention_paged_varlen: seq_lens[1] = 5 is beyond the block table's capacity 4");
+  EXPECT_THROW_MSG(attention_paged_varlen(Tensor::zeros({3, 2, 3}, dtype::f32), index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}),
+                   "attention_paged_varlen: q has head size 3, k_pages 4; they must match");
+  EXPECT_THROW_MSG(attention_paged_varlen(Tensor::zeros({3, 2, 4}, dtype::bf16), index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}),
+                   "attention_paged_varlen: q, k, v have dtypes bfloat16, float32, float32; they must be the same");
   attention_options masked;
   masked.attn_mask = Tensor::zeros({1, 1, 2, 4}, dtype::boolean);
   EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
