@@ -163,11 +163,9 @@ struct partial {
       const double wa = std::exp(a - n), wc = std::exp(c - n);
       double* y = out.data() + r * Dv;
       const T* x = o + r * Dv;
-      if (wc == 0.0) {
-        for (std::int64_t i = 0; i < Dv; ++i) y[i] *= wa;
-      } else {
-        for (std::int64_t i = 0; i < Dv; ++i) y[i] = y[i] * wa + double(x[i]) * wc;
-      }
+      // No shortcut where wc is 0: a kept key whose weight underflows still carries a NaN or
+      // inf of its value into the row (0 · NaN), as the core op's IEEE sums do.
+      for (std::int64_t i = 0; i < Dv; ++i) y[i] = y[i] * wa + double(x[i]) * wc;
       lse[std::size_t(r)] = n;
     }
   }

@@ -269,6 +269,30 @@ TEST(PagedViews, NanInAPageAsDense) {
   }
 }
 
+// A NaN or inf in the value of a kept key whose weight underflows to 0 (scores 1600 apart)
+// reaches the output as the core op's IEEE sum gives it (0 · NaN, 0 · inf = NaN), also where the
+// key sits in a run of pages of its own whose partial result merges with weight 0 (float64 and
+// float16 pages: the runs path; float32: the decode kernel). serving_fuzz found the merge
+// skipping such a partial.
+TEST(PagedViews, SpecialValueOfAnUnderflowedKeyAsDense) {
+  for (const dtype t : {dtype::f64, dtype::f16, dtype::f32})
+    for (const double special : {double(NAN), double(INFINITY)}) {
+      SCOPED_TRACE(fmt::format("{}, value {}", dtype_name(t), special));
+      Tensor kp = Tensor::zeros({3, 1, 1, 1}, t), vp = Tensor::zeros({3, 1, 1, 1}, t);
+      kp.set({0, 0, 0, 0}, 800.0), kp.set({2, 0, 0, 0}, -800.0);  // key 0 on page 0, key 1 on page 2
+      vp.set({0, 0, 0, 0}, 2.0), vp.set({2, 0, 0, 0}, special);
+      const std::vector<std::int64_t> table{0, 2};  // two runs: pages 0 and 2 are not adjacent
+      const Tensor q = Tensor::full({1, 1, 1, 1}, t, 1.0);
+      attention_options o;
+      o.scale = 1.0;
+      const attention_result r = attention_paged(q, {kp, vp, index_tensor({1, 2}, table), index_tensor({1}, {2})}, o);
+      const attention_result want = attention(q, gather(kp, table, 2, 0, 2), gather(vp, table, 2, 0, 2), o);
+      EXPECT_TRUE(testing::any_nan(want.out));
+      EXPECT_TRUE(testing::any_nan(r.out));
+      EXPECT_TRUE(all_close(r.lse, want.lse, 1e-6));
+    }
+}
+
 // Special values as attn::attention gives them: a query whose q·k overflows float32 (scores of
 // ±inf in the cpu kernels, finite in float64) is answered as attention() on the sequence's keys
 // laid out densely answers it — pages read in place by the decode kernel (pages of 16, unit
