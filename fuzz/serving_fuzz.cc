@@ -247,10 +247,13 @@ bool corrupt_cache(bytes& in, const setup& s, cache_case& c, std::int64_t extra)
 }
 
 // Runs f on the cpu backend and (run_ref) the reference: a valid input must run; a corrupt one
-// must throw attn::error naming op. Returns the results of {cpu, reference} where they ran.
+// must throw attn::error naming op (then counted as refused). Returns the results where they ran.
+template <class R>
+struct ran {
+  std::optional<R> cpu, ref;
+};
 template <class R, class F>
-std::pair<std::optional<R>, std::optional<R>> both(const char* op, const setup& s, bool expect_error, bool run_ref,
-                                                   F&& f) {
+ran<R> both(const char* op, const setup& s, bool expect_error, bool run_ref, F&& f) {
   std::optional<R> r[2];
   const execution ex[2] = {s.cpu, {.use_backend = backend::reference}};
   for (int i = 0; i < (run_ref ? 2 : 1); ++i) {
@@ -265,12 +268,10 @@ std::pair<std::optional<R>, std::optional<R>> both(const char* op, const setup& 
     if (!expect_error && !err.empty()) finding(std::string(op) + ": a valid input was refused" + who, err);
     if (expect_error && err.find(op) == std::string::npos) finding(std::string(op) + ": the message names another op", err);
   }
+  if (expect_error) ++fuzz::serving_fuzz_counts().refused[s.op];
   return {std::move(r[0]), std::move(r[1])};
 }
 
-// The dense oracle of one sequence: out [1, Hq, Nq, Dv] and lse [1, Hq, Nq] — the float64
-// reference on float64 values, and (with specials) the core op on the cpu backend in q's dtype
-// for the NaN/±inf pattern.
 struct oracle {
   attention_result truth;
   std::optional<attention_result> cpu;
@@ -417,21 +418,16 @@ void run_paged(bytes& in, setup& s) {
   const bool bad = bad_cache || bad_mask;
   const Tensor kp0 = Tensor::copy_of(c.kp);
   // int8 pages: the cpu decode kernel alone (serving.h); the reference refuses them.
-  auto rcrr = both<attention_result>(op, s, bad, !c.int8, [&](const execution& ex) {
+  const auto r = both<attention_result>(op, s, bad, !c.int8, [&](const execution& ex) {
     return attention_paged(q, c.view(), s.o, ex);
   });
-  auto& rc = rcrr.first;
-  auto& rr = rcrr.second;
   if (std::memcmp(kp0.data(), c.kp.data(), page_bytes(c.kp)))
     finding("attention_paged wrote the pages", "");
-  if (bad) {
-    ++fuzz::serving_fuzz_counts().refused[s.op];
-    return;
-  }
+  if (bad) return;
   const double tol = c.int8 && s.t == dtype::f32 ? 2e-3 : tol_for(s.t);
-  const std::vector<double> out_c = rc->out.to_vector(), lse_c = rc->lse.to_vector();
-  const std::vector<double> out_r = c.int8 ? std::vector<double>{} : rr->out.to_vector();
-  const std::vector<double> lse_r = c.int8 ? std::vector<double>{} : rr->lse.to_vector();
+  const std::vector<double> out_c = r.cpu->out.to_vector(), lse_c = r.cpu->lse.to_vector();
+  const std::vector<double> out_r = c.int8 ? std::vector<double>{} : r.ref->out.to_vector();
+  const std::vector<double> lse_r = c.int8 ? std::vector<double>{} : r.ref->lse.to_vector();
   const Tensor q8 = q.to(dtype::f64);
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = c.lens[std::size_t(b)];
@@ -501,15 +497,10 @@ void run_paged_varlen(bytes& in, setup& s) {
   bool bad = false;
   if (s.corrupt) bad = in.upto(1) ? corrupt_cu(in, cu, max_q) : corrupt_cache(in, s, c, 0);
   const Tensor tcu = index_tensor({s.B + 1}, s.i32, cu);
-  auto rcrr = both<varlen_result>(op, s, bad, true, [&](const execution& ex) {
+  const auto r = both<varlen_result>(op, s, bad, true, [&](const execution& ex) {
     return attention_paged_varlen(q, tcu, max_q, c.view(), s.o, ex);
   });
-  auto& rc = rcrr.first;
-  auto& rr = rcrr.second;
-  if (bad) {
-    ++fuzz::serving_fuzz_counts().refused[s.op];
-    return;
-  }
+  if (bad) return;
   const double tol = tol_for(s.t);
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = c.lens[std::size_t(b)];
@@ -518,9 +509,9 @@ void run_paged_varlen(bytes& in, setup& s) {
     const std::string where = " (sequence " + std::to_string(b) + ", L " + std::to_string(L) + ")";
     debug_dump({{"q", sequence_of(q, cu, b).to_vector()}, {"k", c.dense(true, b, L, s.Hkv, s.D).to_vector()},
                 {"v", c.dense(false, b, L, s.Hkv, s.Dv).to_vector()}, {"truth out", w.truth.out.to_vector()},
-                {"truth lse", w.truth.lse.to_vector()}, {"cpu out", rows_of(rc->out, cu, b)}, {"cpu lse", lse_of(rc->lse, cu, b)}});
-    check_rows(std::string(op) + " cpu" + where, s, rows_of(rc->out, cu, b), lse_of(rc->lse, cu, b), w, tol);
-    check_rows(std::string(op) + " reference" + where, s, rows_of(rr->out, cu, b), lse_of(rr->lse, cu, b), w, tol);
+                {"truth lse", w.truth.lse.to_vector()}, {"cpu out", rows_of(r.cpu->out, cu, b)}, {"cpu lse", lse_of(r.cpu->lse, cu, b)}});
+    check_rows(std::string(op) + " cpu" + where, s, rows_of(r.cpu->out, cu, b), lse_of(r.cpu->lse, cu, b), w, tol);
+    check_rows(std::string(op) + " reference" + where, s, rows_of(r.ref->out, cu, b), lse_of(r.ref->lse, cu, b), w, tol);
   }
 }
 
@@ -539,15 +530,10 @@ void run_varlen(bytes& in, setup& s) {
   bool bad = false;
   if (s.corrupt) bad = in.upto(1) ? corrupt_cu(in, cq, max_q) : corrupt_cu(in, ck, max_k);
   const Tensor tq = index_tensor({s.B + 1}, s.i32, cq), tk = index_tensor({s.B + 1}, s.i32, ck);
-  auto rcrr = both<varlen_result>(op, s, bad, true, [&](const execution& ex) {
+  const auto r = both<varlen_result>(op, s, bad, true, [&](const execution& ex) {
     return attention_varlen(q, k, v, tq, tk, max_q, max_k, s.o, ex);
   });
-  auto& rc = rcrr.first;
-  auto& rr = rcrr.second;
-  if (bad) {
-    ++fuzz::serving_fuzz_counts().refused[s.op];
-    return;
-  }
+  if (bad) return;
   const double tol = tol_for(s.t);
   std::vector<oracle> w;
   for (std::int64_t b = 0; b < s.B; ++b) {
@@ -555,17 +541,17 @@ void run_varlen(bytes& in, setup& s) {
     w.push_back(dense_oracle(s, sequence_of(q, cq, b), sequence_of(k, ck, b), sequence_of(v, ck, b),
                              oracle_options(s.o, b, L, false)));
     const std::string where = " (sequence " + std::to_string(b) + ")";
-    check_rows(std::string(op) + " cpu" + where, s, rows_of(rc->out, cq, b), lse_of(rc->lse, cq, b), w.back(), tol);
-    check_rows(std::string(op) + " reference" + where, s, rows_of(rr->out, cq, b), lse_of(rr->lse, cq, b), w.back(), tol);
+    check_rows(std::string(op) + " cpu" + where, s, rows_of(r.cpu->out, cq, b), lse_of(r.cpu->lse, cq, b), w.back(), tol);
+    check_rows(std::string(op) + " reference" + where, s, rows_of(r.ref->out, cq, b), lse_of(r.ref->lse, cq, b), w.back(), tol);
   }
   if (s.specials) return;  // the backward's special values: api_fuzz, on the core op
   const char* bop = "attention_varlen_backward";
-  auto gcgr = both<varlen_grads>(bop, s, false, true, [&](const execution& ex) {
-    const varlen_result& r = ex.use_backend == backend::cpu ? *rc : *rr;
-    return attention_varlen_backward(q, k, v, r.out, dout, r.lse, tq, tk, max_q, max_k, s.o, ex);
+  const auto g = both<varlen_grads>(bop, s, false, true, [&](const execution& ex) {
+    const varlen_result& fw = ex.use_backend == backend::cpu ? *r.cpu : *r.ref;
+    return attention_varlen_backward(q, k, v, fw.out, dout, fw.lse, tq, tk, max_q, max_k, s.o, ex);
   });
-  auto& gc = gcgr.first;
-  auto& gr = gcgr.second;
+  const auto& gc = g.cpu;
+  const auto& gr = g.ref;
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = ck[std::size_t(b) + 1] - ck[std::size_t(b)];
     const attention_options ob = oracle_options(s.o, b, L, false);
