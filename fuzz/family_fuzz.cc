@@ -147,6 +147,25 @@ void fuzz_family(bytes& in) {
     return (path == family_path::core && err.find("path core runs only") != std::string::npos) ||
            (path == family_path::fused && err.find("path fused: ") != std::string::npos);
   };
+  // The core route runs a bfloat16 or float16 call in that dtype: q' (and k') are rounded once
+  // to it (docs/FAMILY.md), which moves a score by up to eps · D · max|q'| · max|k'| — past 1/2,
+  // the softmax weights are not resolved (any mix of v's rows), below, off by about 4× that.
+  double core_tol = tol;
+  if (t == dtype::bf16 || t == dtype::f16) {
+    const double eps = t == dtype::bf16 ? 0x1p-8 : 0x1p-11, dd = double(D);
+    double smag = 0;
+    switch (o.score.kind) {
+      case score_kind::general:
+      case score_kind::biased_general:
+        smag = dd * (dd * amax(*o.score.W) * amax(q) + (o.score.b ? amax(*o.score.b) : 0.0)) * amax(k);
+        break;
+      case score_kind::location: smag = dd * amax(q) * amax(*o.score.W_a); break;
+      case score_kind::cosine: smag = 1 / o.score.temperature; break;
+      default: break;
+    }
+    const double delta = eps * smag;
+    core_tol = delta > 0.5 ? 2.0 : tol + 4 * delta;
+  }
   for (family_path path : {family_path::tiled, family_path::core, family_path::fused, family_path::reference}) {
     const std::string name = "family " + std::string(to_string(path)) + " " + to_string(o.score.kind) + "/" +
                              to_string(o.distribution.kind) + " " + std::string(dtype_name(t));
@@ -155,7 +174,7 @@ void fuzz_family(bytes& in) {
     if (!r && refused(path, err)) continue;
     if (r.has_value() != truth.has_value()) finding(name + ": error on one side only", err + " | " + terr);
     if (!r) continue;
-    compare(name + " out", r->out, truth->out, tol, 1 + amax(v8));
+    compare(name + " out", r->out, truth->out, path == family_path::core ? core_tol : tol, 1 + amax(v8));
   }
   if (!truth) return;
   const auto g8 = attempt([&] { return attention_family_backward(q8, k8, v8, d8, o8, {.path = family_path::reference}); }, terr);
