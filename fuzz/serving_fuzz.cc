@@ -1,5 +1,5 @@
 // fuzz/serving_fuzz.cc — the differential fuzzer of the serving ops (include/attn/serving.h):
-// attention_paged on float or int8 pages (paged_kv_append first, on some inputs),
+// attention_paged on float or int8 pages (paged_kv_append first on half the inputs),
 // attention_paged_varlen, and attention_varlen forward and backward. The bytes choose the batch,
 // heads, sizes, page size, block tables (shuffled, shared, entries past a sequence's pages out of
 // range: legal, never read), int32 or int64 indices, the options (causal and its alignment,
@@ -326,9 +326,65 @@ void check_rows(const std::string& what, const setup& s, const std::vector<doubl
           s.t == dtype::f64 ? DBL_MAX : FLT_MAX);
 }
 
+std::size_t page_bytes(const Tensor& x) { return std::size_t(x.numel()) * dtype_size(x.type()); }
+
+// paged_kv_append of k_new/v_new at each sequence's end: a corrupt cache (bad_cache) must be
+// refused by message and leave the pages as they were (then false); else the rows are checked
+// and the lengths advanced.
+bool run_append(const setup& s, cache_case& c, std::int64_t extra, const Tensor& k_new, const Tensor& v_new,
+                bool bad_cache) {
+  const Tensor kp0 = Tensor::copy_of(c.kp), vp0 = Tensor::copy_of(c.vp);
+  std::string err;
+  try {
+    paged_kv_append(c.view(), k_new, v_new);
+  } catch (const error& e) {
+    err = e.what();
+  }
+  if (bad_cache && err.empty()) finding("paged_kv_append: a corrupt cache was accepted", "");
+  if (!bad_cache && !err.empty()) finding("paged_kv_append: a valid append was refused", err);
+  if (bad_cache) {
+    if (std::memcmp(kp0.data(), c.kp.data(), page_bytes(c.kp)) || std::memcmp(vp0.data(), c.vp.data(), page_bytes(c.vp)))
+      finding("paged_kv_append: a refused append wrote the pages", err);
+    if (err.find("paged_kv_append") == std::string::npos) finding("paged_kv_append: the message names another op", err);
+    ++fuzz::serving_fuzz_counts().refused[s.op];
+    return false;
+  }
+  // Each appended row is what was given — float pages exactly, int8 within half a step — where
+  // it was written last (rows may share a slot of a page).
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t t = 0; t < extra; ++t) {
+      const std::int64_t pos = c.lens[std::size_t(b)] + t;
+      const std::int64_t p = c.table[std::size_t(b * c.max_pages + pos / c.ps)], slot = pos % c.ps;
+      bool last = true;
+      for (std::int64_t b2 = b; b2 < s.B; ++b2)  // (a table may name one page twice, too)
+        for (std::int64_t t2 = b2 == b ? t + 1 : 0; t2 < extra; ++t2) {
+          const std::int64_t pos2 = c.lens[std::size_t(b2)] + t2;
+          if (c.table[std::size_t(b2 * c.max_pages + pos2 / c.ps)] == p && pos2 % c.ps == slot) last = false;
+        }
+      if (!last) continue;
+      for (std::int64_t h = 0; h < s.Hkv; ++h)
+        for (int kv = 0; kv < 2; ++kv) {
+          const Tensor& src = kv ? v_new : k_new;
+          const std::int64_t X = kv ? s.Dv : s.D;
+          double amax = 0;
+          for (std::int64_t x = 0; x < X; ++x) amax = std::max(amax, std::abs(src.view().get(std::vector<std::int64_t>{b, h, t, x})));
+          for (std::int64_t x = 0; x < X; ++x) {
+            const double want = src.view().get(std::vector<std::int64_t>{b, h, t, x});
+            const double got = kv ? c.value(b, pos, h, x) : c.key(b, pos, h, x);
+            if (!(std::abs(got - want) <= (c.int8 ? amax / 127.0 * 0.5001 + 1e-12 : 0.0)))
+              finding("paged_kv_append: a row does not dequantise to what was appended",
+                      std::to_string(got) + " vs " + std::to_string(want));
+          }
+        }
+    }
+  for (auto& L : c.lens) L += extra;
+  c.tlens = index_tensor({s.B}, s.i32, c.lens);
+  return true;
+}
+
 void run_paged(bytes& in, setup& s) {
   const char* op = "attention_paged";
-  const bool append = s.op == 1 && in.upto(1);
+  const bool append = in.upto(1);  // paged_kv_append first (it quantises into int8 pages)
   // Nq: a decode or speculative step (1…6), or a prefill chunk (17…40: float pages are then
   // gathered out of the pages by the cpu backend and run as dense prefill, cpu_backend.cc).
   const std::int64_t Nq = in.upto(3) ? 1 + in.upto(5) : 17 + in.upto(23), extra = append ? 1 + in.upto(2) : 0;
@@ -346,11 +402,12 @@ void run_paged(bytes& in, setup& s) {
     }
     s.o.attn_mask = m;
   }
-  Tensor k_new, v_new;
+  Tensor k_new, v_new;  // float32 for int8 pages (quantised on append), else the pages' dtype
   if (append) {
-    k_new = Tensor::empty({s.B, s.Hkv, extra, s.D}, dtype::f32), v_new = Tensor::empty({s.B, s.Hkv, extra, s.Dv}, dtype::f32);
+    const dtype nt = c.int8 ? dtype::f32 : s.t;
+    k_new = Tensor::empty({s.B, s.Hkv, extra, s.D}, nt), v_new = Tensor::empty({s.B, s.Hkv, extra, s.Dv}, nt);
     for (Tensor* x : {&k_new, &v_new})
-      for (std::int64_t i = 0; i < x->numel(); ++i) x->data_as<float>()[i] = float(in.moderate());
+      for (std::int64_t i = 0; i < x->numel(); ++i) store_from_double(x->data(), nt, i, in.moderate());
   }
   bool bad_cache = false, bad_mask = false;  // the cache's arguments (append's too), or the mask alone
   if (s.corrupt) {
@@ -366,55 +423,7 @@ void run_paged(bytes& in, setup& s) {
     }
   }
   const auto page_bytes = [](const Tensor& x) { return std::size_t(x.numel()) * dtype_size(x.type()); };
-  if (append) {
-    // The append first: a corrupt cache must be refused, and leave the pages as they were.
-    const Tensor kp0 = Tensor::copy_of(c.kp), vp0 = Tensor::copy_of(c.vp);
-    std::string err;
-    try {
-      paged_kv_append(c.view(), k_new, v_new);
-    } catch (const error& e) {
-      err = e.what();
-    }
-    if (bad_cache && err.empty()) finding("paged_kv_append: a corrupt cache was accepted", "");
-    if (!bad_cache && !err.empty()) finding("paged_kv_append: a valid append was refused", err);
-    if (bad_cache) {
-      if (std::memcmp(kp0.data(), c.kp.data(), page_bytes(c.kp)) || std::memcmp(vp0.data(), c.vp.data(), page_bytes(c.vp)))
-        finding("paged_kv_append: a refused append wrote the pages", err);
-      if (err.find("paged_kv_append") == std::string::npos) finding("paged_kv_append: the message names another op", err);
-      ++fuzz::serving_fuzz_counts().refused[s.op];
-      return;
-    }
-    // Each appended row dequantises to within half a step of what was given (the last writer's,
-    // where rows share a slot of a page).
-    for (std::int64_t b = 0; b < s.B; ++b)
-      for (std::int64_t t = 0; t < extra; ++t) {
-        const std::int64_t pos = c.lens[std::size_t(b)] + t;
-        const std::int64_t p = c.table[std::size_t(b * c.max_pages + pos / c.ps)], slot = pos % c.ps;
-        bool last = true;
-        for (std::int64_t b2 = b; b2 < s.B; ++b2)  // (a table may name one page twice, too)
-          for (std::int64_t t2 = b2 == b ? t + 1 : 0; t2 < extra; ++t2) {
-            const std::int64_t pos2 = c.lens[std::size_t(b2)] + t2;
-            if (c.table[std::size_t(b2 * c.max_pages + pos2 / c.ps)] == p && pos2 % c.ps == slot) last = false;
-          }
-        if (!last) continue;
-        for (std::int64_t h = 0; h < s.Hkv; ++h)
-          for (int kv = 0; kv < 2; ++kv) {
-            const Tensor& src = kv ? v_new : k_new;
-            const std::int64_t X = kv ? s.Dv : s.D;
-            double amax = 0;
-            for (std::int64_t x = 0; x < X; ++x) amax = std::max(amax, std::abs(src.view().get(std::vector<std::int64_t>{b, h, t, x})));
-            for (std::int64_t x = 0; x < X; ++x) {
-              const double want = src.view().get(std::vector<std::int64_t>{b, h, t, x});
-              const double got = kv ? c.value(b, pos, h, x) : c.key(b, pos, h, x);
-              if (!(std::abs(got - want) <= amax / 127.0 * 0.5001 + 1e-12))
-                finding("paged_kv_append: a row does not dequantise to what was appended",
-                        std::to_string(got) + " vs " + std::to_string(want));
-            }
-          }
-      }
-    for (auto& L : c.lens) L += extra;
-    c.tlens = index_tensor({s.B}, s.i32, c.lens);
-  }
+  if (append && !run_append(s, c, extra, k_new, v_new, bad_cache)) return;
   const bool bad = bad_cache || bad_mask;
   const Tensor kp0 = Tensor::copy_of(c.kp);
   // int8 pages: the cpu decode kernel alone (serving.h); the reference refuses them.
