@@ -157,6 +157,7 @@ void fuzz_family(bytes& in) {
     switch (o.score.kind) {
       case score_kind::general:
       case score_kind::biased_general:
+      case score_kind::activated_general:  // tanh (the route's softcap) moves a score no more than its argument
         smag = dd * (dd * amax(*o.score.W) * amax(q) + (o.score.b ? amax(*o.score.b) : 0.0)) * amax(k);
         break;
       case score_kind::location: smag = dd * amax(q) * amax(*o.score.W_a); break;
