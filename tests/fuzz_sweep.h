@@ -16,23 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "cpu/kernels.h"
+#include "cpu_isa.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
 
 namespace attn::testing {
-
-// ATTN_CPU_ISA=level for a scope (src/cpu/isa.cc reads it on every call).
-struct cpu_isa_scope {
-  explicit cpu_isa_scope(const std::string& isa) { setenv("ATTN_CPU_ISA", isa.c_str(), 1); }
-  ~cpu_isa_scope() { unsetenv("ATTN_CPU_ISA"); }
-};
-
-inline std::vector<std::string> cpu_isas() {
-  int n = 0;
-  const char* const* names = detail::cpu::available_isas(&n);
-  return std::vector<std::string>(names, names + n);
-}
 
 inline long env_long(const char* name, long fallback) {
   const char* v = std::getenv(name);
@@ -44,10 +32,10 @@ inline long env_long(const char* name, long fallback) {
 template <class After>
 long sweep_random_inputs(After&& after) {
   const long n = env_long("ATTN_FUZZ_SWEEP_INPUTS", 3000), seed = env_long("ATTN_FUZZ_SWEEP_SEED", 1);
-  const std::vector<std::string> levels = cpu_isas();
+  const std::vector<std::string> levels = isas();
   std::vector<std::uint8_t> bytes;
   for (std::size_t li = 0; li < levels.size(); ++li) {
-    const cpu_isa_scope scope(levels[li]);
+    const isa_scope scope(levels[li]);
     std::mt19937 rng(std::uint32_t(seed * 131 + long(li)));
     for (long i = 0; i < n; ++i) {
       bytes.resize(64 + rng() % 4032);
@@ -72,8 +60,8 @@ inline std::vector<std::vector<std::uint8_t>> fuzz_corpus(const std::string& nam
 // The corpus at every level; returns the inputs run.
 inline long sweep_corpus(const std::string& name) {
   const std::vector<std::vector<std::uint8_t>> inputs = fuzz_corpus(name);
-  for (const std::string& level : cpu_isas()) {
-    const cpu_isa_scope scope(level);
+  for (const std::string& level : isas()) {
+    const isa_scope scope(level);
     for (const auto& in : inputs) LLVMFuzzerTestOneInput(in.data(), in.size());
   }
   return long(inputs.size());

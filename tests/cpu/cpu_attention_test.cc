@@ -13,32 +13,23 @@
 
 #include "core/common.h"
 #include "cpu/kernels.h"
+#include "cpu_isa.h"
 #include "test_util.h"
 
 namespace attn {
 namespace {
 
 using testing::all_close;
+using testing::isa_scope;
+using testing::isas;
 using testing::random_bool;
 using testing::random_tensor;
-
-// Sets ATTN_CPU_ISA for the lifetime of the object.
-struct isa_scope {
-  explicit isa_scope(const char* isa) { setenv("ATTN_CPU_ISA", isa, 1); }
-  ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
-};
 
 // Sets ATTN_CPU_BACKWARD (fused | two_pass) for the lifetime of the object.
 struct backward_scope {
   explicit backward_scope(const char* schedule) { setenv("ATTN_CPU_BACKWARD", schedule, 1); }
   ~backward_scope() { unsetenv("ATTN_CPU_BACKWARD"); }
 };
-
-std::vector<std::string> isas() {
-  int n = 0;
-  const char* const* names = detail::cpu::available_isas(&n);
-  return std::vector<std::string>(names, names + n);
-}
 
 enum class mask_type { none, boolean, additive };
 
@@ -662,8 +653,9 @@ TEST(cpu_attention, few_rows_run_on_decode) {
     SCOPED_TRACE("isa " + isa);
     isa_scope scope(isa.c_str());
     const std::string path = explain_backend(q, k, v, o, false, {.use_backend = backend::cpu});
-    if (isa != "generic")  // (its vectors of 4 floats: 32 rows fill 4 lane blocks of 8, prefill)
+    if (isa != "generic") {  // (its vectors of 4 floats: 32 rows fill 4 lane blocks of 8, prefill)
       EXPECT_NE(path.find("decode ("), std::string::npos) << path;
+    }
     const std::string path64 = explain_backend(q64, k, v, o, false, {.use_backend = backend::cpu});
     EXPECT_NE(path64.find("prefill"), std::string::npos) << path64;
     const attention_result r = attention(q, k, v, o, {.use_backend = backend::cpu});

@@ -15,22 +15,11 @@
 #include <tuple>
 
 #include "cpu/kernels.h"
+#include "cpu_isa.h"
 #include "family_util.h"
 
 namespace attn::testing {
 namespace {
-
-// Sets ATTN_CPU_ISA for the lifetime of the object.
-struct isa_scope {
-  explicit isa_scope(const char* isa) { setenv("ATTN_CPU_ISA", isa, 1); }
-  ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
-};
-
-std::vector<std::string> isas() {
-  int n = 0;
-  const char* const* names = detail::cpu::available_isas(&n);
-  return std::vector<std::string>(names, names + n);
-}
 
 const std::vector<distribution_kind> kFused = {distribution_kind::softmax,  distribution_kind::sigmoid,
                                                distribution_kind::sparsemax, distribution_kind::entmax15,

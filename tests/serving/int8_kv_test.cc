@@ -16,6 +16,7 @@
 
 #include "attn/attn.h"
 #include "cpu/kernels.h"
+#include "cpu_isa.h"
 #include "test_util.h"
 
 namespace attn {
@@ -25,18 +26,9 @@ using testing::all_close;
 using testing::index_tensor;
 using testing::random_tensor;
 
-struct isa_scope {
-  explicit isa_scope(const std::string& isa) { setenv("ATTN_CPU_ISA", isa.c_str(), 1); }
-  ~isa_scope() { unsetenv("ATTN_CPU_ISA"); }
-};
-
 using testing::env_scope;
-
-std::vector<std::string> isas() {
-  int n = 0;
-  const char* const* names = detail::cpu::available_isas(&n);
-  return std::vector<std::string>(names, names + n);
-}
+using testing::isa_scope;
+using testing::isas;
 
 // Random int8 pages [P, ps, H, X] (values in [-127, 127]) and positive scales [P, ps, H].
 Tensor random_int8(const Shape& s, std::mt19937& rng) {

@@ -40,7 +40,7 @@ TEST(ServingSweep, CorpusAtEveryIsaLevel) {
   for (int op = 0; op < 4; ++op)
     ran += fuzz::serving_fuzz_counts().checked[op] + fuzz::serving_fuzz_counts().refused[op] - before.checked[op] -
            before.refused[op];
-  EXPECT_EQ(ran, std::int64_t(n) * std::int64_t(testing::cpu_isas().size()));
+  EXPECT_EQ(ran, std::int64_t(n) * std::int64_t(testing::isas().size()));
 }
 
 }  // namespace
