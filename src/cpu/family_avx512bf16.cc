@@ -215,4 +215,13 @@ const family_table& family_amx() {
   }();
   return table;
 }
+
+const family_table& family_avx512bf16_f32() {
+  static const family_table table = [] {
+    family_table t = family_avx512();
+    t.name = "avx512bf16 (f32 products)";
+    return t;
+  }();
+  return table;
+}
 }  // namespace attn::detail::cpu

@@ -368,6 +368,9 @@ const family_table& family_avx2();
 const family_table& family_avx512();
 const family_table& family_avx512bf16();
 const family_table& family_amx();
+// family_avx512's kernels under the avx512bf16 level's name: that level where bf16_dot_products()
+// is false (kernels.h).
+const family_table& family_avx512bf16_f32();
 
 // The table for this CPU (isa.cc; ATTN_CPU_ISA caps it).
 const family_table& select_family_kernels();

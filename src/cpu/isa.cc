@@ -4,7 +4,8 @@
 //   avx2     AVX2 + FMA + F16C (8 floats)
 //   avx512   AVX-512 F/BW/VL/DQ (16 floats)
 //   avx512bf16  the same plus AVX512_BF16 dot products for the bf16 forward (and AVX512_VNNI,
-//               which every such CPU has, for the int16 dots of the int8 KV decode)
+//               which every such CPU has, for the int16 dots of the int8 KV decode); on Intel
+//               CPUs bf16 is widened to f32 instead (bf16_dot_products, kernels.h)
 //   amx      the same plus AMX-TILE/AMX-BF16 tiles for the bf16 prefill forward (amx.h), where
 //            the OS grants the process the tile state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM)
 // ATTN_CPU_ISA=<level> caps the level (read on every call so tests can walk every path); a
@@ -73,6 +74,18 @@ int capped_level() {
 
 }  // namespace
 
+bool bf16_dot_products() {
+  if (const char* env = std::getenv("ATTN_CPU_BF16_DOTS"); env && *env) {
+    if (std::strcmp(env, "on") == 0) return true;
+    if (std::strcmp(env, "off") == 0) return false;
+  }
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel");
+  }();
+  return !intel;
+}
+
 const char* const* available_isas(int* count) {
   *count = detected_level() + 1;
   return kLevels;
@@ -82,7 +95,7 @@ const kernel_table& select_kernels() {
   switch (capped_level()) {
 #if ATTN_CPU_MAX_LEVEL >= 3
     case 4: return kernels_amx();
-    case 3: return kernels_avx512bf16();
+    case 3: return bf16_dot_products() ? kernels_avx512bf16() : kernels_avx512bf16_f32();
 #endif
 #if ATTN_CPU_MAX_LEVEL >= 2
     case 2: return kernels_avx512();
@@ -116,7 +129,7 @@ const family_table& select_family_kernels() {
     // rather than by vdpbf16ps, which the AMX Xeons run at half their FMA rate (B1 H8 N2048 D64
     // bf16 scaled_dot × sigmoid, 2 threads: 51.4-51.7 ms with vdpbf16ps, 35.8-37.4 in f32).
     case 4: return family_amx();
-    case 3: return family_avx512bf16();
+    case 3: return bf16_dot_products() ? family_avx512bf16() : family_avx512bf16_f32();
 #endif
 #if ATTN_CPU_MAX_LEVEL >= 2
     case 2: return family_avx512();

@@ -324,6 +324,9 @@ const kernel_table& kernels_avx2();
 const kernel_table& kernels_avx512();
 const kernel_table& kernels_avx512bf16();
 const kernel_table& kernels_amx();  // avx512bf16's table and forward_amx (kernels_avx512bf16.cc)
+// The avx512bf16 level with bf16 inputs widened to f32 for every product (no vdpbf16ps) and the
+// int8 decode's VNNI products kept: what the level runs where bf16_dot_products() is false.
+const kernel_table& kernels_avx512bf16_f32();
 
 // Runtime ISA dispatch — the one place that asks the CPU what it supports (isa.cc). The
 // environment variable ATTN_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the level (read on
@@ -332,5 +335,11 @@ const kernel_table& kernels_amx();  // avx512bf16's table and forward_amx (kerne
 const kernel_table& select_kernels();
 // Every ISA level this CPU can run, lowest first ("generic", ...).
 const char* const* available_isas(int* count);
+// Whether the avx512bf16 level multiplies bf16 pairs by vdpbf16ps (else it widens them to f32
+// and takes the FMA): not on Intel CPUs, which run vdpbf16ps at half the FLOP rate of their f32
+// FMA (measured: a Xeon with AMX 224-236 against 447-475 GFLOP/s, an Emerald Rapids Xeon 166
+// against 332, 2 threads), where AMD's Zen 4 and Zen 5 run it at twice. ATTN_CPU_BF16_DOTS=on|off
+// decides instead (read on every call, as ATTN_CPU_ISA is). The amx level is not affected.
+bool bf16_dot_products();
 
 }  // namespace attn::detail::cpu

@@ -4,6 +4,7 @@
 // equality across thread counts; fully masked rows; eligibility messages.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -20,7 +21,9 @@ namespace attn {
 namespace {
 
 using testing::all_close;
+using testing::env_scope;
 using testing::isa_scope;
+using testing::kIsaBf16Widened;
 using testing::isas;
 using testing::random_bool;
 using testing::random_tensor;
@@ -708,6 +711,42 @@ TEST(cpu_attention, bf16_every_isa) {
       c.opt.is_causal = false, c.opt.window_left = -1, c.mask = mask_type::additive, c.opt.softcap = 5;
       check_case(c, std::uint32_t(nk + 1));
     }
+  }
+}
+
+// The avx512bf16 level multiplies bf16 pairs by vdpbf16ps or widens them to f32
+// (cpu::bf16_dot_products: by the CPU's vendor, or ATTN_CPU_BF16_DOTS): the path says which, the
+// forward and backward take it, and both meet the reference (bf16_every_isa walks both too).
+TEST(cpu_attention, bf16_products_or_widened_on_the_avx512bf16_level) {
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "avx512bf16") == all.end()) {  // (a CPU without the level: nothing to choose)
+    EXPECT_EQ(std::find(all.begin(), all.end(), kIsaBf16Widened), all.end());
+    return;
+  }
+  config c;
+  c.type = dtype::bf16;
+  c.B = 1, c.Hq = 4, c.Hkv = 2, c.Nq = 70, c.Nk = 90, c.D = 64, c.Dv = 32;
+  std::mt19937 in_rng{5};
+  const inputs in = make_inputs(c, in_rng);
+  const execution e{.use_backend = backend::cpu};
+  std::string fwd[2], bwd[2];
+  for (int widened : {0, 1}) {
+    isa_scope scope(widened ? kIsaBf16Widened : "avx512bf16");
+    EXPECT_EQ(detail::cpu::bf16_dot_products(), !widened);
+    fwd[widened] = explain_backend(in.qv, in.kv, in.vv, in.opt, false, e);
+    bwd[widened] = explain_backend(in.qv, in.kv, in.vv, in.opt, true, e);
+    check_case(c, 5);
+  }
+  EXPECT_EQ(fwd[0], "runs on cpu (avx512bf16 kernels, prefill, bf16 with bf16 dot products)");
+  EXPECT_EQ(fwd[1], "runs on cpu (avx512bf16 (f32 products) kernels, prefill, bf16)");
+  EXPECT_NE(bwd[0].find("with bf16 dot products"), std::string::npos) << bwd[0];
+  EXPECT_EQ(bwd[1].find("dot products"), std::string::npos) << bwd[1];
+  EXPECT_EQ(bwd[1].rfind("runs on cpu (avx512bf16 (f32 products) kernels, ", 0), 0u) << bwd[1];
+  {  // an unknown value leaves the CPU's choice: vdpbf16ps except on Intel CPUs
+    isa_scope scope("avx512bf16");
+    env_scope dots("ATTN_CPU_BF16_DOTS", "maybe");
+    __builtin_cpu_init();
+    EXPECT_EQ(detail::cpu::bf16_dot_products(), !__builtin_cpu_is("intel"));
   }
 }
 
