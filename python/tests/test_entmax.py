@@ -127,6 +127,7 @@ def test_bf16_dot_scores_against_torch(dist, causal, isa, monkeypatch):
     key counts that leave partial tiles (70, 200) and D = Dv = 64 (whole tiles)."""
     if isa:
         monkeypatch.setenv("ATTN_CPU_ISA", isa)
+        monkeypatch.setenv("ATTN_CPU_BF16_DOTS", "on")  # (else Intel CPUs widen bf16 to f32 there)
     for N in (70, 200):
         B, H, D = 1, 4, 64
         g = torch.Generator().manual_seed(N + causal)
