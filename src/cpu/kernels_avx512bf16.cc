@@ -58,8 +58,9 @@ const kernel_table& kernels_amx() {
 
 // The avx512bf16 level where vdpbf16ps is slower than widening (bf16_dot_products, isa.cc): the
 // amx level's table without the tiles — bf16 prefill, dq and dk/dv on f32 products, decode of
-// bf16 rows widened to f32, the int8 decode's VNNI int16 products kept. Emerald Rapids Xeon (no AMX granted to the VM), 2 threads, bf16: B1 H8 N2048
-// D128 forward 120-123 ms with vdpbf16ps against 66-82 widened, backward 305-311 against 169-196.
+// bf16 rows widened to f32, the int8 decode's VNNI int16 products kept. Emerald Rapids Xeon (no
+// AMX granted to the VM), 2 threads, bf16: B1 H8 N2048 D128 forward 120-123 ms with vdpbf16ps
+// against 66-82 widened, backward 305-311 against 169-196.
 // Its decode does not prefetch the next block into L1 (the amx level's does): on that Xeon, f32
 // rows Hq 32 / Hkv 8, D 128, Nk 131072, 2 threads, 46.4-46.8 ms without against 55-61 with.
 namespace {
