@@ -13,9 +13,19 @@
 // Every option of attention_options that is per call applies to each sequence on its own:
 // is_causal with its causal_alignment (bottom_right is FlashAttention's: the last query of a
 // sequence sits at its last key), windows, softcap, scale, ALiBi ([Hq], or [B, Hq]: one row per
-// sequence), sinks, GQA. Not accepted: attn_mask, nonpad_kv_seqlen (the cu_seqlens say which
-// keys are valid), past_key/past_value, return_qk. A sequence with no keys gives zero output
-// rows and lse = -inf; a sequence with no queries contributes nothing (and zero dk/dv).
+// sequence), sinks, GQA, and an attn_mask packed per sequence (below). Not accepted:
+// nonpad_kv_seqlen (the cu_seqlens say which keys are valid), past_key/past_value, return_qk. A
+// sequence with no keys gives zero output rows and lse = -inf; a sequence with no queries
+// contributes nothing (and zero dk/dv).
+//
+// Packed masks (FlashInfer's custom_mask layout): attn_mask, bool (true: attend) or float
+// (added), holds each sequence's [Nq_b, Nk_b] mask row-major, the sequences back to back:
+//   attn_mask [S] (every head) or [1 or Hq, S], S = Σ_b Nq_b·Nk_b, sequence b's block at
+//   offset Σ_{c<b} Nq_c·Nk_c (a sequence with no queries or keys has an empty block)
+// — a tree of draft tokens per sequence, a padding or document mask, a learned bias. For
+// attention_paged_varlen, Nk_b is seq_lens[b]. A float row whose largest finite value lies beyond
+// ±1024 is refused (subtract the row's maximum: softmax is unchanged). The backward returns a
+// float mask's gradient in the packed shape (dattn_mask).
 //
 // Paged KV cache layouts:
 //   k_pages [num_pages, page_size, Hkv, D]   v_pages [num_pages, page_size, Hkv, Dv]
@@ -58,6 +68,7 @@ struct varlen_grads {
   Tensor dq, dk, dv;     // [total, H, D|Dv], dtype of q
   Tensor dalibi_slopes;  // shape of alibi_slopes
   Tensor dsinks;         // [Hq]
+  Tensor dattn_mask;     // a float packed attn_mask (unless options.mask_gradient is false): its shape
   std::string backend;
 };
 

@@ -8,7 +8,8 @@
 // gathered copy: q is the small operand), the group's rows of the block table and seq_lens, and
 // of ALiBi [B, Hq]. So every decode step of the batch (n = 1) runs in one call, in parallel
 // across sequences and heads, and the K/V pages are read in place as attention_paged reads them.
-// Groups run in increasing n; the outputs and lse are scattered back to the packed rows.
+// Groups run in increasing n; the outputs and lse are scattered back to the packed rows. A packed
+// attn_mask is gathered likewise, per group, into the [Bg, Hm, n, K] mask attention_paged takes.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -50,7 +51,6 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
   if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
   if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
   if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
-  if (options.attn_mask) fail(op, "attn_mask is not supported here (attention_paged takes one per call)");
   const std::vector<std::int64_t> cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
   const std::int64_t B = std::int64_t(cu.size()) - 1, Hq = q.size(1), D = q.size(2);
   const std::vector<std::int64_t> table = read_index(op, "block_table", cache.block_table, 2, "[B, max_pages]");
@@ -61,6 +61,13 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
   // Every sequence's pages, table entries and length, and the call's dtypes, heads and options,
   // before any group runs (a sequence with no queries joins no group).
   check_paged_call(op, q.type(), B, Hq, D, cache, options, exec);
+  // A packed attn_mask: sequence b's block [Nq_b, seq_lens[b]] from mask_off[b].
+  std::vector<std::int64_t> mask_off;
+  if (options.attn_mask) {
+    std::vector<std::int64_t> nq;
+    for (std::int64_t b = 0; b < B; ++b) nq.push_back(cu[std::size_t(b + 1)] - cu[std::size_t(b)]);
+    mask_off = packed_mask_offsets(op, *options.attn_mask, nq, lens, Hq);
+  }
   const std::int64_t max_pages = cache.block_table.size(1), Dv = cache.v_pages.size(3);
   const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;
   if (alibi_rows && options.alibi_slopes->size(0) != B)
@@ -108,6 +115,27 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
           std::memcpy(at(slopes.view(), {g, h}), at(*options.alibi_slopes, {seqs[std::size_t(g)], h}),
                       dtype_size(slopes.type()));
       og.alibi_slopes = std::move(slopes);
+    }
+    if (options.attn_mask) {  // the group's blocks as [Bg, Hm, n, longest], keys past a sequence's length excluded
+      const TensorView& m = *options.attn_mask;
+      const std::int64_t Hm = m.rank() == 2 ? m.size(0) : 1, ms = m.stride(m.rank() - 1);
+      const std::int64_t mh = m.rank() == 2 ? m.stride(0) : 0;
+      std::int64_t kg = 0;
+      for (std::int64_t b : seqs) kg = std::max(kg, lens[std::size_t(b)]);
+      Tensor mg = m.type() == dtype::boolean ? Tensor::zeros({Bg, Hm, n, kg}, m.type())
+                                             : Tensor::full({Bg, Hm, n, kg}, m.type(), -std::numeric_limits<double>::infinity());
+      const std::size_t es = dtype_size(m.type());
+      for (std::int64_t g = 0; g < Bg; ++g) {
+        const std::int64_t b = seqs[std::size_t(g)], len = lens[std::size_t(b)];
+        for (std::int64_t h = 0; h < Hm; ++h)
+          for (std::int64_t i = 0; i < n; ++i)
+            for (std::int64_t j = 0; j < len; ++j)
+              std::memcpy(at(mg.view(), {g, h, i, j}),
+                          static_cast<const std::byte*>(m.data()) +
+                              (h * mh + (mask_off[std::size_t(b)] + i * len + j) * ms) * std::int64_t(es),
+                          es);
+      }
+      og.attn_mask = std::move(mg);
     }
     const attention_result a = attention_paged(qv, cg, og, exec);
     if (r.backend.empty()) r.backend = a.backend;

@@ -65,4 +65,29 @@ TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n) {
                     {n * t.stride(0), t.stride(1), t.stride(0), t.stride(2)});
 }
 
+std::vector<std::int64_t> packed_mask_offsets(const char* op, const TensorView& m, const std::vector<std::int64_t>& nq,
+                                              const std::vector<std::int64_t>& nk, std::int64_t Hq) {
+  if (m.type() != dtype::boolean && !is_floating(m.type()))
+    fail(op, fmt::format("attn_mask has dtype {}, expected bool or a float dtype", dtype_name(m.type())));
+  std::vector<std::int64_t> off{0};
+  for (std::size_t b = 0; b < nq.size(); ++b) off.push_back(off.back() + nq[b] * nk[b]);
+  const std::int64_t S = off.back();
+  const bool ok = (m.rank() == 1 && m.size(0) == S) ||
+                  (m.rank() == 2 && (m.size(0) == 1 || m.size(0) == Hq) && m.size(1) == S);
+  if (!ok)
+    fail(op, fmt::format("attn_mask has shape {}, expected the sequences' masks packed: [S] or [1 or Hq, S] with "
+                         "Hq = {} and S = sum of Nq_b * Nk_b = {}",
+                         shape_str(m.shape()), Hq, S));
+  if (m.data() == nullptr && m.numel() != 0) fail(op, "attn_mask has no data");
+  return off;
+}
+
+TensorView packed_mask_block(const TensorView& m, std::int64_t off, std::int64_t nq, std::int64_t nk) {
+  const std::int64_t s = m.stride(m.rank() - 1);
+  auto* base = static_cast<std::byte*>(m.data());
+  if (base) base += off * s * std::int64_t(dtype_size(m.type()));
+  if (m.rank() == 1) return TensorView(base, m.type(), {nq, nk}, {nk * s, s});
+  return TensorView(base, m.type(), {m.size(0), nq, nk}, {m.stride(0), nk * s, s});
+}
+
 }  // namespace attn::detail

@@ -35,4 +35,14 @@ void check_paged_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq,
 // Rows [r0, r0 + n) of a token-major [T, H, X] view as the core op's [1, H, n, X] (no copy).
 TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n);
 
+// A packed attn_mask (FlashInfer's custom_mask layout) over B sequences of nq[b] queries and
+// nk[b] keys: bool or a float dtype, [S] (every head) or [Hm, S] (Hm = 1 or Hq), S = Σ_b
+// nq[b]·nk[b]; sequence b's block [nq[b], nk[b]] lies row-major from offset off[b]. Checks the
+// mask (attn::error naming op otherwise) and returns off, B + 1 entries (off[B] = S).
+std::vector<std::int64_t> packed_mask_offsets(const char* op, const TensorView& m, const std::vector<std::int64_t>& nq,
+                                              const std::vector<std::int64_t>& nk, std::int64_t Hq);
+// Block b of a packed mask as the core op's mask (no copy): [nq, nk] from a [S] mask, [Hm, nq, nk]
+// from an [Hm, S] one.
+TensorView packed_mask_block(const TensorView& m, std::int64_t off, std::int64_t nq, std::int64_t nk);
+
 }  // namespace attn::detail

@@ -25,6 +25,7 @@ namespace {
 struct packed_dims {
   std::int64_t B, Hq, Hkv, D, Dv;
   std::vector<std::int64_t> cu_q, cu_k;
+  std::vector<std::int64_t> mask_off;  // a packed attn_mask: sequence b's block from mask_off[b]
 };
 
 packed_dims check_packed(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -39,7 +40,7 @@ packed_dims check_packed(const char* op, const TensorView& q, const TensorView& 
   if (v.size(0) != k.size(0) || v.size(1) != k.size(1))
     fail(op, fmt::format("v has shape {}, expected [{}, {}, Dv] to match k {}", shape_str(v.shape()), k.size(0),
                          k.size(1), shape_str(k.shape())));
-  packed_dims d{0, q.size(1), k.size(1), q.size(2), v.size(2), {}, {}};
+  packed_dims d{0, q.size(1), k.size(1), q.size(2), v.size(2), {}, {}, {}};
   if (d.Hkv == 0 || d.Hq % d.Hkv)
     fail(op, fmt::format("q has {} heads and k/v {}; Hq must be a positive multiple of Hkv", d.Hq, d.Hkv));
   if (max_q < 0 || max_k < 0)
@@ -50,7 +51,14 @@ packed_dims check_packed(const char* op, const TensorView& q, const TensorView& 
     fail(op, fmt::format("cu_seqlens_q has {} entries and cu_seqlens_k {}; both must be B + 1", d.cu_q.size(),
                          d.cu_k.size()));
   d.B = std::int64_t(d.cu_q.size()) - 1;
-  check_serving_options(op, o, d.B, d.Hq, d.Hkv);
+  check_serving_options(op, o, d.B, d.Hq, d.Hkv, /*mask_ok=*/true);
+  if (o.attn_mask) {
+    std::vector<std::int64_t> nq, nk;
+    for (std::int64_t b = 0; b < d.B; ++b)
+      nq.push_back(d.cu_q[std::size_t(b) + 1] - d.cu_q[std::size_t(b)]),
+          nk.push_back(d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]);
+    d.mask_off = packed_mask_offsets(op, *o.attn_mask, nq, nk, d.Hq);
+  }
   return d;
 }
 
@@ -62,11 +70,26 @@ TensorView k_rows(const TensorView& t, const packed_dims& d, std::int64_t b) {
   return token_rows(t, d.cu_k[std::size_t(b)], d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]);
 }
 
-// The core op's problem of sequence b, checked as attn::attention checks it.
+std::int64_t q_len(const packed_dims& d, std::int64_t b) { return d.cu_q[std::size_t(b) + 1] - d.cu_q[std::size_t(b)]; }
+std::int64_t k_len(const packed_dims& d, std::int64_t b) { return d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]; }
+
+// The core op's problem of sequence b, checked as attn::attention checks it; a packed attn_mask
+// gives it its block [Nq_b, Nk_b] (or [Hm, Nq_b, Nk_b]), read in place.
 problem sequence_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const packed_dims& d, std::int64_t b, const attention_options& o, const execution& exec) {
-  problem_storage store;  // stays empty: no past_key here
-  return build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), for_sequence(o, b), exec, store);
+  attention_options ob = for_sequence(o, b);
+  if (o.attn_mask) ob.attn_mask = packed_mask_block(*o.attn_mask, d.mask_off[std::size_t(b)], q_len(d, b), k_len(d, b));
+  problem_storage store;  // no past_key here; a shifted mask is refused below
+  problem p = build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), ob, exec, store);
+  // The core op shifts a float mask row whose finite values lie beyond ±1024 into a copy and
+  // adds the shift back to lse; per sequence that copy and shift would have to outlive the call
+  // and reach the packed lse, so such masks are refused (softmax is unchanged by subtracting
+  // each row's maximum), as attention_paged refuses them.
+  if (store.shifted_mask.defined())
+    fail(op, fmt::format("attn_mask has a row of sequence {} whose largest finite value lies beyond ±1024; packed "
+                         "masks are taken within that band (subtract each row's maximum: softmax is unchanged)",
+                         b));
+  return p;
 }
 
 // A sequence that has queries, with its checked problem and backend; d_alibi, d_sinks ([Hq])
@@ -180,7 +203,12 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
   const bool alibi_per_seq = options.alibi_slopes && options.alibi_slopes->rank() == 2;
   Tensor dalibi = options.alibi_slopes ? Tensor::zeros(options.alibi_slopes->shape(), dtype::f64) : Tensor();
   Tensor dsinks = options.sinks ? Tensor::zeros({d.Hq}, dtype::f64) : Tensor();
-  std::vector<sequence_run> runs = plan_sequences(op, q, k, v, d, options, exec, {.backward = true});
+  // A float packed mask's gradient in its own packed shape: each sequence adds into its block
+  // (blocks are disjoint, so sequences side by side never touch the same element).
+  const bool dmask_wanted = options.attn_mask && options.attn_mask->type() != dtype::boolean && options.mask_gradient;
+  const Tensor dmask = dmask_wanted ? Tensor::zeros(options.attn_mask->shape(), dtype::f64) : Tensor();
+  std::vector<sequence_run> runs =
+      plan_sequences(op, q, k, v, d, options, exec, {.backward = true, .dmask = dmask_wanted});
   run_sequences(runs, [&](sequence_run& sr) {  // sequences without queries keep zero dk, dv
     const std::int64_t q0 = d.cu_q[std::size_t(sr.b)], nq = sr.p.Nq;
     const Tensor lse_b = Tensor::empty({1, d.Hq, nq}, lse.type());  // contiguous, as backends read it
@@ -196,6 +224,12 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
     io.dv = as_bhnx(k_rows(g.dv, d, sr.b), d.Hkv);
     if (dalibi.defined()) sr.d_alibi.assign(std::size_t(d.Hq), 0.0), io.dalibi = sr.d_alibi.data();
     if (dsinks.defined()) sr.d_sinks.assign(std::size_t(d.Hq), 0.0), io.dsinks = sr.d_sinks.data();
+    if (dmask.defined()) {  // block b over [1, Hq, Nq_b, Nk_b]: heads on dim 0 of an [Hq, S] mask
+      const TensorView acc = dmask.view();
+      const std::int64_t sh = acc.rank() == 2 && acc.size(0) == d.Hq && d.Hq > 1 ? acc.stride(0) : 0;
+      io.dmask = strided4{dmask.data_as<double>() + d.mask_off[std::size_t(sr.b)], dtype::f64, 0, sh,
+                          k_len(d, sr.b), 1};
+    }
     sr.be->backward(sr.p, io);
   });
   for (const sequence_run& sr : runs)  // in sequence order: the sums do not depend on the threads
@@ -206,6 +240,7 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
   if (!runs.empty()) g.backend = std::string(runs.front().be->name());
   if (dalibi.defined()) g.dalibi_slopes = dalibi.to(options.alibi_slopes->type());
   if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
+  if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
   return g;
 }
 

@@ -437,10 +437,77 @@ TEST(PagedVarlen, BadInputsByMessage) {
                    "attention_paged_varlen: q has head size 3, k_pages 4; they must match");
   EXPECT_THROW_MSG(attention_paged_varlen(Tensor::zeros({3, 2, 4}, dtype::bf16), index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}),
                    "attention_paged_varlen: q, k, v have dtypes bfloat16, float32, float32; they must be the same");
+  // A packed mask: S = 1·3 + 2·2 = 7 (Nk_b = seq_lens[b]).
   attention_options masked;
   masked.attn_mask = Tensor::zeros({1, 1, 2, 4}, dtype::boolean);
   EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
-                   "attention_paged_varlen: attn_mask is not supported here (attention_paged takes one per call)");
+                   "attention_paged_varlen: attn_mask has shape [1, 1, 2, 4], expected the sequences' masks packed: "
+                   "[S] or [1 or Hq, S] with Hq = 2 and S = sum of Nq_b * Nk_b = 7");
+  masked.attn_mask = Tensor::zeros({7}, dtype::i32);
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
+                   "attention_paged_varlen: attn_mask has dtype int32, expected bool or a float dtype");
+  masked.attn_mask = Tensor::full({7}, dtype::f32, 2000.0);
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
+                   "attn_mask has a row whose largest finite value lies beyond ±1024");
+  masked.attn_mask = Tensor::zeros({2, 7}, dtype::f32);
+  EXPECT_NO_THROW(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked));
+}
+
+// A packed mask (FlashInfer's custom_mask layout: each sequence's [Nq_b, seq_lens[b]] block,
+// back to back) equals attention_paged on each sequence alone with its block as [1, H, Nq_b,
+// seq_lens[b]]: bool [S] and float [Hq, S], decode steps and chunks of several lengths.
+TEST(PagedVarlen, PackedMaskEqualsEachSequenceWithItsBlock) {
+  const std::vector<std::int64_t> nq{1, 3, 0, 1, 7, 1, 3}, lens{9, 20, 4, 1, 33, 16, 5};
+  const std::int64_t B = 7, Hq = 4, Hkv = 2, D = 8, Dv = 8, ps = 4, max_pages = 10;
+  std::int64_t S = 0;
+  for (std::int64_t b = 0; b < B; ++b) S += nq[std::size_t(b)] * lens[std::size_t(b)];
+  for (const bool boolean : {true, false}) {
+    SCOPED_TRACE(boolean ? "bool [S]" : "float [Hq, S]");
+    std::mt19937 rng(41);
+    std::int64_t used = 0;
+    for (std::int64_t L : lens) used += (L + ps - 1) / ps;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(used));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::int64_t> table(std::size_t(B * max_pages), 0), cu{0};
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
+      cu.push_back(cu.back() + nq[std::size_t(b)]);
+    }
+    const std::int64_t total = cu.back(), H = boolean ? 1 : Hq;
+    const Tensor kp = random_tensor({used, ps, Hkv, D}, dtype::f32, rng), vp = random_tensor({used, ps, Hkv, Dv}, dtype::f32, rng);
+    const Tensor q = random_tensor({total, Hq, D}, dtype::f32, rng);
+    const Tensor tab = index_tensor({B, max_pages}, table), lt = index_tensor({B}, lens);
+    Tensor mask = Tensor::empty({H, S}, boolean ? dtype::boolean : dtype::f32);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < S; ++i) mask.set({h, i}, boolean ? double(u(rng) < 0.7) : (u(rng) < 0.2 ? -INFINITY : 4 * u(rng) - 2));
+    if (boolean) mask = Tensor::copy_of(mask.view().reshape({S}));
+    attention_options o;
+    o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+    o.attn_mask = mask;
+    const varlen_result r = attention_paged_varlen(q, index_tensor({B + 1}, cu), 7, {kp, vp, tab, lt}, o);
+    const auto reshaped = [](const TensorView& v, Shape s) { return Tensor::copy_of(Tensor::copy_of(v).view().reshape(s)); };
+    std::int64_t off = 0;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t n = nq[std::size_t(b)], c0 = cu[std::size_t(b)], L = lens[std::size_t(b)];
+      if (n == 0) continue;
+      SCOPED_TRACE(fmt::format("sequence {} (Nq {}, {} keys)", b, n, L));
+      const Tensor qb = reshaped(q.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, D});
+      std::vector<std::int64_t> row(table.begin() + b * max_pages, table.begin() + (b + 1) * max_pages);
+      attention_options ob = o;
+      ob.attn_mask = boolean ? reshaped(mask.view().slice(0, off, off + n * L), {1, 1, n, L})
+                             : reshaped(mask.view().slice(1, off, off + n * L), {1, H, n, L});
+      const attention_result want = attention_paged(qb, {kp, vp, index_tensor({1, max_pages}, row), index_tensor({1}, {L})}, ob);
+      const Tensor got = reshaped(r.out.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, Dv});
+      const Tensor got_lse = reshaped(r.lse.view().slice(1, c0, c0 + n), {1, Hq, n});
+      EXPECT_TRUE(all_close(got, want.out, 0, 0));
+      EXPECT_TRUE(all_close(got_lse, want.lse, 0, 0));
+      off += n * L;
+    }
+    EXPECT_FALSE(testing::any_nan(r.out));
+  }
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // tests/serving/varlen_test.cc — attention_varlen equals attn::attention run on each packed
 // sequence alone (out, lse, dq, dk, dv, dalibi, dsinks), with lengths 0 and 1, causal with
 // bottom-right and top-left alignment, windows, softcap, GQA, ALiBi, sinks, on the cpu backend
-// (f32, bf16) and the reference (f64); bad cu_seqlens by message.
+// (f32, bf16) and the reference (f64); packed masks (bool and float, shared by the heads or per
+// head, and the float mask's gradient) as each sequence's block given to attention(); bad
+// cu_seqlens and bad masks by message.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -183,6 +185,157 @@ TEST(VarlenViews, SpecialValuesAsAttention) {
     const attention_result alone = attention(seq(q, r0, n), seq(k, r0, n), seq(v, r0, n), o);
     EXPECT_TRUE(all_close(seq(r.out, r0, n), alone.out, 1e-6, 1e-6)) << "sequence " << s;
   }
+}
+
+// ---- packed masks (FlashInfer's custom_mask layout) ----
+
+// A packed mask over sequences of lq[b] queries and lk[b] keys: [S] (layout 0), [1, S] (1) or
+// [Hq, S] (2); bool with about a quarter false, or float in [-2, 2] with about a fifth -inf.
+// Row 0 of the first sequence with keys is fully masked (its output rows are zeros).
+Tensor packed_mask(const std::vector<std::int64_t>& lq, const std::vector<std::int64_t>& lk, std::int64_t Hq, int layout,
+                   bool boolean, std::mt19937& rng) {
+  std::int64_t S = 0;
+  for (std::size_t b = 0; b < lq.size(); ++b) S += lq[b] * lk[b];
+  const std::int64_t H = layout == 2 ? Hq : 1;
+  Tensor m = boolean ? Tensor::empty({H, S}, dtype::boolean) : Tensor::empty({H, S}, dtype::f32);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < S; ++i)
+      m.set({h, i}, boolean ? double(u(rng) < 0.75) : (u(rng) < 0.2 ? -INFINITY : 4.0 * u(rng) - 2.0));
+  std::int64_t off = 0;
+  for (std::size_t b = 0; b < lq.size(); ++b) {
+    if (lq[b] > 0 && lk[b] > 0) {
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t j = 0; j < lk[b]; ++j) m.set({h, off + j}, boolean ? 0.0 : -INFINITY);
+      break;
+    }
+    off += lq[b] * lk[b];
+  }
+  if (layout == 0) return Tensor::copy_of(m.view().reshape({S}));
+  return m;
+}
+
+// Sequence b's block of a packed mask as attention() takes it: [nq, nk] or [H, nq, nk].
+Tensor mask_block(const Tensor& m, std::int64_t off, std::int64_t nq, std::int64_t nk) {
+  if (m.view().rank() == 1) return Tensor::copy_of(Tensor::copy_of(m.view().slice(0, off, off + nq * nk)).view().reshape({nq, nk}));
+  const std::int64_t H = m.view().size(0);
+  return Tensor::copy_of(Tensor::copy_of(m.view().slice(1, off, off + nq * nk)).view().reshape({H, nq, nk}));
+}
+
+const char* layout_name(int layout) { return layout == 0 ? "S" : layout == 1 ? "1xS" : "HqxS"; }
+
+class VarlenMask : public ::testing::TestWithParam<std::tuple<int, bool, dtype>> {};
+
+// Forward (out, lse) and backward (dq, dk, dv, and a float mask's gradient in the packed shape)
+// equal attention() and attention_backward() on each sequence with its block of the mask; GQA,
+// causal bottom-right, sequences with no queries, no keys, one of each.
+TEST_P(VarlenMask, EqualsEachSequenceWithItsBlock) {
+  const auto& [layout, boolean, type] = GetParam();
+  std::mt19937 rng(17);
+  const std::vector<std::int64_t> lq{5, 0, 1, 7, 3, 12}, lk{9, 4, 1, 0, 3, 12};
+  const std::int64_t B = std::int64_t(lq.size()), Hq = 4, Hkv = 2, D = 8, Dv = 6;
+  const auto cq = cumulative(lq), ck = cumulative(lk);
+  const Tensor q = random_tensor({cq.back(), Hq, D}, type, rng);
+  const Tensor k = random_tensor({ck.back(), Hkv, D}, type, rng);
+  const Tensor v = random_tensor({ck.back(), Hkv, Dv}, type, rng);
+  const Tensor dout = random_tensor({cq.back(), Hq, Dv}, type, rng);
+  const Tensor mask = packed_mask(lq, lk, Hq, layout, boolean, rng);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  o.attn_mask = mask;
+  const Tensor cu_q = index_tensor(cq), cu_k = index_tensor(ck);
+  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, 12, 12, o);
+  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, 12, 12, o);
+  ASSERT_EQ(g.dattn_mask.defined(), !boolean);
+  if (!boolean) {
+    ASSERT_EQ(g.dattn_mask.shape(), mask.shape());
+    ASSERT_EQ(g.dattn_mask.type(), mask.type());
+  }
+  const double tol = testing::tolerance_for(type) * 4;
+  std::int64_t off = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    SCOPED_TRACE(fmt::format("sequence {} (Nq {}, Nk {})", b, lq[b], lk[b]));
+    const Tensor block = mask_block(mask, off, lq[b], lk[b]);
+    attention_options ob = o;
+    ob.attn_mask = block;
+    const Tensor qb = seq(q, cq[b], lq[b]), kb = seq(k, ck[b], lk[b]), vb = seq(v, ck[b], lk[b]);
+    if (lq[b] > 0) {
+      const attention_result want = attention(qb, kb, vb, ob);
+      EXPECT_TRUE(all_close(seq(r.out, cq[b], lq[b]), want.out, tol));
+      const Tensor lse_b =
+          Tensor::copy_of(Tensor::copy_of(r.lse.view().slice(1, cq[b], cq[b + 1])).view().reshape({1, Hq, lq[b]}));
+      EXPECT_TRUE(all_close(lse_b, want.lse, tol));
+      const attention_grads wg = attention_backward(qb, kb, vb, want.out, seq(dout, cq[b], lq[b]), want.lse, ob);
+      EXPECT_TRUE(all_close(seq(g.dq, cq[b], lq[b]), wg.dq, tol));
+      EXPECT_TRUE(all_close(seq(g.dk, ck[b], lk[b]), wg.dk, tol));
+      EXPECT_TRUE(all_close(seq(g.dv, ck[b], lk[b]), wg.dv, tol));
+      if (!boolean && lk[b] > 0) {
+        EXPECT_TRUE(all_close(mask_block(g.dattn_mask, off, lq[b], lk[b]), wg.dattn_mask, tol));
+      }
+    }
+    off += lq[b] * lk[b];
+  }
+  // The fully masked row (sequence 0, row 0): zeros and lse -inf, never NaN.
+  for (std::int64_t h = 0; h < Hq; ++h) {
+    EXPECT_EQ(r.lse.get({h, 0}), -INFINITY);
+    for (std::int64_t x = 0; x < Dv; ++x) EXPECT_EQ(r.out.get({0, h, x}), 0.0);
+  }
+  EXPECT_FALSE(testing::any_nan(r.out));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, VarlenMask,
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool(),
+                                            ::testing::Values(dtype::f32, dtype::f64, dtype::bf16)),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}_{}", layout_name(std::get<0>(info.param)),
+                                              std::get<1>(info.param) ? "bool" : "float",
+                                              dtype_name(std::get<2>(info.param)));
+                         });
+
+// A packed mask that sets nothing (all true) gives the bits of no mask; with one thread too.
+TEST(VarlenMaskViews, AllTrueEqualsNoMask) {
+  std::mt19937 rng(19);
+  const std::vector<std::int64_t> cq{0, 3, 40, 41};
+  const Tensor q = random_tensor({41, 2, 8}, dtype::f32, rng), k = random_tensor({41, 2, 8}, dtype::f32, rng);
+  const Tensor cu = index_tensor(cq);
+  attention_options o;
+  o.is_causal = true;
+  const auto plain = attention_varlen(q, k, k, cu, cu, 37, 37, o);
+  o.attn_mask = Tensor::full({9 + 37 * 37 + 1}, dtype::boolean, 1.0);
+  for (int nt : {1, 2}) {
+    const auto masked = attention_varlen(q, k, k, cu, cu, 37, 37, o, {.num_threads = nt});
+    EXPECT_TRUE(all_close(masked.out, plain.out, 0, 0));
+    EXPECT_TRUE(all_close(masked.lse, plain.lse, 0, 0));
+  }
+}
+
+TEST(VarlenErrors, BadPackedMaskByMessage) {
+  std::mt19937 rng(23);
+  const Tensor q = random_tensor({6, 2, 4}, dtype::f32, rng), k = random_tensor({5, 2, 4}, dtype::f32, rng);
+  const Tensor cq = index_tensor({0, 2, 6}), ck = index_tensor({0, 3, 5});  // S = 2·3 + 4·2 = 14
+  auto run = [&](const Tensor& m) {
+    attention_options o;
+    o.attn_mask = m;
+    return attention_varlen(q, k, k, cq, ck, 8, 8, o);
+  };
+  EXPECT_NO_THROW(run(Tensor::zeros({14}, dtype::f32)));
+  EXPECT_NO_THROW(run(Tensor::zeros({2, 14}, dtype::boolean)));
+  EXPECT_THROW_MSG(run(Tensor::zeros({15}, dtype::f32)),
+                   "attention_varlen: attn_mask has shape [15], expected the sequences' masks packed: [S] or "
+                   "[1 or Hq, S] with Hq = 2 and S = sum of Nq_b * Nk_b = 14");
+  EXPECT_THROW_MSG(run(Tensor::zeros({3, 14}, dtype::f32)), "attn_mask has shape [3, 14], expected");
+  EXPECT_THROW_MSG(run(Tensor::zeros({1, 2, 14}, dtype::f32)), "attn_mask has shape [1, 2, 14], expected");
+  EXPECT_THROW_MSG(run(Tensor::zeros({14}, dtype::i64)),
+                   "attention_varlen: attn_mask has dtype int64, expected bool or a float dtype");
+  Tensor wide = Tensor::zeros({14}, dtype::f32);
+  for (std::int64_t j = 6; j < 10; ++j) wide.set({j}, 5000.0);  // sequence 1, row 0
+  EXPECT_THROW_MSG(run(wide), "attention_varlen: attn_mask has a row of sequence 1 whose largest finite value lies "
+                              "beyond ±1024");
+  const auto r = attention_varlen(q, k, k, cq, ck, 8, 8);
+  attention_options o;
+  o.attn_mask = Tensor::zeros({13}, dtype::f32);
+  EXPECT_THROW_MSG(attention_varlen_backward(q, k, k, r.out, r.out, r.lse, cq, ck, 8, 8, o),
+                   "attention_varlen_backward: attn_mask has shape [13], expected");
 }
 
 TEST(VarlenErrors, BadCuSeqlensByMessage) {
