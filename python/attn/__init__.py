@@ -258,10 +258,13 @@ class VarlenGrads(NamedTuple):
     dalibi_slopes: Any
     dsinks: Any
     backend: str
+    dattn_mask: Any = None  # a float packed attn_mask: its gradient, in its shape
 
 
 def _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
-                  num_threads, extra):
+                  num_threads, extra, attn_mask=None):
+    if attn_mask is not None:
+        extra = dict(extra, attn_mask=attn_mask)
     return _opts(is_causal=is_causal, alignment=alignment, scale=scale,
                  window=None if window is None else tuple(window), softcap=softcap,
                  alibi_slopes=alibi_slopes, sinks=sinks, backend=backend, num_threads=num_threads,
@@ -269,7 +272,7 @@ def _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, si
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-                     is_causal: bool = False, alignment: str = "top_left",
+                     attn_mask=None, is_causal: bool = False, alignment: str = "top_left",
                      scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
                      softcap: float = 0.0, alibi_slopes=None, sinks=None,
                      return_lse: bool = False, backend: str = "automatic", num_threads: int = 0,
@@ -282,6 +285,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     the lengths. Every option applies to each sequence on its own ("bottom_right" is
     FlashAttention's causal alignment); ALiBi slopes are ``[Hq]`` or ``[B, Hq]``. No padding work.
 
+    ``attn_mask`` (bool, True = attend; or float, added) is packed per sequence as FlashInfer's
+    ``custom_mask``: each sequence's ``[Nq_b, Nk_b]`` mask flattened row-major, the sequences back
+    to back — shape ``[S]`` (every head) or ``[1 or Hq, S]``, ``S = sum(Nq_b * Nk_b)``.
+
     Returns ``out [total_q, Hq, Dv]`` — or, with return_lse, a :class:`VarlenResult` whose lse is
     ``[Hq, total_q]``.
 
@@ -289,7 +296,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     """
     kind = _kind_of(q)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
-                      num_threads, extra)
+                      num_threads, extra, attn_mask)
     out, lse, used = _attn.attention_varlen(_arg(q), _arg(k), _arg(v), _index(cu_seqlens_q),
                                             _index(cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k),
                                             o, _EXT)
@@ -298,23 +305,25 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 
 
 def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
-                              max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
+                              max_seqlen_q: int, max_seqlen_k: int, *, attn_mask=None,
+                              is_causal: bool = False,
                               alignment: str = "top_left", scale: Optional[float] = None,
                               window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               alibi_slopes=None, sinks=None, backend: str = "automatic",
                               num_threads: int = 0, **extra) -> VarlenGrads:
     """Backward of :func:`attention_varlen` from its saved ``out`` and ``lse`` (``return_lse=True``).
+    A float packed ``attn_mask`` gets its gradient (``dattn_mask``, in the mask's shape).
 
     >>> r = attn.attention_varlen(q, k, v, cu, cu, 512, 512, return_lse=True)
     >>> g = attn.attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu, cu, 512, 512)
     """
     kind = _kind_of(q)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
-                      num_threads, extra)
+                      num_threads, extra, attn_mask)
     g = _attn.attention_varlen_backward(_arg(q), _arg(k), _arg(v), _arg(out), _arg(dout), _arg(lse),
                                         _index(cu_seqlens_q), _index(cu_seqlens_k), int(max_seqlen_q),
                                         int(max_seqlen_k), o, _EXT)
-    return VarlenGrads(*(_result(x, kind) for x in g[:5]), g[5])
+    return VarlenGrads(*(_result(x, kind) for x in g[:5]), g[5], _result(g[6], kind))
 
 
 def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None, v_scales=None,
@@ -354,7 +363,7 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
 
 
 def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages, block_table, seq_lens, *,
-                           k_scales=None, v_scales=None, is_causal: bool = False,
+                           k_scales=None, v_scales=None, attn_mask=None, is_causal: bool = False,
                            alignment: str = "bottom_right", scale: Optional[float] = None,
                            window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
                            sinks=None, return_lse: bool = False, backend: str = "automatic",
@@ -364,12 +373,14 @@ def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages,
     ``cu_seqlens_q [B + 1]`` (every length <= ``max_seqlen_q``), against the paged cache of the same
     B sequences. Sequence b's queries are its newest ``Nq_b`` tokens. Returns ``out [total_q, Hq,
     Dv]`` — or, with return_lse, a :class:`VarlenResult` whose lse is ``[Hq, total_q]``.
+    ``attn_mask`` is packed as for :func:`attention_varlen`, with ``Nk_b = seq_lens[b]`` (e.g. a
+    tree of draft tokens per sequence).
 
     >>> out = attn.attention_paged_varlen(q, cu, 16, K, V, table, lens, is_causal=True)
     """
     kind = _kind_of(q)
     o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
-                      num_threads, extra)
+                      num_threads, extra, attn_mask)
     out, lse, used = _attn.attention_paged_varlen(_arg(q), _index(cu_seqlens_q), int(max_seqlen_q),
                                                   _arg(k_pages), _arg(v_pages), _index(block_table),
                                                   _index(seq_lens), None if k_scales is None else _arg(k_scales),

@@ -88,12 +88,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = 
 
 
 class _Varlen(torch.autograd.Function):
-    """out = attention_varlen(q, k, v; cu_seqlens, alibi_slopes, sinks, opts); backward from the lse."""
+    """out = attention_varlen(q, k, v; cu_seqlens, alibi_slopes, sinks, attn_mask, opts); backward
+    from the lse."""
 
     @staticmethod
-    def forward(ctx, q, k, v, alibi, sinks, cu_q, cu_k, max_q, max_k, opts):
+    def forward(ctx, q, k, v, alibi, sinks, mask, cu_q, cu_k, max_q, max_k, opts):
         o = dict(opts)
-        for key, t in (("alibi_slopes", alibi), ("sinks", sinks)):
+        for key, t in (("alibi_slopes", alibi), ("sinks", sinks), ("attn_mask", mask)):
             if t is not None:
                 o[key] = _a(t)
         out, lse, _ = _attn.attention_varlen(_a(q), _a(k), _a(v), _i(cu_q), _i(cu_k), max_q, max_k, o, _NP)
@@ -109,9 +110,11 @@ class _Varlen(torch.autograd.Function):
         g = _attn.attention_varlen_backward(_a(q), _a(k), _a(v), _a(out), _a(dout.contiguous()), _a(lse),
                                             _i(cu_q), _i(cu_k), *ctx.max, ctx.opts, _NP)
         dq, dk, dv, dalibi, dsinks = (_r(x, _TORCH) for x in g[:5])
+        dmask = _r(g[6], _TORCH)
         need = ctx.needs_input_grad
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                dalibi if need[3] else None, dsinks if need[4] else None, None, None, None, None, None)
+                dalibi if need[3] else None, dsinks if need[4] else None, dmask if need[5] else None,
+                None, None, None, None, None)
 
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -119,16 +122,19 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
                      alignment: str = "top_left", scale: Optional[float] = None,
                      window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                      alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                     attn_mask: Optional[Tensor] = None,
                      return_lse: bool = False, backend: str = "automatic", num_threads: int = 0):
     """:func:`attn.attention_varlen` for torch tensors (FlashAttention's ``flash_attn_varlen_func``
-    on the CPU), differentiable in q, k, v, ``alibi_slopes`` and ``sinks``. ``q [total_q, Hq, D]``,
+    on the CPU), differentiable in q, k, v, ``alibi_slopes``, ``sinks`` and a float ``attn_mask``
+    (packed per sequence as FlashInfer's ``custom_mask``: ``[S]`` or ``[1 or Hq, S]``, ``S =
+    sum(Nq_b * Nk_b)``, each sequence's ``[Nq_b, Nk_b]`` row-major). ``q [total_q, Hq, D]``,
     ``k``/``v [total_k, Hkv, ·]``, integer ``cu_seqlens_* [B + 1]`` (int32 as FlashAttention's is
     widened to int64). Returns ``out`` (and ``lse
     [Hq, total_q]`` with ``return_lse``).
     """
     opts = _opts(is_causal=is_causal, alignment=alignment, scale=scale, window=tuple(window),
                  softcap=softcap, backend=backend, num_threads=num_threads)
-    out, lse = _Varlen.apply(q, k, v, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+    out, lse = _Varlen.apply(q, k, v, alibi_slopes, sinks, attn_mask, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                              int(max_seqlen_k), opts)
     return (out, lse) if return_lse else out
 

@@ -62,7 +62,8 @@ nb::tuple attention_varlen_backward_py(nb::handle q, nb::handle k, nb::handle v,
       [&] { return attention_varlen_backward(tq, tk, tv, to, tdo, tl, tcq, tck, max_q, max_k, o.o, o.e); });
   const kind kk = kind(kind_);
   return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk, kk), to_python(g.dv, kk),
-                        to_python(g.dalibi_slopes, kk), to_python(g.dsinks, kk), g.backend);
+                        to_python(g.dalibi_slopes, kk), to_python(g.dsinks, kk), g.backend,
+                        to_python(g.dattn_mask, kk));
 }
 
 nb::tuple attention_paged_py(nb::handle q, nb::handle k_pages, nb::handle v_pages, nb::handle block_table,
@@ -106,7 +107,7 @@ void bind_serving(nb::module_& m) {
   m.def("attention_varlen_backward", &attention_varlen_backward_py, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("opts"), nb::arg("kind"),
-        "-> (dq, dk, dv, dalibi_slopes, dsinks, backend)");
+        "-> (dq, dk, dv, dalibi_slopes, dsinks, backend, dattn_mask)");
   m.def("attention_paged", &attention_paged_py, nb::arg("q"), nb::arg("k_pages"), nb::arg("v_pages"),
         nb::arg("block_table"), nb::arg("seq_lens"), nb::arg("k_scales").none(), nb::arg("v_scales").none(),
         nb::arg("opts"), nb::arg("kind"), "-> (out, lse, backend)");

@@ -92,6 +92,89 @@ def test_varlen_gradcheck_with_alibi_and_sinks():
         (q, k, v, slopes, sinks))
 
 
+def pack_masks(blocks):
+    """Each sequence's mask [H, Nq_b, Nk_b] flattened row-major and the sequences concatenated
+    (FlashInfer's custom_mask layout): [H, S]."""
+    return torch.cat([m.reshape(m.shape[0], -1) for m in blocks], dim=1)
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_varlen_packed_float_mask_against_torch_sdpa(heads):
+    """A float mask packed per sequence ([S] shared by the heads, or [Hq, S]): out, dq, dk, dv and
+    the mask's gradient against torch SDPA (float64 math backend) on each sequence with its block."""
+    lq, lk = [3, 0, 7, 1, 5], [4, 2, 7, 3, 9]
+    hq, hkv, D = 4, 2, 8
+    q = torch.randn(sum(lq), hq, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(sum(lk), hkv, D, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(sum(lk), hkv, D, dtype=torch.float64, requires_grad=True)
+    blocks = [torch.randn(heads, a, b, dtype=torch.float64) for a, b in zip(lq, lk)]
+    packed = pack_masks(blocks)
+    if heads == 1:
+        packed = packed.reshape(-1)
+    packed.requires_grad_(True)
+    cq, ck = cu_of(lq), cu_of(lk)
+    out = at.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), attn_mask=packed)
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    got = (q.grad.clone(), k.grad.clone(), v.grad.clone(), packed.grad.clone())
+    assert got[3].shape == packed.shape
+
+    for x in (q, k, v, packed):
+        x.grad = None
+    parts, off = [], 0
+    for b in range(len(lq)):
+        n = lq[b] * lk[b]
+        m = (packed[off:off + n] if heads == 1 else packed[:, off:off + n]).reshape(heads, lq[b], lk[b])
+        off += n
+        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
+        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        parts.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m).transpose(0, 1))
+    want = torch.cat(parts)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    (want * dout).sum().backward()
+    for g, w, name in zip(got, (q.grad, k.grad, v.grad, packed.grad), ("dq", "dk", "dv", "dattn_mask")):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=name)
+
+
+def test_varlen_packed_bool_mask_numpy_and_backward():
+    """A bool mask packed per sequence through the numpy API: out as attention() per sequence with
+    its block (a fully masked row gives zeros), and the backward takes the same mask (no
+    dattn_mask for a bool mask)."""
+    rng = np.random.default_rng(7)
+    lq, lk = [4, 2, 6], [5, 3, 6]
+    q = rng.standard_normal((sum(lq), 2, 8)).astype(np.float32)
+    k = rng.standard_normal((sum(lk), 2, 8)).astype(np.float32)
+    blocks = [rng.random((a, b)) < 0.7 for a, b in zip(lq, lk)]
+    blocks[0][1] = False  # a fully masked row
+    packed = np.concatenate([m.reshape(-1) for m in blocks])
+    cq, ck = cu_of(lq).numpy(), cu_of(lk).numpy()
+    r = attn.attention_varlen(q, k, k, cq, ck, 6, 6, attn_mask=packed, return_lse=True)
+    for b in range(3):
+        sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        one = attn.attention(q[None, sq].transpose(0, 2, 1, 3), k[None, sk].transpose(0, 2, 1, 3),
+                             k[None, sk].transpose(0, 2, 1, 3), attn_mask=blocks[b])
+        np.testing.assert_allclose(r.out[sq], one[0].transpose(1, 0, 2), atol=1e-6)
+    assert np.all(r.out[1] == 0) and np.all(np.isneginf(r.lse[:, 1]))
+    g = attn.attention_varlen_backward(q, k, k, r.out, np.ones_like(r.out), r.lse, cq, ck, 6, 6, attn_mask=packed)
+    assert g.dattn_mask is None and g.dq.shape == q.shape
+    with pytest.raises(ValueError, match="attn_mask has shape \\[50\\], expected the sequences' masks packed"):
+        attn.attention_varlen(q, k, k, cq, ck, 6, 6, attn_mask=np.ones(50, dtype=bool))
+
+
+def test_varlen_gradcheck_packed_float_mask():
+    lq, lk = [2, 3], [3, 2]
+    q = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(5, 1, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(5, 1, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.randn(2, 2 * 3 + 3 * 2, dtype=torch.float64, requires_grad=True)
+    cq, ck = cu_of(lq), cu_of(lk)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, m: at.attention_varlen(q, k, v, cq, ck, 3, 3, is_causal=True, alignment="bottom_right",
+                                               attn_mask=m),
+        (q, k, v, mask))
+
+
 def paged_from_dense(K, V, page_size, rng):
     """Pages [num_pages, page_size, Hkv, ·] holding dense K/V [B, Hkv, L, ·] in a shuffled order."""
     B, H, L, D = K.shape
@@ -192,6 +275,37 @@ def test_paged_varlen_mixed_batch_against_torch_sdpa():
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     with pytest.raises(ValueError, match="cu_seqlens_q has B \\+ 1 = 3 entries"):
         attn.attention_paged_varlen(q, cu_of([1, 6]), 6, kp, vp, table, lens)
+
+
+def test_paged_varlen_packed_tree_mask_against_torch_sdpa():
+    """Speculative steps of different sizes with a tree mask per sequence, packed as
+    [Nq_b, seq_lens[b]] blocks back to back, against torch SDPA (float64) on each sequence's keys."""
+    rng = np.random.default_rng(11)
+    B, Hq, Hkv, L, D = 4, 4, 2, 24, 16
+    K = rng.standard_normal((B, Hkv, L, D))
+    V = rng.standard_normal((B, Hkv, L, D))
+    kp, vp, table = paged_from_dense(K, V, 4, rng)
+    lens = np.array([24, 9, 13, 5], dtype=np.int64)
+    nq = [4, 2, 0, 1]
+    q = rng.standard_normal((sum(nq), Hq, D))
+    cu = cu_of(nq)
+    blocks = []
+    for b in range(B):  # the prefix is seen by every draft; the drafts form a random tree
+        m = np.ones((nq[b], lens[b]), dtype=bool)
+        n = nq[b]
+        m[:, lens[b] - n:] = np.tril(rng.random((n, n)) < 0.6) | np.eye(n, dtype=bool)
+        blocks.append(m)
+    packed = np.concatenate([m.reshape(-1) for m in blocks])
+    out = attn.attention_paged_varlen(q, cu, 4, kp, vp, table, lens, attn_mask=packed)
+    for b in range(B):
+        if nq[b] == 0:
+            continue
+        qb = torch.from_numpy(q[cu[b]:cu[b + 1]]).permute(1, 0, 2)
+        kb = torch.from_numpy(K[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
+        vb = torch.from_numpy(V[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
+        want = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=torch.from_numpy(blocks[b]))
+        got = torch.from_numpy(np.ascontiguousarray(out[cu[b]:cu[b + 1]])).permute(1, 0, 2)
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("head_major", [False, True])
@@ -308,7 +422,8 @@ def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
 def test_serving_bad_input_by_message():
     q = torch.randn(4, 2, 8)
     cu = torch.tensor([0, 4], dtype=torch.int64)
-    with pytest.raises(ValueError, match="attention_varlen: attn_mask is not supported per sequence"):
+    with pytest.raises(ValueError, match="attention_varlen: attn_mask has shape \\[4, 4\\], expected the sequences' "
+                                         "masks packed: \\[S\\] or \\[1 or Hq, S\\] with Hq = 2 and S = sum"):
         attn.attention_varlen(q, q, q, cu, cu, 4, 4, attn_mask=torch.ones(4, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="attention_varlen: "):
         attn.attention_varlen(q, q, q, cu, cu, 3, 4)  # a length above its bound
