@@ -1,6 +1,7 @@
 // fuzz/serving_fuzz.cc — the differential fuzzer of the serving ops (include/attn/serving.h):
 // attention_paged on float or int8 pages (paged_kv_append first on half the inputs),
-// attention_paged_varlen, and attention_varlen forward and backward. The bytes choose the batch,
+// attention_paged_varlen, and attention_varlen forward and backward (both varlen ops with masks
+// packed per sequence on a third of the inputs). The bytes choose the batch,
 // heads, sizes, page size, block tables (shuffled, shared, entries past a sequence's pages out of
 // range: legal, never read), int32 or int64 indices, the options (causal and its alignment,
 // windows, softcap, scale, ALiBi [Hq] or [B, Hq], sinks, a bool or float mask on the paged op),
@@ -494,6 +495,46 @@ bool corrupt_cu(bytes& in, std::vector<std::int64_t>& cu, std::int64_t& max_len)
   }
 }
 
+// A packed attn_mask (serving.h: each sequence's [nq[b], nk[b]] block row-major, back to back)
+// on one input in three — none where the bytes have run out, so older corpus inputs keep their
+// meaning: [S] or [1|Hq, S], bool or float32 (-inf or moderate values). With `corrupt`, one
+// element too many (then true: the call must be refused).
+bool draw_packed_mask(bytes& in, setup& s, const std::vector<std::int64_t>& nq, const std::vector<std::int64_t>& nk,
+                      bool corrupt) {
+  if (in.upto(2) != 1) return false;
+  std::int64_t S = 0;
+  for (std::size_t b = 0; b < nq.size(); ++b) S += nq[b] * nk[b];
+  const bool bad = corrupt && in.upto(1);
+  if (bad) S += 1;
+  const int layout = in.upto(2);
+  const Shape shape = layout == 0 ? Shape{S} : Shape{layout == 1 ? 1 : s.Hq, S};
+  Tensor m = Tensor::empty(shape, in.upto(1) ? dtype::boolean : dtype::f32);
+  for (std::int64_t i = 0; i < m.numel(); ++i) {
+    const int x = in.upto(7);
+    if (m.type() == dtype::boolean) m.data_as<bool>()[i] = x != 0;
+    else m.data_as<float>()[i] = x == 0 ? -INFINITY : float(in.moderate());
+  }
+  s.o.attn_mask = m;
+  return bad;
+}
+
+// Sequence b's block of the packed mask as the dense oracle's mask ([nq, nk] or [Hm, nq, nk]),
+// in the options of oracle_options (no keys: no mask).
+attention_options packed_oracle_options(const attention_options& o, std::int64_t b, std::int64_t nq, std::int64_t L,
+                                        const std::vector<std::int64_t>& nqs, const std::vector<std::int64_t>& nks,
+                                        bool paged) {
+  attention_options plain = o;
+  plain.attn_mask.reset();
+  attention_options r = oracle_options(plain, b, L, paged);
+  if (!o.attn_mask || L == 0) return r;
+  std::int64_t off = 0;
+  for (std::int64_t c = 0; c < b; ++c) off += nqs[std::size_t(c)] * nks[std::size_t(c)];
+  const TensorView& m = *o.attn_mask;
+  if (m.rank() == 1) r.attn_mask = Tensor::copy_of(Tensor::copy_of(m.slice(0, off, off + nq * L)).view().reshape({nq, L}));
+  else r.attn_mask = Tensor::copy_of(Tensor::copy_of(m.slice(1, off, off + nq * L)).view().reshape({m.size(0), nq, L}));
+  return r;
+}
+
 void run_paged_varlen(bytes& in, setup& s) {
   const char* op = "attention_paged_varlen";
   cache_case c = make_cache(in, s, 0);
@@ -505,6 +546,9 @@ void run_paged_varlen(bytes& in, setup& s) {
   fill(in, s, q);
   bool bad = false;
   if (s.corrupt) bad = in.upto(1) ? corrupt_cu(in, cu, max_q) : corrupt_cache(in, s, c, 0);
+  std::vector<std::int64_t> nqs;
+  for (std::int64_t b = 0; b < s.B; ++b) nqs.push_back(cu[std::size_t(b) + 1] - cu[std::size_t(b)]);
+  if (!bad) bad = draw_packed_mask(in, s, nqs, c.lens, s.corrupt);
   const Tensor tcu = index_tensor({s.B + 1}, s.i32, cu);
   const auto r = both<varlen_result>(op, s, bad, true, [&](const execution& ex) {
     return attention_paged_varlen(q, tcu, max_q, c.view(), s.o, ex);
@@ -514,7 +558,8 @@ void run_paged_varlen(bytes& in, setup& s) {
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = c.lens[std::size_t(b)];
     const oracle w = dense_oracle(s, sequence_of(q, cu, b), c.dense(true, b, L, s.Hkv, s.D),
-                                  c.dense(false, b, L, s.Hkv, s.Dv), oracle_options(s.o, b, L, true));
+                                  c.dense(false, b, L, s.Hkv, s.Dv),
+                                  packed_oracle_options(s.o, b, nqs[std::size_t(b)], L, nqs, c.lens, true));
     const std::string where = " (sequence " + std::to_string(b) + ", L " + std::to_string(L) + ")";
     debug_dump({{"q", sequence_of(q, cu, b).to_vector()}, {"k", c.dense(true, b, L, s.Hkv, s.D).to_vector()},
                 {"v", c.dense(false, b, L, s.Hkv, s.Dv).to_vector()}, {"truth out", w.truth.out.to_vector()},
@@ -538,6 +583,10 @@ void run_varlen(bytes& in, setup& s) {
   for (std::int64_t i = 0; i < dout.numel(); ++i) store_from_double(dout.data(), s.t, i, in.moderate());
   bool bad = false;
   if (s.corrupt) bad = in.upto(1) ? corrupt_cu(in, cq, max_q) : corrupt_cu(in, ck, max_k);
+  std::vector<std::int64_t> nqs, nks;
+  for (std::int64_t b = 0; b < s.B; ++b)
+    nqs.push_back(cq[std::size_t(b) + 1] - cq[std::size_t(b)]), nks.push_back(ck[std::size_t(b) + 1] - ck[std::size_t(b)]);
+  if (!bad) bad = draw_packed_mask(in, s, nqs, nks, s.corrupt);
   const Tensor tq = index_tensor({s.B + 1}, s.i32, cq), tk = index_tensor({s.B + 1}, s.i32, ck);
   const auto r = both<varlen_result>(op, s, bad, true, [&](const execution& ex) {
     return attention_varlen(q, k, v, tq, tk, max_q, max_k, s.o, ex);
@@ -548,7 +597,7 @@ void run_varlen(bytes& in, setup& s) {
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = ck[std::size_t(b) + 1] - ck[std::size_t(b)];
     w.push_back(dense_oracle(s, sequence_of(q, cq, b), sequence_of(k, ck, b), sequence_of(v, ck, b),
-                             oracle_options(s.o, b, L, false)));
+                             packed_oracle_options(s.o, b, nqs[std::size_t(b)], L, nqs, nks, false)));
     const std::string where = " (sequence " + std::to_string(b) + ")";
     check_rows(std::string(op) + " cpu" + where, s, rows_of(r.cpu->out, cq, b), lse_of(r.cpu->lse, cq, b), w.back(), tol);
     check_rows(std::string(op) + " reference" + where, s, rows_of(r.ref->out, cq, b), lse_of(r.ref->lse, cq, b), w.back(), tol);
@@ -563,7 +612,7 @@ void run_varlen(bytes& in, setup& s) {
   const auto& gr = g.ref;
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = ck[std::size_t(b) + 1] - ck[std::size_t(b)];
-    const attention_options ob = oracle_options(s.o, b, L, false);
+    const attention_options ob = packed_oracle_options(s.o, b, nqs[std::size_t(b)], L, nqs, nks, false);
     const Tensor qb = sequence_of(q, cq, b), kb = sequence_of(k, ck, b), vb = sequence_of(v, ck, b);
     const attention_grads g8 = attention_backward(qb, kb, vb, w[std::size_t(b)].truth.out, sequence_of(dout, cq, b),
                                                   w[std::size_t(b)].truth.lse, ob, {.use_backend = backend::reference});
@@ -575,7 +624,8 @@ void run_varlen(bytes& in, setup& s) {
       return m;
     };
     double gmax = 1, lmax = 0;
-    for (const Tensor* g : {&g8.dq, &g8.dk, &g8.dv}) gmax = std::max(gmax, amax(*g));
+    for (const Tensor* g : {&g8.dq, &g8.dk, &g8.dv, &g8.dattn_mask})
+      if (g->defined()) gmax = std::max(gmax, amax(*g));
     for (double x : w[std::size_t(b)].truth.lse.to_vector()) if (std::isfinite(x)) lmax = std::max(lmax, std::abs(x));
     const double sc = s.o.scale ? std::abs(*s.o.scale) : 1.0 / std::sqrt(double(s.D));
     const double gscale = std::max(gmax, sc * amax(sequence_of(dout, cq, b)) * amax(vb) * std::max(amax(qb), amax(kb)) * double(s.Dv));
@@ -593,6 +643,16 @@ void run_varlen(bytes& in, setup& s) {
       cmp("dq", rows_of(g->dq, cq, b), g8.dq);
       cmp("dk", rows_of(g->dk, ck, b), g8.dk);
       cmp("dv", rows_of(g->dv, ck, b), g8.dv);
+      if (g8.dattn_mask.defined()) {  // the float packed mask's gradient: sequence b's block
+        const TensorView dm = g->dattn_mask.view();
+        std::int64_t off = 0;
+        for (std::int64_t c = 0; c < b; ++c) off += nqs[std::size_t(c)] * nks[std::size_t(c)];
+        const std::int64_t n = nqs[std::size_t(b)] * L;
+        cmp("dattn_mask", Tensor::copy_of(dm.rank() == 1 ? dm.slice(0, off, off + n) : dm.slice(1, off, off + n)).to_vector(),
+            g8.dattn_mask);
+      }
+      if (g->dattn_mask.defined() != (s.o.attn_mask && s.o.attn_mask->type() != dtype::boolean))
+        finding(who + " dattn_mask", "returned for no float mask, or missing for one");
     }
   }
 }
