@@ -383,6 +383,17 @@ bool run_append(const setup& s, cache_case& c, std::int64_t extra, const Tensor&
   return true;
 }
 
+// A mask of this shape: bool (an eighth false) or float32 (an eighth -inf, else moderate).
+Tensor random_mask(bytes& in, const Shape& shape) {
+  Tensor m = Tensor::empty(shape, in.upto(1) ? dtype::boolean : dtype::f32);
+  for (std::int64_t i = 0; i < m.numel(); ++i) {
+    const int x = in.upto(7);
+    if (m.type() == dtype::boolean) m.data_as<bool>()[i] = x != 0;
+    else m.data_as<float>()[i] = x == 0 ? -INFINITY : float(in.moderate());
+  }
+  return m;
+}
+
 void run_paged(bytes& in, setup& s) {
   const char* op = "attention_paged";
   const bool append = in.upto(1);  // paged_kv_append first (it quantises into int8 pages)
@@ -395,13 +406,7 @@ void run_paged(bytes& in, setup& s) {
   // A mask over the capacity: bool or float, broadcast from [1|B, 1|Hq, 1|Nq, K ≤ cap].
   if (c.cap > 0 && in.upto(2) == 0) {
     const Shape ms{in.upto(1) ? s.B : 1, in.upto(1) ? s.Hq : 1, in.upto(1) ? Nq : 1, 1 + in.upto(int(c.cap - 1))};
-    Tensor m = Tensor::empty(ms, in.upto(1) ? dtype::boolean : dtype::f32);
-    for (std::int64_t i = 0; i < m.numel(); ++i) {
-      const int x = in.upto(7);
-      if (m.type() == dtype::boolean) m.data_as<bool>()[i] = x != 0;
-      else m.data_as<float>()[i] = x == 0 ? -INFINITY : float(in.moderate());
-    }
-    s.o.attn_mask = m;
+    s.o.attn_mask = random_mask(in, ms);
   }
   Tensor k_new, v_new;  // float32 for int8 pages (quantised on append), else the pages' dtype
   if (append) {
@@ -507,14 +512,7 @@ bool draw_packed_mask(bytes& in, setup& s, const std::vector<std::int64_t>& nq, 
   const bool bad = corrupt && in.upto(1);
   if (bad) S += 1;
   const int layout = in.upto(2);
-  const Shape shape = layout == 0 ? Shape{S} : Shape{layout == 1 ? 1 : s.Hq, S};
-  Tensor m = Tensor::empty(shape, in.upto(1) ? dtype::boolean : dtype::f32);
-  for (std::int64_t i = 0; i < m.numel(); ++i) {
-    const int x = in.upto(7);
-    if (m.type() == dtype::boolean) m.data_as<bool>()[i] = x != 0;
-    else m.data_as<float>()[i] = x == 0 ? -INFINITY : float(in.moderate());
-  }
-  s.o.attn_mask = m;
+  s.o.attn_mask = random_mask(in, layout == 0 ? Shape{S} : Shape{layout == 1 ? 1 : s.Hq, S});
   return bad;
 }
 

@@ -190,6 +190,33 @@ def paged_from_dense(K, V, page_size, rng):
     return kp, vp, table
 
 
+class MixedBatch:
+    """B = 4 sequences of float64 keys (Hkv 2, 24 slots, D 16) in shuffled pages of 4, lens[b] of
+    them valid, and nq[b] queries each (Hq 4) packed token-major."""
+
+    def __init__(self, rng, lens, nq, Hq=4, Hkv=2, L=24, D=16):
+        self.Hq, self.Hkv, self.D = Hq, Hkv, D
+        self.K = rng.standard_normal((len(lens), Hkv, L, D))
+        self.V = rng.standard_normal((len(lens), Hkv, L, D))
+        self.kp, self.vp, self.table = paged_from_dense(self.K, self.V, 4, rng)
+        self.lens, self.nq = np.array(lens, dtype=np.int64), nq
+        self.q = rng.standard_normal((sum(nq), Hq, D))
+        self.cu = cu_of(nq)
+
+    def check(self, out, want_of):
+        """out [total_q, Hq, D] of each sequence against want_of(b, q [Hq, n, D], k, v [Hq, L, D])
+        (torch, float64 on the CPU: SDPA's math backend), within 1e-10."""
+        cu, r = self.cu, self.Hq // self.Hkv
+        for b, n in enumerate(self.nq):
+            if n == 0:
+                continue
+            qb = torch.from_numpy(self.q[cu[b]:cu[b + 1]]).permute(1, 0, 2)
+            kb = torch.from_numpy(self.K[b, :, :self.lens[b]]).repeat_interleave(r, 0)
+            vb = torch.from_numpy(self.V[b, :, :self.lens[b]]).repeat_interleave(r, 0)
+            got = torch.from_numpy(np.ascontiguousarray(out[cu[b]:cu[b + 1]])).permute(1, 0, 2)
+            torch.testing.assert_close(got, want_of(b, qb, kb, vb), atol=1e-10, rtol=1e-10)
+
+
 def test_paged_equals_dense_per_sequence():
     rng = np.random.default_rng(2)
     B, Hq, Hkv, L, D, Nq = 3, 4, 2, 24, 16, 2
@@ -254,25 +281,12 @@ def test_paged_varlen_mixed_batch_against_torch_sdpa():
     """Decode steps and prefill chunks in one call: each sequence against torch SDPA (float64 math
     backend) on its own keys, causal bottom-right; GQA 2."""
     rng = np.random.default_rng(5)
-    B, Hq, Hkv, L, D = 4, 4, 2, 24, 16
-    K = rng.standard_normal((B, Hkv, L, D))
-    V = rng.standard_normal((B, Hkv, L, D))
-    kp, vp, table = paged_from_dense(K, V, 4, rng)
-    lens = np.array([24, 9, 13, 1], dtype=np.int64)
-    nq = [1, 5, 0, 1]
-    q = rng.standard_normal((sum(nq), Hq, D))
-    cu = cu_of(nq)
-    r = attn.attention_paged_varlen(q, cu, 5, kp, vp, table, lens, is_causal=True, return_lse=True)
-    assert r.out.shape == (sum(nq), Hq, D) and r.lse.shape == (Hq, sum(nq))
-    for b in range(B):  # float64 on the CPU: SDPA's math backend
-        if nq[b] == 0:
-            continue
-        qb = torch.from_numpy(q[cu[b]:cu[b + 1]]).permute(1, 0, 2)  # [Hq, n, D]
-        kb = torch.from_numpy(K[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
-        vb = torch.from_numpy(V[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
-        want = sdpa_bottom_right(qb, kb, vb, True)
-        got = torch.from_numpy(np.ascontiguousarray(r.out[cu[b]:cu[b + 1]])).permute(1, 0, 2)
-        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    mb = MixedBatch(rng, lens=[24, 9, 13, 1], nq=[1, 5, 0, 1])
+    r = attn.attention_paged_varlen(mb.q, mb.cu, 5, mb.kp, mb.vp, mb.table, mb.lens, is_causal=True,
+                                    return_lse=True)
+    assert r.out.shape == (sum(mb.nq), mb.Hq, mb.D) and r.lse.shape == (mb.Hq, sum(mb.nq))
+    mb.check(r.out, lambda b, qb, kb, vb: sdpa_bottom_right(qb, kb, vb, True))
+    q, cu, kp, vp, table, lens = mb.q, mb.cu, mb.kp, mb.vp, mb.table, mb.lens
     with pytest.raises(ValueError, match="cu_seqlens_q has B \\+ 1 = 3 entries"):
         attn.attention_paged_varlen(q, cu_of([1, 6]), 6, kp, vp, table, lens)
 
@@ -281,31 +295,16 @@ def test_paged_varlen_packed_tree_mask_against_torch_sdpa():
     """Speculative steps of different sizes with a tree mask per sequence, packed as
     [Nq_b, seq_lens[b]] blocks back to back, against torch SDPA (float64) on each sequence's keys."""
     rng = np.random.default_rng(11)
-    B, Hq, Hkv, L, D = 4, 4, 2, 24, 16
-    K = rng.standard_normal((B, Hkv, L, D))
-    V = rng.standard_normal((B, Hkv, L, D))
-    kp, vp, table = paged_from_dense(K, V, 4, rng)
-    lens = np.array([24, 9, 13, 5], dtype=np.int64)
-    nq = [4, 2, 0, 1]
-    q = rng.standard_normal((sum(nq), Hq, D))
-    cu = cu_of(nq)
+    mb = MixedBatch(rng, lens=[24, 9, 13, 5], nq=[4, 2, 0, 1])
     blocks = []
-    for b in range(B):  # the prefix is seen by every draft; the drafts form a random tree
-        m = np.ones((nq[b], lens[b]), dtype=bool)
-        n = nq[b]
-        m[:, lens[b] - n:] = np.tril(rng.random((n, n)) < 0.6) | np.eye(n, dtype=bool)
+    for n, L in zip(mb.nq, mb.lens):  # the prefix is seen by every draft; the drafts form a random tree
+        m = np.ones((n, L), dtype=bool)
+        m[:, L - n:] = np.tril(rng.random((n, n)) < 0.6) | np.eye(n, dtype=bool)
         blocks.append(m)
     packed = np.concatenate([m.reshape(-1) for m in blocks])
-    out = attn.attention_paged_varlen(q, cu, 4, kp, vp, table, lens, attn_mask=packed)
-    for b in range(B):
-        if nq[b] == 0:
-            continue
-        qb = torch.from_numpy(q[cu[b]:cu[b + 1]]).permute(1, 0, 2)
-        kb = torch.from_numpy(K[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
-        vb = torch.from_numpy(V[b, :, :lens[b]]).repeat_interleave(Hq // Hkv, 0)
-        want = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=torch.from_numpy(blocks[b]))
-        got = torch.from_numpy(np.ascontiguousarray(out[cu[b]:cu[b + 1]])).permute(1, 0, 2)
-        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    out = attn.attention_paged_varlen(mb.q, mb.cu, 4, mb.kp, mb.vp, mb.table, mb.lens, attn_mask=packed)
+    mb.check(out, lambda b, qb, kb, vb: F.scaled_dot_product_attention(qb, kb, vb,
+                                                                       attn_mask=torch.from_numpy(blocks[b])))
 
 
 @pytest.mark.parametrize("head_major", [False, True])

@@ -363,23 +363,38 @@ TEST(PagedErrors, BadTablesByMessage) {
 // A mixed batch — decode steps, prefill chunks, a sequence with nothing new — packed with
 // cu_seqlens_q equals attention_paged on each sequence alone with its own Nq (out and lse), with
 // causal bottom-right alignment, ALiBi [B, Hq], sinks, GQA and shuffled shared pages, f32 and bf16.
+// A mixed batch's block table: sequence b's pages (lens[b] keys, pages of ps) drawn from a shuffled
+// order of used + spare pages; cu: the cumulative query counts nq.
+struct mixed_batch {
+  std::vector<std::int64_t> table, cu{0};
+  std::int64_t used = 0;  // pages the sequences read (the pages tensor holds used + spare)
+};
+mixed_batch shuffled_pages(const std::vector<std::int64_t>& lens, const std::vector<std::int64_t>& nq, std::int64_t ps,
+                           std::int64_t max_pages, std::int64_t spare, std::mt19937& rng) {
+  mixed_batch r;
+  for (std::int64_t L : lens) r.used += (L + ps - 1) / ps;
+  std::vector<std::int64_t> order(static_cast<std::size_t>(r.used + spare));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  r.table.assign(lens.size() * std::size_t(max_pages), 0);
+  std::size_t next = 0;
+  for (std::size_t b = 0; b < lens.size(); ++b) {
+    for (std::int64_t p = 0; p * ps < lens[b]; ++p) r.table[b * std::size_t(max_pages) + std::size_t(p)] = order[next++];
+    r.cu.push_back(r.cu.back() + nq[b]);
+  }
+  return r;
+}
+
 TEST(PagedVarlen, MixedBatchEqualsEachSequenceAlone) {
   const std::vector<std::int64_t> nq{1, 3, 0, 1, 7, 1}, lens{9, 20, 4, 1, 33, 16};
   const std::int64_t B = 6, Hq = 4, Hkv = 2, D = 8, Dv = 8, ps = 4, max_pages = 10;
   for (const dtype type : {dtype::f32, dtype::bf16}) {
     SCOPED_TRACE(dtype_name(type));
     std::mt19937 rng(37);
-    std::int64_t used = 0;
-    for (std::int64_t L : lens) used += (L + ps - 1) / ps;
-    std::vector<std::int64_t> order(static_cast<std::size_t>(used + 2));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    std::vector<std::int64_t> table(std::size_t(B * max_pages), 0), cu{0};
-    std::size_t next = 0;
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
-      cu.push_back(cu.back() + nq[std::size_t(b)]);
-    }
+    const mixed_batch mb = shuffled_pages(lens, nq, ps, max_pages, 2, rng);
+    std::vector<std::int64_t> table = mb.table;
+    const std::vector<std::int64_t>& cu = mb.cu;
+    const std::int64_t used = mb.used;
     table[std::size_t(3 * max_pages)] = table[0];  // sequence 3 shares sequence 0's first page
     const std::int64_t total = cu.back();
     const Tensor kp = random_tensor({used + 2, ps, Hkv, D}, type, rng), vp = random_tensor({used + 2, ps, Hkv, Dv}, type, rng);
@@ -464,17 +479,9 @@ TEST(PagedVarlen, PackedMaskEqualsEachSequenceWithItsBlock) {
   for (const bool boolean : {true, false}) {
     SCOPED_TRACE(boolean ? "bool [S]" : "float [Hq, S]");
     std::mt19937 rng(41);
-    std::int64_t used = 0;
-    for (std::int64_t L : lens) used += (L + ps - 1) / ps;
-    std::vector<std::int64_t> order(static_cast<std::size_t>(used));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    std::vector<std::int64_t> table(std::size_t(B * max_pages), 0), cu{0};
-    std::size_t next = 0;
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
-      cu.push_back(cu.back() + nq[std::size_t(b)]);
-    }
+    const mixed_batch mb = shuffled_pages(lens, nq, ps, max_pages, 0, rng);
+    const std::vector<std::int64_t>&table = mb.table, &cu = mb.cu;
+    const std::int64_t used = mb.used;
     const std::int64_t total = cu.back(), H = boolean ? 1 : Hq;
     const Tensor kp = random_tensor({used, ps, Hkv, D}, dtype::f32, rng), vp = random_tensor({used, ps, Hkv, Dv}, dtype::f32, rng);
     const Tensor q = random_tensor({total, Hq, D}, dtype::f32, rng);
