@@ -495,6 +495,13 @@ TEST(PagedVarlen, PackedMaskEqualsEachSequenceWithItsBlock) {
     o.is_causal = true, o.alignment = causal_alignment::bottom_right;
     o.attn_mask = mask;
     const varlen_result r = attention_paged_varlen(q, index_tensor({B + 1}, cu), 7, {kp, vp, tab, lt}, o);
+    if (!boolean) {  // the same mask as the transpose of an [S, Hq] tensor: the same bits
+      const Tensor t = Tensor::copy_of(mask.view().permute({1, 0}));
+      attention_options os = o;
+      os.attn_mask = t.view().permute({1, 0});
+      const varlen_result rs = attention_paged_varlen(q, index_tensor({B + 1}, cu), 7, {kp, vp, tab, lt}, os);
+      EXPECT_TRUE(all_close(rs.out, r.out, 0, 0));
+    }
     const auto reshaped = [](const TensorView& v, Shape s) { return Tensor::copy_of(Tensor::copy_of(v).view().reshape(s)); };
     std::int64_t off = 0;
     for (std::int64_t b = 0; b < B; ++b) {

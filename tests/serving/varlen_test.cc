@@ -309,6 +309,35 @@ TEST(VarlenMaskViews, AllTrueEqualsNoMask) {
   }
 }
 
+// Strided packed masks — every other element of a longer buffer ([S] with stride 2), and [Hq, S]
+// as the transpose of an [S, Hq] tensor — give the bits of their contiguous copies, dattn_mask too.
+TEST(VarlenMaskViews, StridedMasksAsContiguous) {
+  std::mt19937 rng(29);
+  const std::vector<std::int64_t> lq{3, 5, 2}, lk{4, 6, 2};
+  const auto cq = cumulative(lq), ck = cumulative(lk);
+  const std::int64_t S = 3 * 4 + 5 * 6 + 2 * 2, Hq = 2;
+  const Tensor q = random_tensor({cq.back(), Hq, 8}, dtype::f32, rng), k = random_tensor({ck.back(), 1, 8}, dtype::f32, rng);
+  const Tensor dout = random_tensor({cq.back(), Hq, 8}, dtype::f32, rng);
+  const Tensor cu_q = index_tensor(cq), cu_k = index_tensor(ck);
+  const Tensor wide = random_tensor({2 * S}, dtype::f32, rng, -2.0, 2.0);
+  const Tensor sh = random_tensor({S, Hq}, dtype::f32, rng, -2.0, 2.0);
+  const TensorView strided[] = {TensorView(wide.data(), dtype::f32, {S}, {2}), sh.view().permute({1, 0})};
+  for (const TensorView& m : strided) {
+    SCOPED_TRACE(shape_str(m.shape()));
+    attention_options o, oc;
+    o.attn_mask = m;
+    oc.attn_mask = Tensor::copy_of(m);
+    const auto a = attention_varlen(q, k, k, cu_q, cu_k, 5, 6, o), b = attention_varlen(q, k, k, cu_q, cu_k, 5, 6, oc);
+    EXPECT_TRUE(all_close(a.out, b.out, 0, 0));
+    EXPECT_TRUE(all_close(a.lse, b.lse, 0, 0));
+    const auto ga = attention_varlen_backward(q, k, k, a.out, dout, a.lse, cu_q, cu_k, 5, 6, o);
+    const auto gb = attention_varlen_backward(q, k, k, b.out, dout, b.lse, cu_q, cu_k, 5, 6, oc);
+    EXPECT_TRUE(all_close(ga.dq, gb.dq, 0, 0));
+    EXPECT_TRUE(all_close(ga.dk, gb.dk, 0, 0));
+    EXPECT_TRUE(all_close(ga.dattn_mask, gb.dattn_mask, 0, 0));
+  }
+}
+
 TEST(VarlenErrors, BadPackedMaskByMessage) {
   std::mt19937 rng(23);
   const Tensor q = random_tensor({6, 2, 4}, dtype::f32, rng), k = random_tensor({5, 2, 4}, dtype::f32, rng);
