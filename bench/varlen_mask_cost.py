@@ -1,5 +1,6 @@
 # bench/varlen_mask_cost.py — what a packed attn_mask costs attention_varlen (docs/SERVING.md,
-# "Packed masks"): is_causal alone, with a document mask, and causality given as a mask.
+# "Packed masks"): is_causal alone, with a document mask, and causality given as a mask; then
+# attention_paged_varlen on a decode batch with a tree of drafts per sequence, with and without.
 #   OMP_WAIT_POLICY=passive ~/.cache/attn-venv/bin/python bench/varlen_mask_cost.py
 import time, numpy as np, attn
 rng = np.random.default_rng(0)
@@ -35,3 +36,26 @@ for r in range(9):
         t = time.perf_counter(); attn.attention_varlen(q, k, v, cu, cu, mx, mx, num_threads=2, **o); times[c].append(time.perf_counter() - t)
 print(f"B16 lengths 64..1024 (sum {T}, sum N^2 {S}), Hq=Hkv=8, D 64, f32, 2 threads, median of 9 alternating:")
 for c in cases: print(f"  {c:34s} {1e3*np.median(times[c]):8.2f} ms  (min {1e3*min(times[c]):.2f})")
+
+# ---- attention_paged_varlen: a decode batch, speculative steps with a tree mask per sequence ----
+B, Hq, Hkv, D, L, ps = 16, 32, 8, 128, 4096, 16
+per = L // ps
+kp = rng.standard_normal((B * per, ps, Hkv, D)).astype(np.float32)
+vp = rng.standard_normal((B * per, ps, Hkv, D)).astype(np.float32)
+table = rng.permutation(B * per).reshape(B, per).astype(np.int64)
+lens = np.full(B, L, np.int64)
+nq = [4] * 8 + [1] * 8            # 8 speculative steps of 4 drafts beside 8 plain decode steps
+cu = np.concatenate([[0], np.cumsum(nq)]).astype(np.int64)
+q = rng.standard_normal((cu[-1], Hq, D)).astype(np.float32)
+blocks = []
+for n in nq:
+    m = np.ones((n, L), bool); m[:, L - n:] = np.tril(np.ones((n, n), bool)); blocks.append(m.reshape(-1))
+mask = np.concatenate(blocks)
+cases = {"is_causal": dict(is_causal=True), "is_causal + packed tree mask": dict(is_causal=True, attn_mask=mask)}
+for o in cases.values(): attn.attention_paged_varlen(q, cu, 4, kp, vp, table, lens, num_threads=2, **o)
+t = {c: [] for c in cases}
+for r in range(15):
+    for c, o in cases.items():
+        t0 = time.perf_counter(); attn.attention_paged_varlen(q, cu, 4, kp, vp, table, lens, num_threads=2, **o); t[c].append(time.perf_counter() - t0)
+print("B 16 (8 steps of 4 drafts, 8 of 1), Hq 32 / Hkv 8, D 128, Nk 4096, f32 pages of 16, 2 threads, medians of 15 alternating:")
+for c in cases: print(f"  {c:30s} {1e3*np.median(t[c]):.2f} ms (min {1e3*min(t[c]):.2f})")

@@ -41,6 +41,42 @@ Tensor index_tensor(const std::vector<std::int64_t>& v, Shape shape) {
   return t;
 }
 
+// The packed mask's blocks of a group's sequences (n queries each) as the [Bg, Hm, n, K] mask
+// attention_paged takes: for one sequence, a view of its block ([1, Hm, n, seq_lens[b]]);
+// for several, a copy [Bg, Hm, n, longest length] whose keys past a sequence's length are
+// excluded (false, or -inf), each block row copied whole where the mask's keys are contiguous.
+TensorArg group_mask(const TensorView& m, const std::vector<std::int64_t>& seqs, std::int64_t n,
+                     const std::vector<std::int64_t>& lens, const std::vector<std::int64_t>& mask_off) {
+  const std::int64_t Bg = std::int64_t(seqs.size()), Hm = m.rank() == 2 ? m.size(0) : 1;
+  const std::int64_t ms = m.stride(m.rank() - 1), mh = m.rank() == 2 ? m.stride(0) : 0;
+  const std::int64_t es = std::int64_t(dtype_size(m.type()));
+  const auto* base = static_cast<const std::byte*>(m.data());
+  if (Bg == 1) {
+    const std::int64_t b = seqs[0], len = lens[std::size_t(b)];
+    return TensorView(const_cast<std::byte*>(base) + mask_off[std::size_t(b)] * ms * es, m.type(), {1, Hm, n, len},
+                      {0, mh, len * ms, ms});
+  }
+  std::int64_t kg = 0;
+  for (std::int64_t b : seqs) kg = std::max(kg, lens[std::size_t(b)]);
+  Tensor mg = m.type() == dtype::boolean ? Tensor::zeros({Bg, Hm, n, kg}, m.type())
+                                         : Tensor::full({Bg, Hm, n, kg}, m.type(), -std::numeric_limits<double>::infinity());
+  auto* out = static_cast<std::byte*>(mg.data());
+  for (std::int64_t g = 0; g < Bg; ++g) {
+    const std::int64_t b = seqs[std::size_t(g)], len = lens[std::size_t(b)];
+    for (std::int64_t h = 0; h < Hm; ++h)
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::byte* dst = out + (((g * Hm + h) * n + i) * kg) * es;
+        const std::byte* src = base + (h * mh + (mask_off[std::size_t(b)] + i * len) * ms) * es;
+        if (ms == 1) {
+          if (len > 0) std::memcpy(dst, src, std::size_t(len * es));
+        } else {
+          for (std::int64_t j = 0; j < len; ++j) std::memcpy(dst + j * es, src + j * ms * es, std::size_t(es));
+        }
+      }
+  }
+  return mg;
+}
+
 }  // namespace
 
 varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_seqlens_q, std::int64_t max_seqlen_q,
@@ -116,27 +152,7 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
                       dtype_size(slopes.type()));
       og.alibi_slopes = std::move(slopes);
     }
-    if (options.attn_mask) {  // the group's blocks as [Bg, Hm, n, longest], keys past a sequence's length excluded
-      const TensorView& m = *options.attn_mask;
-      const std::int64_t Hm = m.rank() == 2 ? m.size(0) : 1, ms = m.stride(m.rank() - 1);
-      const std::int64_t mh = m.rank() == 2 ? m.stride(0) : 0;
-      std::int64_t kg = 0;
-      for (std::int64_t b : seqs) kg = std::max(kg, lens[std::size_t(b)]);
-      Tensor mg = m.type() == dtype::boolean ? Tensor::zeros({Bg, Hm, n, kg}, m.type())
-                                             : Tensor::full({Bg, Hm, n, kg}, m.type(), -std::numeric_limits<double>::infinity());
-      const std::size_t es = dtype_size(m.type());
-      for (std::int64_t g = 0; g < Bg; ++g) {
-        const std::int64_t b = seqs[std::size_t(g)], len = lens[std::size_t(b)];
-        for (std::int64_t h = 0; h < Hm; ++h)
-          for (std::int64_t i = 0; i < n; ++i)
-            for (std::int64_t j = 0; j < len; ++j)
-              std::memcpy(at(mg.view(), {g, h, i, j}),
-                          static_cast<const std::byte*>(m.data()) +
-                              (h * mh + (mask_off[std::size_t(b)] + i * len + j) * ms) * std::int64_t(es),
-                          es);
-      }
-      og.attn_mask = std::move(mg);
-    }
+    if (options.attn_mask) og.attn_mask = group_mask(*options.attn_mask, seqs, n, lens, mask_off);
     const attention_result a = attention_paged(qv, cg, og, exec);
     if (r.backend.empty()) r.backend = a.backend;
     const std::size_t os = dtype_size(a.out.type());

@@ -28,6 +28,9 @@ struct packed_dims {
   std::vector<std::int64_t> mask_off;  // a packed attn_mask: sequence b's block from mask_off[b]
 };
 
+std::int64_t q_len(const packed_dims& d, std::int64_t b) { return d.cu_q[std::size_t(b) + 1] - d.cu_q[std::size_t(b)]; }
+std::int64_t k_len(const packed_dims& d, std::int64_t b) { return d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]; }
+
 packed_dims check_packed(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& cu_q, const TensorView& cu_k, std::int64_t max_q, std::int64_t max_k,
                          const attention_options& o) {
@@ -54,9 +57,7 @@ packed_dims check_packed(const char* op, const TensorView& q, const TensorView& 
   check_serving_options(op, o, d.B, d.Hq, d.Hkv, /*mask_ok=*/true);
   if (o.attn_mask) {
     std::vector<std::int64_t> nq, nk;
-    for (std::int64_t b = 0; b < d.B; ++b)
-      nq.push_back(d.cu_q[std::size_t(b) + 1] - d.cu_q[std::size_t(b)]),
-          nk.push_back(d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]);
+    for (std::int64_t b = 0; b < d.B; ++b) nq.push_back(q_len(d, b)), nk.push_back(k_len(d, b));
     d.mask_off = packed_mask_offsets(op, *o.attn_mask, nq, nk, d.Hq);
   }
   return d;
@@ -64,14 +65,11 @@ packed_dims check_packed(const char* op, const TensorView& q, const TensorView& 
 
 // Sequence b's rows of a packed [total, H, X] tensor as the core op's [1, H, n, X].
 TensorView q_rows(const TensorView& t, const packed_dims& d, std::int64_t b) {
-  return token_rows(t, d.cu_q[std::size_t(b)], d.cu_q[std::size_t(b) + 1] - d.cu_q[std::size_t(b)]);
+  return token_rows(t, d.cu_q[std::size_t(b)], q_len(d, b));
 }
 TensorView k_rows(const TensorView& t, const packed_dims& d, std::int64_t b) {
-  return token_rows(t, d.cu_k[std::size_t(b)], d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]);
+  return token_rows(t, d.cu_k[std::size_t(b)], k_len(d, b));
 }
-
-std::int64_t q_len(const packed_dims& d, std::int64_t b) { return d.cu_q[std::size_t(b) + 1] - d.cu_q[std::size_t(b)]; }
-std::int64_t k_len(const packed_dims& d, std::int64_t b) { return d.cu_k[std::size_t(b) + 1] - d.cu_k[std::size_t(b)]; }
 
 // The core op's problem of sequence b, checked as attn::attention checks it; a packed attn_mask
 // gives it its block [Nq_b, Nk_b] (or [Hm, Nq_b, Nk_b]), read in place.
