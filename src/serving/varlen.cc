@@ -83,10 +83,7 @@ problem sequence_problem(const char* op, const TensorView& q, const TensorView& 
   // adds the shift back to lse; per sequence that copy and shift would have to outlive the call
   // and reach the packed lse, so such masks are refused (softmax is unchanged by subtracting
   // each row's maximum), as attention_paged refuses them.
-  if (store.shifted_mask.defined())
-    fail(op, fmt::format("attn_mask has a row of sequence {} whose largest finite value lies beyond ±1024; packed "
-                         "masks are taken within that band (subtract each row's maximum: softmax is unchanged)",
-                         b));
+  if (store.shifted_mask.defined()) refuse_wide_mask_row(op, b);
   return p;
 }
 

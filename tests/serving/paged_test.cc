@@ -463,7 +463,13 @@ TEST(PagedVarlen, BadInputsByMessage) {
                    "attention_paged_varlen: attn_mask has dtype int32, expected bool or a float dtype");
   masked.attn_mask = Tensor::full({7}, dtype::f32, 2000.0);
   EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
-                   "attn_mask has a row whose largest finite value lies beyond ±1024");
+                   "attention_paged_varlen: attn_mask has a row of sequence 0 whose largest finite value lies "
+                   "beyond ±1024");
+  Tensor second = Tensor::zeros({7}, dtype::f32);
+  for (std::int64_t j = 5; j < 7; ++j) second.set({j}, -3e38);  // sequence 1's second row: HF's finfo.min everywhere
+  masked.attn_mask = second;
+  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
+                   "attention_paged_varlen: attn_mask has a row of sequence 1 whose largest finite value");
   masked.attn_mask = Tensor::zeros({2, 7}, dtype::f32);
   EXPECT_NO_THROW(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked));
 }
