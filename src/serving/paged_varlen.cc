@@ -41,8 +41,9 @@ Tensor index_tensor(const std::vector<std::int64_t>& v, Shape shape) {
   return t;
 }
 
-// The packed mask's blocks of a group's sequences (n queries each) as the [Bg, Hm, n, K] mask
-// attention_paged takes: for one sequence, a view of its block ([1, Hm, n, seq_lens[b]]);
+// The packed mask's blocks of a group's sequences (n queries each) as the mask attention_paged
+// takes: for one sequence, its block as packed_mask_block gives it ([n, len] or [Hm, n, len],
+// broadcast over the batch of one);
 // for several, a copy [Bg, Hm, n, longest length] whose keys past a sequence's length are
 // excluded (false, or -inf), each block row copied whole where the mask's keys are contiguous.
 TensorArg group_mask(const TensorView& m, const std::vector<std::int64_t>& seqs, std::int64_t n,
@@ -51,11 +52,7 @@ TensorArg group_mask(const TensorView& m, const std::vector<std::int64_t>& seqs,
   const std::int64_t ms = m.stride(m.rank() - 1), mh = m.rank() == 2 ? m.stride(0) : 0;
   const std::int64_t es = std::int64_t(dtype_size(m.type()));
   const auto* base = static_cast<const std::byte*>(m.data());
-  if (Bg == 1) {
-    const std::int64_t b = seqs[0], len = lens[std::size_t(b)];
-    return TensorView(const_cast<std::byte*>(base) + mask_off[std::size_t(b)] * ms * es, m.type(), {1, Hm, n, len},
-                      {0, mh, len * ms, ms});
-  }
+  if (Bg == 1) return detail::packed_mask_block(m, mask_off[std::size_t(seqs[0])], n, lens[std::size_t(seqs[0])]);
   std::int64_t kg = 0;
   for (std::int64_t b : seqs) kg = std::max(kg, lens[std::size_t(b)]);
   Tensor mg = m.type() == dtype::boolean ? Tensor::zeros({Bg, Hm, n, kg}, m.type())
