@@ -573,6 +573,40 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
       }
 }
 
+}  // namespace
+
+void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
+                const forward_outputs& out) {
+  forward_outputs fo = out;
+  // A shifted mask: the lse of the shifted scores may be a large number whose shift-back leaves a
+  // small one (1e19 - 9.85e18): it stays float64 until the shift is added, then is rounded once.
+  Tensor lse64, qk64;
+  if (store.shift.defined() && out.lse_type != dtype::f64) {
+    lse64 = Tensor::empty({p.B, p.Hq, p.Nq}, dtype::f64);
+    fo.lse = lse64.data();
+    fo.lse_type = dtype::f64;
+  }
+  // Likewise the biased scores: a score of the shifted mask (-1e19 beside a shift of 1e19) is
+  // past float16's range, and inf + shift cannot give the score back.
+  if (store.shift.defined() && out.qk_mode == qk_output::biased && out.qk.type != dtype::f64) {
+    qk64 = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, dtype::f64);
+    fo.qk = as_bhnx(qk64, p.Hq);
+  }
+  run_guarded(op, p, be, [&] { be.forward(p, fo); });
+  if (&be != &reference_backend()) check_special_rows(p, fo);
+  if (store.shift.defined()) unshift(p, store, fo);
+  const std::int64_t rows = p.B * p.Hq * p.Nq;
+  if (lse64.defined())
+    for (std::int64_t r = 0; r < rows; ++r) store_from_double(out.lse, out.lse_type, r, lse64.data_as<double>()[r]);
+  if (qk64.defined())
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t h = 0; h < p.Hq; ++h)
+        for (std::int64_t i = 0; i < p.Nq; ++i)
+          for (std::int64_t j = 0; j < p.Nk; ++j) out.qk.store(b, h, i, j, fo.qk.load(b, h, i, j));
+}
+
+namespace {
+
 // The largest magnitude of the q·k terms a score adds up, bounded by Cauchy–Schwarz:
 // Σ_d |q_id k_jd| <= |q_i|·|k_j|, so scale · max_i |q_i| · max_j |k_j| over the rows of q and the
 // keys each batch entry holds (finite elements only: NaN and inf have their own contract). A
@@ -809,26 +843,8 @@ attention_result run_forward(const char* op, const TensorView& q, const TensorVi
     r.qk = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, q.type());
     fo.qk = as_bhnx(r.qk, p.Hq);
   }
-  // A shifted mask: the lse of the shifted scores may be a large number whose shift-back leaves a
-  // small one (1e19 - 9.85e18): it stays float64 until the shift is added, then is rounded once.
-  Tensor lse64, qk64;
-  if (store.shift.defined() && lse_type != dtype::f64) {
-    lse64 = Tensor::empty(lse_shape, dtype::f64);
-    fo.lse = lse64.data();
-    fo.lse_type = dtype::f64;
-  }
-  // Likewise the biased scores: a score of the shifted mask (-1e19 beside a shift of 1e19) is
-  // past float16's range, and inf + shift cannot give the score back.
-  if (store.shift.defined() && options.return_qk == qk_output::biased && r.qk.type() != dtype::f64) {
-    qk64 = Tensor::empty(r.qk.shape(), dtype::f64);
-    fo.qk = as_bhnx(qk64, p.Hq);
-  }
   const backend_impl& be = pick(op, p, {.backward = false, .qk = options.return_qk}, exec.use_backend);
-  run_guarded(op, p, be, [&] { be.forward(p, fo); });
-  if (&be != &reference_backend()) check_special_rows(p, fo);
-  if (store.shift.defined()) unshift(p, store, fo);
-  if (lse64.defined()) copy_elements(lse64.view(), lse_view);
-  if (qk64.defined()) r.qk = qk64.to(r.qk.type());
+  forward_on(op, p, store, be, fo);
   if (dst && dst->lse && lse_view.data() != dst->lse->data()) copy_elements(lse_view, *dst->lse);
   if (dst) r.lse = Tensor();
   r.backend = be.name();
@@ -898,6 +914,60 @@ attention_result attention_with_kv_cache(const TensorView& q, const TensorView& 
 }
 
 namespace detail {
+const backend_impl& backward_on(const char* op, const problem& p, const problem_storage& store, const TensorView& lse,
+                                backward_io io, const backend_impl& picked, backend use, const backward_guards& guards) {
+  Tensor lse_c = lse.is_contiguous() ? Tensor() : Tensor::copy_of(lse);
+  // A float32 backward recomputes p = e^{s - lse}: |lse| past kWideLse leaves s - lse fewer
+  // than 13 good bits, so such calls run on the float64 reference, whatever was asked (one
+  // answer on every backend; the result's `backend` says so). The lse they were given came from
+  // some forward, perhaps a float32 one whose scores differ from float64's by more than p's
+  // range (huge terms that cancel, added in another order: s = -1.5e18 against float64's 0 made
+  // p = e^{1.5e18}), so the reference computes their lse again, from its own scores.
+  // The same holds for q·k terms past kWideLse that cancel into a small score and lse: float32
+  // resolves such a score only to the terms' magnitude · 2^-24, a forward and a backward that
+  // add the terms in different orders disagree by that much, and p = e^{s - lse} is off by the
+  // exponential of it (terms of 3.6e19 cancelling to 8.7: the cpu forward's score 0 and lse
+  // 0.13, its backward's score 8.7, p = 5245). An ALiBi bias needs no such bound here: it can
+  // cancel only against large q·k terms (caught by this bound) or a float mask (whose gradient
+  // runs on the reference); otherwise a large bias makes the score itself large, and so the lse
+  // or the key's weight negligible.
+  constexpr double kWideLse = 1024.0;
+  const auto lse_from = [&](const backend_impl& fb) {
+    const Tensor o = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.q.type);
+    lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, p.q.type == dtype::f64 || &fb == &reference_backend() ? dtype::f64 : dtype::f32);
+    special_rows found;
+    forward_outputs fo;
+    fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type(), fo.found = &found;
+    run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
+    if (&fb != &reference_backend()) check_special_rows(p, fo);
+  };
+  // A shifted mask: the lse of the shifted scores, recomputed.
+  if (store.shift.defined()) lse_from(pick(op, p, {}, use));
+  bool wide = false;  // the lse or the q·k terms past kWideLse
+  for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide |= std::isfinite(x) && std::abs(x) > kWideLse;
+  wide |= qk_term_bound_coarse(p) > kWideLse && qk_term_bound(p) > kWideLse;
+  if (wide) lse_from(reference_backend());
+
+  io.lse = lse_c.defined() ? lse_c.data() : lse.data();
+  io.lse_type = lse_c.defined() ? lse_c.type() : lse.type();
+  const int nt = std::max(1, p.num_threads);
+  const backend_impl& be = wide ? reference_backend() : picked;
+  bool seen_finite[3] = {false, false, false};  // dq, dk, dv as the backend saw them (backward_io::finite)
+  io.finite = seen_finite;
+  run_guarded(op, p, be, [&] { be.backward(p, io); });
+  io.finite = nullptr;
+  // One answer on every backend: non-finite gradients from a float32 backend (special values,
+  // overflow) are computed again, all of them, by the float64 reference.
+  if (&be != &reference_backend() &&
+      !((seen_finite[0] || all_finite(guards.dq, nt)) && (seen_finite[1] || all_finite(guards.dk, nt)) &&
+        (seen_finite[2] || all_finite(guards.dv, nt)) && guards.finite())) {
+    guards.reset();
+    reference_backend().backward(p, io);
+    return reference_backend();
+  }
+  return be;
+}
+
 namespace {
 
 // attention_backward(), or attention_backward_into() when dst is set (dq, dk, dv in the caller's
@@ -921,43 +991,11 @@ attention_grads run_backward(const char* op, const TensorView& q, const TensorVi
   if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected {}", shape_str(lse.shape()), shape_str(ls)));
   if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
     fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
-  Tensor lse_c = lse.is_contiguous() ? Tensor() : Tensor::copy_of(lse);
   if (options.check_finite) {
     check_finite(op, "out", out);
     check_finite(op, "dout", dout);
     check_finite(op, "lse", lse, /*minus_inf_ok=*/true);  // -inf: a fully masked row
   }
-  // A float32 backward recomputes p = e^{s - lse}: |lse| past kWideLse leaves s - lse fewer
-  // than 13 good bits, so such calls run on the float64 reference, whatever was asked (one
-  // answer on every backend; the result's `backend` says so). The lse they were given came from
-  // some forward, perhaps a float32 one whose scores differ from float64's by more than p's
-  // range (huge terms that cancel, added in another order: s = -1.5e18 against float64's 0 made
-  // p = e^{1.5e18}), so the reference computes their lse again, from its own scores.
-  // The same holds for q·k terms past kWideLse that cancel into a small score and lse: float32
-  // resolves such a score only to the terms' magnitude · 2^-24, a forward and a backward that
-  // add the terms in different orders disagree by that much, and p = e^{s - lse} is off by the
-  // exponential of it (terms of 3.6e19 cancelling to 8.7: the cpu forward's score 0 and lse
-  // 0.13, its backward's score 8.7, p = 5245). An ALiBi bias needs no such bound here: it can
-  // cancel only against large q·k terms (caught by this bound) or a float mask (whose gradient
-  // runs on the reference); otherwise a large bias makes the score itself large, and so the lse
-  // or the key's weight negligible.
-  constexpr double kWideLse = 1024.0;
-  const auto lse_from = [&](const backend_impl& fb) {
-    const Tensor o = Tensor::empty(out_shape(q, p), q.type());
-    lse_c = Tensor::empty({p.B, p.Hq, p.Nq}, q.type() == dtype::f64 || &fb == &reference_backend() ? dtype::f64 : dtype::f32);
-    special_rows found;
-    forward_outputs fo;
-    fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type(), fo.found = &found;
-    run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
-    if (&fb != &reference_backend()) check_special_rows(p, fo);
-  };
-  // A shifted mask: the lse of the shifted scores, recomputed.
-  if (store.shift.defined()) lse_from(pick(op, p, {}, exec.use_backend));
-  bool wide = false;  // the lse or the q·k terms past kWideLse
-  for (double x : to_vector(lse_c.defined() ? lse_c.view() : lse)) wide |= std::isfinite(x) && std::abs(x) > kWideLse;
-  wide |= qk_term_bound_coarse(p) > kWideLse && qk_term_bound(p) > kWideLse;
-  if (wide) lse_from(reference_backend());
-
   attention_grads g;
   TensorView dq, dk, dv;  // where the backend writes them
   if (dst) {
@@ -977,8 +1015,6 @@ attention_grads run_backward(const char* op, const TensorView& q, const TensorVi
   backward_io io;
   io.out = as_bhnx(out, p.Hq);
   io.dout = as_bhnx(dout, p.Hq);
-  io.lse = lse_c.defined() ? lse_c.data() : lse.data();
-  io.lse_type = lse_c.defined() ? lse_c.type() : lse.type();
   io.dq = as_bhnx(dq, p.Hq);
   io.dk = as_bhnx(dk, p.Hkv);
   io.dv = as_bhnx(dv, p.Hkv);
@@ -1009,23 +1045,14 @@ attention_grads run_backward(const char* op, const TensorView& q, const TensorVi
 
   const backend_impl& picked = pick(op, p, {.backward = true, .dmask = io.dmask.data != nullptr}, exec.use_backend);
   const int nt = std::max(1, p.num_threads);
-  const backend_impl& be = wide ? reference_backend() : picked;
-  bool seen_finite[3] = {false, false, false};  // dq, dk, dv as the backend saw them (backward_io::finite)
-  io.finite = seen_finite;
-  run_guarded(op, p, be, [&] { be.backward(p, io); });
-  io.finite = nullptr;
-  g.backend = be.name();
-  // One answer on every backend: non-finite gradients from a float32 backend (special values,
-  // overflow) are computed again, all of them, by the float64 reference.
-  if (&be != &reference_backend() &&
-      !((seen_finite[0] || all_finite(dq, nt)) && (seen_finite[1] || all_finite(dk, nt)) &&
-        (seen_finite[2] || all_finite(dv, nt)) && all_finite(dalibi, 1) && all_finite(dsinks, 1) &&
-        all_finite(dmask, nt))) {
-    for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
-      if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * dtype_size(acc->type()));
-    reference_backend().backward(p, io);
-    g.backend = reference_backend().name();
-  }
+  const backward_guards guards{
+      dq, dk, dv,
+      [&] {
+        for (const Tensor* acc : {&dmask, &dalibi, &dsinks})
+          if (acc->defined()) std::memset(acc->data(), 0, std::size_t(acc->numel()) * dtype_size(acc->type()));
+      },
+      [&] { return all_finite(dalibi, 1) && all_finite(dsinks, 1) && all_finite(dmask, nt); }};
+  g.backend = backward_on(op, p, store, lse, io, picked, exec.use_backend, guards).name();
 
   if (dmask.defined()) g.dattn_mask = dmask.type() == options.attn_mask->type() ? dmask : dmask.to(options.attn_mask->type());
   if (dalibi.defined()) {

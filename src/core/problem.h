@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <string>
@@ -262,6 +263,29 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
 // reference. Every front that calls a backend's forward itself (serving's varlen) runs it, so
 // that special values get the answer attn::attention gives.
 void check_special_rows(const problem& p, const forward_outputs& fo);
+// A backend's forward of p as attn::attention runs it (outputs out, lse, and qk when out.qk_mode
+// asks): out of memory as attn::error naming op, special rows (check_special_rows) on the
+// reference, and with a shifted mask (store.shift) the shift added back to lse (and biased
+// scores) in float64 before they are rounded once.
+void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
+                const forward_outputs& out);
+
+// What backward_on needs of a front's gradients: the views io.dq, io.dk and io.dv write (scanned
+// for non-finite values the backend did not see), `reset` zeroing the accumulating outputs
+// (io.dmask, io.dalibi, io.dsinks) and `finite` telling whether those are all finite.
+struct backward_guards {
+  TensorView dq, dk, dv;
+  std::function<void()> reset;
+  std::function<bool()> finite;
+};
+// The backward of p as attn::attention_backward runs it, from the forward's lse ([B, Hq, Nq],
+// any strides): a shifted mask's lse recomputed on the forward backend `use` picks; an lse or
+// q·k terms past ±1024 on the float64 reference (its lse recomputed); non-finite gradients from
+// `picked` computed again by the reference after guards.reset(). Returns the backend whose
+// gradients io holds.
+const backend_impl& backward_on(const char* op, const problem& p, const problem_storage& store, const TensorView& lse,
+                                backward_io io, const backend_impl& picked, backend use, const backward_guards& guards);
+
 // Its first half: the rows it would redo, in row order. It reads out, lse and the mask, never
 // q, k or v (a front that must first lay the keys out for the reference, as attention_paged
 // does, copies them only when a row is special).

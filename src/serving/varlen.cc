@@ -10,7 +10,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <exception>
 #include <limits>
 
 #include "attn/serving.h"
@@ -72,19 +75,14 @@ TensorView k_rows(const TensorView& t, const packed_dims& d, std::int64_t b) {
 }
 
 // The core op's problem of sequence b, checked as attn::attention checks it; a packed attn_mask
-// gives it its block [Nq_b, Nk_b] (or [Hm, Nq_b, Nk_b]), read in place.
+// gives it its block [Nq_b, Nk_b] (or [Hm, Nq_b, Nk_b]), read in place — or, for a float block
+// with rows beyond ±1024 (an HF-style finfo.min row), shifted into store as the core op shifts it.
 problem sequence_problem(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
-                         const packed_dims& d, std::int64_t b, const attention_options& o, const execution& exec) {
+                         const packed_dims& d, std::int64_t b, const attention_options& o, const execution& exec,
+                         problem_storage& store) {
   attention_options ob = for_sequence(o, b);
   if (o.attn_mask) ob.attn_mask = packed_mask_block(*o.attn_mask, d.mask_off[std::size_t(b)], q_len(d, b), k_len(d, b));
-  problem_storage store;  // no past_key here; a shifted mask is refused below
-  problem p = build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), ob, exec, store);
-  // The core op shifts a float mask row whose finite values lie beyond ±1024 into a copy and
-  // adds the shift back to lse; per sequence that copy and shift would have to outlive the call
-  // and reach the packed lse, so such masks are refused (softmax is unchanged by subtracting
-  // each row's maximum), as attention_paged refuses them.
-  if (store.shifted_mask.defined()) refuse_wide_mask_row(op, b);
-  return p;
+  return build_problem(op, q_rows(q, d, b), k_rows(k, d, b), k_rows(v, d, b), ob, exec, store);
 }
 
 // A sequence that has queries, with its checked problem and backend; d_alibi, d_sinks ([Hq])
@@ -92,6 +90,7 @@ problem sequence_problem(const char* op, const TensorView& q, const TensorView& 
 struct sequence_run {
   std::int64_t b = 0;
   problem p;
+  problem_storage store;  // a shifted mask block (p.mask_view points into it)
   const backend_impl* be = nullptr;
   std::vector<double> d_alibi, d_sinks;
 };
@@ -110,7 +109,7 @@ std::vector<sequence_run> plan_sequences(const char* op, const TensorView& q, co
     if (d.cu_q[std::size_t(b) + 1] == d.cu_q[std::size_t(b)]) continue;  // no queries: nothing to compute
     sequence_run r;
     r.b = b;
-    r.p = sequence_problem(op, q, k, v, d, b, o, exec);
+    r.p = sequence_problem(op, q, k, v, d, b, o, exec, r.store);
     r.be = &pick(op, r.p, req, exec.use_backend);
     runs.push_back(std::move(r));
   }
@@ -133,8 +132,19 @@ void run_sequences(std::vector<sequence_run>& runs, Fn fn) {
       small.push_back(&r);
     }
   }
+  // An error inside the parallel loop (attn::error, out of memory) must not leave it: the first
+  // is kept and thrown after.
+  std::exception_ptr first;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (std::size_t i = 0; i < small.size(); ++i) fn(*small[i]);
+  for (std::size_t i = 0; i < small.size(); ++i) {
+    try {
+      fn(*small[i]);
+    } catch (...) {
+#pragma omp critical(attn_varlen_error)
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace
@@ -161,8 +171,7 @@ varlen_result attention_varlen(const TensorView& q, const TensorView& k, const T
     fo.lse = lse.data();
     fo.lse_type = lse.type();
     fo.found = &found;
-    sr.be->forward(sr.p, fo);
-    if (sr.be != &reference_backend()) check_special_rows(sr.p, fo);  // (as attn::attention)
+    forward_on(op, sr.p, sr.store, *sr.be, fo);  // (special rows and a shifted mask as attn::attention)
     for (std::int64_t h = 0; h < d.Hq; ++h)
       for (std::int64_t i = 0; i < nq; ++i)
         store_from_double(r.lse.data(), r.lse.type(), h * total_q + q0 + i,
@@ -212,8 +221,6 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
     backward_io io;
     io.out = as_bhnx(q_rows(out, d, sr.b), d.Hq);
     io.dout = as_bhnx(q_rows(dout, d, sr.b), d.Hq);
-    io.lse = lse_b.data();
-    io.lse_type = lse_b.type();
     io.dq = as_bhnx(q_rows(g.dq, d, sr.b), d.Hq);
     io.dk = as_bhnx(k_rows(g.dk, d, sr.b), d.Hkv);
     io.dv = as_bhnx(k_rows(g.dv, d, sr.b), d.Hkv);
@@ -225,7 +232,30 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
       io.dmask = strided4{dmask.data_as<double>() + d.mask_off[std::size_t(sr.b)], dtype::f64, 0, sh,
                           k_len(d, sr.b), 1};
     }
-    sr.be->backward(sr.p, io);
+    // attention_backward's fallbacks, per sequence: a shifted mask's lse recomputed, the float64
+    // reference for an lse or q·k terms past ±1024 and for non-finite gradients.
+    const std::int64_t off = dmask.defined() ? d.mask_off[std::size_t(sr.b)] : 0, len = nq * k_len(d, sr.b);
+    const std::int64_t mrows = dmask.defined() && dmask.rank() == 2 ? dmask.size(0) : 1;
+    const auto block = [&](std::int64_t r) { return dmask.data_as<double>() + r * (dmask.numel() / mrows) + off; };
+    const backward_guards guards{
+        q_rows(g.dq, d, sr.b), k_rows(g.dk, d, sr.b), k_rows(g.dv, d, sr.b),
+        [&] {
+          std::fill(sr.d_alibi.begin(), sr.d_alibi.end(), 0.0);
+          std::fill(sr.d_sinks.begin(), sr.d_sinks.end(), 0.0);
+          if (dmask.defined())
+            for (std::int64_t r = 0; r < mrows; ++r) std::fill(block(r), block(r) + len, 0.0);
+        },
+        [&] {
+          bool ok = true;
+          for (double x : sr.d_alibi) ok &= std::isfinite(x);
+          for (double x : sr.d_sinks) ok &= std::isfinite(x);
+          if (dmask.defined())
+            for (std::int64_t r = 0; r < mrows; ++r)
+              for (std::int64_t x = 0; x < len; ++x) ok &= std::isfinite(block(r)[x]);
+          return ok;
+        }};
+    const backend_impl& ran = backward_on(op, sr.p, sr.store, lse_b.view(), io, *sr.be, exec.use_backend, guards);
+    sr.be = &ran;
   });
   for (const sequence_run& sr : runs)  // in sequence order: the sums do not depend on the threads
     for (std::int64_t h = 0; h < d.Hq; ++h) {

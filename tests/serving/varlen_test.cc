@@ -3,7 +3,8 @@
 // bottom-right and top-left alignment, windows, softcap, GQA, ALiBi, sinks, on the cpu backend
 // (f32, bf16) and the reference (f64); packed masks (bool and float, shared by the heads or per
 // head, and the float mask's gradient) as each sequence's block given to attention(); bad
-// cu_seqlens and bad masks by message.
+// cu_seqlens and bad masks by message; HF-style finfo.min rows and the backward's fallbacks to
+// the float64 reference per sequence, as attention_backward takes them.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -338,6 +339,118 @@ TEST(VarlenMaskViews, StridedMasksAsContiguous) {
   }
 }
 
+// The backward's guards per sequence, as attention_backward applies them: q·k terms past ±1024
+// (sequence 1) run on the float64 reference, and non-finite gradients (the NaN of sequence 2) are
+// computed again by it (the float mask's gradient zeroed first); the rest stay on the cpu
+// backend. Each sequence's gradients equal attention_backward's on it alone, bit for bit, and
+// that call names the backend the case expects.
+TEST(VarlenViews, SpecialValuesBackwardAsAttention) {
+  std::mt19937 rng(31);
+  const std::vector<std::int64_t> cq{0, 4, 9, 12};
+  const std::int64_t T = cq.back();
+  Tensor q = random_tensor({T, 2, 8}, dtype::f32, rng), k = random_tensor({T, 2, 8}, dtype::f32, rng);
+  Tensor v = random_tensor({T, 2, 8}, dtype::f32, rng);
+  const Tensor dout = random_tensor({T, 2, 8}, dtype::f32, rng);
+  for (std::int64_t d = 0; d < 8; ++d) q.set({5, 1, d}, d % 2 ? 3e19 : -3e19), k.set({6, 1, d}, 2e19);  // sequence 1
+  v.set({10, 0, 3}, std::numeric_limits<double>::quiet_NaN());                                          // sequence 2
+  const Tensor cu = index_tensor(cq);
+  const std::int64_t offs[] = {0, 16, 41};  // the blocks of the packed mask (4·4, 5·5, 3·3)
+  const Tensor mask = random_tensor({50}, dtype::f32, rng, -1.0, 1.0);
+  attention_options o;
+  o.is_causal = true;
+  o.attn_mask = mask;
+  for (int nt : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} threads", nt));
+    const auto r = attention_varlen(q, k, v, cu, cu, 5, 5, o, {.num_threads = nt});
+    const auto g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu, cu, 5, 5, o, {.num_threads = nt});
+    for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
+      SCOPED_TRACE(fmt::format("sequence {}", s));
+      const std::int64_t r0 = cq[s], n = cq[s + 1] - cq[s];
+      const Tensor qb = seq(q, r0, n), kb = seq(k, r0, n), vb = seq(v, r0, n);
+      attention_options ob = o;
+      ob.attn_mask = mask_block(mask, offs[s], n, n);
+      const attention_result a = attention(qb, kb, vb, ob);
+      const attention_grads w = attention_backward(qb, kb, vb, a.out, seq(dout, r0, n), a.lse, ob);
+      EXPECT_EQ(w.backend, s == 0 ? "cpu" : "reference");
+      EXPECT_TRUE(all_close(seq(g.dq, r0, n), w.dq, 0, 0));
+      EXPECT_TRUE(all_close(seq(g.dk, r0, n), w.dk, 0, 0));
+      EXPECT_TRUE(all_close(seq(g.dv, r0, n), w.dv, 0, 0));
+      EXPECT_TRUE(all_close(mask_block(g.dattn_mask, offs[s], n, n), w.dattn_mask, 0, 0));
+    }
+  }
+}
+
+// HF-style float masks: 0 where a key is kept, finfo.min where it is not, so that a row with
+// no key kept is finfo.min throughout (softmax then weighs every key alike, as torch does), and
+// rows of a large offset (5000 + x). The core op shifts such rows by their largest finite value
+// and adds the shift back to lse; each sequence does so with its block: out, lse, dq, dk, dv and
+// dattn_mask equal attention() / attention_backward() on each sequence with its block, bit for bit.
+class VarlenWideMask : public ::testing::TestWithParam<std::tuple<int, dtype>> {};
+TEST_P(VarlenWideMask, RowsAsAttention) {
+  const auto& [layout, type] = GetParam();
+  std::mt19937 rng(37);
+  const std::vector<std::int64_t> lq{4, 0, 3, 6}, lk{5, 2, 1, 6};
+  const std::int64_t B = std::int64_t(lq.size()), Hq = 2, Hkv = 1, D = 8, Dv = 4;
+  const auto cq = cumulative(lq), ck = cumulative(lk);
+  const Tensor q = random_tensor({cq.back(), Hq, D}, type, rng);
+  const Tensor k = random_tensor({ck.back(), Hkv, D}, type, rng);
+  const Tensor v = random_tensor({ck.back(), Hkv, Dv}, type, rng);
+  const Tensor dout = random_tensor({cq.back(), Hq, Dv}, type, rng);
+  const double lowest = -3.4028234663852886e38;  // float32's finfo.min
+  Tensor mask = packed_mask(lq, lk, Hq, layout, false, rng);
+  const std::int64_t H = mask.view().rank() == 2 ? mask.view().size(0) : 1;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::int64_t off = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < lq[b]; ++i)
+        for (std::int64_t j = 0; j < lk[b]; ++j) {
+          // row 1 of each sequence: nothing kept; row 2: an offset of 5000; the others HF 0/finfo.min
+          const double x = i == 1 ? lowest : i == 2 ? 5000.0 + u(rng) : (u(rng) < 0.3 ? lowest : 0.0);
+          const std::int64_t at = off + i * lk[b] + j;
+          if (mask.view().rank() == 2) mask.set({h, at}, x);
+          else mask.set({at}, x);
+        }
+    off += lq[b] * lk[b];
+  }
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  o.attn_mask = mask;
+  const Tensor cu_q = index_tensor(cq), cu_k = index_tensor(ck);
+  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, 6, 6, o);
+  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, 6, 6, o);
+  EXPECT_FALSE(testing::any_nan(r.out));
+  off = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    SCOPED_TRACE(fmt::format("sequence {} (Nq {}, Nk {})", b, lq[b], lk[b]));
+    attention_options ob = o;
+    ob.attn_mask = mask_block(mask, off, lq[b], lk[b]);
+    const Tensor qb = seq(q, cq[b], lq[b]), kb = seq(k, ck[b], lk[b]), vb = seq(v, ck[b], lk[b]);
+    if (lq[b] > 0) {
+      const attention_result want = attention(qb, kb, vb, ob);
+      EXPECT_TRUE(all_close(seq(r.out, cq[b], lq[b]), want.out, 0, 0));
+      const Tensor lse_b =
+          Tensor::copy_of(Tensor::copy_of(r.lse.view().slice(1, cq[b], cq[b + 1])).view().reshape({1, Hq, lq[b]}));
+      EXPECT_TRUE(all_close(lse_b, want.lse, 0, 0));
+      if (lk[b] > 1) EXPECT_LT(lse_b.get({0, 0, 1}), -1e38);  // the finfo.min row: its lse carries the shift
+      const attention_grads wg = attention_backward(qb, kb, vb, want.out, seq(dout, cq[b], lq[b]), want.lse, ob);
+      EXPECT_TRUE(all_close(seq(g.dq, cq[b], lq[b]), wg.dq, 0, 0));
+      EXPECT_TRUE(all_close(seq(g.dk, ck[b], lk[b]), wg.dk, 0, 0));
+      EXPECT_TRUE(all_close(seq(g.dv, ck[b], lk[b]), wg.dv, 0, 0));
+      if (lk[b] > 0) EXPECT_TRUE(all_close(mask_block(g.dattn_mask, off, lq[b], lk[b]), wg.dattn_mask, 0, 0));
+    }
+    off += lq[b] * lk[b];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, VarlenWideMask,
+                         ::testing::Combine(::testing::Values(0, 1, 2),
+                                            ::testing::Values(dtype::f32, dtype::f64, dtype::bf16)),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", layout_name(std::get<0>(info.param)),
+                                              dtype_name(std::get<1>(info.param)));
+                         });
+
 TEST(VarlenErrors, BadPackedMaskByMessage) {
   std::mt19937 rng(23);
   const Tensor q = random_tensor({6, 2, 4}, dtype::f32, rng), k = random_tensor({5, 2, 4}, dtype::f32, rng);
@@ -356,10 +469,6 @@ TEST(VarlenErrors, BadPackedMaskByMessage) {
   EXPECT_THROW_MSG(run(Tensor::zeros({1, 2, 14}, dtype::f32)), "attn_mask has shape [1, 2, 14], expected");
   EXPECT_THROW_MSG(run(Tensor::zeros({14}, dtype::i64)),
                    "attention_varlen: attn_mask has dtype int64, expected bool or a float dtype");
-  Tensor wide = Tensor::zeros({14}, dtype::f32);
-  for (std::int64_t j = 6; j < 10; ++j) wide.set({j}, 5000.0);  // sequence 1, row 0
-  EXPECT_THROW_MSG(run(wide), "attention_varlen: attn_mask has a row of sequence 1 whose largest finite value lies "
-                              "beyond ±1024");
   const auto r = attention_varlen(q, k, k, cq, ck, 8, 8);
   attention_options o;
   o.attn_mask = Tensor::zeros({13}, dtype::f32);
