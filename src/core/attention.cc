@@ -573,36 +573,79 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
       }
 }
 
+// Sinks beside a shifted mask. Softmax is shift-invariant over the whole row, the sink's logit
+// included: softmax(s + m, sink) = softmax(s + m - c, sink - c). A backend takes one sink per
+// head, not per row, so such problems run without their sinks and each row's sink joins after
+// the shift is back, in float64: with a the keys' lse, the row's lse becomes
+// L = log(e^a + e^sink_h) and its weights (out, probabilities) are multiplied by e^(a - L). A
+// row of finfo.min (no key kept) then gives zeros and lse = sink_h, as the unshifted softmax
+// does (a backend that shifted only the mask weighed the keys as if there were no sink).
+double sink_joined_lse(double a, double t) {
+  if (a == kNegInf) return t;
+  return std::max(a, t) + std::log1p(std::exp(-std::abs(a - t)));
+}
+
+void join_sinks(const problem& p, const forward_outputs& fo) {  // fo.lse: float64, unshifted
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
+        double* lse = static_cast<double*>(fo.lse) + row;
+        const double a = *lse;
+        if (std::isnan(a)) continue;  // (a NaN row stays NaN)
+        const double L = sink_joined_lse(a, p.sinks[std::size_t(h)]);
+        const double w = a == kNegInf ? 0.0 : std::exp(a - L);
+        *lse = L;
+        for (std::int64_t x = 0; x < p.Dv; ++x) fo.out.store(b, h, i, x, fo.out.load(b, h, i, x) * w);
+        if (fo.qk_mode == qk_output::probabilities)
+          for (std::int64_t j = 0; j < p.Nk; ++j) fo.qk.store(b, h, i, j, fo.qk.load(b, h, i, j) * w);
+      }
+}
+
 }  // namespace
 
 void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
                 const forward_outputs& out) {
   forward_outputs fo = out;
+  const bool sunk = store.shift.defined() && !p.sinks.empty();  // sinks joined by join_sinks
+  problem p0;
+  if (sunk) p0 = p, p0.sinks.clear();
+  const problem& run = sunk ? p0 : p;
   // A shifted mask: the lse of the shifted scores may be a large number whose shift-back leaves a
   // small one (1e19 - 9.85e18): it stays float64 until the shift is added, then is rounded once.
-  Tensor lse64, qk64;
+  Tensor lse64, qk64, out64;
   if (store.shift.defined() && out.lse_type != dtype::f64) {
     lse64 = Tensor::empty({p.B, p.Hq, p.Nq}, dtype::f64);
     fo.lse = lse64.data();
     fo.lse_type = dtype::f64;
   }
   // Likewise the biased scores: a score of the shifted mask (-1e19 beside a shift of 1e19) is
-  // past float16's range, and inf + shift cannot give the score back.
-  if (store.shift.defined() && out.qk_mode == qk_output::biased && out.qk.type != dtype::f64) {
+  // past float16's range, and inf + shift cannot give the score back; and what join_sinks
+  // rescales (out, probabilities), rounded once.
+  const bool qk_later = out.qk_mode == qk_output::biased || (sunk && out.qk_mode == qk_output::probabilities);
+  if (store.shift.defined() && qk_later && out.qk.type != dtype::f64) {
     qk64 = Tensor::empty({p.B, p.Hq, p.Nq, p.Nk}, dtype::f64);
     fo.qk = as_bhnx(qk64, p.Hq);
   }
-  run_guarded(op, p, be, [&] { be.forward(p, fo); });
-  if (&be != &reference_backend()) check_special_rows(p, fo);
+  if (sunk && out.out.type != dtype::f64) {
+    out64 = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, dtype::f64);
+    fo.out = as_bhnx(out64, p.Hq);
+  }
+  run_guarded(op, run, be, [&] { be.forward(run, fo); });
+  if (&be != &reference_backend()) check_special_rows(run, fo);
   if (store.shift.defined()) unshift(p, store, fo);
+  if (sunk) join_sinks(p, fo);
   const std::int64_t rows = p.B * p.Hq * p.Nq;
   if (lse64.defined())
     for (std::int64_t r = 0; r < rows; ++r) store_from_double(out.lse, out.lse_type, r, lse64.data_as<double>()[r]);
-  if (qk64.defined())
-    for (std::int64_t b = 0; b < p.B; ++b)
-      for (std::int64_t h = 0; h < p.Hq; ++h)
-        for (std::int64_t i = 0; i < p.Nq; ++i)
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.Hq; ++h)
+      for (std::int64_t i = 0; i < p.Nq; ++i) {
+        if (qk64.defined())
           for (std::int64_t j = 0; j < p.Nk; ++j) out.qk.store(b, h, i, j, fo.qk.load(b, h, i, j));
+        if (out64.defined())
+          for (std::int64_t x = 0; x < p.Dv; ++x) out.out.store(b, h, i, x, fo.out.load(b, h, i, x));
+      }
 }
 
 namespace {
@@ -917,6 +960,14 @@ namespace detail {
 const backend_impl& backward_on(const char* op, const problem& p, const problem_storage& store, const TensorView& lse,
                                 backward_io io, const backend_impl& picked, backend use, const backward_guards& guards) {
   Tensor lse_c = lse.is_contiguous() ? Tensor() : Tensor::copy_of(lse);
+  // Sinks beside a shifted mask run without them (join_sinks): the lse recomputed below is the
+  // keys' with the row's sink joined at sink_h - c, and dsinks is the front's, from it.
+  const bool sunk = store.shift.defined() && !p.sinks.empty();
+  problem p0;
+  if (sunk) p0 = p, p0.sinks.clear();
+  const problem& run = sunk ? p0 : p;
+  double* const dsinks = io.dsinks;
+  if (sunk) io.dsinks = nullptr;
   // A float32 backward recomputes p = e^{s - lse}: |lse| past kWideLse leaves s - lse fewer
   // than 13 good bits, so such calls run on the float64 reference, whatever was asked (one
   // answer on every backend; the result's `backend` says so). The lse they were given came from
@@ -938,8 +989,18 @@ const backend_impl& backward_on(const char* op, const problem& p, const problem_
     special_rows found;
     forward_outputs fo;
     fo.out = as_bhnx(o, p.Hq), fo.lse = lse_c.data(), fo.lse_type = lse_c.type(), fo.found = &found;
-    run_guarded(op, p, fb, [&] { fb.forward(p, fo); });
-    if (&fb != &reference_backend()) check_special_rows(p, fo);
+    run_guarded(op, run, fb, [&] { fb.forward(run, fo); });
+    if (&fb != &reference_backend()) check_special_rows(run, fo);
+    if (sunk)
+      for (std::int64_t b = 0; b < p.B; ++b)
+        for (std::int64_t h = 0; h < p.Hq; ++h)
+          for (std::int64_t i = 0; i < p.Nq; ++i) {
+            const std::int64_t row = (b * p.Hq + h) * p.Nq + i;
+            const double a = load_as_double(fo.lse, fo.lse_type, row);
+            if (!std::isnan(a))
+              store_from_double(fo.lse, fo.lse_type, row,
+                                sink_joined_lse(a, p.sinks[std::size_t(h)] - store.mask_shift.load(b, h, i, 0)));
+          }
   };
   // A shifted mask: the lse of the shifted scores, recomputed.
   if (store.shift.defined()) lse_from(pick(op, p, {}, use));
@@ -954,17 +1015,32 @@ const backend_impl& backward_on(const char* op, const problem& p, const problem_
   const backend_impl& be = wide ? reference_backend() : picked;
   bool seen_finite[3] = {false, false, false};  // dq, dk, dv as the backend saw them (backward_io::finite)
   io.finite = seen_finite;
-  run_guarded(op, p, be, [&] { be.backward(p, io); });
+  run_guarded(op, run, be, [&] { be.backward(run, io); });
   io.finite = nullptr;
+  // d sink_h = -Σ_i p_sink,i · Δ_i, Δ_i = dout_i · out_i (the sink's value row is zero).
+  const auto sink_gradient = [&] {
+    if (!sunk || !dsinks) return;
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t h = 0; h < p.Hq; ++h)
+        for (std::int64_t i = 0; i < p.Nq; ++i) {
+          const double l = load_as_double(io.lse, io.lse_type, (b * p.Hq + h) * p.Nq + i);
+          if (l == kNegInf) continue;
+          double delta = 0.0;
+          for (std::int64_t x = 0; x < p.Dv; ++x) delta += io.dout.load(b, h, i, x) * io.out.load(b, h, i, x);
+          dsinks[h] -= std::exp(p.sinks[std::size_t(h)] - store.mask_shift.load(b, h, i, 0) - l) * delta;
+        }
+  };
   // One answer on every backend: non-finite gradients from a float32 backend (special values,
   // overflow) are computed again, all of them, by the float64 reference.
   if (&be != &reference_backend() &&
       !((seen_finite[0] || all_finite(guards.dq, nt)) && (seen_finite[1] || all_finite(guards.dk, nt)) &&
         (seen_finite[2] || all_finite(guards.dv, nt)) && guards.finite())) {
     guards.reset();
-    reference_backend().backward(p, io);
+    reference_backend().backward(run, io);
+    sink_gradient();
     return reference_backend();
   }
+  sink_gradient();
   return be;
 }
 

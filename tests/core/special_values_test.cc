@@ -4,6 +4,8 @@
 // throughout, and the stated bound of the cpu float32 backward against it; huge ALiBi slopes.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -225,6 +227,82 @@ TEST(SpecialValues, ConstantHugeFloatMaskEqualsNoMask) {
       EXPECT_TRUE(testing::all_close(g.dq, g0.dq, 1e-5)) << c;
       EXPECT_TRUE(testing::all_close(g.dv, g0.dv, 1e-5)) << c;
     }
+  }
+}
+
+// Sinks beside a float mask beyond ±1024. Softmax is shift-invariant over the whole row, the
+// sink included, so a mask m + c with sinks s + c gives the output of m with s and an lse c
+// higher; a shifted mask once made the keys outweigh a sink they lie 1e4 below (the sink was left
+// unshifted). Forward and backward (dq, dk, dv, dsinks, dattn_mask) on both backends.
+TEST(SpecialValues, SinksBesideAShiftedMask) {
+  std::mt19937 rng(41);
+  const Tensor q = testing::random_tensor({1, 2, 4, 8}, dtype::f32, rng), k = testing::random_tensor({1, 2, 6, 8}, dtype::f32, rng);
+  const Tensor v = testing::random_tensor({1, 2, 6, 8}, dtype::f32, rng), dout = testing::random_tensor({1, 2, 4, 8}, dtype::f32, rng);
+  const Tensor m = testing::random_tensor({4, 6}, dtype::f64, rng, -1.0, 1.0);
+  const Tensor sinks = Tensor::from_values({2}, dtype::f64, {0.3, 2.5});
+  for (backend be : {backend::cpu, backend::reference}) {
+    const execution ex{.use_backend = be};
+    attention_options o;
+    o.attn_mask = m, o.sinks = sinks;
+    const attention_result want = attention(q, k, v, o, ex);
+    const attention_grads wg = attention_backward(q, k, v, want.out, dout, want.lse, o, ex);
+    for (double c : {1e4, -1e4, 3e5, -3e5}) {
+      SCOPED_TRACE(fmt::format("backend {}, shift {}", to_string(be), c));
+      Tensor mc = Tensor::copy_of(m), sc = Tensor::copy_of(sinks);
+      for (std::int64_t i = 0; i < 4; ++i)
+        for (std::int64_t j = 0; j < 6; ++j) mc.set({i, j}, m.get({i, j}) + c);
+      for (std::int64_t h = 0; h < 2; ++h) sc.set({h}, sinks.get({h}) + c);
+      attention_options oc;
+      oc.attn_mask = mc, oc.sinks = sc;
+      const attention_result r = attention(q, k, v, oc, ex);
+      EXPECT_TRUE(testing::all_close(r.out, want.out, 1e-5, 1e-5));
+      for (std::int64_t h = 0; h < 2; ++h)
+        for (std::int64_t i = 0; i < 4; ++i) EXPECT_NEAR(r.lse.get({0, h, i}), want.lse.get({0, h, i}) + c, std::abs(c) * 1e-7);
+      const attention_grads g = attention_backward(q, k, v, r.out, dout, r.lse, oc, ex);
+      EXPECT_TRUE(testing::all_close(g.dq, wg.dq, 1e-4, 1e-5));
+      EXPECT_TRUE(testing::all_close(g.dk, wg.dk, 1e-4, 1e-5));
+      EXPECT_TRUE(testing::all_close(g.dv, wg.dv, 1e-4, 1e-5));
+      EXPECT_TRUE(testing::all_close(g.dsinks, wg.dsinks, 1e-4, 1e-5));
+      EXPECT_TRUE(testing::all_close(g.dattn_mask, wg.dattn_mask, 1e-4, 1e-5));
+    }
+  }
+}
+
+// HF-style masks (0 kept, finfo.min not) with sinks (gpt-oss): a row with no key kept gives
+// zeros and lse = the sink, as its bool mask does; every row, forward and backward, equals the
+// bool mask's answer.
+TEST(SpecialValues, FinfoMinRowsWithSinksAsBoolMask) {
+  std::mt19937 rng(43);
+  const Tensor q = testing::random_tensor({1, 2, 5, 8}, dtype::f32, rng), k = testing::random_tensor({1, 2, 7, 8}, dtype::f32, rng);
+  const Tensor v = testing::random_tensor({1, 2, 7, 8}, dtype::f32, rng), dout = testing::random_tensor({1, 2, 5, 8}, dtype::f32, rng);
+  const double lowest = -3.4028234663852886e38;
+  Tensor hf = Tensor::zeros({5, 7}, dtype::f32), keep = Tensor::zeros({5, 7}, dtype::boolean);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (std::int64_t i = 0; i < 5; ++i)
+    for (std::int64_t j = 0; j < 7; ++j) {
+      const bool kept = i != 0 && (j == i || u(rng) < 0.6);  // row 0: nothing kept
+      hf.set({i, j}, kept ? 0.0 : lowest), keep.set({i, j}, kept ? 1.0 : 0.0);
+    }
+  const Tensor sinks = Tensor::from_values({2}, dtype::f32, {0.5, -1.5});
+  for (backend be : {backend::cpu, backend::reference}) {
+    SCOPED_TRACE(to_string(be));
+    const execution ex{.use_backend = be};
+    attention_options ob, of;
+    ob.attn_mask = keep, ob.sinks = sinks;
+    of.attn_mask = hf, of.sinks = sinks;
+    const attention_result want = attention(q, k, v, ob, ex), r = attention(q, k, v, of, ex);
+    EXPECT_TRUE(testing::all_close(r.out, want.out, 1e-6, 1e-6));
+    EXPECT_TRUE(testing::all_close(r.lse, want.lse, 1e-6, 1e-6));
+    for (std::int64_t h = 0; h < 2; ++h) {
+      EXPECT_NEAR(r.lse.get({0, h, 0}), sinks.get({h}), 1e-6);
+      for (std::int64_t x = 0; x < 8; ++x) EXPECT_EQ(r.out.get({0, h, 0, x}), 0.0);
+    }
+    const attention_grads wg = attention_backward(q, k, v, want.out, dout, want.lse, ob, ex);
+    const attention_grads g = attention_backward(q, k, v, r.out, dout, r.lse, of, ex);
+    EXPECT_TRUE(testing::all_close(g.dq, wg.dq, 1e-5, 1e-5));
+    EXPECT_TRUE(testing::all_close(g.dk, wg.dk, 1e-5, 1e-5));
+    EXPECT_TRUE(testing::all_close(g.dv, wg.dv, 1e-5, 1e-5));
+    EXPECT_TRUE(testing::all_close(g.dsinks, wg.dsinks, 1e-5, 1e-5));
   }
 }
 
