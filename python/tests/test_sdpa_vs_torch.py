@@ -270,3 +270,40 @@ def test_model_sized_heads_on_the_fast_kernels(case, dtype):
     for name, a, b in zip(["dq", "dk", "dv"], g, g_ref):
         assert a.dtype == dtype, name
         assert_close(a, b, grad_tol, f"{name} {c} ({bwd_path})")
+
+
+def eager_with_sinks(q, k, v, mask, sinks):
+    """gpt-oss's eager attention: each head's sink logit as one more column of the scores,
+    dropped after the softmax."""
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + mask
+    sink = sinks.reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    return torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1] @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_hf_finfo_min_mask_with_sinks_against_eager(dtype):
+    """HF-style float masks (0 kept, finfo.min not; a padding query row keeps no key) beside
+    sinks, as gpt-oss runs them: out, dq, dk, dv and dsinks against the eager formula in float64.
+    A row that keeps no key gives zeros (the sink takes its weight)."""
+    gen = torch.Generator().manual_seed(5)
+    B, H, L, S, E = 2, 2, 5, 7, 8
+    q, k, v = (torch.randn(B, H, n, E, dtype=torch.float64, generator=gen) for n in (L, S, S))
+    keep = torch.rand(B, 1, L, S, generator=gen) < 0.6
+    keep[..., 0, :] = False                      # row 0: no key kept
+    keep[..., 1, :] = True                       # row 1: every key
+    mask = torch.where(keep, 0.0, torch.finfo(torch.float32).min).double()
+    sinks = torch.tensor([0.4, -1.2], dtype=torch.float64)
+    dout = torch.randn(B, H, L, E, dtype=torch.float64, generator=gen)
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    want = eager_with_sinks(*leaves[:3], mask, leaves[3])
+    (want * dout).sum().backward()
+    assert torch.count_nonzero(want[:, :, 0]) == 0
+
+    got_leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, sinks)]
+    out = at.scaled_dot_product_attention(*got_leaves[:3], attn_mask=mask.to(dtype), sinks=got_leaves[3])
+    (out * dout.to(dtype)).sum().backward()
+    assert torch.count_nonzero(out[:, :, 0]) == 0
+    assert_close(out, want, TOL[dtype], "out")
+    for g, w, name in zip(got_leaves, leaves, ("dq", "dk", "dv", "dsinks")):
+        assert_close(g.grad, w.grad, GRAD_TOL[dtype], name)

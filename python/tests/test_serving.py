@@ -267,14 +267,16 @@ def test_paged_tree_mask_against_torch_sdpa(dtype):
         vb = torch.from_numpy(V[b, :, :n]).repeat_interleave(Hq // Hkv, 0)
         want = F.scaled_dot_product_attention(torch.from_numpy(q[b]), kb, vb, attn_mask=m)
         np.testing.assert_allclose(out[b], want.numpy(), atol=1e-10 if dtype == np.float64 else 2e-5)
-    # the same mask as floats (0 kept, -inf not) gives the same answer; a row beyond ±1024 is refused
+    # the same mask as floats (0 kept, -inf not) gives the same answer
     fmask = np.where(mask, 0.0, -np.inf).astype(np.float32)
     again = attn.attention_paged(q.astype(dtype), kp.astype(dtype), vp.astype(dtype), table, lens,
                                  is_causal=True, attn_mask=fmask)
     np.testing.assert_allclose(again, out, atol=1e-12 if dtype == np.float64 else 1e-6)
-    fmask[0, 0, 0, 0] = 5000.0
-    with pytest.raises(ValueError, match="attention_paged: attn_mask has a row whose largest finite value lies beyond"):
-        attn.attention_paged(q, kp, vp, table, lens, attn_mask=fmask)
+    # rows past ±1024 are shifted by their maximum, as the core op shifts them: 5000 more on every
+    # kept key gives the same answer
+    shifted = attn.attention_paged(q.astype(dtype), kp.astype(dtype), vp.astype(dtype), table, lens,
+                                   is_causal=True, attn_mask=fmask + np.float32(5000.0))
+    np.testing.assert_allclose(shifted, out, atol=1e-12 if dtype == np.float64 else 1e-6)
 
 
 def test_paged_varlen_mixed_batch_against_torch_sdpa():
@@ -508,3 +510,45 @@ def test_int32_index_arrays_as_flash_attention_and_vllm_pass_them():
         attn.attention_varlen(q, k, v, cu64.float(), cu64, 9, 9)
     with pytest.raises(TypeError, match="attention_paged: block_table has dtype"):
         attn.attention_paged(qd, kp, vp, table.astype(np.uint64), lens)
+
+
+def test_varlen_hf_finfo_min_packed_mask_against_torch_sdpa():
+    """HF-style packed float masks (0 kept, finfo.min not, and a row of each sequence that keeps
+    no key) through attention_varlen: out, dq, dk, dv against torch SDPA in float64 on each
+    sequence. Softmax is shift-invariant, so attn weighs a row of finfo.min throughout by its
+    scores alone; torch's float64 sum finfo.min + s rounds the scores away (uniform weights), so
+    the oracle is given such rows as zeros, the same softmax exactly."""
+    lq, lk = [4, 0, 6, 1], [5, 3, 6, 2]
+    hq, hkv, D = 2, 1, 8
+    lowest = torch.finfo(torch.float32).min
+    q = torch.randn(sum(lq), hq, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(sum(lk), hkv, D, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(sum(lk), hkv, D, dtype=torch.float64, requires_grad=True)
+    blocks = []
+    for a, b in zip(lq, lk):
+        keep = torch.rand(1, a, b) < 0.6
+        keep[:, :, 0] = True
+        if a > 0:
+            keep[:, 0, :] = False  # row 0: no key kept
+        blocks.append(torch.where(keep, 0.0, lowest).double())
+    packed = pack_masks(blocks).reshape(-1)
+    cq, ck = cu_of(lq), cu_of(lk)
+    out = at.attention_varlen(q, k, v, cq, ck, max(lq), max(lk), attn_mask=packed)
+    dout = torch.randn_like(out)
+    (out * dout).sum().backward()
+    got = (q.grad.clone(), k.grad.clone(), v.grad.clone())
+    for x in (q, k, v):
+        x.grad = None
+    parts = []
+    for b in range(len(lq)):
+        m = blocks[b].clone()
+        m[(m == lowest).all(-1)] = 0.0
+        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
+        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+        parts.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m).transpose(0, 1))
+    want = torch.cat(parts)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
+    (want * dout).sum().backward()
+    for g, w, name in zip(got, (q.grad, k.grad, v.grad), ("dq", "dk", "dv")):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=name)

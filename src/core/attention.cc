@@ -580,11 +580,6 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
 // L = log(e^a + e^sink_h) and its weights (out, probabilities) are multiplied by e^(a - L). A
 // row of finfo.min (no key kept) then gives zeros and lse = sink_h, as the unshifted softmax
 // does (a backend that shifted only the mask weighed the keys as if there were no sink).
-double sink_joined_lse(double a, double t) {
-  if (a == kNegInf) return t;
-  return std::max(a, t) + std::log1p(std::exp(-std::abs(a - t)));
-}
-
 void join_sinks(const problem& p, const forward_outputs& fo) {  // fo.lse: float64, unshifted
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t h = 0; h < p.Hq; ++h)

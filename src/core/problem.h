@@ -270,6 +270,13 @@ void check_special_rows(const problem& p, const forward_outputs& fo);
 void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
                 const forward_outputs& out);
 
+// log(e^a + e^t) for a sink logit t joining a row whose keys' lse is a (-inf: no key), in
+// float64 (forward_on, backward_on and attention_paged join sinks so beside a shifted mask).
+inline double sink_joined_lse(double a, double t) {
+  if (a == -std::numeric_limits<double>::infinity()) return t;
+  return std::max(a, t) + std::log1p(std::exp(-std::abs(a - t)));
+}
+
 // What backward_on needs of a front's gradients: the views io.dq, io.dk and io.dv write (scanned
 // for non-finite values the backend did not see), `reset` zeroing the accumulating outputs
 // (io.dmask, io.dalibi, io.dsinks) and `finite` telling whether those are all finite.

@@ -324,21 +324,25 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   // An attn_mask over each sequence's key positions (a tree of draft tokens; a padding or bias
   // mask): it broadcasts to [B, Hq, Nq, K] with K the block table's capacity (max_pages ·
   // page_size), a shorter last dim excluding the positions past it, as the core op's mask does.
-  // A float mask whose rows the core op would shift (largest finite value beyond ±1024) is
-  // refused: the shift would have to reach the merge of runs and the sinks.
+  // A float mask whose rows the core op would shift (largest finite value beyond ±1024: an HF
+  // finfo.min row) is shifted alike (set_attn_mask, into `shifted`): every run of a row sees the
+  // row's shifted mask, and the shift goes back into lse after the merge (with the sinks joined at
+  // sink_h - c, the row's shift: softmax is shift-invariant over the keys and the sink together).
   problem masked;  // its mask fields, for the whole batch
+  problem_storage shifted;
   std::int64_t mask_esize = 0;
   if (options.attn_mask) {
     const TensorView& m = *options.attn_mask;
     masked.B = B, masked.Hq = Hq, masked.Nq = Nq, masked.Nk = d.max_pages * d.page_size, masked.q.type = q.type();
-    problem_storage shifted;
     set_attn_mask(op, m, masked, shifted, nt);
-    if (shifted.shifted_mask.defined())
-      fail(op, "attn_mask has a row whose largest finite value lies beyond ±1024; attention_paged takes float masks "
-               "within that band (subtract each row's maximum: softmax is unchanged)");
     if (options.check_finite && masked.mask == mask_kind::additive) check_finite(op, "attn_mask", m, /*minus_inf_ok=*/true);
-    mask_esize = std::int64_t(dtype_size(m.type()));
+    mask_esize = std::int64_t(dtype_size(masked.mask_view.type));
   }
+  const bool shift = shifted.shift.defined();
+  // The shift of row rr = h·Nq + i of sequence b (0 without a shifted mask).
+  const auto shift_of = [&](std::int64_t b, std::int64_t rr) {
+    return shift ? shifted.mask_shift.load(b, rr / Nq, rr % Nq, 0) : 0.0;
+  };
   const dtype part_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
   const std::int64_t rows = Hq * Nq;
 
@@ -374,9 +378,35 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   r.backend = be.empty() ? std::string("none") : std::string(be.front()->name());
   if (B == 0) return r;
   const bool on_cpu = std::all_of(be.begin(), be.end(), [](const backend_impl* b) { return b == &cpu_backend(); });
+  // A shifted mask: the kernel writes float64 out and lse, the sinks left out (joined below, as
+  // the core op's forward_on joins them), and each row's shift goes back before one rounding.
+  attention_result k64;
+  if (shift) {
+    k64.out = Tensor::empty({B, Hq, Nq, Dv}, dtype::f64);
+    k64.lse = Tensor::empty({B, Hq, Nq}, dtype::f64);
+  }
   const std::string why =
-      on_cpu ? paged_in_kernel(q, cache, d, templ, masked, sinks, options, nt, r) : "the cpu backend does not run it";
-  if (why.empty()) return r;
+      on_cpu ? paged_in_kernel(q, cache, d, templ, masked, shift ? std::vector<double>{} : sinks, options, nt,
+                               shift ? k64 : r)
+             : "the cpu backend does not run it";
+  if (why.empty()) {
+    if (!shift) return r;
+    double* o = k64.out.data_as<double>();
+    double* l = k64.lse.data_as<double>();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t rr = 0; rr < rows; ++rr) {
+        double& a = l[b * rows + rr];
+        a += shift_of(b, rr);
+        if (sinks.empty() || std::isnan(a)) continue;
+        const double L = sink_joined_lse(a, sinks[std::size_t(rr / Nq)]);
+        const double w = a == kNegInf ? 0.0 : std::exp(a - L);
+        a = L;
+        for (std::int64_t x = 0; x < Dv; ++x) o[(b * rows + rr) * Dv + x] *= w;
+      }
+    r.out = k64.out.to(q.type());
+    r.lse = k64.lse.to(part_type);
+    return r;
+  }
   if (d.int8) fail(op, fmt::format("int8 pages are read by the cpu decode kernel alone; here {}", why));
 
   const bool prefill = rows >= kPrefillRows;
@@ -432,6 +462,9 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     partial acc(rows, Dv);
     for (std::size_t t = first_task[std::size_t(b)]; t < first_task[std::size_t(b) + 1]; ++t)
       acc.merge(rows, Dv, parts[t].out.data(), parts[t].lse.data());
+    // A shifted mask's shift back first, then the sinks (as forward_on joins them: a sink far
+    // above a row of finfo.min keeps its own value as the lse).
+    for (std::int64_t rr = 0; rr < rows && shift; ++rr) acc.lse[std::size_t(rr)] += shift_of(b, rr);
     if (!sinks.empty()) {  // the sink of head h: a logit with a zero value row, for rows of head h
       std::vector<double> sl(static_cast<std::size_t>(rows)), zero(std::size_t(rows * Dv), 0.0);
       for (std::int64_t rr = 0; rr < rows; ++rr) sl[std::size_t(rr)] = sinks[std::size_t(rr / Nq)];

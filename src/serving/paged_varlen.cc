@@ -100,10 +100,6 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
     std::vector<std::int64_t> nq;
     for (std::int64_t b = 0; b < B; ++b) nq.push_back(cu[std::size_t(b + 1)] - cu[std::size_t(b)]);
     mask_off = packed_mask_offsets(op, *options.attn_mask, nq, lens, Hq);
-    for (std::int64_t b = 0; b < B; ++b)  // (attention_paged refuses such rows too, under its own name)
-      check_block_band(op, packed_mask_block(*options.attn_mask, mask_off[std::size_t(b)], nq[std::size_t(b)],
-                                             lens[std::size_t(b)]),
-                       b, Hq, q.type());
   }
   const std::int64_t max_pages = cache.block_table.size(1), Dv = cache.v_pages.size(3);
   const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;

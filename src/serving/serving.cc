@@ -90,19 +90,4 @@ TensorView packed_mask_block(const TensorView& m, std::int64_t off, std::int64_t
   return TensorView(base, m.type(), {m.size(0), nq, nk}, {m.stride(0), nk * s, s});
 }
 
-void refuse_wide_mask_row(const char* op, std::int64_t b) {
-  fail(op, fmt::format("attn_mask has a row of sequence {} whose largest finite value lies beyond ±1024; packed "
-                       "masks are taken within that band (subtract each row's maximum: softmax is unchanged)",
-                       b));
-}
-
-void check_block_band(const char* op, const TensorView& block, std::int64_t b, std::int64_t Hq, dtype qt) {
-  if (block.type() == dtype::boolean || block.numel() == 0) return;
-  problem p;
-  p.B = 1, p.Hq = Hq, p.Nq = block.size(-2), p.Nk = block.size(-1), p.q.type = qt;
-  problem_storage store;
-  set_attn_mask(op, block, p, store, 1);
-  if (store.shifted_mask.defined()) refuse_wide_mask_row(op, b);
-}
-
 }  // namespace attn::detail

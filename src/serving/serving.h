@@ -44,10 +44,4 @@ std::vector<std::int64_t> packed_mask_offsets(const char* op, const TensorView& 
 // Block b of a packed mask as the core op's mask (no copy): [nq, nk] from a [S] mask, [Hm, nq, nk]
 // from an [Hm, S] one.
 TensorView packed_mask_block(const TensorView& m, std::int64_t off, std::int64_t nq, std::int64_t nk);
-// The refusal of a float mask row of sequence b that the core op would shift (its largest finite
-// value beyond ±1024: problem_storage::shifted_mask), naming op; check_block_band applies the core
-// op's rule (set_attn_mask) to block b of a packed mask, for Hq heads and q of dtype qt.
-[[noreturn]] void refuse_wide_mask_row(const char* op, std::int64_t b);
-void check_block_band(const char* op, const TensorView& block, std::int64_t b, std::int64_t Hq, dtype qt);
-
 }  // namespace attn::detail

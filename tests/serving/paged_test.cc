@@ -334,6 +334,60 @@ TEST(PagedViews, SpecialValuesAsAttention) {
     }
 }
 
+// Float masks beyond ±1024 (HF's finfo.min where a key is not kept, a row that keeps no key, rows
+// of a large offset), with and without sinks: decode steps read in the kernel and a prefill
+// chunk, f32, bf16 and f64 (the reference, run by runs and merged), equal attention() on each
+// sequence's gathered keys with its rows of the mask. Positions past a sequence's length hold
+// the row's masked value (the shift is each row's largest value over all its columns).
+TEST(PagedWideMask, HfRowsAndOffsetsAsDense) {
+  const double lowest = -3.4028234663852886e38;
+  for (const dtype type : {dtype::f32, dtype::bf16, dtype::f64})
+    for (const std::int64_t Nq : {std::int64_t(2), std::int64_t(40)})
+      for (const bool with_sinks : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} Nq {} sinks {}", dtype_name(type), Nq, with_sinks));
+        std::mt19937 rng(53);
+        const std::vector<std::int64_t> lens{45, 13, 0, 61};
+        const std::int64_t B = 4, Hq = 4, Hkv = 2, D = 8, ps = 8, max_pages = 9, num_pages = 20;
+        std::vector<std::int64_t> order(num_pages);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<std::int64_t> table(std::size_t(B * max_pages), -1);
+        std::size_t next = 0;
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
+        const Tensor kp = random_tensor({num_pages, ps, Hkv, D}, type, rng), vp = random_tensor({num_pages, ps, Hkv, D}, type, rng);
+        const Tensor q = random_tensor({B, Hq, Nq, D}, type, rng);
+        const std::int64_t K = max_pages * ps;
+        Tensor mask = Tensor::empty({B, 1, Nq, K}, dtype::f32);
+        std::uniform_real_distribution<double> u(0.0, 1.0);
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t i = 0; i < Nq; ++i)
+            for (std::int64_t j = 0; j < K; ++j) {
+              const bool offset = i % 3 == 2, kept = i % 3 != 1 && j < lens[std::size_t(b)] && u(rng) < 0.7;
+              // row i % 3 == 1: no key kept; == 2: kept keys at 5000 + x, the others -inf
+              mask.set({b, 0, i, j}, offset ? (kept ? 5000.0 + u(rng) : -INFINITY) : kept ? 0.0 : lowest);
+            }
+        attention_options o;
+        o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+        o.attn_mask = mask;
+        if (with_sinks) o.sinks = random_tensor({Hq}, dtype::f64, rng, -1.0, 1.0);
+        const attention_result r =
+            attention_paged(q, {kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, lens)}, o);
+        EXPECT_FALSE(testing::any_nan(r.out));
+        const double tol = testing::tolerance_for(type) * 4;
+        for (std::int64_t b = 0; b < B; ++b) {
+          const std::int64_t L = lens[std::size_t(b)];
+          SCOPED_TRACE(fmt::format("sequence {} (L {})", b, L));
+          attention_options ob = o;
+          ob.attn_mask = Tensor::copy_of(mask.view().slice(0, b, b + 1).slice(3, 0, L));
+          const attention_result want = attention(Tensor::copy_of(q.view().slice(0, b, b + 1)),
+                                                  gather(kp, table, max_pages, b, L), gather(vp, table, max_pages, b, L), ob);
+          EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1)), want.out, tol));
+          EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1)), want.lse, tol));
+        }
+      }
+}
+
 TEST(PagedErrors, BadTablesByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
   const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
@@ -461,15 +515,17 @@ TEST(PagedVarlen, BadInputsByMessage) {
   masked.attn_mask = Tensor::zeros({7}, dtype::i32);
   EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
                    "attention_paged_varlen: attn_mask has dtype int32, expected bool or a float dtype");
+  // Rows beyond ±1024 are taken (shifted as the core op shifts them): a constant 2000 equals no
+  // mask; HF's finfo.min on every key of a row weighs the keys by their scores alone.
   masked.attn_mask = Tensor::full({7}, dtype::f32, 2000.0);
-  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
-                   "attention_paged_varlen: attn_mask has a row of sequence 0 whose largest finite value lies "
-                   "beyond ±1024");
+  const varlen_result plain = attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens});
+  const varlen_result shifted = attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked);
+  EXPECT_TRUE(all_close(shifted.out, plain.out, 1e-6, 1e-6));
   Tensor second = Tensor::zeros({7}, dtype::f32);
   for (std::int64_t j = 5; j < 7; ++j) second.set({j}, -3e38);  // sequence 1's second row: HF's finfo.min everywhere
   masked.attn_mask = second;
-  EXPECT_THROW_MSG(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked),
-                   "attention_paged_varlen: attn_mask has a row of sequence 1 whose largest finite value");
+  EXPECT_TRUE(all_close(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked).out,
+                        plain.out, 1e-6, 1e-6));
   masked.attn_mask = Tensor::zeros({2, 7}, dtype::f32);
   EXPECT_NO_THROW(attention_paged_varlen(q, index_tensor({3}, {0, 1, 3}), 4, {kp, vp, table, lens}, masked));
 }
