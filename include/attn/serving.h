@@ -24,8 +24,10 @@
 //   offset Σ_{c<b} Nq_c·Nk_c (a sequence with no queries or keys has an empty block)
 // — a tree of draft tokens per sequence, a padding or document mask, a learned bias. For
 // attention_paged_varlen, Nk_b is seq_lens[b]. A float row whose largest finite value lies beyond
-// ±1024 is refused (subtract the row's maximum: softmax is unchanged). The backward returns a
-// float mask's gradient in the packed shape (dattn_mask).
+// ±1024 (an HF-style row of finfo.min) is shifted by that maximum, as attn::attention shifts it,
+// and the shift goes back into lse. The backward returns a float mask's gradient in the packed
+// shape (dattn_mask), and takes attention_backward's fallbacks to the float64 reference sequence
+// by sequence.
 //
 // Paged KV cache layouts:
 //   k_pages [num_pages, page_size, Hkv, D]   v_pages [num_pages, page_size, Hkv, Dv]
@@ -102,8 +104,9 @@ struct paged_kv_view {
 // pos_i = i. Options as for varlen, ALiBi [Hq] or [B, Hq], and an attn_mask (bool, true:
 // attend; or float, added) over each sequence's key positions, broadcast to [B, Hq, Nq, K] with K
 // the table's capacity max_pages · page_size (a shorter last dim excludes the positions past it,
-// as the core op's mask does) — e.g. a tree of draft tokens; a float mask with a row whose largest
-// finite value lies beyond ±1024 is refused (the core op shifts such rows). Runs of pages that are consecutive
+// as the core op's mask does) — e.g. a tree of draft tokens; a float row whose largest finite
+// value lies beyond ±1024 is shifted by it as the core op shifts it (over all K columns: fill
+// positions past a sequence's length with the row's masked value). Runs of pages that are consecutive
 // in memory are read as one view; each run gives a partial softmax that is merged by
 // log-sum-exp (sinks join once, at the merge) — except where the cpu backend runs it on float32,
 // bfloat16 or int8 pages with unit x-stride: its decode kernel then walks the block table itself.

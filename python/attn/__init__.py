@@ -342,8 +342,8 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     page_size / 16, Hkv, D / 4, 16, 4]`` (16 keys side by side for every 4 elements of d: the
     layout the AVX512-VNNI decode reads fastest). With ``is_causal`` and "bottom_right", query i of
     sequence b sits at key ``seq_lens[b] - Nq + i`` (the queries are the newest tokens).
-    ``attn_mask``: bool (True = attend) or float (added; each row's largest finite value within
-    ±1024) over each sequence's key positions, broadcast to ``[B, Hq, Nq, K]`` with K = max_pages ·
+    ``attn_mask``: bool (True = attend) or float (added; HF-style finfo.min rows are taken, shifted
+    by their maximum as :func:`attention` shifts them) over each sequence's key positions, broadcast to ``[B, Hq, Nq, K]`` with K = max_pages ·
     page_size (a shorter last dim excludes the positions past it) — e.g. a tree of draft tokens
     in a speculative step. Forward only. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an :class:`AttentionResult`.
 
