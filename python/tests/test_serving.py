@@ -33,6 +33,19 @@ def sdpa_bottom_right(q, k, v, causal, scale=None):
     return out
 
 
+def per_sequence(q, k, v, cq, ck, attend):
+    """The torch oracle of the varlen ops: attend(b, q_b, k_b, v_b) on each packed sequence as
+    [H, N, X] (k and v repeated to q's heads), the results packed back to [total, Hq, Dv]."""
+    g = q.shape[1] // k.shape[1]
+    parts = []
+    for b in range(len(cq) - 1):
+        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
+        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
+        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(g, 0)
+        parts.append(attend(b, qs, ks, vs).transpose(0, 1))
+    return torch.cat(parts)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hq,hkv", [(2, 2), (4, 1)])
 def test_varlen_equals_torch_sdpa_per_sequence(causal, hq, hkv):
@@ -49,13 +62,7 @@ def test_varlen_equals_torch_sdpa_per_sequence(causal, hq, hkv):
 
     for x in (q, k, v):
         x.grad = None
-    parts = []
-    for b in range(len(lq)):
-        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
-        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        parts.append(sdpa_bottom_right(qs, ks, vs, causal).transpose(0, 1))
-    want = torch.cat(parts)
+    want = per_sequence(q, k, v, cq, ck, lambda b, qs, ks, vs: sdpa_bottom_right(qs, ks, vs, causal))
     torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
     (want * dout).sum().backward()
     for g, w, name in zip(got, (q.grad, k.grad, v.grad), "qkv"):
@@ -121,16 +128,13 @@ def test_varlen_packed_float_mask_against_torch_sdpa(heads):
 
     for x in (q, k, v, packed):
         x.grad = None
-    parts, off = [], 0
-    for b in range(len(lq)):
-        n = lq[b] * lk[b]
-        m = (packed[off:off + n] if heads == 1 else packed[:, off:off + n]).reshape(heads, lq[b], lk[b])
-        off += n
-        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
-        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        parts.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m).transpose(0, 1))
-    want = torch.cat(parts)
+    offs = np.cumsum([0] + [a * b for a, b in zip(lq, lk)])
+
+    def block(b):  # sequence b's block of the packed mask (the autograd graph reaches packed)
+        m = packed[offs[b]:offs[b + 1]] if heads == 1 else packed[:, offs[b]:offs[b + 1]]
+        return m.reshape(heads, lq[b], lk[b])
+    want = per_sequence(q, k, v, cq, ck,
+                        lambda b, qs, ks, vs: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=block(b)))
     torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
     (want * dout).sum().backward()
     for g, w, name in zip(got, (q.grad, k.grad, v.grad, packed.grad), ("dq", "dk", "dv", "dattn_mask")):
@@ -539,15 +543,9 @@ def test_varlen_hf_finfo_min_packed_mask_against_torch_sdpa():
     got = (q.grad.clone(), k.grad.clone(), v.grad.clone())
     for x in (q, k, v):
         x.grad = None
-    parts = []
-    for b in range(len(lq)):
-        m = blocks[b].clone()
-        m[(m == lowest).all(-1)] = 0.0
-        qs = q[cq[b]:cq[b + 1]].transpose(0, 1)
-        ks = k[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        vs = v[ck[b]:ck[b + 1]].transpose(0, 1).repeat_interleave(hq // hkv, 0)
-        parts.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=m).transpose(0, 1))
-    want = torch.cat(parts)
+    oracle_masks = [m.masked_fill((m == lowest).all(-1, keepdim=True), 0.0) for m in blocks]
+    want = per_sequence(q, k, v, cq, ck,
+                        lambda b, qs, ks, vs: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=oracle_masks[b]))
     torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-10)
     (want * dout).sum().backward()
     for g, w, name in zip(got, (q.grad, k.grad, v.grad), ("dq", "dk", "dv")):

@@ -32,6 +32,20 @@ Tensor gather(const Tensor& pages, const std::vector<std::int64_t>& table, std::
   return r;
 }
 
+// A block table [B, max_pages] over num_pages pages in shuffled order, sequence b holding
+// ceil(lens[b] / ps) of them (unused entries -1, never read).
+std::vector<std::int64_t> shuffled_table(const std::vector<std::int64_t>& lens, std::int64_t ps, std::int64_t max_pages,
+                                         std::int64_t num_pages, std::mt19937& rng) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::int64_t> table(lens.size() * std::size_t(max_pages), -1);
+  std::size_t next = 0;
+  for (std::size_t b = 0; b < lens.size(); ++b)
+    for (std::int64_t p = 0; p * ps < lens[b]; ++p) table[b * std::size_t(max_pages) + std::size_t(p)] = order[next++];
+  return table;
+}
+
 struct paged_case {
   const char* name;
   std::vector<std::int64_t> lens;
@@ -161,13 +175,7 @@ TEST(PagedGather, PrefillChunksAsDenseInAnyPass) {
     std::mt19937 rng(41);
     const std::vector<std::int64_t> lens{300, 0, 77, 9};  // 9 < Nq: the first queries see no key
     const std::int64_t B = 4, Hq = 8, Hkv = 2, D = 16, Dv = 24, ps = 16, Nq = 40, max_pages = 20, num_pages = 48;
-    std::vector<std::int64_t> order(num_pages);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    std::vector<std::int64_t> table(std::size_t(B * max_pages), -1);
-    std::size_t next = 0;
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
+    const std::vector<std::int64_t> table = shuffled_table(lens, ps, max_pages, num_pages, rng);
     // head-major: storage [num_pages, Hkv, ps, X] seen as [num_pages, ps, Hkv, X]
     const Tensor kbuf = random_tensor(head_major ? Shape{num_pages, Hkv, ps, D} : Shape{num_pages, ps, Hkv, D}, type, rng);
     const Tensor vbuf = random_tensor(head_major ? Shape{num_pages, Hkv, ps, Dv} : Shape{num_pages, ps, Hkv, Dv}, type, rng);
@@ -348,13 +356,7 @@ TEST(PagedWideMask, HfRowsAndOffsetsAsDense) {
         std::mt19937 rng(53);
         const std::vector<std::int64_t> lens{45, 13, 0, 61};
         const std::int64_t B = 4, Hq = 4, Hkv = 2, D = 8, ps = 8, max_pages = 9, num_pages = 20;
-        std::vector<std::int64_t> order(num_pages);
-        std::iota(order.begin(), order.end(), 0);
-        std::shuffle(order.begin(), order.end(), rng);
-        std::vector<std::int64_t> table(std::size_t(B * max_pages), -1);
-        std::size_t next = 0;
-        for (std::int64_t b = 0; b < B; ++b)
-          for (std::int64_t p = 0; p * ps < lens[std::size_t(b)]; ++p) table[std::size_t(b * max_pages + p)] = order[next++];
+        const std::vector<std::int64_t> table = shuffled_table(lens, ps, max_pages, num_pages, rng);
         const Tensor kp = random_tensor({num_pages, ps, Hkv, D}, type, rng), vp = random_tensor({num_pages, ps, Hkv, D}, type, rng);
         const Tensor q = random_tensor({B, Hq, Nq, D}, type, rng);
         const std::int64_t K = max_pages * ps;

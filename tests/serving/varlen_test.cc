@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <limits>
 #include <random>
 
@@ -167,17 +168,25 @@ TEST(VarlenViews, LargeAndSmallSequencesAnyThreadCount) {
   EXPECT_TRUE(all_close(seq(a.out, 0, 1100), alone.out, 0, 0));
 }
 
+// Packed q, k, v [12, 2, 8] — sequences of 4, 5 and 3 tokens (cu_seqlens kSpecialCu) — with a
+// query of sequence 1 and a key of it at ±3e19 (q·k past float32's range; `alternate`: signs
+// alternating over d, so that the terms cancel) and a NaN in a value row of sequence 2.
+const std::vector<std::int64_t> kSpecialCu{0, 4, 9, 12};
+std::array<Tensor, 3> special_batch(std::mt19937& rng, bool alternate) {
+  Tensor q = random_tensor({12, 2, 8}, dtype::f32, rng), k = random_tensor({12, 2, 8}, dtype::f32, rng);
+  Tensor v = random_tensor({12, 2, 8}, dtype::f32, rng);
+  for (std::int64_t d = 0; d < 8; ++d) q.set({5, 1, d}, alternate && d % 2 == 0 ? -3e19 : 3e19), k.set({6, 1, d}, 2e19);
+  v.set({10, 0, 3}, std::numeric_limits<double>::quiet_NaN());
+  return {q, k, v};
+}
+
 // Special values as attn::attention gives them: a query whose q·k overflows float32 (scores of
 // ±inf on the cpu backend, finite in float64) and a NaN in a value row are answered per sequence
 // as attention() on that sequence alone answers them (the front's check of special rows).
 TEST(VarlenViews, SpecialValuesAsAttention) {
   std::mt19937 rng(13);
-  const std::vector<std::int64_t> cq{0, 4, 9, 12};
-  const std::int64_t T = cq.back();
-  Tensor q = random_tensor({T, 2, 8}, dtype::f32, rng), k = random_tensor({T, 2, 8}, dtype::f32, rng);
-  Tensor v = random_tensor({T, 2, 8}, dtype::f32, rng);
-  for (std::int64_t d = 0; d < 8; ++d) q.set({5, 1, d}, 3e19), k.set({6, 1, d}, 2e19);  // sequence 1
-  v.set({10, 0, 3}, std::numeric_limits<double>::quiet_NaN());                          // sequence 2
+  const std::vector<std::int64_t>& cq = kSpecialCu;
+  const auto [q, k, v] = special_batch(rng, false);
   const Tensor cu = index_tensor(cq);
   attention_options o;
   const auto r = attention_varlen(q, k, v, cu, cu, 5, 5, o, {.num_threads = 2});
@@ -346,13 +355,9 @@ TEST(VarlenMaskViews, StridedMasksAsContiguous) {
 // that call names the backend the case expects.
 TEST(VarlenViews, SpecialValuesBackwardAsAttention) {
   std::mt19937 rng(31);
-  const std::vector<std::int64_t> cq{0, 4, 9, 12};
-  const std::int64_t T = cq.back();
-  Tensor q = random_tensor({T, 2, 8}, dtype::f32, rng), k = random_tensor({T, 2, 8}, dtype::f32, rng);
-  Tensor v = random_tensor({T, 2, 8}, dtype::f32, rng);
-  const Tensor dout = random_tensor({T, 2, 8}, dtype::f32, rng);
-  for (std::int64_t d = 0; d < 8; ++d) q.set({5, 1, d}, d % 2 ? 3e19 : -3e19), k.set({6, 1, d}, 2e19);  // sequence 1
-  v.set({10, 0, 3}, std::numeric_limits<double>::quiet_NaN());                                          // sequence 2
+  const std::vector<std::int64_t>& cq = kSpecialCu;
+  const auto [q, k, v] = special_batch(rng, true);
+  const Tensor dout = random_tensor({12, 2, 8}, dtype::f32, rng);
   const Tensor cu = index_tensor(cq);
   const std::int64_t offs[] = {0, 16, 41};  // the blocks of the packed mask (4·4, 5·5, 3·3)
   const Tensor mask = random_tensor({50}, dtype::f32, rng, -1.0, 1.0);
