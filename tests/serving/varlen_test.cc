@@ -232,6 +232,68 @@ Tensor mask_block(const Tensor& m, std::int64_t off, std::int64_t nq, std::int64
   return Tensor::copy_of(Tensor::copy_of(m.view().slice(1, off, off + nq * nk)).view().reshape({H, nq, nk}));
 }
 
+// Packed q, k, v and dout over sequences of lq[b] queries and lk[b] keys.
+struct packed_batch {
+  std::vector<std::int64_t> lq, lk, cq, ck;
+  std::int64_t Hq;
+  Tensor q, k, v, dout;
+};
+packed_batch random_batch(std::vector<std::int64_t> lq, std::vector<std::int64_t> lk, std::int64_t Hq, std::int64_t Hkv,
+                          std::int64_t D, std::int64_t Dv, dtype type, std::mt19937& rng) {
+  packed_batch x{lq, lk, cumulative(lq), cumulative(lk), Hq, {}, {}, {}, {}};
+  x.q = random_tensor({x.cq.back(), Hq, D}, type, rng);
+  x.k = random_tensor({x.ck.back(), Hkv, D}, type, rng);
+  x.v = random_tensor({x.ck.back(), Hkv, Dv}, type, rng);
+  x.dout = random_tensor({x.cq.back(), Hq, Dv}, type, rng);
+  return x;
+}
+
+// The varlen forward (r) and backward (g) of x under o equal attention() and
+// attention_backward() on each sequence with its block of o.attn_mask, within tol: out, lse, dq,
+// dk, dv, and a float mask's gradient block by block.
+void expect_each_sequence_as_attention(const packed_batch& x, const attention_options& o, const varlen_result& r,
+                                       const varlen_grads& g, double tol) {
+  const Tensor mask = Tensor::copy_of(*o.attn_mask);
+  std::int64_t off = 0;
+  for (std::size_t b = 0; b < x.lq.size(); ++b) {
+    const std::int64_t nq = x.lq[b], nk = x.lk[b], q0 = x.cq[b], k0 = x.ck[b];
+    SCOPED_TRACE(fmt::format("sequence {} (Nq {}, Nk {})", b, nq, nk));
+    attention_options ob = o;
+    ob.attn_mask = mask_block(mask, off, nq, nk);
+    const Tensor qb = seq(x.q, q0, nq), kb = seq(x.k, k0, nk), vb = seq(x.v, k0, nk);
+    if (nq > 0) {
+      const attention_result want = attention(qb, kb, vb, ob);
+      EXPECT_TRUE(all_close(seq(r.out, q0, nq), want.out, tol));
+      const Tensor lse_b = Tensor::copy_of(Tensor::copy_of(r.lse.view().slice(1, q0, q0 + nq)).view().reshape({1, x.Hq, nq}));
+      EXPECT_TRUE(all_close(lse_b, want.lse, tol));
+      const attention_grads wg = attention_backward(qb, kb, vb, want.out, seq(x.dout, q0, nq), want.lse, ob);
+      EXPECT_TRUE(all_close(seq(g.dq, q0, nq), wg.dq, tol));
+      EXPECT_TRUE(all_close(seq(g.dk, k0, nk), wg.dk, tol));
+      EXPECT_TRUE(all_close(seq(g.dv, k0, nk), wg.dv, tol));
+      if (mask.type() != dtype::boolean && nk > 0) {
+        EXPECT_TRUE(all_close(mask_block(g.dattn_mask, off, nq, nk), wg.dattn_mask, tol));
+      }
+    }
+    off += nq * nk;
+  }
+}
+
+// attention_varlen and its backward on x, causal bottom-right, under the attn_mask `mask`.
+struct varlen_run {
+  attention_options o;
+  varlen_result r;
+  varlen_grads g;
+};
+varlen_run run_masked(const packed_batch& x, const Tensor& mask, std::int64_t max_len) {
+  varlen_run v;
+  v.o.is_causal = true, v.o.alignment = causal_alignment::bottom_right;
+  v.o.attn_mask = mask;
+  const Tensor cu_q = index_tensor(x.cq), cu_k = index_tensor(x.ck);
+  v.r = attention_varlen(x.q, x.k, x.v, cu_q, cu_k, max_len, max_len, v.o);
+  v.g = attention_varlen_backward(x.q, x.k, x.v, v.r.out, x.dout, v.r.lse, cu_q, cu_k, max_len, max_len, v.o);
+  return v;
+}
+
 const char* layout_name(int layout) { return layout == 0 ? "S" : layout == 1 ? "1xS" : "HqxS"; }
 
 class VarlenMask : public ::testing::TestWithParam<std::tuple<int, bool, dtype>> {};
@@ -242,53 +304,20 @@ class VarlenMask : public ::testing::TestWithParam<std::tuple<int, bool, dtype>>
 TEST_P(VarlenMask, EqualsEachSequenceWithItsBlock) {
   const auto& [layout, boolean, type] = GetParam();
   std::mt19937 rng(17);
-  const std::vector<std::int64_t> lq{5, 0, 1, 7, 3, 12}, lk{9, 4, 1, 0, 3, 12};
-  const std::int64_t B = std::int64_t(lq.size()), Hq = 4, Hkv = 2, D = 8, Dv = 6;
-  const auto cq = cumulative(lq), ck = cumulative(lk);
-  const Tensor q = random_tensor({cq.back(), Hq, D}, type, rng);
-  const Tensor k = random_tensor({ck.back(), Hkv, D}, type, rng);
-  const Tensor v = random_tensor({ck.back(), Hkv, Dv}, type, rng);
-  const Tensor dout = random_tensor({cq.back(), Hq, Dv}, type, rng);
-  const Tensor mask = packed_mask(lq, lk, Hq, layout, boolean, rng);
-  attention_options o;
-  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
-  o.attn_mask = mask;
-  const Tensor cu_q = index_tensor(cq), cu_k = index_tensor(ck);
-  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, 12, 12, o);
-  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, 12, 12, o);
+  const packed_batch x = random_batch({5, 0, 1, 7, 3, 12}, {9, 4, 1, 0, 3, 12}, 4, 2, 8, 6, type, rng);
+  const std::int64_t Hq = 4, Dv = 6;
+  const Tensor mask = packed_mask(x.lq, x.lk, Hq, layout, boolean, rng);
+  const auto [o, r, g] = run_masked(x, mask, 12);
   ASSERT_EQ(g.dattn_mask.defined(), !boolean);
   if (!boolean) {
     ASSERT_EQ(g.dattn_mask.shape(), mask.shape());
     ASSERT_EQ(g.dattn_mask.type(), mask.type());
   }
-  const double tol = testing::tolerance_for(type) * 4;
-  std::int64_t off = 0;
-  for (std::int64_t b = 0; b < B; ++b) {
-    SCOPED_TRACE(fmt::format("sequence {} (Nq {}, Nk {})", b, lq[b], lk[b]));
-    const Tensor block = mask_block(mask, off, lq[b], lk[b]);
-    attention_options ob = o;
-    ob.attn_mask = block;
-    const Tensor qb = seq(q, cq[b], lq[b]), kb = seq(k, ck[b], lk[b]), vb = seq(v, ck[b], lk[b]);
-    if (lq[b] > 0) {
-      const attention_result want = attention(qb, kb, vb, ob);
-      EXPECT_TRUE(all_close(seq(r.out, cq[b], lq[b]), want.out, tol));
-      const Tensor lse_b =
-          Tensor::copy_of(Tensor::copy_of(r.lse.view().slice(1, cq[b], cq[b + 1])).view().reshape({1, Hq, lq[b]}));
-      EXPECT_TRUE(all_close(lse_b, want.lse, tol));
-      const attention_grads wg = attention_backward(qb, kb, vb, want.out, seq(dout, cq[b], lq[b]), want.lse, ob);
-      EXPECT_TRUE(all_close(seq(g.dq, cq[b], lq[b]), wg.dq, tol));
-      EXPECT_TRUE(all_close(seq(g.dk, ck[b], lk[b]), wg.dk, tol));
-      EXPECT_TRUE(all_close(seq(g.dv, ck[b], lk[b]), wg.dv, tol));
-      if (!boolean && lk[b] > 0) {
-        EXPECT_TRUE(all_close(mask_block(g.dattn_mask, off, lq[b], lk[b]), wg.dattn_mask, tol));
-      }
-    }
-    off += lq[b] * lk[b];
-  }
+  expect_each_sequence_as_attention(x, o, r, g, testing::tolerance_for(type) * 4);
   // The fully masked row (sequence 0, row 0): zeros and lse -inf, never NaN.
   for (std::int64_t h = 0; h < Hq; ++h) {
     EXPECT_EQ(r.lse.get({h, 0}), -INFINITY);
-    for (std::int64_t x = 0; x < Dv; ++x) EXPECT_EQ(r.out.get({0, h, x}), 0.0);
+    for (std::int64_t d = 0; d < Dv; ++d) EXPECT_EQ(r.out.get({0, h, d}), 0.0);
   }
   EXPECT_FALSE(testing::any_nan(r.out));
 }
@@ -394,57 +423,32 @@ class VarlenWideMask : public ::testing::TestWithParam<std::tuple<int, dtype>> {
 TEST_P(VarlenWideMask, RowsAsAttention) {
   const auto& [layout, type] = GetParam();
   std::mt19937 rng(37);
-  const std::vector<std::int64_t> lq{4, 0, 3, 6}, lk{5, 2, 1, 6};
-  const std::int64_t B = std::int64_t(lq.size()), Hq = 2, Hkv = 1, D = 8, Dv = 4;
-  const auto cq = cumulative(lq), ck = cumulative(lk);
-  const Tensor q = random_tensor({cq.back(), Hq, D}, type, rng);
-  const Tensor k = random_tensor({ck.back(), Hkv, D}, type, rng);
-  const Tensor v = random_tensor({ck.back(), Hkv, Dv}, type, rng);
-  const Tensor dout = random_tensor({cq.back(), Hq, Dv}, type, rng);
+  const packed_batch x = random_batch({4, 0, 3, 6}, {5, 2, 1, 6}, 2, 1, 8, 4, type, rng);
+  const std::vector<std::int64_t>&lq = x.lq, &lk = x.lk;
   const double lowest = -3.4028234663852886e38;  // float32's finfo.min
-  Tensor mask = packed_mask(lq, lk, Hq, layout, false, rng);
+  Tensor mask = packed_mask(lq, lk, x.Hq, layout, false, rng);
   const std::int64_t H = mask.view().rank() == 2 ? mask.view().size(0) : 1;
   std::uniform_real_distribution<double> u(0.0, 1.0);
   std::int64_t off = 0;
-  for (std::int64_t b = 0; b < B; ++b) {
+  for (std::size_t b = 0; b < lq.size(); ++b) {
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t i = 0; i < lq[b]; ++i)
         for (std::int64_t j = 0; j < lk[b]; ++j) {
           // row 1 of each sequence: nothing kept; row 2: an offset of 5000; the others HF 0/finfo.min
-          const double x = i == 1 ? lowest : i == 2 ? 5000.0 + u(rng) : (u(rng) < 0.3 ? lowest : 0.0);
+          const double val = i == 1 ? lowest : i == 2 ? 5000.0 + u(rng) : (u(rng) < 0.3 ? lowest : 0.0);
           const std::int64_t at = off + i * lk[b] + j;
-          if (mask.view().rank() == 2) mask.set({h, at}, x);
-          else mask.set({at}, x);
+          if (mask.view().rank() == 2) mask.set({h, at}, val);
+          else mask.set({at}, val);
         }
     off += lq[b] * lk[b];
   }
-  attention_options o;
-  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
-  o.attn_mask = mask;
-  const Tensor cu_q = index_tensor(cq), cu_k = index_tensor(ck);
-  const varlen_result r = attention_varlen(q, k, v, cu_q, cu_k, 6, 6, o);
-  const varlen_grads g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu_q, cu_k, 6, 6, o);
+  const auto [o, r, g] = run_masked(x, mask, 6);
   EXPECT_FALSE(testing::any_nan(r.out));
-  off = 0;
-  for (std::int64_t b = 0; b < B; ++b) {
-    SCOPED_TRACE(fmt::format("sequence {} (Nq {}, Nk {})", b, lq[b], lk[b]));
-    attention_options ob = o;
-    ob.attn_mask = mask_block(mask, off, lq[b], lk[b]);
-    const Tensor qb = seq(q, cq[b], lq[b]), kb = seq(k, ck[b], lk[b]), vb = seq(v, ck[b], lk[b]);
-    if (lq[b] > 0) {
-      const attention_result want = attention(qb, kb, vb, ob);
-      EXPECT_TRUE(all_close(seq(r.out, cq[b], lq[b]), want.out, 0, 0));
-      const Tensor lse_b =
-          Tensor::copy_of(Tensor::copy_of(r.lse.view().slice(1, cq[b], cq[b + 1])).view().reshape({1, Hq, lq[b]}));
-      EXPECT_TRUE(all_close(lse_b, want.lse, 0, 0));
-      if (lk[b] > 1) EXPECT_LT(lse_b.get({0, 0, 1}), -1e38);  // the finfo.min row: its lse carries the shift
-      const attention_grads wg = attention_backward(qb, kb, vb, want.out, seq(dout, cq[b], lq[b]), want.lse, ob);
-      EXPECT_TRUE(all_close(seq(g.dq, cq[b], lq[b]), wg.dq, 0, 0));
-      EXPECT_TRUE(all_close(seq(g.dk, ck[b], lk[b]), wg.dk, 0, 0));
-      EXPECT_TRUE(all_close(seq(g.dv, ck[b], lk[b]), wg.dv, 0, 0));
-      if (lk[b] > 0) EXPECT_TRUE(all_close(mask_block(g.dattn_mask, off, lq[b], lk[b]), wg.dattn_mask, 0, 0));
+  expect_each_sequence_as_attention(x, o, r, g, 0.0);  // bit for bit
+  for (std::size_t b = 0; b < lq.size(); ++b) {  // the finfo.min rows (row 1): their lse carries the shift
+    if (lq[b] > 1 && lk[b] > 0) {
+      EXPECT_LT(r.lse.get({0, x.cq[b] + 1}), -1e38) << "sequence " << b;
     }
-    off += lq[b] * lk[b];
   }
 }
 
