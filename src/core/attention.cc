@@ -633,6 +633,7 @@ void forward_on(const char* op, const problem& p, const problem_storage& store, 
   const std::int64_t rows = p.B * p.Hq * p.Nq;
   if (lse64.defined())
     for (std::int64_t r = 0; r < rows; ++r) store_from_double(out.lse, out.lse_type, r, lse64.data_as<double>()[r]);
+  if (!qk64.defined() && !out64.defined()) return;
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t h = 0; h < p.Hq; ++h)
       for (std::int64_t i = 0; i < p.Nq; ++i) {
@@ -759,52 +760,61 @@ double qk_term_bound_coarse(const problem& p) {
   return std::abs(p.scale) * double(p.D) * as_float(mq) * as_float(mk);
 }
 
-// Whether every element of a gradient is finite: a contiguous one read in its own dtype on nt
-// threads (a serial float64 copy of dq, dk and dv cost a tenth of a small backward), a strided
-// one (the caller's, attention_backward_into) element by element.
-bool all_finite(const TensorView& t, int nt) {
-  if (!t.is_contiguous())
-    return for_each_index(t.shape(), [&](const Shape& idx) {
-      return std::isfinite(load_as_double(t.data(), t.type(), t.offset_of(idx)));
-    });
-  const std::int64_t n = t.numel();
-  std::int64_t bad = 0;  // a count, not a short-circuit: the loops vectorise
-  const void* d = t.data();
-  // Chunks of elements, each or-ed into an accumulator as narrow as the elements (no widening to
-  // 64 bits per element, which cost more than the loads).
-  constexpr std::int64_t kChunk = std::int64_t(1) << 14;
-  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
-  switch (t.type()) {
+// Whether n elements of type t from d (unit stride) hold a NaN or ±inf: read in their own dtype,
+// or-ed into an accumulator as narrow as the elements (no widening to 64 bits per element, which
+// cost more than the loads), no short-circuit, so that the loops vectorise.
+bool any_special(const void* d, dtype t, std::int64_t n) {
+  switch (t) {
     case dtype::f32: {
-      const float* x = static_cast<const float*>(d);
-#pragma omp parallel for num_threads(nt) reduction(+ : bad) schedule(static)
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        std::int32_t any = 0;
-        const float* y = x + c * kChunk;
-        const std::int64_t m = std::min(kChunk, n - c * kChunk);
-        for (std::int64_t i = 0; i < m; ++i) any |= std::int32_t(!(y[i] * 0.0f == 0.0f));  // NaN and ±inf give NaN
-        bad += any;
-      }
-      return bad == 0;
+      const float* y = static_cast<const float*>(d);
+      std::int32_t any = 0;
+      for (std::int64_t i = 0; i < n; ++i) any |= std::int32_t(!(y[i] * 0.0f == 0.0f));  // NaN and ±inf give NaN
+      return any != 0;
     }
     case dtype::bf16:
     case dtype::f16: {
-      const std::uint16_t* x = static_cast<const std::uint16_t*>(d);
-      const std::uint16_t e = t.type() == dtype::bf16 ? 0x7f80 : 0x7c00;  // all-ones exponent: inf or NaN
-#pragma omp parallel for num_threads(nt) reduction(+ : bad) schedule(static)
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        std::uint16_t any = 0;
-        const std::uint16_t* y = x + c * kChunk;
-        const std::int64_t m = std::min(kChunk, n - c * kChunk);
-        for (std::int64_t i = 0; i < m; ++i) any |= std::uint16_t((y[i] & e) == e);
-        bad += any;
-      }
-      return bad == 0;
+      const std::uint16_t* y = static_cast<const std::uint16_t*>(d);
+      const std::uint16_t e = t == dtype::bf16 ? 0x7f80 : 0x7c00;  // all-ones exponent: inf or NaN
+      std::uint16_t any = 0;
+      for (std::int64_t i = 0; i < n; ++i) any |= std::uint16_t((y[i] & e) == e);
+      return any != 0;
     }
-    default:
-      for (std::int64_t i = 0; i < n; ++i) bad += !std::isfinite(load_as_double(d, t.type(), i));
-      return bad == 0;
+    default: {
+      std::int64_t bad = 0;
+      for (std::int64_t i = 0; i < n; ++i) bad += !std::isfinite(load_as_double(d, t, i));
+      return bad != 0;
+    }
   }
+}
+
+// Whether every element of a gradient is finite: a contiguous one in chunks on nt threads (a
+// serial float64 copy of dq, dk and dv cost a tenth of a small backward); a strided one (the
+// caller's, attention_backward_into; a packed sequence's rows, the varlen ops) row by row where
+// its last dim has unit stride, else element by element.
+bool all_finite(const TensorView& t, int nt) {
+  const std::size_t es = dtype_size(t.type());
+  if (!t.is_contiguous()) {
+    if (t.rank() < 2 || t.stride(-1) != 1)
+      return for_each_index(t.shape(), [&](const Shape& idx) {
+        return std::isfinite(load_as_double(t.data(), t.type(), t.offset_of(idx)));
+      });
+    const Shape outer(t.shape().begin(), t.shape().end() - 1);
+    Shape idx(t.shape().size(), 0);
+    return for_each_index(outer, [&](const Shape& o) {
+      std::copy(o.begin(), o.end(), idx.begin());
+      return !any_special(static_cast<const std::byte*>(t.data()) + std::size_t(t.offset_of(idx)) * es, t.type(),
+                          t.size(-1));
+    });
+  }
+  const std::int64_t n = t.numel();
+  std::int64_t bad = 0;
+  constexpr std::int64_t kChunk = std::int64_t(1) << 14;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(nt) reduction(+ : bad) schedule(static)
+  for (std::int64_t c = 0; c < chunks; ++c)
+    bad += any_special(static_cast<const std::byte*>(t.data()) + std::size_t(c * kChunk) * es, t.type(),
+                       std::min(kChunk, n - c * kChunk));
+  return bad == 0;
 }
 bool all_finite(const Tensor& t, int nt) { return !t.defined() || all_finite(t.view(), nt); }
 

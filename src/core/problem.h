@@ -266,7 +266,8 @@ void check_special_rows(const problem& p, const forward_outputs& fo);
 // A backend's forward of p as attn::attention runs it (outputs out, lse, and qk when out.qk_mode
 // asks): out of memory as attn::error naming op, special rows (check_special_rows) on the
 // reference, and with a shifted mask (store.shift) the shift added back to lse (and biased
-// scores) in float64 before they are rounded once.
+// scores) in float64 before they are rounded once; sinks beside a shifted mask are left to the
+// front, which joins each row's sink after the shift is back (attention.cc, join_sinks).
 void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
                 const forward_outputs& out);
 
@@ -288,8 +289,10 @@ struct backward_guards {
 // The backward of p as attn::attention_backward runs it, from the forward's lse ([B, Hq, Nq],
 // any strides): a shifted mask's lse recomputed on the forward backend `use` picks; an lse or
 // q·k terms past ±1024 on the float64 reference (its lse recomputed); non-finite gradients from
-// `picked` computed again by the reference after guards.reset(). Returns the backend whose
-// gradients io holds.
+// `picked` computed again by the reference after guards.reset(). Sinks beside a shifted mask:
+// the backend runs without them, on the keys' lse with each row's sink joined at sink_h - c,
+// and io.dsinks gets -Σ_i e^(sink_h - c_i - lse_i)·(dout_i · out_i) from the front. Returns the
+// backend whose gradients io holds.
 const backend_impl& backward_on(const char* op, const problem& p, const problem_storage& store, const TensorView& lse,
                                 backward_io io, const backend_impl& picked, backend use, const backward_guards& guards);
 

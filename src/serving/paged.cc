@@ -326,8 +326,9 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   // page_size), a shorter last dim excluding the positions past it, as the core op's mask does.
   // A float mask whose rows the core op would shift (largest finite value beyond ±1024: an HF
   // finfo.min row) is shifted alike (set_attn_mask, into `shifted`): every run of a row sees the
-  // row's shifted mask, and the shift goes back into lse after the merge (with the sinks joined at
-  // sink_h - c, the row's shift: softmax is shift-invariant over the keys and the sink together).
+  // row's shifted mask, the shift goes back into lse after the merge, and then the sinks join, in
+  // float64 (as forward_on joins them: a sink far above a row of finfo.min keeps its value as the
+  // row's lse).
   problem masked;  // its mask fields, for the whole batch
   problem_storage shifted;
   std::int64_t mask_esize = 0;

@@ -172,9 +172,9 @@ TEST(VarlenViews, LargeAndSmallSequencesAnyThreadCount) {
 // query of sequence 1 and a key of it at ±3e19 (q·k past float32's range; `alternate`: signs
 // alternating over d, so that the terms cancel) and a NaN in a value row of sequence 2.
 const std::vector<std::int64_t> kSpecialCu{0, 4, 9, 12};
-std::array<Tensor, 3> special_batch(std::mt19937& rng, bool alternate) {
-  Tensor q = random_tensor({12, 2, 8}, dtype::f32, rng), k = random_tensor({12, 2, 8}, dtype::f32, rng);
-  Tensor v = random_tensor({12, 2, 8}, dtype::f32, rng);
+std::array<Tensor, 3> special_batch(std::mt19937& rng, bool alternate, dtype type = dtype::f32) {
+  Tensor q = random_tensor({12, 2, 8}, type, rng), k = random_tensor({12, 2, 8}, type, rng);
+  Tensor v = random_tensor({12, 2, 8}, type, rng);
   for (std::int64_t d = 0; d < 8; ++d) q.set({5, 1, d}, alternate && d % 2 == 0 ? -3e19 : 3e19), k.set({6, 1, d}, 2e19);
   v.set({10, 0, 3}, std::numeric_limits<double>::quiet_NaN());
   return {q, k, v};
@@ -383,40 +383,49 @@ TEST(VarlenMaskViews, StridedMasksAsContiguous) {
 // backend. Each sequence's gradients equal attention_backward's on it alone, bit for bit, and
 // that call names the backend the case expects.
 TEST(VarlenViews, SpecialValuesBackwardAsAttention) {
-  std::mt19937 rng(31);
-  const std::vector<std::int64_t>& cq = kSpecialCu;
-  const auto [q, k, v] = special_batch(rng, true);
-  const Tensor dout = random_tensor({12, 2, 8}, dtype::f32, rng);
-  const Tensor cu = index_tensor(cq);
-  const std::int64_t offs[] = {0, 16, 41};  // the blocks of the packed mask (4·4, 5·5, 3·3)
-  const Tensor mask = random_tensor({50}, dtype::f32, rng, -1.0, 1.0);
-  attention_options o;
-  o.is_causal = true;
-  o.attn_mask = mask;
-  for (int nt : {1, 2}) {
-    SCOPED_TRACE(fmt::format("{} threads", nt));
-    const auto r = attention_varlen(q, k, v, cu, cu, 5, 5, o, {.num_threads = nt});
-    const auto g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu, cu, 5, 5, o, {.num_threads = nt});
-    for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
-      SCOPED_TRACE(fmt::format("sequence {}", s));
-      const std::int64_t r0 = cq[s], n = cq[s + 1] - cq[s];
-      const Tensor qb = seq(q, r0, n), kb = seq(k, r0, n), vb = seq(v, r0, n);
-      attention_options ob = o;
-      ob.attn_mask = mask_block(mask, offs[s], n, n);
-      const attention_result a = attention(qb, kb, vb, ob);
-      const attention_grads w = attention_backward(qb, kb, vb, a.out, seq(dout, r0, n), a.lse, ob);
-      EXPECT_EQ(w.backend, s == 0 ? "cpu" : "reference");
-      EXPECT_TRUE(all_close(seq(g.dq, r0, n), w.dq, 0, 0));
-      EXPECT_TRUE(all_close(seq(g.dk, r0, n), w.dk, 0, 0));
-      EXPECT_TRUE(all_close(seq(g.dv, r0, n), w.dv, 0, 0));
-      EXPECT_TRUE(all_close(mask_block(g.dattn_mask, offs[s], n, n), w.dattn_mask, 0, 0));
+  // float32 with a float mask (its gradient too); bfloat16 without one, so that the NaN is seen
+  // only in dq, dk and dv, converted stores the front scans itself, row by row, through each
+  // sequence's strided view of the packed gradients
+  for (const bool masked : {true, false}) {
+    const dtype type = masked ? dtype::f32 : dtype::bf16;
+    SCOPED_TRACE(dtype_name(type));
+    std::mt19937 rng(31);
+    const std::vector<std::int64_t>& cq = kSpecialCu;
+    const auto [q, k, v] = special_batch(rng, true, type);
+    const Tensor dout = random_tensor({12, 2, 8}, type, rng);
+    const Tensor cu = index_tensor(cq);
+    const std::int64_t offs[] = {0, 16, 41};  // the blocks of the packed mask (4·4, 5·5, 3·3)
+    const Tensor mask = random_tensor({50}, dtype::f32, rng, -1.0, 1.0);
+    attention_options o;
+    o.is_causal = true;
+    if (masked) o.attn_mask = mask;
+    for (int nt : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} threads", nt));
+      const auto r = attention_varlen(q, k, v, cu, cu, 5, 5, o, {.num_threads = nt});
+      const auto g = attention_varlen_backward(q, k, v, r.out, dout, r.lse, cu, cu, 5, 5, o, {.num_threads = nt});
+      for (std::size_t s = 0; s + 1 < cq.size(); ++s) {
+        SCOPED_TRACE(fmt::format("sequence {}", s));
+        const std::int64_t r0 = cq[s], n = cq[s + 1] - cq[s];
+        const Tensor qb = seq(q, r0, n), kb = seq(k, r0, n), vb = seq(v, r0, n);
+        attention_options ob = o;
+        if (masked) ob.attn_mask = mask_block(mask, offs[s], n, n);
+        const attention_result a = attention(qb, kb, vb, ob);
+        const attention_grads w = attention_backward(qb, kb, vb, a.out, seq(dout, r0, n), a.lse, ob);
+        EXPECT_EQ(w.backend, s == 0 ? "cpu" : "reference");
+        EXPECT_TRUE(all_close(seq(g.dq, r0, n), w.dq, 0, 0));
+        EXPECT_TRUE(all_close(seq(g.dk, r0, n), w.dk, 0, 0));
+        EXPECT_TRUE(all_close(seq(g.dv, r0, n), w.dv, 0, 0));
+        if (masked) {
+          EXPECT_TRUE(all_close(mask_block(g.dattn_mask, offs[s], n, n), w.dattn_mask, 0, 0));
+        }
+      }
     }
   }
 }
 
 // HF-style float masks: 0 where a key is kept, finfo.min where it is not, so that a row with
-// no key kept is finfo.min throughout (softmax then weighs every key alike, as torch does), and
-// rows of a large offset (5000 + x). The core op shifts such rows by their largest finite value
+// no key kept is finfo.min throughout (shifted to 0, the keys weighed by their scores alone:
+// softmax is shift-invariant), and rows of a large offset (5000 + x). The core op shifts such rows by their largest finite value
 // and adds the shift back to lse; each sequence does so with its block: out, lse, dq, dk, dv and
 // dattn_mask equal attention() / attention_backward() on each sequence with its block, bit for bit.
 class VarlenWideMask : public ::testing::TestWithParam<std::tuple<int, dtype>> {};
