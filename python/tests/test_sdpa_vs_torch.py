@@ -307,3 +307,17 @@ def test_hf_finfo_min_mask_with_sinks_against_eager(dtype):
     assert_close(out, want, TOL[dtype], "out")
     for g, w, name in zip(got_leaves, leaves, ("dq", "dk", "dv", "dsinks")):
         assert_close(g.grad, w.grad, GRAD_TOL[dtype], name)
+
+
+def test_sinks_beside_a_shifted_mask_gradcheck():
+    """The backward of sinks beside a float mask shifted past ±1024 (rows at 5000 + x, a row of
+    finfo.min): gradients of q, k, v and sinks by central finite differences."""
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    v = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    sinks = torch.tensor([4999.5, 5001.0], dtype=torch.float64, requires_grad=True)
+    mask = 5000.0 + torch.rand(3, 5, dtype=torch.float64, generator=gen)
+    mask[1] = torch.finfo(torch.float32).min  # nothing kept: the sink takes the row
+    f = lambda q, k, v, z: at.scaled_dot_product_attention(q, k, v, attn_mask=mask, sinks=z)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (q, k, v, sinks))
