@@ -110,7 +110,8 @@ struct paged_kv_view {
 // in memory are read as one view; each run gives a partial softmax that is merged by
 // log-sum-exp (sinks join once, at the merge) — except where the cpu backend runs it on float32,
 // bfloat16 or int8 pages with unit x-stride: its decode kernel then walks the block table itself.
-// int8 pages need that path (q float32, bfloat16 or float16). Forward only.
+// int8 pages need that path (q float32, bfloat16 or float16). attention_paged_backward
+// differentiates it (float pages).
 //
 //   attn::paged_kv_view cache{k_pages, v_pages, table, lens};
 //   attn::paged_kv_append(cache, k_step, v_step);          // writes the new tokens
@@ -118,6 +119,32 @@ struct paged_kv_view {
 //   auto r = attn::attention_paged(q, cache, opt);        // r.out [B, Hq, Nq, Dv]
 attention_result attention_paged(const TensorView& q, const paged_kv_view& cache,
                                  const attention_options& options = {}, const execution& exec = {});
+
+struct paged_grads {
+  Tensor dq;                  // [B, Hq, Nq, D], dtype of q
+  Tensor dk_pages, dv_pages;  // [num_pages, page_size, Hkv, D|Dv], contiguous, dtype of the pages
+  Tensor dalibi_slopes;       // shape of alibi_slopes
+  Tensor dsinks;              // [Hq]
+  Tensor dattn_mask;          // a float attn_mask (unless options.mask_gradient is false): its shape
+  std::string backend;
+};
+
+// Backward of attention_paged from its saved lse: `out` and `lse` are what attention_paged
+// returned for the same q, cache and options, `dout` [B, Hq, Nq, Dv]. Each sequence's gradient
+// is attention_backward's on its first seq_lens[b] keys (a dense copy of them per sequence, its
+// options as attention_paged applies them); dk_pages / dv_pages carry them back through the
+// block table: rows no sequence reads get 0, and a page that several sequences read (a shared
+// prefix) gets the sum, added in sequence order in float32 (float64 for float64 pages) and
+// rounded once to the pages' dtype — the same for any thread count. A float attn_mask's
+// gradient has zeros at positions past a sequence's length. Float pages only: int8 pages (a
+// quantised cache) are refused. Prefix tuning, training through a cache shared by several
+// continuations (a shared prompt in RL rollouts), gradients of a draft tree's mask.
+//
+//   auto r = attn::attention_paged(q, cache, opt);
+//   auto g = attn::attention_paged_backward(q, cache, r.out, dout, r.lse, opt);  // g.dk_pages ...
+paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& cache, const TensorView& out,
+                                     const TensorView& dout, const TensorView& lse,
+                                     const attention_options& options = {}, const execution& exec = {});
 
 // A batch whose sequences bring different numbers of new tokens — decode steps beside prefill
 // chunks, as a scheduler mixes them — packed as q [total_q, Hq, D] with cu_seqlens_q (int64

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <tuple>
 
 #include "attn/serving.h"
@@ -180,17 +181,26 @@ strided4 page_view(const TensorView& pages) {
   return strided4{pages.data(), pages.type(), 0, pages.stride(2), pages.stride(1), pages.stride(3)};
 }
 
-// Keys [0, L) of sequence b as a dense float64 [1, H, L, X] (int8 rows times their scales).
+// Keys [0, L) of sequence b as a dense [1, H, L, X] of dtype t (int8 rows times their scales);
+// float rows of the pages' own dtype with unit x-stride are copied a row at a time.
 Tensor dense_rows(const TensorView& pages, const TensorView& scales, const paged_dims& d, std::int64_t b,
-                  std::int64_t L) {
+                  std::int64_t L, dtype t = dtype::f64) {
   const std::int64_t H = d.Hkv, X = pages.rank() == 6 ? d.D : pages.size(3);
-  Tensor r = Tensor::empty({1, H, L, X}, dtype::f64);
-  double* o = r.data_as<double>();
+  Tensor r = Tensor::empty({1, H, L, X}, t);
+  const std::size_t es = dtype_size(t);
+  const bool rows = !d.int8 && t == pages.type() && pages.rank() == 4 && pages.stride(3) == 1;
   for (std::int64_t h = 0; h < H; ++h)
     for (std::int64_t j = 0; j < L; ++j) {
+      if (rows) {
+        std::memcpy(static_cast<std::byte*>(r.data()) + std::size_t((h * L + j) * X) * es,
+                    static_cast<const std::byte*>(pages.data()) + std::size_t(d.elem(pages, b, j, h, 0)) * es,
+                    std::size_t(X) * es);
+        continue;
+      }
       const double s = d.int8 ? double(static_cast<const float*>(scales.data())[d.slot(scales, b, j) + h * scales.stride(2)]) : 1.0;
       for (std::int64_t x = 0; x < X; ++x)
-        o[(h * L + j) * X + x] = s * load_as_double(pages.data(), pages.type(), d.elem(pages, b, j, h, x));
+        store_from_double(r.data(), t, (h * L + j) * X + x,
+                          s * load_as_double(pages.data(), pages.type(), d.elem(pages, b, j, h, x)));
     }
   return r;
 }
@@ -478,6 +488,168 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
     }
   }
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention_paged_backward: each sequence's gradient is attention_backward's on the keys its
+// table names, laid out densely (a [1, Hkv, L, X] copy per sequence: the backward reads every key
+// row Nq·Hq/Hkv times, the copy once), with the forward's options for that sequence — causal and
+// window positions as attention_paged places them (query i at L - Nq + i unless top_left), its
+// ALiBi row, the sinks, and the mask's rows of b over the columns [0, L). dk and dv go back
+// through the table: a page that several sequences read receives the sum of their gradients,
+// added in sequence order in float32 (float64 for float64 pages) and rounded once to the pages'
+// dtype, so the result does not depend on the threads.
+namespace detail {
+namespace {
+
+// The per-sequence options of attention_paged's call: ALiBi [B, Hq] sliced to row b, causal
+// alignment as the paged op defines it, and the mask's batch row b over the keys [0, L).
+attention_options paged_sequence_options(const attention_options& o, std::int64_t b, std::int64_t B,
+                                         std::int64_t L) {
+  attention_options r = for_sequence(o, b);
+  if (r.alignment != causal_alignment::top_left) r.alignment = causal_alignment::bottom_right;
+  if (o.attn_mask) {
+    TensorView m = *o.attn_mask;
+    if (m.rank() == 4 && m.size(0) == B) m = m.slice(0, b, b + 1);
+    if (m.size(-1) > L) m = m.slice(m.rank() - 1, 0, L);
+    r.attn_mask = m;
+  }
+  return r;
+}
+
+// acc[·] += g[·] over g's shape, with acc a contiguous float64 tensor and `at` the view of acc that
+// g's elements land on (the same shape); g is of any float dtype, contiguous.
+void add_into(const TensorView& at, const Tensor& g) {
+  const Tensor g64 = g.to(dtype::f64);
+  const double* src = g64.data_as<const double>();
+  std::int64_t sh[4] = {1, 1, 1, 1}, st[4] = {0, 0, 0, 0};
+  const int off = 4 - at.rank();
+  for (int i = 0; i < at.rank(); ++i) sh[off + i] = at.size(i), st[off + i] = at.stride(i);
+  auto* dst = at.data_as<double>();
+  for (std::int64_t a = 0; a < sh[0]; ++a)
+    for (std::int64_t h = 0; h < sh[1]; ++h)
+      for (std::int64_t i = 0; i < sh[2]; ++i)
+        for (std::int64_t j = 0; j < sh[3]; ++j) dst[a * st[0] + h * st[1] + i * st[2] + j * st[3]] += *src++;
+}
+
+// Adds a sequence's dense gradient [1, H, L, X] (contiguous, dtype of q) into the pages'
+// accumulator [num_pages, page_size, H, X] (contiguous, float32 or float64) through the table.
+template <class A>
+void scatter_rows(const Tensor& dense, const Tensor& acc, const paged_dims& d, std::int64_t b) {
+  const std::int64_t H = dense.size(1), L = dense.size(2), X = dense.size(3);
+  const Tensor g = dense.type() == acc.type() ? dense : dense.to(acc.type());
+  const A* src = g.data_as<const A>();
+  A* dst = acc.data_as<A>();
+  for (std::int64_t j = 0; j < L; ++j) {
+    A* row = dst + ((d.page(b, j / d.page_size) * d.page_size + j % d.page_size) * H) * X;
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t x = 0; x < X; ++x) row[h * X + x] += src[(h * L + j) * X + x];
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& cache, const TensorView& out,
+                                     const TensorView& dout, const TensorView& lse, const attention_options& options,
+                                     const execution& exec) {
+  using namespace detail;
+  const char* op = "attention_paged_backward";
+  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
+  if (q.data() == nullptr && q.numel() != 0) fail(op, "q has no data");
+  const paged_dims d = check_call(op, q.type(), q.size(0), q.size(1), q.size(3), cache, options, exec);
+  if (d.int8)
+    fail(op, "int8 pages are a quantised cache and have no gradient; train on float pages (the dequantised cache)");
+  const std::int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = d.D, Dv = d.Dv;
+  const Shape os{B, Hq, Nq, Dv}, ls{B, Hq, Nq};
+  if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
+  if (dout.shape() != os) fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(os)));
+  if (!is_floating(out.type()) || !is_floating(dout.type()))
+    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
+  if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected [B, Hq, Nq] = {}", shape_str(lse.shape()), shape_str(ls)));
+  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
+    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+  const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  if (options.attn_mask) {  // the mask checked as attention_paged takes it: [B, Hq, Nq, K], K the capacity
+    problem masked;
+    problem_storage unused;
+    masked.B = B, masked.Hq = Hq, masked.Nq = Nq, masked.Nk = d.max_pages * d.page_size, masked.q.type = q.type();
+    set_attn_mask(op, *options.attn_mask, masked, unused, nt);
+  }
+
+  const dtype acc_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
+  paged_grads g;
+  g.dq = Tensor::zeros({B, Hq, Nq, D}, q.type());
+  const Tensor dk = Tensor::zeros({d.num_pages, d.page_size, d.Hkv, D}, acc_type);
+  const Tensor dv = Tensor::zeros({d.num_pages, d.page_size, d.Hkv, Dv}, acc_type);
+  const bool alibi_per_seq = options.alibi_slopes && options.alibi_slopes->rank() == 2;
+  const Tensor dalibi = options.alibi_slopes ? Tensor::zeros(options.alibi_slopes->shape(), dtype::f64) : Tensor();
+  const Tensor dsinks = options.sinks ? Tensor::zeros({Hq}, dtype::f64) : Tensor();
+  const bool dmask_wanted = options.attn_mask && options.attn_mask->type() != dtype::boolean && options.mask_gradient;
+  const Tensor dmask = dmask_wanted ? Tensor::zeros(options.attn_mask->shape(), dtype::f64) : Tensor();
+
+  // Sequences with keys and queries (the others have zero gradients: no key, out = 0). Decode
+  // steps (few rows a sequence) run nt sequences side by side on a thread each, prefill chunks one
+  // after another on every thread; either way a wave's results are added in sequence order.
+  std::vector<std::int64_t> work;
+  for (std::int64_t b = 0; b < B; ++b)
+    if (Nq > 0 && d.lens[std::size_t(b)] > 0) work.push_back(b);
+  const bool side_by_side = Hq * Nq < kPrefillRows && nt > 1;
+  const std::size_t wave = side_by_side ? std::size_t(nt) : 1;
+  struct sequence_grads {
+    Tensor dk, dv;
+    attention_grads rest;
+  };
+  for (std::size_t w0 = 0; w0 < work.size(); w0 += wave) {
+    const std::size_t n = std::min(wave, work.size() - w0);
+    std::vector<sequence_grads> sg(n);
+    std::exception_ptr first;  // an error inside the parallel loop is kept and thrown after it
+#pragma omp parallel for if (n > 1) num_threads(int(n)) schedule(static, 1)
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        const std::int64_t b = work[w0 + i], L = d.lens[std::size_t(b)];
+        const Tensor k = dense_rows(cache.k_pages, {}, d, b, L, cache.k_pages.type());
+        const Tensor v = dense_rows(cache.v_pages, {}, d, b, L, cache.v_pages.type());
+        sg[i].dk = Tensor::empty({1, d.Hkv, L, D}, q.type());
+        sg[i].dv = Tensor::empty({1, d.Hkv, L, Dv}, q.type());
+        execution eb = exec;
+        eb.num_threads = side_by_side ? 1 : nt;
+        sg[i].rest = attention_backward_into(q.slice(0, b, b + 1), k, v, out.slice(0, b, b + 1),
+                                             dout.slice(0, b, b + 1), lse.slice(0, b, b + 1),
+                                             {g.dq.view().slice(0, b, b + 1), sg[i].dk, sg[i].dv},
+                                             paged_sequence_options(options, b, B, L), eb);
+      } catch (...) {
+#pragma omp critical(attn_paged_backward_error)
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t b = work[w0 + i], L = d.lens[std::size_t(b)];
+      if (acc_type == dtype::f64) scatter_rows<double>(sg[i].dk, dk, d, b), scatter_rows<double>(sg[i].dv, dv, d, b);
+      else scatter_rows<float>(sg[i].dk, dk, d, b), scatter_rows<float>(sg[i].dv, dv, d, b);
+      const attention_grads& r = sg[i].rest;
+      if (g.backend.empty()) g.backend = r.backend;
+      for (std::int64_t h = 0; h < Hq; ++h) {
+        if (dalibi.defined())
+          dalibi.data_as<double>()[(alibi_per_seq ? b * Hq : 0) + h] += r.dalibi_slopes.get({h});
+        if (dsinks.defined()) dsinks.data_as<double>()[h] += r.dsinks.get({h});
+      }
+      if (dmask.defined()) {  // the mask's batch row b (or the whole broadcast mask), columns [0, L)
+        TensorView at = dmask.view();
+        if (at.rank() == 4 && at.size(0) == B) at = at.slice(0, b, b + 1);
+        if (at.size(-1) > L) at = at.slice(at.rank() - 1, 0, L);
+        add_into(at, r.dattn_mask);
+      }
+    }
+  }
+  if (g.backend.empty()) g.backend = "none";
+  g.dk_pages = acc_type == cache.k_pages.type() ? dk : dk.to(cache.k_pages.type());
+  g.dv_pages = acc_type == cache.v_pages.type() ? dv : dv.to(cache.v_pages.type());
+  if (dalibi.defined()) g.dalibi_slopes = dalibi.to(options.alibi_slopes->type());
+  if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
+  if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
+  return g;
 }
 
 void paged_kv_append(const paged_kv_view& cache, const TensorView& k_new, const TensorView& v_new) {

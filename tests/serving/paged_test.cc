@@ -87,71 +87,166 @@ const paged_case kCases[] = {
 // Names the case in gtest's output instead of dumping its bytes.
 void PrintTo(const paged_case& c, std::ostream* os) { *os << c.name; }
 
+// A case's batch: pages of random keys and values (sequence 1 sharing sequence 0's first page
+// where c.share), q, the table, and the options with ALiBi [B, Hq], sinks and a mask as c says.
+struct paged_batch {
+  std::int64_t B = 0, Hq = 4, Hkv = 2, D = 8, Dv = 8, max_pages = 0, K = 0;
+  std::vector<std::int64_t> table;
+  Tensor kp, vp, q, mask;
+  attention_options o;
+
+  paged_batch(const paged_case& c, dtype type) {
+    std::mt19937 rng(17);
+    B = std::int64_t(c.lens.size());
+    const std::int64_t ps = c.page_size;
+    std::int64_t used = 0;
+    for (std::int64_t L : c.lens) max_pages = std::max(max_pages, (L + ps - 1) / ps + 1), used += (L + ps - 1) / ps;
+    const std::int64_t num_pages = used + 3;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    if (c.shuffle) std::shuffle(order.begin(), order.end(), rng);
+    table.assign(std::size_t(B * max_pages), -7);  // unused entries are never read
+    std::size_t next = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t p = 0; p * ps < c.lens[std::size_t(b)]; ++p)
+        table[std::size_t(b * max_pages + p)] = (c.share && b == 1 && p == 0) ? table[0] : order[next++];
+    kp = random_tensor({num_pages, ps, Hkv, D}, type, rng);
+    vp = random_tensor({num_pages, ps, Hkv, Dv}, type, rng);
+    q = random_tensor({B, Hq, c.Nq, D}, type, rng);
+    o.is_causal = true, o.alignment = c.align, o.window_left = c.wl;
+    if (c.alibi) o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);  // one row per sequence
+    if (c.sinks) o.sinks = random_tensor({Hq}, dtype::f64, rng);
+    K = c.mask_cols < 0 ? max_pages * ps : c.mask_cols;
+    if (c.mask_cols) {
+      mask = Tensor::empty({B, c.mask_heads, c.Nq, K}, c.float_mask ? dtype::f32 : dtype::boolean);
+      std::bernoulli_distribution keep(0.75);
+      std::uniform_real_distribution<double> bias(-2.0, 2.0);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < c.mask_heads; ++h)
+          for (std::int64_t i = 0; i < c.Nq; ++i)
+            for (std::int64_t j = 0; j < K; ++j) {
+              const bool kept = (b || h || i) && keep(rng);
+              mask.set({b, h, i, j}, c.float_mask ? (kept ? bias(rng) : -INFINITY) : kept ? 1.0 : 0.0);
+            }
+      o.attn_mask = mask;
+    }
+  }
+  paged_kv_view cache(const paged_case& c) const {
+    return {kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, c.lens)};
+  }
+  // What attention() on sequence b's keys laid out densely takes: its ALiBi row, the queries as
+  // the last Nq tokens (after_past puts them at L - Nq + i), its mask rows over keys [0, L).
+  attention_options sequence_options(const paged_case& c, std::int64_t b) const {
+    attention_options ob = o;
+    if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({Hq}));
+    ob.alignment = c.align == causal_alignment::top_left ? causal_alignment::top_left : causal_alignment::bottom_right;
+    if (c.mask_cols)
+      ob.attn_mask = Tensor::copy_of(mask.view().slice(0, b, b + 1).slice(3, 0, std::min(K, c.lens[std::size_t(b)])));
+    return ob;
+  }
+  Tensor keys(std::int64_t b, std::int64_t L) const { return gather(kp, table, max_pages, b, L); }
+  Tensor values(std::int64_t b, std::int64_t L) const { return gather(vp, table, max_pages, b, L); }
+};
+
 class Paged : public ::testing::TestWithParam<std::tuple<paged_case, dtype>> {};
 
 TEST_P(Paged, EqualsDenseAttention) {
   const auto& [c, type] = GetParam();
-  std::mt19937 rng(17);
-  const std::int64_t B = std::int64_t(c.lens.size()), Hq = 4, Hkv = 2, D = 8, Dv = 8, ps = c.page_size;
-  std::int64_t max_pages = 0, used = 0;
-  for (std::int64_t L : c.lens) max_pages = std::max(max_pages, (L + ps - 1) / ps + 1), used += (L + ps - 1) / ps;
-  const std::int64_t num_pages = used + 3;
-  std::vector<std::int64_t> order(static_cast<std::size_t>(num_pages));
-  std::iota(order.begin(), order.end(), 0);
-  if (c.shuffle) std::shuffle(order.begin(), order.end(), rng);
-  std::vector<std::int64_t> table(std::size_t(B * max_pages), -7);  // unused entries are never read
-  std::size_t next = 0;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t p = 0; p * ps < c.lens[std::size_t(b)]; ++p)
-      table[std::size_t(b * max_pages + p)] = (c.share && b == 1 && p == 0) ? table[0] : order[next++];
-  const Tensor kp = random_tensor({num_pages, ps, Hkv, D}, type, rng);
-  const Tensor vp = random_tensor({num_pages, ps, Hkv, Dv}, type, rng);
-  const Tensor q = random_tensor({B, Hq, c.Nq, D}, type, rng);
-  const paged_kv_view cache{kp, vp, index_tensor({B, max_pages}, table), index_tensor({B}, c.lens)};
-  attention_options o;
-  o.is_causal = true, o.alignment = c.align, o.window_left = c.wl;
-  if (c.alibi) o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);  // one row per sequence
-  if (c.sinks) o.sinks = random_tensor({Hq}, dtype::f64, rng);
-  const std::int64_t K = c.mask_cols < 0 ? max_pages * ps : c.mask_cols;
-  Tensor mask;
-  if (c.mask_cols) {
-    mask = Tensor::empty({B, c.mask_heads, c.Nq, K}, c.float_mask ? dtype::f32 : dtype::boolean);
-    std::bernoulli_distribution keep(0.75);
-    std::uniform_real_distribution<double> bias(-2.0, 2.0);
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t h = 0; h < c.mask_heads; ++h)
-        for (std::int64_t i = 0; i < c.Nq; ++i)
-          for (std::int64_t j = 0; j < K; ++j) {
-            const bool kept = (b || h || i) && keep(rng);
-            mask.set({b, h, i, j}, c.float_mask ? (kept ? bias(rng) : -INFINITY) : kept ? 1.0 : 0.0);
-          }
-    o.attn_mask = mask;
-  }
+  const paged_batch t(c, type);
+  const std::int64_t B = t.B, Hq = t.Hq, Dv = t.Dv;
+  const paged_kv_view cache = t.cache(c);
+  const attention_options& o = t.o;
 
-  const attention_result r = attention_paged(q, cache, o);
+  const attention_result r = attention_paged(t.q, cache, o);
   ASSERT_EQ(r.out.shape(), (Shape{B, Hq, c.Nq, Dv}));
   const double tol = testing::tolerance_for(type) * 4;
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t L = c.lens[std::size_t(b)];
     SCOPED_TRACE(fmt::format("{} sequence {} (L {})", c.name, b, L));
-    attention_options ob = o;
-    if (c.alibi) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({Hq}));
-    // The queries are the last Nq tokens: after_past puts them at L - Nq + i.
-    ob.alignment = c.align == causal_alignment::top_left ? causal_alignment::top_left : causal_alignment::bottom_right;
-    if (c.mask_cols) ob.attn_mask = Tensor::copy_of(mask.view().slice(0, b, b + 1).slice(3, 0, std::min(K, L)));
-    const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1));
-    const attention_result want = attention(qb, gather(kp, table, max_pages, b, L), gather(vp, table, max_pages, b, L), ob);
+    const Tensor qb = Tensor::copy_of(t.q.view().slice(0, b, b + 1));
+    const attention_result want = attention(qb, t.keys(b, L), t.values(b, L), t.sequence_options(c, b));
     EXPECT_TRUE(all_close(Tensor::copy_of(r.out.view().slice(0, b, b + 1)), want.out, tol));
     EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1)), want.lse, tol));
   }
   // One thread gives the same bits (the partition depends on the shapes only).
-  const attention_result one = attention_paged(q, cache, o, {.num_threads = 1});
+  const attention_result one = attention_paged(t.q, cache, o, {.num_threads = 1});
   EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
   if (c.mask_cols) {  // a gathered prefill chunk one kv head of one sequence a pass: the mask's rows of each
     const testing::env_scope small("ATTN_PAGED_GATHER_MIB", "0");
-    const attention_result apart = attention_paged(q, cache, o);
+    const attention_result apart = attention_paged(t.q, cache, o);
     EXPECT_TRUE(all_close(apart.out, r.out, tol));
     EXPECT_TRUE(all_close(apart.lse, r.lse, tol));
+  }
+}
+
+// attention_paged_backward equals attention_backward on each sequence's keys laid out densely:
+// dq row by row, dk_pages / dv_pages the dense dk, dv carried back through the table (a shared page
+// the sum of both sequences'), zero on rows nobody reads; ALiBi [B, Hq] rows, the sinks summed
+// over the sequences, a float mask's gradient per sequence (zeros past its length). The same bits
+// on one thread.
+TEST_P(Paged, BackwardEqualsDenseBackward) {
+  const auto& [c, type] = GetParam();
+  const paged_batch t(c, type);
+  const std::int64_t B = t.B, Hq = t.Hq, Dv = t.Dv;
+  const paged_kv_view cache = t.cache(c);
+  std::mt19937 rng(29);
+  const Tensor dout = random_tensor({B, Hq, c.Nq, Dv}, type, rng);
+  const attention_result r = attention_paged(t.q, cache, t.o);
+  const paged_grads g = attention_paged_backward(t.q, cache, r.out, dout, r.lse, t.o);
+  ASSERT_EQ(g.dq.shape(), t.q.shape());
+  ASSERT_EQ(g.dk_pages.shape(), t.kp.shape());
+  ASSERT_EQ(g.dv_pages.shape(), t.vp.shape());
+  EXPECT_EQ(g.dk_pages.type(), type);
+  const double tol = testing::tolerance_for(type) * 8;
+  const Tensor dk_want = Tensor::zeros(t.kp.shape(), dtype::f64), dv_want = Tensor::zeros(t.vp.shape(), dtype::f64);
+  Tensor dalibi_want = t.o.alibi_slopes ? Tensor::zeros({B, Hq}, dtype::f64) : Tensor();
+  Tensor dsinks_want = t.o.sinks ? Tensor::zeros({Hq}, dtype::f64) : Tensor();
+  const std::int64_t ps = c.page_size;
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t L = c.lens[std::size_t(b)];
+    SCOPED_TRACE(fmt::format("{} sequence {} (L {})", c.name, b, L));
+    const attention_options ob = t.sequence_options(c, b);
+    const Tensor qb = Tensor::copy_of(t.q.view().slice(0, b, b + 1)), kb = t.keys(b, L), vb = t.values(b, L);
+    const Tensor db = Tensor::copy_of(dout.view().slice(0, b, b + 1));
+    const attention_result f = attention(qb, kb, vb, ob);
+    const attention_grads want = attention_backward(qb, kb, vb, f.out, db, f.lse, ob);
+    EXPECT_TRUE(all_close(Tensor::copy_of(g.dq.view().slice(0, b, b + 1)), want.dq, tol));
+    for (std::int64_t j = 0; j < L; ++j)
+      for (std::int64_t h = 0; h < t.Hkv; ++h)
+        for (std::int64_t x = 0; x < t.D; ++x) {
+          const std::int64_t page = t.table[std::size_t(b * t.max_pages + j / ps)];
+          dk_want.set({page, j % ps, h, x}, dk_want.get({page, j % ps, h, x}) + want.dk.get({0, h, j, x}));
+          dv_want.set({page, j % ps, h, x}, dv_want.get({page, j % ps, h, x}) + want.dv.get({0, h, j, x}));
+        }
+    for (std::int64_t h = 0; h < Hq && L > 0 && c.Nq > 0; ++h) {
+      if (dalibi_want.defined()) dalibi_want.set({b, h}, want.dalibi_slopes.get({h}));
+      if (dsinks_want.defined()) dsinks_want.set({h}, dsinks_want.get({h}) + want.dsinks.get({h}));
+    }
+    if (c.float_mask) {
+      const Tensor got = Tensor::copy_of(g.dattn_mask.view().slice(0, b, b + 1));
+      const std::int64_t kept = std::min(t.K, L);
+      EXPECT_TRUE(all_close(Tensor::copy_of(got.view().slice(3, 0, kept)), want.dattn_mask, tol));
+      if (kept < t.K) {
+        EXPECT_TRUE(all_close(Tensor::copy_of(got.view().slice(3, kept, t.K)),
+                              Tensor::zeros({1, c.mask_heads, c.Nq, t.K - kept}, dtype::f32), 0, 0));
+      }
+    }
+  }
+  EXPECT_TRUE(all_close(g.dk_pages, dk_want.to(type), tol));
+  EXPECT_TRUE(all_close(g.dv_pages, dv_want.to(type), tol));
+  if (dalibi_want.defined()) {
+    EXPECT_TRUE(all_close(g.dalibi_slopes, dalibi_want, tol));
+  }
+  if (dsinks_want.defined()) {
+    EXPECT_TRUE(all_close(g.dsinks, dsinks_want, tol));
+  }
+  EXPECT_EQ(g.dattn_mask.defined(), c.float_mask);
+  const paged_grads one = attention_paged_backward(t.q, cache, r.out, dout, r.lse, t.o, {.num_threads = 1});
+  EXPECT_TRUE(all_close(one.dq, g.dq, 0, 0));
+  EXPECT_TRUE(all_close(one.dk_pages, g.dk_pages, 0, 0));
+  EXPECT_TRUE(all_close(one.dv_pages, g.dv_pages, 0, 0));
+  if (c.float_mask) {
+    EXPECT_TRUE(all_close(one.dattn_mask, g.dattn_mask, 0, 0));
   }
 }
 
@@ -414,6 +509,30 @@ TEST(PagedErrors, BadTablesByMessage) {
                    "paged_kv_append: v_new has shape [2, 1, 2, 4], expected [2, 1, 1, 4]");
   EXPECT_THROW_MSG(paged_kv_append({kp, vp, table, index_tensor({2}, {1, 2})}, one, one),
                    "paged_kv_append: block_table[1, 1] = 9 is outside [0, num_pages = 4)");
+}
+
+TEST(PagedErrors, BackwardBadInputsByMessage) {
+  const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
+  const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32), out = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
+  const Tensor lse = Tensor::zeros({2, 2, 1}, dtype::f32);
+  const paged_kv_view cache{kp, vp, index_tensor({2, 2}, {0, 3, 1, 2}), index_tensor({2}, {4, 3})};
+  const char* op = "attention_paged_backward: ";
+  EXPECT_THROW_MSG(attention_paged_backward(q, cache, Tensor::zeros({2, 2, 2, 4}, dtype::f32), out, lse),
+                   fmt::format("{}out has shape [2, 2, 2, 4], expected [2, 2, 1, 4]", op));
+  EXPECT_THROW_MSG(attention_paged_backward(q, cache, out, Tensor::zeros({2, 2, 1, 3}, dtype::f32), lse),
+                   fmt::format("{}dout has shape [2, 2, 1, 3], expected [2, 2, 1, 4]", op));
+  EXPECT_THROW_MSG(attention_paged_backward(q, cache, out, out, Tensor::zeros({2, 2}, dtype::f32)),
+                   fmt::format("{}lse has shape [2, 2], expected [B, Hq, Nq] = [2, 2, 1]", op));
+  EXPECT_THROW_MSG(attention_paged_backward(q, cache, out, out, Tensor::zeros({2, 2, 1}, dtype::bf16)),
+                   fmt::format("{}lse has dtype bfloat16, expected float32 or float64", op));
+  EXPECT_THROW_MSG(attention_paged_backward(q, {kp, vp, cache.block_table, index_tensor({2}, {5, 1})}, out, out, lse),
+                   fmt::format("{}seq_lens[0] = 5 is beyond the block table's capacity 4", op));
+  attention_options bad_mask;
+  bad_mask.attn_mask = Tensor::zeros({3, 1, 1, 4}, dtype::f32);
+  EXPECT_THROW_MSG(attention_paged_backward(q, cache, out, out, lse, bad_mask), "attention_paged_backward: attn_mask");
+  const Tensor k8 = Tensor::zeros({4, 2, 1, 4}, dtype::i8), s8 = Tensor::zeros({4, 2, 1}, dtype::f32);
+  EXPECT_THROW_MSG(attention_paged_backward(q, {k8, k8, cache.block_table, cache.seq_lens, s8, s8}, out, out, lse),
+                   fmt::format("{}int8 pages are a quantised cache and have no gradient", op));
 }
 
 // A mixed batch — decode steps, prefill chunks, a sequence with nothing new — packed with
