@@ -29,7 +29,7 @@ __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "FamilyKept", "attention", "attention_backward",
     "attention_into", "attention_backward_into", "release_cached_buffers", "cached_buffer_bytes",
     "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
-    "VarlenGrads", "attention_paged", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
+    "VarlenGrads", "attention_paged", "attention_paged_backward", "PagedGrads", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
     "t5_relative_bias", "t5_relative_bias_backward", "t5_relative_buckets", "plot_attention",
     "__version__",
@@ -345,7 +345,9 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     ``attn_mask``: bool (True = attend) or float (added; HF-style finfo.min rows are taken, shifted
     by their maximum as :func:`attention` shifts them) over each sequence's key positions, broadcast to ``[B, Hq, Nq, K]`` with K = max_pages ·
     page_size (a shorter last dim excludes the positions past it) — e.g. a tree of draft tokens
-    in a speculative step. Forward only. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an :class:`AttentionResult`.
+    in a speculative step. Returns ``out [B, Hq, Nq, Dv]`` — or, with return_lse, an
+    :class:`AttentionResult`; :func:`attention_paged_backward` differentiates it
+    (:func:`attn.torch.attention_paged` with autograd).
 
     >>> attn.paged_kv_append(K, V, table, lens, k_t, v_t); lens += 1
     >>> out = attn.attention_paged(q_t, K, V, table, lens, is_causal=True)
@@ -360,6 +362,39 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
                                            None if v_scales is None else _arg(v_scales), o, _EXT)
     out = _result(out, kind)
     return AttentionResult(out, _result(lse, kind), None, None, None, used) if return_lse else out
+
+
+class PagedGrads(NamedTuple):
+    """Gradients from :func:`attention_paged_backward`; None where there is nothing to return."""
+
+    dq: Any             # [B, Hq, Nq, D]
+    dk_pages: Any       # [num_pages, page_size, Hkv, D], dtype of the pages
+    dv_pages: Any       # [num_pages, page_size, Hkv, Dv]
+    dalibi_slopes: Any
+    dsinks: Any
+    dattn_mask: Any     # a float attn_mask: its gradient, in its shape
+    backend: str
+
+
+def attention_paged_backward(q, k_pages, v_pages, block_table, seq_lens, out, dout, lse, *,
+                             attn_mask=None, is_causal: bool = False, alignment: str = "bottom_right",
+                             scale: Optional[float] = None, window: Tuple[int, int] = (-1, -1),
+                             softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                             backend: str = "automatic", num_threads: int = 0, **extra) -> PagedGrads:
+    """Backward of :func:`attention_paged` (float pages) from its saved ``out`` and ``lse``
+    (``return_lse=True``), with the same options. ``dk_pages``/``dv_pages`` have the pages' shape:
+    each sequence's key gradients go back through its block table, a page that several sequences
+    read (a shared prefix) gets their sum, rows nobody reads get 0. int8 pages are refused.
+
+    >>> r = attn.attention_paged(q, K, V, table, lens, is_causal=True, return_lse=True)
+    >>> g = attn.attention_paged_backward(q, K, V, table, lens, r.out, dout, r.lse, is_causal=True)
+    """
+    kind = _kind_of(q)
+    o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                      num_threads, extra, attn_mask)
+    g = _attn.attention_paged_backward(_arg(q), _arg(k_pages), _arg(v_pages), _index(block_table),
+                                       _index(seq_lens), _arg(out), _arg(dout), _arg(lse), o, _EXT)
+    return PagedGrads(*(_result(x, kind) for x in g[:6]), g[6])
 
 
 def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages, block_table, seq_lens, *,

@@ -550,3 +550,109 @@ def test_varlen_hf_finfo_min_packed_mask_against_torch_sdpa():
     (want * dout).sum().backward()
     for g, w, name in zip(got, (q.grad, k.grad, v.grad), ("dq", "dk", "dv")):
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=name)
+
+
+def paged_eager(q, kp, vp, table, lens, slopes, sinks, mask):
+    """The outside oracle of the paged backward: each sequence's keys gathered from the pages by
+    torch indexing (so autograd carries their gradients back to the pages), then attention written
+    in torch eager — causal bottom-right, ALiBi -slope·|pos_i - j|, an added float mask, and the
+    sink as an extra score column that carries no value (gpt-oss's eager form)."""
+    B, Hq, Nq, D = q.shape
+    ps, Hkv = kp.shape[1], kp.shape[2]
+    outs = []
+    for b in range(B):
+        n = int(lens[b])
+        pages = table[b, :(n + ps - 1) // ps]
+        kb = kp[pages].reshape(-1, Hkv, D)[:n].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
+        vb = vp[pages].reshape(-1, Hkv, vp.shape[-1])[:n].transpose(0, 1).repeat_interleave(Hq // Hkv, 0)
+        pos = torch.arange(Nq, dtype=q.dtype).unsqueeze(1) + (n - Nq)
+        j = torch.arange(n, dtype=q.dtype).unsqueeze(0)
+        s = q[b] @ kb.transpose(-1, -2) / D ** 0.5 - slopes[b].view(Hq, 1, 1) * (pos - j).abs()
+        s = s + mask[b, :, :, :n]
+        s = s.masked_fill(j > pos, float("-inf"))
+        s = torch.cat([s, sinks.view(Hq, 1, 1).expand(Hq, Nq, 1)], -1)
+        outs.append(torch.softmax(s, -1)[..., :n] @ vb)
+    return torch.stack(outs)
+
+
+def shared_prefix_pages(rng, lens, ps, Hkv, D):
+    """float64 pages of random keys/values for sequences of lens, shuffled, sequences 1 and 2
+    sharing sequence 0's first page (a common prompt), and one spare page nobody reads."""
+    need = [(n + ps - 1) // ps for n in lens]
+    num = sum(need) - 2 + 1
+    order = list(rng.permutation(num))
+    table = np.full((len(lens), max(need) + 1), -1, np.int64)
+    for b, k in enumerate(need):
+        for p in range(k):
+            table[b, p] = table[0, 0] if (b in (1, 2) and p == 0) else order.pop()
+    kp = torch.tensor(rng.standard_normal((num, ps, Hkv, D)), requires_grad=True)
+    vp = torch.tensor(rng.standard_normal((num, ps, Hkv, D)), requires_grad=True)
+    return kp, vp, torch.from_numpy(table)
+
+
+def test_paged_backward_against_torch_eager_with_shared_pages():
+    """attn.torch.attention_paged's gradients — q, both page tensors (a page shared by three
+    sequences gets the sum of their gradients; a page nobody reads gets zeros), ALiBi [B, Hq],
+    sinks and a float mask — against torch autograd through the eager formula on keys gathered
+    from the same pages, float64, within 1e-10."""
+    rng = np.random.default_rng(11)
+    lens, ps, Hq, Hkv, D, Nq = [11, 6, 4, 9], 4, 4, 2, 8, 3
+    B = len(lens)
+    kp, vp, table = shared_prefix_pages(rng, lens, ps, Hkv, D)
+    q = torch.tensor(rng.standard_normal((B, Hq, Nq, D)), requires_grad=True)
+    slopes = torch.tensor(rng.uniform(0.1, 0.9, (B, Hq)), requires_grad=True)
+    sinks = torch.tensor(rng.standard_normal(Hq), requires_grad=True)
+    K = table.shape[1] * ps
+    mask = torch.tensor(rng.uniform(-2, 2, (B, 1, Nq, K)), requires_grad=True)
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    w = torch.tensor(rng.standard_normal((B, Hq, Nq, D)))
+    ins = (q, kp, vp, slopes, sinks, mask)
+    got = at.attention_paged(q, kp, vp, table, lens_t, is_causal=True, alibi_slopes=slopes, sinks=sinks,
+                             attn_mask=mask)
+    g_got = torch.autograd.grad((got * w).sum(), ins)
+    want = paged_eager(q, kp, vp, table, lens_t, slopes, sinks, mask)
+    g_want = torch.autograd.grad((want * w).sum(), ins)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+    for name, a, b in zip(("dq", "dk_pages", "dv_pages", "dalibi", "dsinks", "dmask"), g_got, g_want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=name)
+    spare = sorted(set(range(kp.shape[0])) - set(table[table >= 0].tolist()))
+    assert spare and not g_got[1][spare].any() and not g_got[2][spare].any()
+    # NumPy float32 through attn.attention_paged_backward: within float32 rounding of the above
+    f32 = lambda t: t.detach().numpy().astype(np.float32)
+    r = attn.attention_paged(f32(q), f32(kp), f32(vp), table.numpy(), np.array(lens), is_causal=True,
+                             alibi_slopes=f32(slopes), sinks=f32(sinks), attn_mask=f32(mask), return_lse=True)
+    g = attn.attention_paged_backward(f32(q), f32(kp), f32(vp), table.numpy(), np.array(lens), r.out, f32(w), r.lse,
+                                      is_causal=True, alibi_slopes=f32(slopes), sinks=f32(sinks),
+                                      attn_mask=f32(mask))
+    assert g.dk_pages.dtype == np.float32 and g.dk_pages.shape == tuple(kp.shape)
+    for a, b in zip((g.dq, g.dk_pages, g.dv_pages, g.dalibi_slopes, g.dsinks, g.dattn_mask), g_want):
+        np.testing.assert_allclose(a, b.numpy(), atol=2e-4, rtol=2e-4)
+
+
+def test_paged_gradcheck_shared_page_mask_sinks():
+    """torch.autograd.gradcheck (central finite differences) of attn.torch.attention_paged in
+    float64: q, pages shared by two sequences, sinks and a float mask, causal bottom-right, GQA 2."""
+    rng = np.random.default_rng(13)
+    lens, ps, Hq, Hkv, D, Nq = [5, 3, 6], 2, 2, 1, 3, 2
+    kp, vp, table = shared_prefix_pages(rng, lens, ps, Hkv, D)
+    q = torch.tensor(rng.standard_normal((len(lens), Hq, Nq, D)), requires_grad=True)
+    sinks = torch.tensor(rng.standard_normal(Hq), requires_grad=True)
+    mask = torch.tensor(rng.uniform(-1, 1, (1, Hq, Nq, table.shape[1] * ps)), requires_grad=True)
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    assert torch.autograd.gradcheck(
+        lambda q, kp, vp, s, m: at.attention_paged(q, kp, vp, table, lens_t, is_causal=True, sinks=s, attn_mask=m),
+        (q, kp, vp, sinks, mask))
+
+
+def test_paged_backward_bad_input_by_message():
+    kp = np.zeros((4, 2, 1, 4), np.float32)
+    q = np.zeros((2, 2, 1, 4), np.float32)
+    table, lens = np.array([[0, 3], [1, 2]]), np.array([4, 3])
+    out, lse = np.zeros((2, 2, 1, 4), np.float32), np.zeros((2, 2, 1), np.float32)
+    with pytest.raises(ValueError, match=r"attention_paged_backward: lse has shape \[2, 2\], expected"):
+        attn.attention_paged_backward(q, kp, kp, table, lens, out, out, lse[..., 0])
+    with pytest.raises(ValueError, match=r"attention_paged_backward: dout has shape \[2, 2, 1, 3\]"):
+        attn.attention_paged_backward(q, kp, kp, table, lens, out, out[..., :3], lse)
+    k8 = np.zeros((4, 2, 1, 4), np.int8)
+    with pytest.raises(ValueError, match="attention_paged_backward: .*int8 pages"):
+        attn.attention_paged_backward(q, k8, k8, table, lens, out, out, lse)
