@@ -1,6 +1,6 @@
 // fuzz/serving_fuzz.cc — the differential fuzzer of the serving ops (include/attn/serving.h):
 // attention_paged on float or int8 pages (paged_kv_append first on half the inputs),
-// attention_paged_varlen, and attention_varlen forward and backward (both varlen ops with masks
+// attention_paged_backward on float pages, attention_paged_varlen, and attention_varlen forward and backward (both varlen ops with masks
 // packed per sequence on a third of the inputs). The bytes choose the batch,
 // heads, sizes, page size, block tables (shuffled, shared, entries past a sequence's pages out of
 // range: legal, never read), int32 or int64 indices, the options (causal and its alignment,
@@ -394,6 +394,114 @@ Tensor random_mask(bytes& in, const Shape& shape) {
   return m;
 }
 
+double amax(const Tensor& x) {
+  double m = 0;
+  for (double y : x.to_vector()) m = std::max(m, std::abs(y));
+  return m;
+}
+
+// api_fuzz's bound of the backward of one sequence (float64 q8, k8, v8, dout8; g8 and lse8 the
+// float64 reference's): the gradients' own scale or that of the difference dp − Δ in ds (Δ =
+// rowsum(dout ∘ out) from the rounded out), growing with |lse|.
+double backward_bound(const setup& s, const attention_grads& g8, const Tensor& lse8, const Tensor& dout8,
+                      const Tensor& q8, const Tensor& k8, const Tensor& v8) {
+  double gmax = 1, lmax = 0;
+  for (const Tensor* g : {&g8.dq, &g8.dk, &g8.dv, &g8.dattn_mask})
+    if (g->defined()) gmax = std::max(gmax, amax(*g));
+  for (double x : lse8.to_vector()) if (std::isfinite(x)) lmax = std::max(lmax, std::abs(x));
+  const double sc = s.o.scale ? std::abs(*s.o.scale) : 1.0 / std::sqrt(double(s.D));
+  const double gscale = std::max(gmax, sc * amax(dout8) * amax(v8) * std::max(amax(q8), amax(k8)) * double(s.Dv));
+  const double tol = tol_for(s.t);
+  return (s.t == dtype::f64 ? 1e-9 : s.t == dtype::f32 ? 1e-5 : 4 * tol) * (1 + lmax) * gscale;
+}
+
+// An absolute bound at the gradients' scale (compare() adds |want| to 1).
+void compare_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want, double bound) {
+  if (got.size() != want.size()) finding(what, "sizes differ");
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= bound))
+      finding(what, "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]));
+}
+
+// attention_paged_backward on float pages (cpu and reference) against attention_backward of the
+// float64 reference on each sequence's keys laid out densely: dq per sequence, the pages'
+// gradients as the dense ones carried back through the table (shared pages summed), ALiBi, sinks
+// and a float mask's gradient likewise; the pages are not written.
+void check_paged_backward(bytes& in, const setup& s, const cache_case& c, const Tensor& q,
+                          const ran<attention_result>& fw) {
+  const char* op = "attention_paged_backward";
+  const std::int64_t Nq = q.size(2);
+  Tensor dout = Tensor::empty({s.B, s.Hq, Nq, s.Dv}, s.t);
+  for (std::int64_t i = 0; i < dout.numel(); ++i) store_from_double(dout.data(), s.t, i, in.moderate());
+  const Tensor kp0 = Tensor::copy_of(c.kp);
+  const auto g = both<paged_grads>(op, s, false, true, [&](const execution& ex) {
+    const attention_result& f = ex.use_backend == backend::cpu || ex.use_backend == backend::automatic ? *fw.cpu : *fw.ref;
+    return attention_paged_backward(q, c.view(), f.out, dout, f.lse, s.o, ex);
+  });
+  if (std::memcmp(kp0.data(), c.kp.data(), std::size_t(c.kp.numel()) * dtype_size(c.kp.type())))
+    finding("attention_paged_backward wrote the pages", "");
+  if (!g.cpu || !g.ref) return;
+  const Tensor dk = Tensor::zeros(c.kp.shape(), dtype::f64), dv = Tensor::zeros(c.vp.shape(), dtype::f64);
+  const bool float_mask = s.o.attn_mask && s.o.attn_mask->type() != dtype::boolean;
+  const Tensor dmask = float_mask ? Tensor::zeros(s.o.attn_mask->shape(), dtype::f64) : Tensor();
+  const Tensor dsinks = s.o.sinks ? Tensor::zeros({s.Hq}, dtype::f64) : Tensor();
+  const Tensor dalibi = s.o.alibi_slopes ? Tensor::zeros(s.o.alibi_slopes->shape(), dtype::f64) : Tensor();
+  const Tensor q8 = q.to(dtype::f64), dout8 = dout.to(dtype::f64);
+  double bound = 0;
+  for (std::int64_t b = 0; b < s.B; ++b) {
+    const std::int64_t L = c.lens[std::size_t(b)];
+    const Tensor qb = Tensor::copy_of(q8.view().slice(0, b, b + 1)), db = Tensor::copy_of(dout8.view().slice(0, b, b + 1));
+    const Tensor kb = c.dense(true, b, L, s.Hkv, s.D), vb = c.dense(false, b, L, s.Hkv, s.Dv);
+    const attention_options ob = oracle_options(s.o, b, L, true);
+    const execution ref{.use_backend = backend::reference};
+    const attention_result f8 = attention(qb, kb, vb, ob, ref);
+    const attention_grads g8 = attention_backward(qb, kb, vb, f8.out, db, f8.lse, ob, ref);
+    const double bb = backward_bound(s, g8, f8.lse, db, qb, kb, vb);
+    bound = std::max(bound, bb);
+    for (const auto* gg : {&*g.ref, &*g.cpu})
+      compare_within(std::string(op) + (gg == &*g.cpu ? " cpu" : " reference") + " dq (sequence " + std::to_string(b) + ")",
+                     Tensor::copy_of(gg->dq.view().slice(0, b, b + 1)).to_vector(), g8.dq.to_vector(), bb);
+    for (std::int64_t t = 0; t < L; ++t) {  // the dense gradients back through the table
+      const std::int64_t p = c.table[std::size_t(b * c.max_pages + t / c.ps)], slot = t % c.ps;
+      for (std::int64_t h = 0; h < s.Hkv; ++h) {
+        for (std::int64_t x = 0; x < s.D; ++x)
+          dk.set({p, slot, h, x}, dk.get({p, slot, h, x}) + g8.dk.get({0, h, t, x}));
+        for (std::int64_t x = 0; x < s.Dv; ++x)
+          dv.set({p, slot, h, x}, dv.get({p, slot, h, x}) + g8.dv.get({0, h, t, x}));
+      }
+    }
+    for (std::int64_t h = 0; h < s.Hq && L > 0 && Nq > 0; ++h) {
+      if (dsinks.defined()) dsinks.set({h}, dsinks.get({h}) + g8.dsinks.get({h}));
+      if (dalibi.defined()) {
+        const std::int64_t at = dalibi.rank() == 2 ? b * s.Hq + h : h;
+        dalibi.data_as<double>()[at] += g8.dalibi_slopes.get({h});
+      }
+    }
+    if (dmask.defined() && L > 0 && g8.dattn_mask.defined()) {  // rows of b (or all), columns [0, min(K, L))
+      TensorView at = dmask.view();
+      if (at.size(0) > 1) at = at.slice(0, b, b + 1);
+      at = at.slice(3, 0, std::min(at.size(3), L));
+      const std::vector<double> add = g8.dattn_mask.to_vector();
+      std::size_t i = 0;
+      for (std::int64_t a = 0; a < at.size(0); ++a)
+        for (std::int64_t h = 0; h < at.size(1); ++h)
+          for (std::int64_t r = 0; r < at.size(2); ++r)
+            for (std::int64_t j = 0; j < at.size(3); ++j) at.set({a, h, r, j}, at.get({a, h, r, j}) + add[i++]);
+    }
+  }
+  for (const auto* gg : {&*g.ref, &*g.cpu}) {
+    const std::string who = std::string(op) + (gg == &*g.cpu ? " cpu " : " reference ");
+    // a shared page sums several sequences' gradients: the bound of each, times the sequences
+    compare_within(who + "dk_pages", gg->dk_pages.to_vector(), dk.to_vector(), bound * double(s.B));
+    compare_within(who + "dv_pages", gg->dv_pages.to_vector(), dv.to_vector(), bound * double(s.B));
+    if (dsinks.defined()) compare_within(who + "dsinks", gg->dsinks.to_vector(), dsinks.to_vector(), bound * double(s.B));
+    if (dalibi.defined()) compare_within(who + "dalibi_slopes", gg->dalibi_slopes.to_vector(), dalibi.to_vector(), bound * double(s.B));
+    if (gg->dattn_mask.defined() != float_mask) finding(who + "dattn_mask", "returned for no float mask, or missing for one");
+    if (dmask.defined() && gg->dattn_mask.defined())
+      compare_within(who + "dattn_mask", gg->dattn_mask.to_vector(), dmask.to_vector(), bound * double(s.B));
+  }
+}
+
 void run_paged(bytes& in, setup& s) {
   const char* op = "attention_paged";
   const bool append = in.upto(1);  // paged_kv_append first (it quantises into int8 pages)
@@ -460,6 +568,8 @@ void run_paged(bytes& in, setup& s) {
     check_rows(std::string(op) + " cpu" + where, s, part(out_c, b * no, no), part(lse_c, b * nl, nl), w, tol);
     if (!c.int8) check_rows(std::string(op) + " reference" + where, s, part(out_r, b * no, no), part(lse_r, b * nl, nl), w, tol);
   }
+  // The backward's special values: api_fuzz, on the core op (which this one runs per sequence).
+  if (!c.int8 && !s.specials && in.upto(1)) check_paged_backward(in, s, c, q, r);
 }
 
 // cu_seqlens of n lengths drawn up to top (some 0).
@@ -614,29 +724,11 @@ void run_varlen(bytes& in, setup& s) {
     const Tensor qb = sequence_of(q, cq, b), kb = sequence_of(k, ck, b), vb = sequence_of(v, ck, b);
     const attention_grads g8 = attention_backward(qb, kb, vb, w[std::size_t(b)].truth.out, sequence_of(dout, cq, b),
                                                   w[std::size_t(b)].truth.lse, ob, {.use_backend = backend::reference});
-    // api_fuzz's bound of the backward: the gradients' own scale or that of the difference
-    // dp − Δ in ds (Δ = rowsum(dout ∘ out) from the rounded out), growing with |lse|.
-    const auto amax = [](const Tensor& x) {
-      double m = 0;
-      for (double y : x.to_vector()) m = std::max(m, std::abs(y));
-      return m;
-    };
-    double gmax = 1, lmax = 0;
-    for (const Tensor* g : {&g8.dq, &g8.dk, &g8.dv, &g8.dattn_mask})
-      if (g->defined()) gmax = std::max(gmax, amax(*g));
-    for (double x : w[std::size_t(b)].truth.lse.to_vector()) if (std::isfinite(x)) lmax = std::max(lmax, std::abs(x));
-    const double sc = s.o.scale ? std::abs(*s.o.scale) : 1.0 / std::sqrt(double(s.D));
-    const double gscale = std::max(gmax, sc * amax(sequence_of(dout, cq, b)) * amax(vb) * std::max(amax(qb), amax(kb)) * double(s.Dv));
-    const double btol = (s.t == dtype::f64 ? 1e-9 : s.t == dtype::f32 ? 1e-5 : 4 * tol) * (1 + lmax) * gscale;
+    const double btol = backward_bound(s, g8, w[std::size_t(b)].truth.lse, sequence_of(dout, cq, b), qb, kb, vb);
     for (const auto* g : {&*gr, &*gc}) {
       const std::string who = std::string(bop) + (g == &*gc ? " cpu" : " reference") + " (sequence " + std::to_string(b) + ")";
-      // An absolute bound at the gradients' scale: compare() adds |want| to 1, so divide it out.
       const auto cmp = [&](const char* name, const std::vector<double>& got, const Tensor& want) {
-        const std::vector<double> wv = want.to_vector();
-        if (got.size() != wv.size()) finding(who + " " + name, "sizes differ");
-        for (std::size_t i = 0; i < got.size(); ++i)
-          if (!(std::abs(got[i] - wv[i]) <= btol))
-            finding(who + " " + name, "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(wv[i]));
+        compare_within(who + " " + name, got, want.to_vector(), btol);
       };
       cmp("dq", rows_of(g->dq, cq, b), g8.dq);
       cmp("dk", rows_of(g->dk, ck, b), g8.dk);
