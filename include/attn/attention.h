@@ -50,7 +50,9 @@
 //     in different orders.
 //   - Float masks are shift-invariant per row: rows beyond ±1024 whose finite values lie
 //     within 2^20 of each other are shifted to a maximum of 0 before use, so -1e30 everywhere
-//     equals no mask (lse = no-mask lse - 1e30).
+//     equals no mask (lse = no-mask lse - 1e30). With lengths per batch entry (nonpad_kv_seqlen,
+//     an in-place cache) a row's values are taken over the keys its entry has, so padding
+//     columns past them (0 in an HF padding mask) do not hold a row of finfo.min unshifted.
 //   - scale and softcap must be 0 or normal float32 magnitudes ([1.2e-38, 3.4e38]); others
 //     are refused (float32 would read 1e-46 as 0). Fully masked rows: out 0, lse -inf.
 //   - masking_options::check_finite turns any NaN/inf input into an attn::error naming the

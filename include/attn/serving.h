@@ -105,8 +105,8 @@ struct paged_kv_view {
 // attend; or float, added) over each sequence's key positions, broadcast to [B, Hq, Nq, K] with K
 // the table's capacity max_pages · page_size (a shorter last dim excludes the positions past it,
 // as the core op's mask does) — e.g. a tree of draft tokens; a float row whose largest finite
-// value lies beyond ±1024 is shifted by it as the core op shifts it (over all K columns: fill
-// positions past a sequence's length with the row's masked value). Runs of pages that are consecutive
+// value lies beyond ±1024 among the sequence's keys [0, seq_lens[b]) is shifted by it as the core
+// op shifts it (columns past the length are padding, whatever they hold). Runs of pages that are consecutive
 // in memory are read as one view; each run gives a partial softmax that is merged by
 // log-sum-exp (sinks join once, at the merge) — except where the cpu backend runs it on float32,
 // bfloat16 or int8 pages with unit x-stride: its decode kernel then walks the block table itself.

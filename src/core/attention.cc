@@ -189,14 +189,31 @@ std::vector<double> small_vector(const char* op, const char* name, const TensorV
 // equals no mask exactly.
 constexpr double kMaskShift = 1024.0, kMaskBand = 1 << 20;
 
-void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store, int nt) {
+void shift_mask_rows(const TensorView& mask, problem& p, problem_storage& store, int nt) {
+  // With lengths per batch entry (p.kv_len: nonpad_kv_seqlen, an in-place cache, the paged op's
+  // seq_lens), a row's shift is the largest value among the keys its entry has: the mask is seen
+  // as 4-D with B explicit, so that entries of one broadcast row may shift apart.
+  const bool per_entry = !p.kv_len.empty();
+  TensorView m = mask;
+  if (per_entry) {
+    Shape sh(4, 1), st(4, 0);
+    const int o4 = 4 - mask.rank();
+    for (int d = 0; d < mask.rank(); ++d) sh[std::size_t(o4 + d)] = mask.size(d), st[std::size_t(o4 + d)] = mask.stride(d);
+    if (sh[0] != p.B) sh[0] = p.B, st[0] = 0;
+    m = TensorView(mask.data(), mask.type(), sh, st);
+  }
   Shape cs = m.shape();
-  for (int d = 0; d + 1 < m.rank(); ++d)
+  for (int d = per_entry ? 1 : 0; d + 1 < m.rank(); ++d)
     if (m.stride(d) == 0) cs[std::size_t(d)] = 1;
-  const std::int64_t cols = cs.back(), used = p.mask_cols, sx = m.stride(-1);
+  const std::int64_t cols = cs.back(), sx = m.stride(-1);
   std::int64_t rows = 1;
   for (int d = 0; d + 1 < m.rank(); ++d) rows *= cs[std::size_t(d)];
   if (cols == 0) rows = 0;
+  const std::int64_t per_b = per_entry && p.B > 0 ? rows / p.B : 0;
+  // The columns row r takes its shift over.
+  const auto used = [&](std::int64_t r) {
+    return per_entry ? std::min(p.mask_cols, p.kv_len[std::size_t(r / per_b)]) : p.mask_cols;
+  };
   // Element offset of row r (the dims before the last, over cs) in the mask's own layout.
   const auto row_offset = [&](std::int64_t r) {
     std::int64_t off = 0;
@@ -219,7 +236,7 @@ void shift_mask_rows(const TensorView& m, problem& p, problem_storage& store, in
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t base = row_offset(r);
     double mx = kNegInf, mn = -kNegInf;
-    for (std::int64_t j = 0; j < used; ++j) {
+    for (std::int64_t j = 0, n = used(r); j < n; ++j) {
       const double x = value(base, j);
       if (std::isfinite(x)) mx = std::max(mx, x), mn = std::min(mn, x);
     }
@@ -366,8 +383,6 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
   p.window_left = o.window_left < 0 ? -1 : std::min(o.window_left, kWideWindow);
   p.window_right = o.window_right < 0 ? -1 : std::min(o.window_right, kWideWindow);
 
-  if (o.attn_mask) set_attn_mask(op, *o.attn_mask, p, store, thread_count(op, exec));
-
   if (o.nonpad_kv_seqlen) {
     const TensorView& t = *o.nonpad_kv_seqlen;
     const std::string want = fmt::format("[B] = [{}]", p.B);
@@ -381,6 +396,8 @@ problem build_problem(const char* op, const TensorView& q, const TensorView& k, 
       p.kv_len.push_back(n);
     }
   }
+  // (after the lengths: a float row's shift is taken over the keys its batch entry has)
+  if (o.attn_mask) set_attn_mask(op, *o.attn_mask, p, store, thread_count(op, exec));
 
   if (o.alibi_slopes) {
     const TensorView& t = *o.alibi_slopes;

@@ -345,6 +345,7 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
   if (options.attn_mask) {
     const TensorView& m = *options.attn_mask;
     masked.B = B, masked.Hq = Hq, masked.Nq = Nq, masked.Nk = d.max_pages * d.page_size, masked.q.type = q.type();
+    masked.kv_len = d.lens;  // (a row's shift over the keys of its sequence)
     set_attn_mask(op, m, masked, shifted, nt);
     if (options.check_finite && masked.mask == mask_kind::additive) check_finite(op, "attn_mask", m, /*minus_inf_ok=*/true);
     mask_esize = std::int64_t(dtype_size(masked.mask_view.type));

@@ -268,6 +268,62 @@ TEST(SpecialValues, SinksBesideAShiftedMask) {
   }
 }
 
+// With lengths per batch entry (nonpad_kv_seqlen, an in-place cache), a float row's shift is its
+// largest value among the keys the entry has: an HF row of finfo.min over an entry's keys with
+// 0 in the padding past them is shifted by finfo.min (the padding would otherwise keep it
+// unshifted, and float32 q·k would vanish beside finfo.min: every key weighed alike). One mask
+// broadcast over B shifts apart per entry (keys [5, 9) at 5000 + x: entry 1's maximum, padding
+// for entry 0). Each entry equals attention() on its own keys and mask columns, forward and
+// backward, on every backend; the mask's gradient is 0 in the padding.
+TEST(SpecialValues, MaskShiftTakenOverEachEntrysKeys) {
+  const double lowest = -3.4028234663852886e38;
+  std::mt19937 rng(47);
+  const std::int64_t B = 2, H = 2, Nq = 3, Nk = 12, D = 8;
+  const std::int64_t lens[B] = {5, 9};
+  const Tensor q = testing::random_tensor({B, H, Nq, D}, dtype::f32, rng), k = testing::random_tensor({B, H, Nk, D}, dtype::f32, rng);
+  const Tensor v = testing::random_tensor({B, H, Nk, D}, dtype::f32, rng), dout = testing::random_tensor({B, H, Nq, D}, dtype::f32, rng);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  Tensor per_entry = Tensor::empty({B, 1, Nq, Nk}, dtype::f32), shared = Tensor::empty({1, 1, Nq, Nk}, dtype::f32);
+  for (std::int64_t i = 0; i < Nq; ++i)
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      for (std::int64_t b = 0; b < B; ++b) per_entry.set({b, 0, i, j}, j < lens[b] ? lowest : 0.0);
+      shared.set({0, 0, i, j}, j < 5 ? lowest : j < 9 ? 5000.0 + u(rng) : 0.0);
+    }
+  const Tensor nonpad = testing::index_tensor({B}, {lens[0], lens[1]});
+  for (const Tensor* mask : {&per_entry, &shared})
+    for (backend be : {backend::cpu, backend::reference}) {
+      SCOPED_TRACE(fmt::format("{} mask, backend {}", mask == &shared ? "shared" : "per-entry", to_string(be)));
+      const execution ex{.use_backend = be};
+      attention_options o;
+      o.attn_mask = *mask, o.nonpad_kv_seqlen = nonpad;
+      const attention_result r = attention(q, k, v, o, ex);
+      const attention_grads g = attention_backward(q, k, v, r.out, dout, r.lse, o, ex);
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t L = lens[b];
+        const auto rows = [&](const TensorView& x, std::int64_t n) { return Tensor::copy_of(x.slice(0, b, b + 1).slice(2, 0, n)); };
+        attention_options ob;
+        const TensorView mb = mask->size(0) == B ? mask->view().slice(0, b, b + 1) : mask->view();
+        ob.attn_mask = Tensor::copy_of(mb.slice(3, 0, L));
+        const Tensor qb = rows(q, Nq), kb = rows(k, L), vb = rows(v, L), db = rows(dout, Nq);
+        const attention_result w = attention(qb, kb, vb, ob, ex);
+        const attention_grads wg = attention_backward(qb, kb, vb, w.out, db, w.lse, ob, ex);
+        EXPECT_TRUE(testing::all_close(rows(r.out, Nq), w.out, 1e-5, 1e-5));
+        EXPECT_TRUE(testing::all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1)), w.lse, 1e-5, 1e-6));
+        EXPECT_TRUE(testing::all_close(rows(g.dq, Nq), wg.dq, 1e-4, 1e-5));
+        EXPECT_TRUE(testing::all_close(rows(g.dk, L), wg.dk, 1e-4, 1e-5));
+        EXPECT_TRUE(testing::all_close(rows(g.dv, L), wg.dv, 1e-4, 1e-5));
+      }
+      // The plain softmax of q·k for entry 0's rows of finfo.min, not uniform weights.
+      attention_options plain;
+      const attention_result p0 = attention(Tensor::copy_of(q.view().slice(0, 0, 1)),
+                                            Tensor::copy_of(k.view().slice(0, 0, 1).slice(2, 0, 5)),
+                                            Tensor::copy_of(v.view().slice(0, 0, 1).slice(2, 0, 5)), plain, ex);
+      if (mask == &per_entry) {
+        EXPECT_TRUE(testing::all_close(Tensor::copy_of(r.out.view().slice(0, 0, 1)), p0.out, 1e-5, 1e-5));
+      }
+    }
+}
+
 // HF-style masks (0 kept, finfo.min not) with sinks (gpt-oss): a row with no key kept gives
 // zeros and lse = the sink, as its bool mask does; every row, forward and backward, equals the
 // bool mask's answer.

@@ -461,8 +461,10 @@ TEST(PagedWideMask, HfRowsAndOffsetsAsDense) {
           for (std::int64_t i = 0; i < Nq; ++i)
             for (std::int64_t j = 0; j < K; ++j) {
               const bool offset = i % 3 == 2, kept = i % 3 != 1 && j < lens[std::size_t(b)] && u(rng) < 0.7;
-              // row i % 3 == 1: no key kept; == 2: kept keys at 5000 + x, the others -inf
-              mask.set({b, 0, i, j}, offset ? (kept ? 5000.0 + u(rng) : -INFINITY) : kept ? 0.0 : lowest);
+              // row i % 3 == 1: no key kept; == 2: kept keys at 5000 + x, the others -inf; 0 in
+              // the columns past the sequence's length (a row's shift is taken over its keys)
+              const double x = offset ? (kept ? 5000.0 + u(rng) : -INFINITY) : kept ? 0.0 : lowest;
+              mask.set({b, 0, i, j}, j < lens[std::size_t(b)] ? x : 0.0);
             }
         attention_options o;
         o.is_causal = true, o.alignment = causal_alignment::bottom_right;
