@@ -590,6 +590,8 @@ void unshift(const problem& p, const problem_storage& store, const forward_outpu
       }
 }
 
+}  // namespace
+
 // Sinks beside a shifted mask. Softmax is shift-invariant over the whole row, the sink's logit
 // included: softmax(s + m, sink) = softmax(s + m - c, sink - c). A backend takes one sink per
 // head, not per row, so such problems run without their sinks and each row's sink joins after
@@ -613,8 +615,6 @@ void join_sinks(const problem& p, const forward_outputs& fo) {  // fo.lse: float
           for (std::int64_t j = 0; j < p.Nk; ++j) fo.qk.store(b, h, i, j, fo.qk.load(b, h, i, j) * w);
       }
 }
-
-}  // namespace
 
 void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
                 const forward_outputs& out) {

@@ -268,6 +268,11 @@ void check_special_rows(const problem& p, const forward_outputs& fo);
 // reference, and with a shifted mask (store.shift) the shift added back to lse (and biased
 // scores) in float64 before they are rounded once; sinks beside a shifted mask are left to the
 // front, which joins each row's sink after the shift is back (attention.cc, join_sinks).
+// After a shifted mask's shift is back in fo.lse (float64 [B, Hq, Nq], rows in order): each
+// row's sink joins its softmax, L = log(e^lse + e^sink_h), out (and qk's probabilities) times
+// e^(lse - L). attention.cc's forward_on and attention_paged's decode path.
+void join_sinks(const problem& p, const forward_outputs& fo);
+
 void forward_on(const char* op, const problem& p, const problem_storage& store, const backend_impl& be,
                 const forward_outputs& out);
 

@@ -403,18 +403,18 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
              : "the cpu backend does not run it";
   if (why.empty()) {
     if (!shift) return r;
-    double* o = k64.out.data_as<double>();
     double* l = k64.lse.data_as<double>();
     for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t rr = 0; rr < rows; ++rr) {
-        double& a = l[b * rows + rr];
-        a += shift_of(b, rr);
-        if (sinks.empty() || std::isnan(a)) continue;
-        const double L = sink_joined_lse(a, sinks[std::size_t(rr / Nq)]);
-        const double w = a == kNegInf ? 0.0 : std::exp(a - L);
-        a = L;
-        for (std::int64_t x = 0; x < Dv; ++x) o[(b * rows + rr) * Dv + x] *= w;
-      }
+      for (std::int64_t rr = 0; rr < rows; ++rr) l[b * rows + rr] += shift_of(b, rr);
+    if (!sinks.empty()) {  // then the sinks, as forward_on joins them
+      problem joined;
+      joined.B = B, joined.Hq = Hq, joined.Nq = Nq, joined.Dv = Dv, joined.sinks = sinks;
+      forward_outputs fo;
+      fo.out = as_bhnx(k64.out, Hq);
+      fo.lse = k64.lse.data();
+      fo.lse_type = dtype::f64;
+      join_sinks(joined, fo);
+    }
     r.out = k64.out.to(q.type());
     r.lse = k64.lse.to(part_type);
     return r;
