@@ -182,13 +182,15 @@ strided4 page_view(const TensorView& pages) {
 }
 
 // Keys [0, L) of sequence b as a dense [1, H, L, X] of dtype t (int8 rows times their scales);
-// float rows of the pages' own dtype with unit x-stride are copied a row at a time.
+// float rows of the pages' own dtype with unit x-stride are copied a row at a time, the heads
+// on nt threads.
 Tensor dense_rows(const TensorView& pages, const TensorView& scales, const paged_dims& d, std::int64_t b,
-                  std::int64_t L, dtype t = dtype::f64) {
+                  std::int64_t L, dtype t = dtype::f64, int nt = 1) {
   const std::int64_t H = d.Hkv, X = pages.rank() == 6 ? d.D : pages.size(3);
   Tensor r = Tensor::empty({1, H, L, X}, t);
   const std::size_t es = dtype_size(t);
   const bool rows = !d.int8 && t == pages.type() && pages.rank() == 4 && pages.stride(3) == 1;
+#pragma omp parallel for if (nt > 1 && H > 1) num_threads(nt) schedule(static)
   for (std::int64_t h = 0; h < H; ++h)
     for (std::int64_t j = 0; j < L; ++j) {
       if (rows) {
@@ -534,18 +536,39 @@ void add_into(const TensorView& at, const Tensor& g) {
 }
 
 // Adds a sequence's dense gradient [1, H, L, X] (contiguous, dtype of q) into the pages'
-// accumulator [num_pages, page_size, H, X] (contiguous, float32 or float64) through the table.
+// accumulator [num_pages, page_size, H, X] (contiguous, float32 or float64, not zeroed) through
+// the table: a token slot's first sequence writes its rows, later ones add (`seen`, one flag a
+// slot, set here), so the accumulator costs no pass of zeros; heads on nt threads (each head's
+// rows are its own, so the sums do not depend on them).
 template <class A>
-void scatter_rows(const Tensor& dense, const Tensor& acc, const paged_dims& d, std::int64_t b) {
+void scatter_rows(const Tensor& dense, const Tensor& acc, const paged_dims& d, std::int64_t b, int nt,
+                  std::vector<char>& seen) {
   const std::int64_t H = dense.size(1), L = dense.size(2), X = dense.size(3);
   const Tensor g = dense.type() == acc.type() ? dense : dense.to(acc.type());
   const A* src = g.data_as<const A>();
   A* dst = acc.data_as<A>();
-  for (std::int64_t j = 0; j < L; ++j) {
-    A* row = dst + ((d.page(b, j / d.page_size) * d.page_size + j % d.page_size) * H) * X;
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t x = 0; x < X; ++x) row[h * X + x] += src[(h * L + j) * X + x];
-  }
+  const auto slot = [&](std::int64_t j) { return d.page(b, j / d.page_size) * d.page_size + j % d.page_size; };
+#pragma omp parallel for if (nt > 1 && H > 1) num_threads(nt) schedule(static)
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t j = 0; j < L; ++j) {
+      const std::int64_t s = slot(j);
+      A* row = dst + (s * H + h) * X;
+      const A* from = src + (h * L + j) * X;
+      if (seen[std::size_t(s)]) {
+        for (std::int64_t x = 0; x < X; ++x) row[x] += from[x];
+      } else {
+        std::copy(from, from + X, row);
+      }
+    }
+  for (std::int64_t j = 0; j < L; ++j) seen[std::size_t(slot(j))] = 1;
+}
+
+// Zeroes the rows of the token slots no sequence wrote (scatter_rows' `seen`).
+void zero_unseen(const Tensor& acc, const std::vector<char>& seen) {
+  const std::size_t row = std::size_t(acc.numel() / std::max<std::int64_t>(1, std::int64_t(seen.size()))) *
+                          dtype_size(acc.type());
+  for (std::size_t s = 0; s < seen.size(); ++s)
+    if (!seen[s]) std::memset(static_cast<std::byte*>(acc.data()) + s * row, 0, row);
 }
 
 }  // namespace
@@ -581,8 +604,9 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
   const dtype acc_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
   paged_grads g;
   g.dq = Tensor::zeros({B, Hq, Nq, D}, q.type());
-  const Tensor dk = Tensor::zeros({d.num_pages, d.page_size, d.Hkv, D}, acc_type);
-  const Tensor dv = Tensor::zeros({d.num_pages, d.page_size, d.Hkv, Dv}, acc_type);
+  const Tensor dk = Tensor::empty({d.num_pages, d.page_size, d.Hkv, D}, acc_type);
+  const Tensor dv = Tensor::empty({d.num_pages, d.page_size, d.Hkv, Dv}, acc_type);
+  std::vector<char> seen_k(std::size_t(d.num_pages * d.page_size), 0), seen_v = seen_k;
   const bool alibi_per_seq = options.alibi_slopes && options.alibi_slopes->rank() == 2;
   const Tensor dalibi = options.alibi_slopes ? Tensor::zeros(options.alibi_slopes->shape(), dtype::f64) : Tensor();
   const Tensor dsinks = options.sinks ? Tensor::zeros({Hq}, dtype::f64) : Tensor();
@@ -609,12 +633,13 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
     for (std::size_t i = 0; i < n; ++i) {
       try {
         const std::int64_t b = work[w0 + i], L = d.lens[std::size_t(b)];
-        const Tensor k = dense_rows(cache.k_pages, {}, d, b, L, cache.k_pages.type());
-        const Tensor v = dense_rows(cache.v_pages, {}, d, b, L, cache.v_pages.type());
+        const int inner = side_by_side ? 1 : nt;
+        const Tensor k = dense_rows(cache.k_pages, {}, d, b, L, cache.k_pages.type(), inner);
+        const Tensor v = dense_rows(cache.v_pages, {}, d, b, L, cache.v_pages.type(), inner);
         sg[i].dk = Tensor::empty({1, d.Hkv, L, D}, q.type());
         sg[i].dv = Tensor::empty({1, d.Hkv, L, Dv}, q.type());
         execution eb = exec;
-        eb.num_threads = side_by_side ? 1 : nt;
+        eb.num_threads = inner;
         sg[i].rest = attention_backward_into(q.slice(0, b, b + 1), k, v, out.slice(0, b, b + 1),
                                              dout.slice(0, b, b + 1), lse.slice(0, b, b + 1),
                                              {g.dq.view().slice(0, b, b + 1), sg[i].dk, sg[i].dv},
@@ -627,8 +652,11 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
     if (first) std::rethrow_exception(first);
     for (std::size_t i = 0; i < n; ++i) {
       const std::int64_t b = work[w0 + i], L = d.lens[std::size_t(b)];
-      if (acc_type == dtype::f64) scatter_rows<double>(sg[i].dk, dk, d, b), scatter_rows<double>(sg[i].dv, dv, d, b);
-      else scatter_rows<float>(sg[i].dk, dk, d, b), scatter_rows<float>(sg[i].dv, dv, d, b);
+      if (acc_type == dtype::f64) {
+        scatter_rows<double>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<double>(sg[i].dv, dv, d, b, nt, seen_v);
+      } else {
+        scatter_rows<float>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<float>(sg[i].dv, dv, d, b, nt, seen_v);
+      }
       const attention_grads& r = sg[i].rest;
       if (g.backend.empty()) g.backend = r.backend;
       for (std::int64_t h = 0; h < Hq; ++h) {
@@ -645,6 +673,7 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
     }
   }
   if (g.backend.empty()) g.backend = "none";
+  zero_unseen(dk, seen_k), zero_unseen(dv, seen_v);
   g.dk_pages = acc_type == cache.k_pages.type() ? dk : dk.to(cache.k_pages.type());
   g.dv_pages = acc_type == cache.v_pages.type() ? dv : dv.to(cache.v_pages.type());
   if (dalibi.defined()) g.dalibi_slopes = dalibi.to(options.alibi_slopes->type());
