@@ -537,9 +537,10 @@ void add_into(const TensorView& at, const Tensor& g) {
 
 // Adds a sequence's dense gradient [1, H, L, X] (contiguous, dtype of q) into the pages'
 // accumulator [num_pages, page_size, H, X] (contiguous, float32 or float64, not zeroed) through
-// the table: a token slot's first sequence writes its rows, later ones add (`seen`, one flag a
-// slot, set here), so the accumulator costs no pass of zeros; heads on nt threads (each head's
-// rows are its own, so the sums do not depend on them).
+// the table: a token slot's first reader writes its rows, later ones add (`seen`, one flag a
+// slot, set here; a table may name one page twice, so later may be in the same sequence), so the
+// accumulator costs no pass of zeros; heads on nt threads (each head's rows are its own, so the
+// sums do not depend on them).
 template <class A>
 void scatter_rows(const Tensor& dense, const Tensor& acc, const paged_dims& d, std::int64_t b, int nt,
                   std::vector<char>& seen) {
@@ -547,20 +548,23 @@ void scatter_rows(const Tensor& dense, const Tensor& acc, const paged_dims& d, s
   const Tensor g = dense.type() == acc.type() ? dense : dense.to(acc.type());
   const A* src = g.data_as<const A>();
   A* dst = acc.data_as<A>();
-  const auto slot = [&](std::int64_t j) { return d.page(b, j / d.page_size) * d.page_size + j % d.page_size; };
+  std::vector<std::int64_t> slot(static_cast<std::size_t>(L));
+  std::vector<char> first(static_cast<std::size_t>(L));
+  for (std::int64_t j = 0; j < L; ++j) {
+    const std::int64_t s = d.page(b, j / d.page_size) * d.page_size + j % d.page_size;
+    slot[std::size_t(j)] = s, first[std::size_t(j)] = !seen[std::size_t(s)], seen[std::size_t(s)] = 1;
+  }
 #pragma omp parallel for if (nt > 1 && H > 1) num_threads(nt) schedule(static)
   for (std::int64_t h = 0; h < H; ++h)
     for (std::int64_t j = 0; j < L; ++j) {
-      const std::int64_t s = slot(j);
-      A* row = dst + (s * H + h) * X;
+      A* row = dst + (slot[std::size_t(j)] * H + h) * X;
       const A* from = src + (h * L + j) * X;
-      if (seen[std::size_t(s)]) {
-        for (std::int64_t x = 0; x < X; ++x) row[x] += from[x];
-      } else {
+      if (first[std::size_t(j)]) {
         std::copy(from, from + X, row);
+      } else {
+        for (std::int64_t x = 0; x < X; ++x) row[x] += from[x];
       }
     }
-  for (std::int64_t j = 0; j < L; ++j) seen[std::size_t(slot(j))] = 1;
 }
 
 // Zeroes the rows of the token slots no sequence wrote (scatter_rows' `seen`).

@@ -518,6 +518,35 @@ TEST(PagedErrors, BadTablesByMessage) {
                    "paged_kv_append: block_table[1, 1] = 9 is outside [0, num_pages = 4)");
 }
 
+// A block table may name one page twice within a sequence (and in another): every reader of a
+// token slot adds its gradient there (found by serving_fuzz when the first writer of a slot was
+// decided per sequence: the second reading in the same sequence overwrote the first).
+TEST(PagedBackward, APageNamedTwiceInOneSequenceSumsBothReadings) {
+  std::mt19937 rng(61);
+  const std::int64_t ps = 5, Hq = 2, Nq = 4, D = 4, Dv = 9;
+  const std::vector<std::int64_t> table{0, 0, 2, 0}, lens{7, 9};  // sequence 0: page 0 twice; 1: pages 2, 0
+  const Tensor kp = random_tensor({3, ps, 1, D}, dtype::f32, rng), vp = random_tensor({3, ps, 1, Dv}, dtype::f32, rng);
+  const Tensor q = random_tensor({2, Hq, Nq, D}, dtype::f32, rng), dout = random_tensor({2, Hq, Nq, Dv}, dtype::f32, rng);
+  const paged_kv_view cache{kp, vp, index_tensor({2, 2}, table), index_tensor({2}, lens)};
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const attention_result r = attention_paged(q, cache, o);
+  const paged_grads g = attention_paged_backward(q, cache, r.out, dout, r.lse, o);
+  Tensor want = Tensor::zeros(kp.shape(), dtype::f64);
+  for (std::int64_t b = 0; b < 2; ++b) {
+    const std::int64_t L = lens[std::size_t(b)];
+    const Tensor qb = Tensor::copy_of(q.view().slice(0, b, b + 1)), kb = gather(kp, table, 2, b, L), vb = gather(vp, table, 2, b, L);
+    const attention_result f = attention(qb, kb, vb, o);
+    const attention_grads gb = attention_backward(qb, kb, vb, f.out, Tensor::copy_of(dout.view().slice(0, b, b + 1)), f.lse, o);
+    for (std::int64_t j = 0; j < L; ++j)
+      for (std::int64_t x = 0; x < D; ++x) {
+        const std::int64_t page = table[std::size_t(b * 2 + j / ps)];
+        want.set({page, j % ps, 0, x}, want.get({page, j % ps, 0, x}) + gb.dk.get({0, 0, j, x}));
+      }
+  }
+  EXPECT_TRUE(all_close(g.dk_pages, want.to(dtype::f32), 1e-5));
+}
+
 TEST(PagedErrors, BackwardBadInputsByMessage) {
   const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
   const Tensor q = Tensor::zeros({2, 2, 1, 4}, dtype::f32), out = Tensor::zeros({2, 2, 1, 4}, dtype::f32);
