@@ -205,6 +205,24 @@ TEST(Cli, RunFamilyMembersAndLinearAttention) {
   }
 }
 
+// `attn bench --paged P --pass both`: the paged forward and backward beside the dense op on a
+// tiny cache, one rep; an int8 cache has no backward, --varlen no backward timing (exit 2).
+TEST(Cli, BenchPagedBackward) {
+  const std::string tiny = "bench --paged 4 --batch 2 --hq 2 --hkv 1 --nq 3 --nk 8 --d 4 --reps 1 --warmup 0 --threads 1 --probe-mib 0";
+  auto r = sh(tiny + " --pass both");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"attn bench --paged 4: B 2 Nq 3 Nk 8 Hq 2 Hkv 1 D 4", "paged head-major", "backward: dense",
+                           "paged token-major"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  EXPECT_EQ(sh(tiny).out.find("backward: dense"), std::string::npos);
+  r = sh(tiny + " --kv-dtype int8 --backward");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--kv-dtype int8 has no backward"), std::string::npos) << r.out;
+  r = sh("bench --varlen 2:5 --batch 2 --hq 2 --d 4 --reps 1 --warmup 0 --threads 1 --probe-mib 0 --pass backward");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--varlen times the forward"), std::string::npos) << r.out;
+}
+
 // `attn bench --score/--distribution`: the family benchmark on a tiny shape, one rep, the
 // in-process peers (the tiled path, attn::attention itself); bad combinations refused.
 TEST(Cli, BenchFamilyPairs) {

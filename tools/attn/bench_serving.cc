@@ -186,6 +186,7 @@ int run_paged(const serving_args& a) {
   if (a.nq < 1 || a.nq > a.nk) throw error(fmt::format("attn bench: --nq {} must be in [1, --nk {}]", a.nq, a.nk));
   const dtype kvt = a.kv_type;
   const bool int8 = kvt == dtype::i8;
+  if (int8 && a.backward) throw error("attn bench: --paged with --kv-dtype int8 has no backward (a quantised cache has no gradient)");
   std::mt19937 rng(1);
   const std::int64_t per = a.nk / ps, pages = a.batch * per;
   // q has the dtype of a float cache (the core op takes one dtype); an int8 cache takes --dtype.
@@ -251,6 +252,21 @@ int run_paged(const serving_args& a) {
                  "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
                  ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
                  ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
+    if (!a.backward) continue;
+    // The backward of each from its own forward: dense attention_backward against the paged one
+    // on shuffled pages of both layouts (which copies each sequence's keys dense and scatters the
+    // key gradients back through the table).
+    const Tensor dout = uniform({a.batch, a.hq, a.nq, a.d}, q.type(), rng);
+    const TensorView dk(dense.k.view()), dv(dense.v.view());
+    const attention_result fd = attention(q, dk, dv, o, ex), fh = attention_paged(q, ch, o, ex), ft = attention_paged(q, ct, o, ex);
+    const auto mb = time_medians({[&] { attention_backward(q, dk, dv, fd.out, dout, fd.lse, o, ex); },
+                                  [&] { attention_paged_backward(q, ch, fh.out, dout, fh.lse, o, ex); },
+                                  [&] { attention_paged_backward(q, ct, ft.out, dout, ft.lse, o, ex); }},
+                                 a.warmup, a.reps, a.fastest);
+    fmt::print("    backward: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}% of dense) | paged token-major {:.3f} ms "
+               "({:.0f}% of dense); cpu time {:.3f} | {:.3f} | {:.3f} ms\n",
+               mb[0].wall, mb[1].wall, 100 * mb[0].wall / mb[1].wall, mb[2].wall, 100 * mb[0].wall / mb[2].wall, mb[0].cpu,
+               mb[1].cpu, mb[2].cpu);
   }
   return 0;
 }

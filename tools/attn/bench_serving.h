@@ -20,6 +20,7 @@ struct serving_args {
   std::vector<int> threads{0};
   int reps = 5, warmup = 1;
   bool fastest = false;  // --fastest: the fastest of the --reps calls, not their median
+  bool backward = false;  // --paged with --pass backward|both: attention_paged_backward too
   std::int64_t probe_mib = 512;
 };
 
@@ -31,7 +32,9 @@ int run_varlen(const serving_args& a);
 // Decode (Nq = nq) of `batch` sequences of Nk keys with K/V of kv_type: dense attention (an
 // int8 cache: attention_paged on one page per sequence), and attention_paged on shuffled
 // pages of page_size, head-major and token-major; prints median ms, GB/s of K+V, tokens/s, the
-// share of dense, and the DRAM read probe of the same run; int8 adds a bf16 dense cache.
+// share of dense, and the DRAM read probe of the same run; int8 adds a bf16 dense cache. With
+// backward (float caches): attention_backward on the dense cache against attention_paged_backward
+// on both page layouts, each from its own forward's out and lse.
 int run_paged(const serving_args& a);
 
 }  // namespace attn::cli::bench

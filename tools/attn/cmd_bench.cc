@@ -505,6 +505,8 @@ int run_serving(const bench_args& a, bool varlen) {
   s.causal = a.causal, s.type = bench::parse_bench_dtype(a.dtype_name), s.threads = a.threads;
   s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged, s.fastest = a.fastest;
   s.kv_type = a.kv_dtype.empty() ? s.type : a.kv_dtype == "int8" ? dtype::i8 : bench::parse_bench_dtype(a.kv_dtype);
+  s.backward = a.backward || a.pass == "backward" || a.pass == "both";
+  if (varlen && s.backward) throw error("attn bench: --varlen times the forward; --backward and --pass backward|both apply to --paged");
   if (!varlen) return bench::run_paged(s);
   const auto colon = a.varlen.find(':');
   try {
@@ -562,7 +564,8 @@ void add_bench(CLI::App& app, int& exit_code) {
                            "the batch padded to the longest");
   auto* pg = s->add_option("--paged", a->paged,
                            "PAGE_SIZE — attention_paged (consecutive and shuffled pages) against dense attention, "
-                           "--batch sequences of --nk keys, --nq queries each");
+                           "--batch sequences of --nk keys, --nq queries each; with --pass backward|both (float caches) "
+                           "attention_paged_backward against the dense backward too");
   s->add_option("--kv-dtype", a->kv_dtype, "with --paged: K/V cache dtype int8 | bf16 | f32 (default --dtype; a float cache sets q's dtype too)")
       ->check(CLI::IsMember({"int8", "bf16", "bfloat16", "f32", "float32"}));
   s->add_flag("--prefetch-probe", a->prefetch_probe,
