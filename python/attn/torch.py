@@ -154,7 +154,10 @@ class _Paged(torch.autograd.Function):
         out, lse, _ = _attn.attention_paged(_a(q), _a(k_pages), _a(v_pages), _i(table), _i(lens), None, None, o,
                                             _NP)
         out, lse = _r(out, _TORCH), _r(lse, _TORCH)
-        ctx.save_for_backward(q, k_pages, v_pages, out, lse, table, lens)
+        # The table and lengths as they were: a decode loop advances seq_lens in place (NumPy
+        # memory under the tensor bumps no version counter), and appended rows past the old
+        # lengths are not read, so the backward sees exactly the forward's keys.
+        ctx.save_for_backward(q, k_pages, v_pages, out, lse, table.clone(), lens.clone())
         ctx.opts = o
         ctx.mark_non_differentiable(lse)
         return out, lse

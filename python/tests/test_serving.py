@@ -656,3 +656,24 @@ def test_paged_backward_bad_input_by_message():
     k8 = np.zeros((4, 2, 1, 4), np.int8)
     with pytest.raises(ValueError, match="attention_paged_backward: .*int8 pages"):
         attn.attention_paged_backward(q, k8, k8, table, lens, out, out, lse)
+
+
+def test_paged_backward_sees_the_forwards_keys_after_an_append():
+    """A decode loop appends the next token and advances seq_lens in place before the loss's
+    backward runs: the gradients are those of the keys the forward read (the appended rows lie
+    past the old lengths and the lengths are saved as they were)."""
+    rng = np.random.default_rng(17)
+    lens, ps, Hq, Hkv, D = [5, 7], 4, 2, 1, 4
+    kp, vp, table = shared_prefix_pages(rng, lens, ps, Hkv, D)
+    kp = torch.cat([kp.detach(), torch.zeros(2, ps, Hkv, D, dtype=kp.dtype)]).requires_grad_()
+    vp = torch.cat([vp.detach(), torch.zeros(2, ps, Hkv, D, dtype=vp.dtype)]).requires_grad_()
+    lens_np = np.array(lens, dtype=np.int64)
+    q = torch.tensor(rng.standard_normal((2, Hq, 1, D)), requires_grad=True)
+    want = torch.autograd.grad(at.attention_paged(q, kp, vp, table, lens_np.copy(), is_causal=True).sum(), (q, kp, vp))
+    out = at.attention_paged(q, kp, vp, table, lens_np, is_causal=True)
+    new = rng.standard_normal((2, Hkv, 1, D))
+    attn.paged_kv_append(kp.detach().numpy(), vp.detach().numpy(), table.numpy(), lens_np, new, new)
+    lens_np += 1
+    got = torch.autograd.grad(out.sum(), (q, kp, vp))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
