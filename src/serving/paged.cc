@@ -36,7 +36,9 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <tuple>
+#include <utility>
 
 #include "attn/serving.h"
 #include "core/common.h"
@@ -576,6 +578,63 @@ void zero_unseen(const Tensor& acc, const std::vector<char>& seen) {
 }
 
 }  // namespace
+
+std::pair<Tensor, Tensor> paged_backward_items(const char* op, const paged_kv_view& cache,
+                                               const std::vector<paged_backward_item>& items, bool decode,
+                                               const execution& exec, dtype q_type,
+                                               const std::function<void(const paged_backward_item&, const attention_grads&)>& done) {
+  const paged_dims d = check_pages(op, cache, 0);
+  const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
+  const dtype acc_type = q_type == dtype::f64 ? dtype::f64 : dtype::f32;
+  const Tensor dk = Tensor::empty({d.num_pages, d.page_size, d.Hkv, d.D}, acc_type);
+  const Tensor dv = Tensor::empty({d.num_pages, d.page_size, d.Hkv, d.Dv}, acc_type);
+  std::vector<char> seen_k(std::size_t(d.num_pages * d.page_size), 0), seen_v = seen_k;
+  // Decode steps (few rows a sequence) run nt sequences side by side on a thread each, prefill
+  // chunks one after another on every thread; either way a wave's results are added in order.
+  const bool side_by_side = decode && nt > 1;
+  const std::size_t wave = side_by_side ? std::size_t(nt) : 1;
+  struct sequence_grads {
+    Tensor dk, dv;
+    attention_grads rest;
+  };
+  for (std::size_t w0 = 0; w0 < items.size(); w0 += wave) {
+    const std::size_t n = std::min(wave, items.size() - w0);
+    std::vector<sequence_grads> sg(n);
+    std::exception_ptr first;  // an error inside the parallel loop is kept and thrown after it
+#pragma omp parallel for if (n > 1) num_threads(int(n)) schedule(static, 1)
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        const paged_backward_item& it = items[w0 + i];
+        const std::int64_t L = d.lens[std::size_t(it.b)];
+        const int inner = side_by_side ? 1 : nt;
+        const Tensor k = dense_rows(cache.k_pages, {}, d, it.b, L, cache.k_pages.type(), inner);
+        const Tensor v = dense_rows(cache.v_pages, {}, d, it.b, L, cache.v_pages.type(), inner);
+        sg[i].dk = Tensor::empty({1, d.Hkv, L, d.D}, q_type);
+        sg[i].dv = Tensor::empty({1, d.Hkv, L, d.Dv}, q_type);
+        execution eb = exec;
+        eb.num_threads = inner;
+        sg[i].rest = attention_backward_into(it.q, k, v, it.out, it.dout, it.lse, {it.dq, sg[i].dk, sg[i].dv}, it.options, eb);
+      } catch (...) {
+#pragma omp critical(attn_paged_backward_error)
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t b = items[w0 + i].b;
+      if (acc_type == dtype::f64) {
+        scatter_rows<double>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<double>(sg[i].dv, dv, d, b, nt, seen_v);
+      } else {
+        scatter_rows<float>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<float>(sg[i].dv, dv, d, b, nt, seen_v);
+      }
+      done(items[w0 + i], sg[i].rest);
+    }
+  }
+  zero_unseen(dk, seen_k), zero_unseen(dv, seen_v);
+  return {acc_type == cache.k_pages.type() ? dk : dk.to(cache.k_pages.type()),
+          acc_type == cache.v_pages.type() ? dv : dv.to(cache.v_pages.type())};
+}
+
 }  // namespace detail
 
 paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& cache, const TensorView& out,
@@ -605,81 +664,37 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
     set_attn_mask(op, *options.attn_mask, masked, unused, nt);
   }
 
-  const dtype acc_type = q.type() == dtype::f64 ? dtype::f64 : dtype::f32;
   paged_grads g;
   g.dq = Tensor::zeros({B, Hq, Nq, D}, q.type());
-  const Tensor dk = Tensor::empty({d.num_pages, d.page_size, d.Hkv, D}, acc_type);
-  const Tensor dv = Tensor::empty({d.num_pages, d.page_size, d.Hkv, Dv}, acc_type);
-  std::vector<char> seen_k(std::size_t(d.num_pages * d.page_size), 0), seen_v = seen_k;
   const bool alibi_per_seq = options.alibi_slopes && options.alibi_slopes->rank() == 2;
   const Tensor dalibi = options.alibi_slopes ? Tensor::zeros(options.alibi_slopes->shape(), dtype::f64) : Tensor();
   const Tensor dsinks = options.sinks ? Tensor::zeros({Hq}, dtype::f64) : Tensor();
   const bool dmask_wanted = options.attn_mask && options.attn_mask->type() != dtype::boolean && options.mask_gradient;
   const Tensor dmask = dmask_wanted ? Tensor::zeros(options.attn_mask->shape(), dtype::f64) : Tensor();
-
-  // Sequences with keys and queries (the others have zero gradients: no key, out = 0). Decode
-  // steps (few rows a sequence) run nt sequences side by side on a thread each, prefill chunks one
-  // after another on every thread; either way a wave's results are added in sequence order.
-  std::vector<std::int64_t> work;
+  std::vector<paged_backward_item> items;
   for (std::int64_t b = 0; b < B; ++b)
-    if (Nq > 0 && d.lens[std::size_t(b)] > 0) work.push_back(b);
-  const bool side_by_side = Hq * Nq < kPrefillRows && nt > 1;
-  const std::size_t wave = side_by_side ? std::size_t(nt) : 1;
-  struct sequence_grads {
-    Tensor dk, dv;
-    attention_grads rest;
-  };
-  for (std::size_t w0 = 0; w0 < work.size(); w0 += wave) {
-    const std::size_t n = std::min(wave, work.size() - w0);
-    std::vector<sequence_grads> sg(n);
-    std::exception_ptr first;  // an error inside the parallel loop is kept and thrown after it
-#pragma omp parallel for if (n > 1) num_threads(int(n)) schedule(static, 1)
-    for (std::size_t i = 0; i < n; ++i) {
-      try {
-        const std::int64_t b = work[w0 + i], L = d.lens[std::size_t(b)];
-        const int inner = side_by_side ? 1 : nt;
-        const Tensor k = dense_rows(cache.k_pages, {}, d, b, L, cache.k_pages.type(), inner);
-        const Tensor v = dense_rows(cache.v_pages, {}, d, b, L, cache.v_pages.type(), inner);
-        sg[i].dk = Tensor::empty({1, d.Hkv, L, D}, q.type());
-        sg[i].dv = Tensor::empty({1, d.Hkv, L, Dv}, q.type());
-        execution eb = exec;
-        eb.num_threads = inner;
-        sg[i].rest = attention_backward_into(q.slice(0, b, b + 1), k, v, out.slice(0, b, b + 1),
-                                             dout.slice(0, b, b + 1), lse.slice(0, b, b + 1),
-                                             {g.dq.view().slice(0, b, b + 1), sg[i].dk, sg[i].dv},
-                                             paged_sequence_options(options, b, B, L), eb);
-      } catch (...) {
-#pragma omp critical(attn_paged_backward_error)
-        if (!first) first = std::current_exception();
-      }
-    }
-    if (first) std::rethrow_exception(first);
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::int64_t b = work[w0 + i], L = d.lens[std::size_t(b)];
-      if (acc_type == dtype::f64) {
-        scatter_rows<double>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<double>(sg[i].dv, dv, d, b, nt, seen_v);
-      } else {
-        scatter_rows<float>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<float>(sg[i].dv, dv, d, b, nt, seen_v);
-      }
-      const attention_grads& r = sg[i].rest;
-      if (g.backend.empty()) g.backend = r.backend;
-      for (std::int64_t h = 0; h < Hq; ++h) {
-        if (dalibi.defined())
-          dalibi.data_as<double>()[(alibi_per_seq ? b * Hq : 0) + h] += r.dalibi_slopes.get({h});
-        if (dsinks.defined()) dsinks.data_as<double>()[h] += r.dsinks.get({h});
-      }
-      if (dmask.defined()) {  // the mask's batch row b (or the whole broadcast mask), columns [0, L)
-        TensorView at = dmask.view();
-        if (at.rank() == 4 && at.size(0) == B) at = at.slice(0, b, b + 1);
-        if (at.size(-1) > L) at = at.slice(at.rank() - 1, 0, L);
-        add_into(at, r.dattn_mask);
-      }
-    }
-  }
+    if (Nq > 0 && d.lens[std::size_t(b)] > 0)
+      items.push_back({b, q.slice(0, b, b + 1), out.slice(0, b, b + 1), dout.slice(0, b, b + 1),
+                       lse.slice(0, b, b + 1), g.dq.view().slice(0, b, b + 1),
+                       paged_sequence_options(options, b, B, d.lens[std::size_t(b)])});
+  std::tie(g.dk_pages, g.dv_pages) =
+      paged_backward_items(op, cache, items, Hq * Nq < kPrefillRows, exec, q.type(),
+                           [&](const paged_backward_item& it, const attention_grads& r) {
+                             const std::int64_t b = it.b, L = d.lens[std::size_t(b)];
+                             if (g.backend.empty()) g.backend = r.backend;
+                             for (std::int64_t h = 0; h < Hq; ++h) {
+                               if (dalibi.defined())
+                                 dalibi.data_as<double>()[(alibi_per_seq ? b * Hq : 0) + h] += r.dalibi_slopes.get({h});
+                               if (dsinks.defined()) dsinks.data_as<double>()[h] += r.dsinks.get({h});
+                             }
+                             if (dmask.defined()) {  // the mask's batch row b (or the whole broadcast mask), columns [0, L)
+                               TensorView at = dmask.view();
+                               if (at.rank() == 4 && at.size(0) == B) at = at.slice(0, b, b + 1);
+                               if (at.size(-1) > L) at = at.slice(at.rank() - 1, 0, L);
+                               add_into(at, r.dattn_mask);
+                             }
+                           });
   if (g.backend.empty()) g.backend = "none";
-  zero_unseen(dk, seen_k), zero_unseen(dv, seen_v);
-  g.dk_pages = acc_type == cache.k_pages.type() ? dk : dk.to(cache.k_pages.type());
-  g.dv_pages = acc_type == cache.v_pages.type() ? dv : dv.to(cache.v_pages.type());
   if (dalibi.defined()) g.dalibi_slopes = dalibi.to(options.alibi_slopes->type());
   if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
   if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "attn/attention.h"
@@ -31,6 +33,24 @@ std::vector<std::int64_t> read_cu_seqlens(const char* op, const char* name, cons
 // batch so, under its own name, before its calls per Nq (a sequence with no queries has none).
 void check_paged_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq, std::int64_t Dq,
                       const paged_kv_view& cache, const attention_options& options, const execution& exec);
+
+// One sequence of a paged backward: its rows as the core op's [1, Hq, n, ·] views (lse [1, Hq,
+// n]), where its dq goes, and its options as the core op takes them on its keys [0, seq_lens[b]).
+struct paged_backward_item {
+  std::int64_t b = 0;  // the sequence's row of the block table
+  TensorView q, out, dout, lse, dq;
+  attention_options options;
+};
+// attention_backward_into for each item on its sequence's keys copied dense from the pages
+// (float pages), dk and dv carried back through the table into the pages' gradients (returned:
+// contiguous, the pages' dtype; a token slot read several times gets the sum, in item order, in
+// float32 — float64 for float64 — rounded once; rows nobody reads 0). `decode`: items side by
+// side on a thread each, else one after another on every thread. done(item, grads) receives each
+// item's other gradients (ALiBi, sinks, the mask) in item order. src/serving/paged.cc.
+std::pair<Tensor, Tensor> paged_backward_items(const char* op, const paged_kv_view& cache,
+                                               const std::vector<paged_backward_item>& items, bool decode,
+                                               const execution& exec, dtype q_type,
+                                               const std::function<void(const paged_backward_item&, const attention_grads&)>& done);
 
 // Rows [r0, r0 + n) of a token-major [T, H, X] view as the core op's [1, H, n, X] (no copy).
 TensorView token_rows(const TensorView& t, std::int64_t r0, std::int64_t n);
