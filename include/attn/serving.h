@@ -159,6 +159,19 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
                                      const paged_kv_view& cache, const attention_options& options = {},
                                      const execution& exec = {});
 
+// Backward of attention_paged_varlen from its saved out [total_q, Hq, Dv] and lse [Hq, total_q],
+// dout [total_q, Hq, Dv], the same cache (float pages) and options. Each sequence's gradient is
+// attention_backward's on its keys as attention_paged_backward computes it; dq is packed like q,
+// dk_pages / dv_pages are the pages' gradients as there (shared slots summed, unread rows 0), a
+// float packed attn_mask's gradient has the packed shape.
+//
+//   auto r = attn::attention_paged_varlen(q, cu_q, max_q, cache, opt);
+//   auto g = attn::attention_paged_varlen_backward(q, cu_q, max_q, cache, r.out, dout, r.lse, opt);
+paged_grads attention_paged_varlen_backward(const TensorView& q, const TensorView& cu_seqlens_q,
+                                            std::int64_t max_seqlen_q, const paged_kv_view& cache,
+                                            const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                            const attention_options& options = {}, const execution& exec = {});
+
 // Writes k_new [B, Hkv, Nnew, D] / v_new [B, Hkv, Nnew, Dv] (dtype of the pages; any float dtype
 // for int8 pages, which it quantises: scale = max|row| / 127, value = round(x / scale), a zero
 // row gets scale 0; a non-finite value is an attn::error and nothing is written) at positions

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "attn/serving.h"
@@ -164,6 +165,94 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
   }
   if (r.backend.empty()) r.backend = "none (no queries)";
   return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention_paged_varlen_backward: no grouping by Nq is needed here — each sequence is one item
+// of paged_backward_items on its own packed rows (views: q, out, dout, dq; lse copied to [1, Hq,
+// n]), its mask block read in place, so a sequence's gradient is attention_paged_backward's.
+paged_grads attention_paged_varlen_backward(const TensorView& q, const TensorView& cu_seqlens_q,
+                                            std::int64_t max_seqlen_q, const paged_kv_view& cache,
+                                            const TensorView& out, const TensorView& dout, const TensorView& lse,
+                                            const attention_options& options, const execution& exec) {
+  using namespace detail;
+  const char* op = "attention_paged_varlen_backward";
+  if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
+  if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
+  if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
+  const std::vector<std::int64_t> cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
+  const std::int64_t B = std::int64_t(cu.size()) - 1, T = q.size(0), Hq = q.size(1), D = q.size(2);
+  const std::vector<std::int64_t> lens = read_index(op, "seq_lens", cache.seq_lens, 1, "[B]");
+  if (cache.block_table.rank() != 2 || cache.block_table.size(0) != B || std::int64_t(lens.size()) != B)
+    fail(op, fmt::format("cu_seqlens_q has B + 1 = {} entries but block_table has shape {} and seq_lens {}", B + 1,
+                         shape_str(cache.block_table.shape()), shape_str(cache.seq_lens.shape())));
+  check_paged_call(op, q.type(), B, Hq, D, cache, options, exec);
+  if (cache.k_pages.type() == dtype::i8)
+    fail(op, "int8 pages are a quantised cache and have no gradient; train on float pages (the dequantised cache)");
+  const std::int64_t Dv = cache.v_pages.size(3);
+  const Shape os{T, Hq, Dv}, ls{Hq, T};
+  if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
+  if (dout.shape() != os) fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(os)));
+  if (!is_floating(out.type()) || !is_floating(dout.type()))
+    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
+  if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected [Hq, total_q] = {}", shape_str(lse.shape()), shape_str(ls)));
+  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
+    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+  std::vector<std::int64_t> nq(static_cast<std::size_t>(B)), mask_off;
+  for (std::int64_t b = 0; b < B; ++b) nq[std::size_t(b)] = cu[std::size_t(b + 1)] - cu[std::size_t(b)];
+  if (options.attn_mask) mask_off = packed_mask_offsets(op, *options.attn_mask, nq, lens, Hq);
+  const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;
+  if (alibi_rows && options.alibi_slopes->size(0) != B)
+    fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] or [B, Hq] = [{}, {}]",
+                         shape_str(options.alibi_slopes->shape()), B, Hq));
+
+  paged_grads g;
+  g.dq = Tensor::zeros(q.shape(), q.type());
+  const Tensor dalibi = options.alibi_slopes ? Tensor::zeros(options.alibi_slopes->shape(), dtype::f64) : Tensor();
+  const Tensor dsinks = options.sinks ? Tensor::zeros({Hq}, dtype::f64) : Tensor();
+  const bool dmask_wanted = options.attn_mask && options.attn_mask->type() != dtype::boolean && options.mask_gradient;
+  const Tensor dmask = dmask_wanted ? Tensor::zeros(options.attn_mask->shape(), dtype::f64) : Tensor();
+  std::vector<Tensor> lse_rows;  // each item's lse [1, Hq, n], contiguous (as backends read it)
+  std::vector<paged_backward_item> items;
+  std::int64_t rows = 0;  // the largest Hq·n: decode steps side by side when every sequence is one
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t n = nq[std::size_t(b)], L = lens[std::size_t(b)];
+    if (n == 0 || L == 0) continue;  // no queries, or no keys (out 0): zero gradients
+    Tensor lb = Tensor::empty({1, Hq, n}, lse.type());
+    for (std::int64_t h = 0; h < Hq; ++h)
+      for (std::int64_t i = 0; i < n; ++i) lb.set({0, h, i}, lse.get({h, cu[std::size_t(b)] + i}));
+    lse_rows.push_back(lb);
+    attention_options ob = for_sequence(options, b);
+    if (ob.alignment != causal_alignment::top_left) ob.alignment = causal_alignment::bottom_right;
+    if (options.attn_mask) ob.attn_mask = packed_mask_block(*options.attn_mask, mask_off[std::size_t(b)], n, L);
+    const std::int64_t r0 = cu[std::size_t(b)];
+    items.push_back({b, token_rows(q, r0, n), token_rows(out, r0, n), token_rows(dout, r0, n), lse_rows.back(),
+                     token_rows(g.dq, r0, n), std::move(ob)});
+    rows = std::max(rows, Hq * n);
+  }
+  std::tie(g.dk_pages, g.dv_pages) = paged_backward_items(
+      op, cache, items, rows < 256, exec, q.type(), [&](const paged_backward_item& it, const attention_grads& r) {
+        const std::int64_t b = it.b;
+        if (g.backend.empty()) g.backend = r.backend;
+        for (std::int64_t h = 0; h < Hq; ++h) {
+          if (dalibi.defined()) dalibi.data_as<double>()[(alibi_rows ? b * Hq : 0) + h] += r.dalibi_slopes.get({h});
+          if (dsinks.defined()) dsinks.data_as<double>()[h] += r.dsinks.get({h});
+        }
+        if (dmask.defined()) {  // sequence b's block of the packed gradient ([S] or [Hm, S])
+          const Tensor gb = r.dattn_mask.to(dtype::f64);
+          const std::int64_t n = nq[std::size_t(b)] * lens[std::size_t(b)], hm = dmask.rank() == 2 ? dmask.size(0) : 1;
+          const double* src = gb.data_as<const double>();
+          for (std::int64_t h = 0; h < hm; ++h) {
+            double* dst = dmask.data_as<double>() + h * (dmask.numel() / hm) + mask_off[std::size_t(b)];
+            for (std::int64_t x = 0; x < n; ++x) dst[x] += src[h * n + x];
+          }
+        }
+      });
+  if (g.backend.empty()) g.backend = "none";
+  if (dalibi.defined()) g.dalibi_slopes = dalibi.to(options.alibi_slopes->type());
+  if (dsinks.defined()) g.dsinks = dsinks.to(options.sinks->type());
+  if (dmask.defined()) g.dattn_mask = dmask.to(options.attn_mask->type());
+  return g;
 }
 
 }  // namespace attn

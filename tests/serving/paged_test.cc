@@ -743,5 +743,100 @@ TEST(PagedVarlen, PackedMaskEqualsEachSequenceWithItsBlock) {
   }
 }
 
+// attention_paged_varlen_backward equals attention_paged_backward on each sequence alone (its
+// block table row, its ALiBi row, its mask block): dq packed like q, the pages' gradients summed
+// over the sequences (sequence 3 reads sequence 0's first page), dsinks summed, dalibi per row,
+// a float packed mask's gradient block by block; f32 and f64, with and without a mask; one
+// thread gives the same bits.
+TEST(PagedVarlen, BackwardEqualsEachSequenceAlone) {
+  const std::vector<std::int64_t> nq{1, 3, 0, 1, 7, 1, 2}, lens{9, 20, 4, 1, 33, 0, 6};
+  const std::int64_t B = 7, Hq = 4, Hkv = 2, D = 8, Dv = 8, ps = 4, max_pages = 10;
+  std::int64_t S = 0;
+  for (std::int64_t b = 0; b < B; ++b) S += nq[std::size_t(b)] * lens[std::size_t(b)];
+  for (const dtype type : {dtype::f32, dtype::f64})
+    for (const bool masked : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} {}", dtype_name(type), masked ? "float [Hq, S] mask" : "no mask"));
+      std::mt19937 rng(43);
+      const mixed_batch mb = shuffled_pages(lens, nq, ps, max_pages, 2, rng);
+      std::vector<std::int64_t> table = mb.table;
+      const std::vector<std::int64_t>& cu = mb.cu;
+      table[std::size_t(3 * max_pages)] = table[0];  // sequence 3 shares sequence 0's first page
+      const std::int64_t total = cu.back(), P = mb.used + 2;
+      const Tensor kp = random_tensor({P, ps, Hkv, D}, type, rng), vp = random_tensor({P, ps, Hkv, Dv}, type, rng);
+      const Tensor q = random_tensor({total, Hq, D}, type, rng), dout = random_tensor({total, Hq, Dv}, type, rng);
+      const Tensor tab = index_tensor({B, max_pages}, table), lt = index_tensor({B}, lens), tcu = index_tensor({B + 1}, cu);
+      attention_options o;
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+      o.alibi_slopes = random_tensor({B, Hq}, dtype::f64, rng, 0.1, 0.9);
+      o.sinks = random_tensor({Hq}, dtype::f64, rng);
+      Tensor mask;
+      if (masked) {
+        mask = random_tensor({Hq, S}, dtype::f32, rng, -2.0, 2.0);
+        o.attn_mask = mask;
+      }
+      const paged_kv_view cache{kp, vp, tab, lt};
+      const varlen_result r = attention_paged_varlen(q, tcu, 7, cache, o);
+      const paged_grads g = attention_paged_varlen_backward(q, tcu, 7, cache, r.out, dout, r.lse, o);
+      ASSERT_EQ(g.dq.shape(), q.shape());
+      ASSERT_EQ(g.dk_pages.shape(), kp.shape());
+      const auto reshaped = [](const TensorView& v, Shape s) { return Tensor::copy_of(Tensor::copy_of(v).view().reshape(s)); };
+      const Tensor dk = Tensor::zeros(kp.shape(), dtype::f64), dv = Tensor::zeros(vp.shape(), dtype::f64);
+      const Tensor dsinks = Tensor::zeros({Hq}, dtype::f64);
+      const double tol = testing::tolerance_for(type) * 8;
+      std::int64_t off = 0;
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t n = nq[std::size_t(b)], c0 = cu[std::size_t(b)], L = lens[std::size_t(b)];
+        if (n == 0) continue;
+        SCOPED_TRACE(fmt::format("sequence {} (Nq {}, {} keys)", b, n, L));
+        const auto rows = [&](const Tensor& x, std::int64_t X) {
+          return reshaped(x.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, X});
+        };
+        std::vector<std::int64_t> row(table.begin() + b * max_pages, table.begin() + (b + 1) * max_pages);
+        attention_options ob = o;
+        ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1));
+        if (masked) ob.attn_mask = reshaped(mask.view().slice(1, off, off + n * L), {1, Hq, n, L});
+        const paged_kv_view one{kp, vp, index_tensor({1, max_pages}, row), index_tensor({1}, {L})};
+        const attention_result f = attention_paged(rows(q, D), one, ob);
+        const paged_grads w = attention_paged_backward(rows(q, D), one, f.out, rows(dout, Dv), f.lse, ob);
+        EXPECT_TRUE(all_close(rows(g.dq, D), w.dq, tol));
+        for (std::int64_t i = 0; i < dk.numel(); ++i) dk.data_as<double>()[i] += w.dk_pages.to(dtype::f64).data_as<double>()[i];
+        for (std::int64_t i = 0; i < dv.numel(); ++i) dv.data_as<double>()[i] += w.dv_pages.to(dtype::f64).data_as<double>()[i];
+        for (std::int64_t h = 0; h < Hq; ++h) dsinks.set({h}, dsinks.get({h}) + w.dsinks.get({h}));
+        EXPECT_TRUE(all_close(Tensor::copy_of(g.dalibi_slopes.view().slice(0, b, b + 1)), w.dalibi_slopes, tol));
+        if (masked) {
+          EXPECT_TRUE(all_close(reshaped(g.dattn_mask.view().slice(1, off, off + n * L), {1, Hq, n, L}), w.dattn_mask, tol));
+        }
+        off += n * L;
+      }
+      EXPECT_TRUE(all_close(g.dk_pages, dk.to(type), tol));
+      EXPECT_TRUE(all_close(g.dv_pages, dv.to(type), tol));
+      EXPECT_TRUE(all_close(g.dsinks, dsinks, tol));
+      EXPECT_EQ(g.dattn_mask.defined(), masked);
+      const paged_grads one = attention_paged_varlen_backward(q, tcu, 7, cache, r.out, dout, r.lse, o, {.num_threads = 1});
+      EXPECT_TRUE(all_close(one.dq, g.dq, 0, 0));
+      EXPECT_TRUE(all_close(one.dk_pages, g.dk_pages, 0, 0));
+    }
+}
+
+TEST(PagedVarlen, BackwardBadInputsByMessage) {
+  const Tensor kp = Tensor::zeros({4, 2, 1, 4}, dtype::f32), vp = Tensor::zeros({4, 2, 1, 4}, dtype::f32);
+  const paged_kv_view cache{kp, vp, index_tensor({2, 2}, {0, 3, 1, 2}), index_tensor({2}, {3, 2})};
+  const Tensor q = Tensor::zeros({3, 2, 4}, dtype::f32), out = Tensor::zeros({3, 2, 4}, dtype::f32);
+  const Tensor cu = index_tensor({3}, {0, 1, 3}), lse = Tensor::zeros({2, 3}, dtype::f32);
+  const char* op = "attention_paged_varlen_backward: ";
+  EXPECT_THROW_MSG(attention_paged_varlen_backward(q, cu, 2, cache, out, out, Tensor::zeros({3, 2}, dtype::f32)),
+                   fmt::format("{}lse has shape [3, 2], expected [Hq, total_q] = [2, 3]", op));
+  EXPECT_THROW_MSG(attention_paged_varlen_backward(q, cu, 2, cache, Tensor::zeros({3, 2, 5}, dtype::f32), out, lse),
+                   fmt::format("{}out has shape [3, 2, 5], expected [3, 2, 4]", op));
+  EXPECT_THROW_MSG(attention_paged_varlen_backward(q, cu, 1, cache, out, out, lse),
+                   fmt::format("{}sequence 1 has length 2", op));
+  attention_options bad;
+  bad.attn_mask = Tensor::zeros({4}, dtype::f32);  // S = 1·3 + 2·2 = 7
+  EXPECT_THROW_MSG(attention_paged_varlen_backward(q, cu, 2, cache, out, out, lse, bad), "attention_paged_varlen_backward: attn_mask");
+  const Tensor k8 = Tensor::zeros({4, 2, 1, 4}, dtype::i8), s8 = Tensor::zeros({4, 2, 1}, dtype::f32);
+  EXPECT_THROW_MSG(attention_paged_varlen_backward(q, cu, 2, {k8, k8, cache.block_table, cache.seq_lens, s8, s8}, out, out, lse),
+                   fmt::format("{}int8 pages are a quantised cache and have no gradient", op));
+}
+
 }  // namespace
 }  // namespace attn
