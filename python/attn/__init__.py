@@ -29,7 +29,8 @@ __all__ = [
     "AttentionResult", "AttentionGrads", "FamilyGrads", "FamilyKept", "attention", "attention_backward",
     "attention_into", "attention_backward_into", "release_cached_buffers", "cached_buffer_bytes",
     "attention_with_kv_cache", "attention_varlen", "attention_varlen_backward", "VarlenResult",
-    "VarlenGrads", "attention_paged", "attention_paged_backward", "PagedGrads", "attention_paged_varlen", "paged_kv_append", "explain_backend", "backends", "attention_family",
+    "VarlenGrads", "attention_paged", "attention_paged_backward", "PagedGrads", "attention_paged_varlen",
+    "attention_paged_varlen_backward", "paged_kv_append", "explain_backend", "backends", "attention_family",
     "attention_family_backward", "attention_weights", "linear_attention", "linear_attention_backward", "rotary", "rotary_backward", "sinusoidal",
     "t5_relative_bias", "t5_relative_bias_backward", "t5_relative_buckets", "plot_attention",
     "__version__",
@@ -422,6 +423,29 @@ def attention_paged_varlen(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages,
                                                   None if v_scales is None else _arg(v_scales), o, _EXT)
     out = _result(out, kind)
     return VarlenResult(out, _result(lse, kind), used) if return_lse else out
+
+
+def attention_paged_varlen_backward(q, cu_seqlens_q, max_seqlen_q: int, k_pages, v_pages, block_table, seq_lens,
+                                    out, dout, lse, *, attn_mask=None, is_causal: bool = False,
+                                    alignment: str = "bottom_right", scale: Optional[float] = None,
+                                    window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                                    sinks=None, backend: str = "automatic", num_threads: int = 0,
+                                    **extra) -> PagedGrads:
+    """Backward of :func:`attention_paged_varlen` (float pages) from its saved ``out [total_q, Hq,
+    Dv]`` and ``lse [Hq, total_q]`` (``return_lse=True``), with the same options: ``dq`` packed like
+    q, ``dk_pages``/``dv_pages`` as :func:`attention_paged_backward` gives them, a float packed
+    ``attn_mask``'s gradient in its packed shape.
+
+    >>> r = attn.attention_paged_varlen(q, cu, 16, K, V, table, lens, is_causal=True, return_lse=True)
+    >>> g = attn.attention_paged_varlen_backward(q, cu, 16, K, V, table, lens, r.out, dout, r.lse, is_causal=True)
+    """
+    kind = _kind_of(q)
+    o = _serving_opts(is_causal, alignment, scale, window, softcap, alibi_slopes, sinks, backend,
+                      num_threads, extra, attn_mask)
+    g = _attn.attention_paged_varlen_backward(_arg(q), _index(cu_seqlens_q), int(max_seqlen_q), _arg(k_pages),
+                                              _arg(v_pages), _index(block_table), _index(seq_lens), _arg(out),
+                                              _arg(dout), _arg(lse), o, _EXT)
+    return PagedGrads(*(_result(x, kind) for x in g[:6]), g[6])
 
 
 def paged_kv_append(k_pages, v_pages, block_table, seq_lens, k_new, v_new, *, k_scales=None,

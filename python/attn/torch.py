@@ -7,8 +7,8 @@
 - :class:`MultiheadAttention` — a drop-in for ``torch.nn.MultiheadAttention`` (same
   constructor, forward, parameter names and state dict), plus ``num_kv_heads`` for GQA/MQA.
 - :func:`attention` — the whole core op (every option of :func:`attn.attention`), differentiable.
-- :func:`attention_varlen`, :func:`attention_paged` — packed batches and the paged KV cache,
-  differentiable (the pages' gradients through the block table).
+- :func:`attention_varlen`, :func:`attention_paged`, :func:`attention_paged_varlen` — packed
+  batches and the paged KV cache, differentiable (the pages' gradients through the block table).
 - :func:`attention_family` and the modules :class:`AdditiveAttention`,
   :class:`GeneralAttention`, :class:`NadarayaWatson` — the family with parameter gradients.
 - :func:`rotary`, :func:`t5_relative_bias`, :func:`sinusoidal` — positional, differentiable.
@@ -30,7 +30,8 @@ from . import _attn
 from ._arrays import NUMPY as _NP, TORCH as _TORCH, arg as _a, index as _i, result as _r
 
 __all__ = [
-    "scaled_dot_product_attention", "attention", "attention_varlen", "attention_paged", "MultiheadAttention", "attention_family",
+    "scaled_dot_product_attention", "attention", "attention_varlen", "attention_paged", "attention_paged_varlen",
+    "MultiheadAttention", "attention_family",
     "AdditiveAttention", "GeneralAttention", "NadarayaWatson", "rotary", "t5_relative_bias",
     "sinusoidal",
 ]
@@ -189,6 +190,54 @@ def attention_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Te
                  softcap=softcap, backend=backend, num_threads=num_threads)
     out, lse = _Paged.apply(q, k_pages, v_pages, alibi_slopes, sinks, attn_mask, torch.as_tensor(block_table),
                             torch.as_tensor(seq_lens), opts)
+    return (out, lse) if return_lse else out
+
+
+class _PagedVarlen(torch.autograd.Function):
+    """out = attention_paged_varlen(q, k_pages, v_pages; cu_seqlens_q, block_table, seq_lens,
+    alibi_slopes, sinks, packed attn_mask, opts); backward from the lse."""
+
+    @staticmethod
+    def forward(ctx, q, k_pages, v_pages, alibi, sinks, mask, cu_q, max_q, table, lens, opts):
+        o = dict(opts)
+        for key, t in (("alibi_slopes", alibi), ("sinks", sinks), ("attn_mask", mask)):
+            if t is not None:
+                o[key] = _a(t)
+        out, lse, _ = _attn.attention_paged_varlen(_a(q), _i(cu_q), max_q, _a(k_pages), _a(v_pages), _i(table),
+                                                   _i(lens), None, None, o, _NP)
+        out, lse = _r(out, _TORCH), _r(lse, _TORCH)
+        ctx.save_for_backward(q, k_pages, v_pages, out, lse, cu_q.clone(), table.clone(), lens.clone())
+        ctx.opts, ctx.max_q = o, max_q
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k_pages, v_pages, out, lse, cu_q, table, lens = ctx.saved_tensors
+        o = dict(ctx.opts, mask_gradient=bool(ctx.needs_input_grad[5]))
+        g = _attn.attention_paged_varlen_backward(_a(q), _i(cu_q), ctx.max_q, _a(k_pages), _a(v_pages), _i(table),
+                                                  _i(lens), _a(out), _a(dout.contiguous()), _a(lse), o, _NP)
+        grads = [_r(x, _TORCH) for x in g[:6]]
+        need = ctx.needs_input_grad
+        return (*(x if n else None for x, n in zip(grads, need[:6])), None, None, None, None, None)
+
+
+def attention_paged_varlen(q: Tensor, cu_seqlens_q: Tensor, max_seqlen_q: int, k_pages: Tensor, v_pages: Tensor,
+                           block_table: Tensor, seq_lens: Tensor, *, is_causal: bool = False,
+                           alignment: str = "bottom_right", scale: Optional[float] = None,
+                           window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                           attn_mask: Optional[Tensor] = None, return_lse: bool = False,
+                           backend: str = "automatic", num_threads: int = 0):
+    """:func:`attn.attention_paged_varlen` for torch tensors (float pages): decode steps and
+    prefill chunks packed as ``q [total_q, Hq, D]`` with ``cu_seqlens_q``, differentiable in q, the
+    pages, ``alibi_slopes``, ``sinks`` and a float packed ``attn_mask``. Returns ``out [total_q, Hq,
+    Dv]`` (and ``lse [Hq, total_q]`` with ``return_lse``).
+    """
+    opts = _opts(is_causal=is_causal, alignment=alignment, scale=scale, window=tuple(window),
+                 softcap=softcap, backend=backend, num_threads=num_threads)
+    out, lse = _PagedVarlen.apply(q, k_pages, v_pages, alibi_slopes, sinks, attn_mask, torch.as_tensor(cu_seqlens_q),
+                                  int(max_seqlen_q), torch.as_tensor(block_table), torch.as_tensor(seq_lens), opts)
     return (out, lse) if return_lse else out
 
 

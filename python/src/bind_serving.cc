@@ -102,6 +102,22 @@ nb::tuple attention_paged_varlen_py(nb::handle q, nb::handle cu_q, std::int64_t 
   return nb::make_tuple(to_python(r.out, kind(kind_)), to_python(r.lse, kind(kind_)), r.backend);
 }
 
+nb::tuple attention_paged_varlen_backward_py(nb::handle q, nb::handle cu_q, std::int64_t max_q, nb::handle k_pages,
+                                             nb::handle v_pages, nb::handle block_table, nb::handle seq_lens,
+                                             nb::handle out, nb::handle dout, nb::handle lse, nb::dict opts, int kind_) {
+  const char* op = "attention_paged_varlen_backward";
+  const TensorView tq = array_arg(q, op, "q"), tcq = array_arg(cu_q, op, "cu_seqlens_q"), to = array_arg(out, op, "out"),
+                   tdo = array_arg(dout, op, "dout"), tl = array_arg(lse, op, "lse");
+  const paged_kv_view c = read_cache(op, k_pages, v_pages, block_table, seq_lens, nb::none(), nb::none(), false);
+  const options_pair o = read_options(op, opts);
+  const paged_grads g =
+      without_gil([&] { return attention_paged_varlen_backward(tq, tcq, max_q, c, to, tdo, tl, o.o, o.e); });
+  const kind kk = kind(kind_);
+  return nb::make_tuple(to_python(g.dq, kk), to_python(g.dk_pages, kk), to_python(g.dv_pages, kk),
+                        to_python(g.dalibi_slopes, kk), to_python(g.dsinks, kk), to_python(g.dattn_mask, kk),
+                        g.backend);
+}
+
 void paged_kv_append_py(nb::handle k_pages, nb::handle v_pages, nb::handle block_table, nb::handle seq_lens,
                         nb::handle k_scales, nb::handle v_scales, nb::handle k_new, nb::handle v_new) {
   const char* op = "paged_kv_append";
@@ -134,6 +150,10 @@ void bind_serving(nb::module_& m) {
         nb::arg("max_seqlen_q"), nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("block_table"), nb::arg("seq_lens"),
         nb::arg("k_scales").none(), nb::arg("v_scales").none(), nb::arg("opts"), nb::arg("kind"),
         "-> (out, lse, backend)");
+  m.def("attention_paged_varlen_backward", &attention_paged_varlen_backward_py, nb::arg("q"), nb::arg("cu_seqlens_q"),
+        nb::arg("max_seqlen_q"), nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("block_table"), nb::arg("seq_lens"),
+        nb::arg("out"), nb::arg("dout"), nb::arg("lse"), nb::arg("opts"), nb::arg("kind"),
+        "-> (dq, dk_pages, dv_pages, dalibi_slopes, dsinks, dattn_mask, backend)");
   m.def("paged_kv_append", &paged_kv_append_py, nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("block_table"),
         nb::arg("seq_lens"), nb::arg("k_scales").none(), nb::arg("v_scales").none(), nb::arg("k_new"),
         nb::arg("v_new"));
