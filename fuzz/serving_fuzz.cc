@@ -1,6 +1,6 @@
 // fuzz/serving_fuzz.cc — the differential fuzzer of the serving ops (include/attn/serving.h):
 // attention_paged on float or int8 pages (paged_kv_append first on half the inputs),
-// attention_paged_backward on float pages, attention_paged_varlen, and attention_varlen forward and backward (both varlen ops with masks
+// attention_paged_backward on float pages, attention_paged_varlen and its backward, and attention_varlen forward and backward (both varlen ops with masks
 // packed per sequence on a third of the inputs). The bytes choose the batch,
 // heads, sizes, page size, block tables (shuffled, shared, entries past a sequence's pages out of
 // range: legal, never read), int32 or int64 indices, the options (causal and its alignment,
@@ -17,6 +17,7 @@
 // the wrong shape, a mask wider than the capacity): the op must then throw attn::error naming
 // itself, on both backends, and leave the cache as it was.
 #include <algorithm>
+#include <functional>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -423,36 +424,38 @@ void compare_within(const std::string& what, const std::vector<double>& got, con
       finding(what, "at " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]));
 }
 
-// attention_paged_backward on float pages (cpu and reference) against attention_backward of the
-// float64 reference on each sequence's keys laid out densely: dq per sequence, the pages'
-// gradients as the dense ones carried back through the table (shared pages summed), ALiBi, sinks
-// and a float mask's gradient likewise; the pages are not written.
-void check_paged_backward(bytes& in, const setup& s, const cache_case& c, const Tensor& q,
-                          const ran<attention_result>& fw) {
-  const char* op = "attention_paged_backward";
-  const std::int64_t Nq = q.size(2);
-  Tensor dout = Tensor::empty({s.B, s.Hq, Nq, s.Dv}, s.t);
-  for (std::int64_t i = 0; i < dout.numel(); ++i) store_from_double(dout.data(), s.t, i, in.moderate());
+// How a paged backward lays out one sequence b: its queries' rows of q and dout as the oracle's
+// float64 [1, Hq, n, X], the oracle's options on its keys [0, L), its rows of a result's dq, and
+// where a float mask's gradient block of the oracle lands in the mask's gradient (float64, the
+// mask's shape).
+struct paged_layout {
+  std::function<Tensor(const Tensor& x, std::int64_t b)> rows;  // q or dout (or dq) rows of b, float64
+  std::function<attention_options(std::int64_t b, std::int64_t L)> options;
+  std::function<void(const Tensor& dmask, std::int64_t b, std::int64_t L, const Tensor& g8)> add_mask;
+};
+
+// A paged backward `run` (cpu and reference, each from its own forward) against
+// attention_backward of the float64 reference on each sequence's keys laid out densely: dq per
+// sequence, the pages' gradients as the dense ones carried back through the table (shared pages
+// summed), ALiBi, sinks and a float mask's gradient likewise; the pages are not written.
+void check_paged_grads(const char* op, const setup& s, const cache_case& c, const Tensor& q, const Tensor& dout,
+                       const paged_layout& lay, const std::function<paged_grads(const execution&)>& run) {
   const Tensor kp0 = Tensor::copy_of(c.kp);
-  const auto g = both<paged_grads>(op, s, false, true, [&](const execution& ex) {
-    const attention_result& f = ex.use_backend == backend::cpu || ex.use_backend == backend::automatic ? *fw.cpu : *fw.ref;
-    return attention_paged_backward(q, c.view(), f.out, dout, f.lse, s.o, ex);
-  });
+  const auto g = both<paged_grads>(op, s, false, true, run);
   if (std::memcmp(kp0.data(), c.kp.data(), std::size_t(c.kp.numel()) * dtype_size(c.kp.type())))
-    finding("attention_paged_backward wrote the pages", "");
+    finding(std::string(op) + " wrote the pages", "");
   if (!g.cpu || !g.ref) return;
   const Tensor dk = Tensor::zeros(c.kp.shape(), dtype::f64), dv = Tensor::zeros(c.vp.shape(), dtype::f64);
   const bool float_mask = s.o.attn_mask && s.o.attn_mask->type() != dtype::boolean;
   const Tensor dmask = float_mask ? Tensor::zeros(s.o.attn_mask->shape(), dtype::f64) : Tensor();
   const Tensor dsinks = s.o.sinks ? Tensor::zeros({s.Hq}, dtype::f64) : Tensor();
   const Tensor dalibi = s.o.alibi_slopes ? Tensor::zeros(s.o.alibi_slopes->shape(), dtype::f64) : Tensor();
-  const Tensor q8 = q.to(dtype::f64), dout8 = dout.to(dtype::f64);
   double bound = 0;
   for (std::int64_t b = 0; b < s.B; ++b) {
     const std::int64_t L = c.lens[std::size_t(b)];
-    const Tensor qb = Tensor::copy_of(q8.view().slice(0, b, b + 1)), db = Tensor::copy_of(dout8.view().slice(0, b, b + 1));
+    const Tensor qb = lay.rows(q, b), db = lay.rows(dout, b);
     const Tensor kb = c.dense(true, b, L, s.Hkv, s.D), vb = c.dense(false, b, L, s.Hkv, s.Dv);
-    const attention_options ob = oracle_options(s.o, b, L, true);
+    const attention_options ob = lay.options(b, L);
     const execution ref{.use_backend = backend::reference};
     const attention_result f8 = attention(qb, kb, vb, ob, ref);
     const attention_grads g8 = attention_backward(qb, kb, vb, f8.out, db, f8.lse, ob, ref);
@@ -460,7 +463,7 @@ void check_paged_backward(bytes& in, const setup& s, const cache_case& c, const 
     bound = std::max(bound, bb);
     for (const auto* gg : {&*g.ref, &*g.cpu})
       compare_within(std::string(op) + (gg == &*g.cpu ? " cpu" : " reference") + " dq (sequence " + std::to_string(b) + ")",
-                     Tensor::copy_of(gg->dq.view().slice(0, b, b + 1)).to_vector(), g8.dq.to_vector(), bb);
+                     lay.rows(gg->dq, b).to_vector(), g8.dq.to_vector(), bb);
     for (std::int64_t t = 0; t < L; ++t) {  // the dense gradients back through the table
       const std::int64_t p = c.table[std::size_t(b * c.max_pages + t / c.ps)], slot = t % c.ps;
       for (std::int64_t h = 0; h < s.Hkv; ++h) {
@@ -470,24 +473,14 @@ void check_paged_backward(bytes& in, const setup& s, const cache_case& c, const 
           dv.set({p, slot, h, x}, dv.get({p, slot, h, x}) + g8.dv.get({0, h, t, x}));
       }
     }
-    for (std::int64_t h = 0; h < s.Hq && L > 0 && Nq > 0; ++h) {
+    for (std::int64_t h = 0; h < s.Hq && L > 0 && qb.size(2) > 0; ++h) {
       if (dsinks.defined()) dsinks.set({h}, dsinks.get({h}) + g8.dsinks.get({h}));
       if (dalibi.defined()) {
         const std::int64_t at = dalibi.rank() == 2 ? b * s.Hq + h : h;
         dalibi.data_as<double>()[at] += g8.dalibi_slopes.get({h});
       }
     }
-    if (dmask.defined() && L > 0 && g8.dattn_mask.defined()) {  // rows of b (or all), columns [0, min(K, L))
-      TensorView at = dmask.view();
-      if (at.size(0) > 1) at = at.slice(0, b, b + 1);
-      at = at.slice(3, 0, std::min(at.size(3), L));
-      const std::vector<double> add = g8.dattn_mask.to_vector();
-      std::size_t i = 0;
-      for (std::int64_t a = 0; a < at.size(0); ++a)
-        for (std::int64_t h = 0; h < at.size(1); ++h)
-          for (std::int64_t r = 0; r < at.size(2); ++r)
-            for (std::int64_t j = 0; j < at.size(3); ++j) at.set({a, h, r, j}, at.get({a, h, r, j}) + add[i++]);
-    }
+    if (dmask.defined() && L > 0 && g8.dattn_mask.defined()) lay.add_mask(dmask, b, L, g8.dattn_mask);
   }
   for (const auto* gg : {&*g.ref, &*g.cpu}) {
     const std::string who = std::string(op) + (gg == &*g.cpu ? " cpu " : " reference ");
@@ -500,6 +493,31 @@ void check_paged_backward(bytes& in, const setup& s, const cache_case& c, const 
     if (dmask.defined() && gg->dattn_mask.defined())
       compare_within(who + "dattn_mask", gg->dattn_mask.to_vector(), dmask.to_vector(), bound * double(s.B));
   }
+}
+
+// attention_paged_backward on float pages: [B, Hq, Nq, ·] rows, the mask [B|1, ·, ·, K].
+void check_paged_backward(bytes& in, const setup& s, const cache_case& c, const Tensor& q,
+                          const ran<attention_result>& fw) {
+  Tensor dout = Tensor::empty({s.B, s.Hq, q.size(2), s.Dv}, s.t);
+  for (std::int64_t i = 0; i < dout.numel(); ++i) store_from_double(dout.data(), s.t, i, in.moderate());
+  const paged_layout lay{
+      [](const Tensor& x, std::int64_t b) { return Tensor::copy_of(x.view().slice(0, b, b + 1), dtype::f64); },
+      [&](std::int64_t b, std::int64_t L) { return oracle_options(s.o, b, L, true); },
+      [](const Tensor& dmask, std::int64_t b, std::int64_t L, const Tensor& g8) {  // rows of b (or all), columns [0, min(K, L))
+        TensorView at = dmask.view();
+        if (at.size(0) > 1) at = at.slice(0, b, b + 1);
+        at = at.slice(3, 0, std::min(at.size(3), L));
+        const std::vector<double> add = g8.to_vector();
+        std::size_t i = 0;
+        for (std::int64_t a = 0; a < at.size(0); ++a)
+          for (std::int64_t h = 0; h < at.size(1); ++h)
+            for (std::int64_t r = 0; r < at.size(2); ++r)
+              for (std::int64_t j = 0; j < at.size(3); ++j) at.set({a, h, r, j}, at.get({a, h, r, j}) + add[i++]);
+      }};
+  check_paged_grads("attention_paged_backward", s, c, q, dout, lay, [&](const execution& ex) {
+    const attention_result& f = ex.use_backend == backend::reference ? *fw.ref : *fw.cpu;
+    return attention_paged_backward(q, c.view(), f.out, dout, f.lse, s.o, ex);
+  });
 }
 
 void run_paged(bytes& in, setup& s) {
@@ -675,6 +693,25 @@ void run_paged_varlen(bytes& in, setup& s) {
     check_rows(std::string(op) + " cpu" + where, s, rows_of(r.cpu->out, cu, b), lse_of(r.cpu->lse, cu, b), w, tol);
     check_rows(std::string(op) + " reference" + where, s, rows_of(r.ref->out, cu, b), lse_of(r.ref->lse, cu, b), w, tol);
   }
+  // The backward on float pages (its special values: api_fuzz, on the core op it runs per sequence).
+  if (c.int8 || s.specials || !in.upto(1)) return;
+  Tensor dout = Tensor::empty({total, s.Hq, s.Dv}, s.t);
+  for (std::int64_t i = 0; i < dout.numel(); ++i) store_from_double(dout.data(), s.t, i, in.moderate());
+  const paged_layout lay{
+      [&](const Tensor& x, std::int64_t b) { return sequence_of(x, cu, b); },
+      [&](std::int64_t b, std::int64_t L) { return packed_oracle_options(s.o, b, nqs[std::size_t(b)], L, nqs, c.lens, true); },
+      [&](const Tensor& dmask, std::int64_t b, std::int64_t L, const Tensor& g8) {  // sequence b's packed block
+        std::int64_t off = 0;
+        for (std::int64_t e = 0; e < b; ++e) off += nqs[std::size_t(e)] * c.lens[std::size_t(e)];
+        const std::int64_t n = nqs[std::size_t(b)] * L, hm = dmask.rank() == 2 ? dmask.size(0) : 1;
+        const std::vector<double> add = g8.to_vector();
+        for (std::int64_t h = 0; h < hm; ++h)
+          for (std::int64_t x = 0; x < n; ++x) dmask.data_as<double>()[h * (dmask.numel() / hm) + off + x] += add[std::size_t(h * n + x)];
+      }};
+  check_paged_grads("attention_paged_varlen_backward", s, c, q, dout, lay, [&](const execution& ex) {
+    const varlen_result& f = ex.use_backend == backend::reference ? *r.ref : *r.cpu;
+    return attention_paged_varlen_backward(q, tcu, max_q, c.view(), f.out, dout, f.lse, s.o, ex);
+  });
 }
 
 void run_varlen(bytes& in, setup& s) {
