@@ -44,10 +44,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mask, alibi, sinks, opts):
-        o = dict(opts)
-        for key, t in (("attn_mask", mask), ("alibi_slopes", alibi), ("sinks", sinks)):
-            if t is not None:
-                o[key] = _a(t)
+        o = _with_tensors(opts, attn_mask=mask, alibi_slopes=alibi, sinks=sinks)
         out, lse, *_ = _attn.attention(_a(q), _a(k), _a(v), o, _NP)
         out, lse = _r(out, _TORCH), _r(lse, _TORCH)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -90,16 +87,20 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = 
     return (out, lse) if return_lse else out
 
 
+def _with_tensors(opts, **tensors):
+    """opts plus the given tensors (as arrays for the extension), leaving out those that are None."""
+    o = dict(opts)
+    o.update((key, _a(t)) for key, t in tensors.items() if t is not None)
+    return o
+
+
 class _Varlen(torch.autograd.Function):
     """out = attention_varlen(q, k, v; cu_seqlens, alibi_slopes, sinks, attn_mask, opts); backward
     from the lse."""
 
     @staticmethod
     def forward(ctx, q, k, v, alibi, sinks, mask, cu_q, cu_k, max_q, max_k, opts):
-        o = dict(opts)
-        for key, t in (("alibi_slopes", alibi), ("sinks", sinks), ("attn_mask", mask)):
-            if t is not None:
-                o[key] = _a(t)
+        o = _with_tensors(opts, alibi_slopes=alibi, sinks=sinks, attn_mask=mask)
         out, lse, _ = _attn.attention_varlen(_a(q), _a(k), _a(v), _i(cu_q), _i(cu_k), max_q, max_k, o, _NP)
         out, lse = _r(out, _TORCH), _r(lse, _TORCH)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
@@ -148,10 +149,7 @@ class _Paged(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k_pages, v_pages, alibi, sinks, mask, table, lens, opts):
-        o = dict(opts)
-        for key, t in (("alibi_slopes", alibi), ("sinks", sinks), ("attn_mask", mask)):
-            if t is not None:
-                o[key] = _a(t)
+        o = _with_tensors(opts, alibi_slopes=alibi, sinks=sinks, attn_mask=mask)
         out, lse, _ = _attn.attention_paged(_a(q), _a(k_pages), _a(v_pages), _i(table), _i(lens), None, None, o,
                                             _NP)
         out, lse = _r(out, _TORCH), _r(lse, _TORCH)
@@ -199,10 +197,7 @@ class _PagedVarlen(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k_pages, v_pages, alibi, sinks, mask, cu_q, max_q, table, lens, opts):
-        o = dict(opts)
-        for key, t in (("alibi_slopes", alibi), ("sinks", sinks), ("attn_mask", mask)):
-            if t is not None:
-                o[key] = _a(t)
+        o = _with_tensors(opts, alibi_slopes=alibi, sinks=sinks, attn_mask=mask)
         out, lse, _ = _attn.attention_paged_varlen(_a(q), _i(cu_q), max_q, _a(k_pages), _a(v_pages), _i(table),
                                                    _i(lens), None, None, o, _NP)
         out, lse = _r(out, _TORCH), _r(lse, _TORCH)

@@ -648,14 +648,7 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
   if (d.int8)
     fail(op, "int8 pages are a quantised cache and have no gradient; train on float pages (the dequantised cache)");
   const std::int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = d.D, Dv = d.Dv;
-  const Shape os{B, Hq, Nq, Dv}, ls{B, Hq, Nq};
-  if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
-  if (dout.shape() != os) fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(os)));
-  if (!is_floating(out.type()) || !is_floating(dout.type()))
-    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
-  if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected [B, Hq, Nq] = {}", shape_str(lse.shape()), shape_str(ls)));
-  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
-    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+  check_saved(op, out, dout, lse, {B, Hq, Nq, Dv}, {B, Hq, Nq}, "[B, Hq, Nq]");
   const int nt = exec.num_threads ? exec.num_threads : omp_get_max_threads();
   if (options.attn_mask) {  // the mask checked as attention_paged takes it: [B, Hq, Nq, K], K the capacity
     problem masked;

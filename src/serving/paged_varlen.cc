@@ -190,14 +190,7 @@ paged_grads attention_paged_varlen_backward(const TensorView& q, const TensorVie
   if (cache.k_pages.type() == dtype::i8)
     fail(op, "int8 pages are a quantised cache and have no gradient; train on float pages (the dequantised cache)");
   const std::int64_t Dv = cache.v_pages.size(3);
-  const Shape os{T, Hq, Dv}, ls{Hq, T};
-  if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
-  if (dout.shape() != os) fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(os)));
-  if (!is_floating(out.type()) || !is_floating(dout.type()))
-    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
-  if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected [Hq, total_q] = {}", shape_str(lse.shape()), shape_str(ls)));
-  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
-    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+  check_saved(op, out, dout, lse, {T, Hq, Dv}, {Hq, T}, "[Hq, total_q]");
   std::vector<std::int64_t> nq(static_cast<std::size_t>(B)), mask_off;
   for (std::int64_t b = 0; b < B; ++b) nq[std::size_t(b)] = cu[std::size_t(b + 1)] - cu[std::size_t(b)];
   if (options.attn_mask) mask_off = packed_mask_offsets(op, *options.attn_mask, nq, lens, Hq);

@@ -28,6 +28,20 @@ void check_serving_options(const char* op, const attention_options& o, std::int6
   }
 }
 
+void check_saved(const char* op, const TensorView& out, const TensorView& dout, const TensorView& lse,
+                 const Shape& out_shape, const Shape& lse_shape, const char* lse_layout) {
+  if (out.shape() != out_shape)
+    fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(out_shape)));
+  if (dout.shape() != out_shape)
+    fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(out_shape)));
+  if (!is_floating(out.type()) || !is_floating(dout.type()))
+    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
+  if (lse.shape() != lse_shape)
+    fail(op, fmt::format("lse has shape {}, expected {} = {}", shape_str(lse.shape()), lse_layout, shape_str(lse_shape)));
+  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
+    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+}
+
 attention_options for_sequence(const attention_options& o, std::int64_t b) {
   attention_options r = o;
   r.q_num_heads = r.kv_num_heads = 0;

@@ -22,6 +22,12 @@ void check_serving_options(const char* op, const attention_options& o, std::int6
                            std::int64_t Hkv, bool mask_ok = false);
 attention_options for_sequence(const attention_options& o, std::int64_t b);
 
+// A backward's saved forward and its incoming gradient: out and dout of shape `out_shape` and
+// float dtypes, lse of shape `lse_shape` (its layout named in the message) and float32 or
+// float64 (attn::error naming op otherwise).
+void check_saved(const char* op, const TensorView& out, const TensorView& dout, const TensorView& lse,
+                 const Shape& out_shape, const Shape& lse_shape, const char* lse_layout);
+
 // cu_seqlens: int64 or int32 [B + 1], 0 at the front, non-decreasing, `total` at the back, every
 // length <= max_seqlen (attn::error naming op and `name` otherwise).
 std::vector<std::int64_t> read_cu_seqlens(const char* op, const char* name, const TensorView& t, std::int64_t total,

@@ -189,15 +189,7 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
   const char* op = "attention_varlen_backward";
   const packed_dims d = check_packed(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options);
   const std::int64_t total_q = q.size(0);
-  const Shape os{total_q, d.Hq, d.Dv};
-  if (out.shape() != os) fail(op, fmt::format("out has shape {}, expected {}", shape_str(out.shape()), shape_str(os)));
-  if (dout.shape() != os) fail(op, fmt::format("dout has shape {}, expected {}", shape_str(dout.shape()), shape_str(os)));
-  if (!is_floating(out.type()) || !is_floating(dout.type()))
-    fail(op, fmt::format("out/dout have dtypes {}/{}, expected float dtypes", dtype_name(out.type()), dtype_name(dout.type())));
-  const Shape ls{d.Hq, total_q};
-  if (lse.shape() != ls) fail(op, fmt::format("lse has shape {}, expected [Hq, total_q] = {}", shape_str(lse.shape()), shape_str(ls)));
-  if (lse.type() != dtype::f32 && lse.type() != dtype::f64)
-    fail(op, fmt::format("lse has dtype {}, expected float32 or float64", dtype_name(lse.type())));
+  check_saved(op, out, dout, lse, {total_q, d.Hq, d.Dv}, {d.Hq, total_q}, "[Hq, total_q]");
 
   varlen_grads g;
   g.dq = Tensor::zeros(q.shape(), q.type());
