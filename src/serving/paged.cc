@@ -589,12 +589,19 @@ std::pair<Tensor, Tensor> paged_backward_items(const char* op, const paged_kv_vi
   const Tensor dk = Tensor::empty({d.num_pages, d.page_size, d.Hkv, d.D}, acc_type);
   const Tensor dv = Tensor::empty({d.num_pages, d.page_size, d.Hkv, d.Dv}, acc_type);
   std::vector<char> seen_k(std::size_t(d.num_pages * d.page_size), 0), seen_v = seen_k;
+  // How many readings each token slot has: a sequence whose keys lie in one run of pages that
+  // no other reading touches gets its dk, dv written straight into the pages' gradients (float32
+  // or float64 q: the accumulator's own dtype), without a copy to scatter.
+  std::vector<int> readers(seen_k.size(), 0);
+  for (const paged_backward_item& it : items)
+    for (std::int64_t j = 0; j < d.lens[std::size_t(it.b)]; ++j)
+      ++readers[std::size_t(d.page(it.b, j / d.page_size) * d.page_size + j % d.page_size)];
   // Decode steps (few rows a sequence) run nt sequences side by side on a thread each, prefill
   // chunks one after another on every thread; either way a wave's results are added in order.
   const bool side_by_side = decode && nt > 1;
   const std::size_t wave = side_by_side ? std::size_t(nt) : 1;
   struct sequence_grads {
-    Tensor dk, dv;
+    Tensor dk, dv;  // undefined where written in place
     attention_grads rest;
   };
   for (std::size_t w0 = 0; w0 < items.size(); w0 += wave) {
@@ -605,15 +612,32 @@ std::pair<Tensor, Tensor> paged_backward_items(const char* op, const paged_kv_vi
     for (std::size_t i = 0; i < n; ++i) {
       try {
         const paged_backward_item& it = items[w0 + i];
-        const std::int64_t L = d.lens[std::size_t(it.b)];
+        const std::int64_t L = d.lens[std::size_t(it.b)], pages = (L + d.page_size - 1) / d.page_size;
         const int inner = side_by_side ? 1 : nt;
-        const Tensor k = dense_rows(cache.k_pages, {}, d, it.b, L, cache.k_pages.type(), inner);
-        const Tensor v = dense_rows(cache.v_pages, {}, d, it.b, L, cache.v_pages.type(), inner);
-        sg[i].dk = Tensor::empty({1, d.Hkv, L, d.D}, q_type);
-        sg[i].dv = Tensor::empty({1, d.Hkv, L, d.Dv}, q_type);
+        // Pages that follow each other in memory (a dense cache as one page a sequence) are read
+        // in place, as the forward reads a run; others are copied dense.
+        bool one_run = d.runs;
+        for (std::int64_t p = 1; p < pages && one_run; ++p) one_run = d.page(it.b, p) == d.page(it.b, 0) + p;
+        Tensor kc, vc;
+        if (!one_run) {
+          kc = dense_rows(cache.k_pages, {}, d, it.b, L, cache.k_pages.type(), inner);
+          vc = dense_rows(cache.v_pages, {}, d, it.b, L, cache.v_pages.type(), inner);
+        }
+        const TensorView k = one_run ? page_rows(cache.k_pages, d.page(it.b, 0), L) : kc.view();
+        const TensorView v = one_run ? page_rows(cache.v_pages, d.page(it.b, 0), L) : vc.view();
+        bool in_place = one_run && acc_type == q_type;
+        for (std::int64_t j = 0; j < L && in_place; ++j)
+          in_place = readers[std::size_t(d.page(it.b, 0) * d.page_size + j)] == 1;
+        TensorView dk_to, dv_to;
+        if (in_place) {  // the run's rows of the contiguous [num_pages, page_size, Hkv, X] gradients
+          dk_to = page_rows(dk, d.page(it.b, 0), L), dv_to = page_rows(dv, d.page(it.b, 0), L);
+        } else {
+          sg[i].dk = Tensor::empty({1, d.Hkv, L, d.D}, q_type), sg[i].dv = Tensor::empty({1, d.Hkv, L, d.Dv}, q_type);
+          dk_to = sg[i].dk, dv_to = sg[i].dv;
+        }
         execution eb = exec;
         eb.num_threads = inner;
-        sg[i].rest = attention_backward_into(it.q, k, v, it.out, it.dout, it.lse, {it.dq, sg[i].dk, sg[i].dv}, it.options, eb);
+        sg[i].rest = attention_backward_into(it.q, k, v, it.out, it.dout, it.lse, {it.dq, dk_to, dv_to}, it.options, eb);
       } catch (...) {
 #pragma omp critical(attn_paged_backward_error)
         if (!first) first = std::current_exception();
@@ -622,7 +646,10 @@ std::pair<Tensor, Tensor> paged_backward_items(const char* op, const paged_kv_vi
     if (first) std::rethrow_exception(first);
     for (std::size_t i = 0; i < n; ++i) {
       const std::int64_t b = items[w0 + i].b;
-      if (acc_type == dtype::f64) {
+      if (!sg[i].dk.defined()) {  // written in place: its slots are seen
+        for (std::int64_t j = 0; j < d.lens[std::size_t(b)]; ++j)
+          seen_k[std::size_t(d.page(b, 0) * d.page_size + j)] = seen_v[std::size_t(d.page(b, 0) * d.page_size + j)] = 1;
+      } else if (acc_type == dtype::f64) {
         scatter_rows<double>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<double>(sg[i].dv, dv, d, b, nt, seen_v);
       } else {
         scatter_rows<float>(sg[i].dk, dk, d, b, nt, seen_k), scatter_rows<float>(sg[i].dv, dv, d, b, nt, seen_v);
