@@ -314,6 +314,14 @@ paged_dims check_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq,
   return d;
 }
 
+// attention_paged's and its backward's q [B, Hq, Nq, D] and the call (check_call).
+paged_dims check_paged_q(const char* op, const TensorView& q, const paged_kv_view& cache,
+                         const attention_options& options, const execution& exec) {
+  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
+  if (q.data() == nullptr && q.numel() != 0) fail(op, "q has no data");
+  return check_call(op, q.type(), q.size(0), q.size(1), q.size(3), cache, options, exec);
+}
+
 }  // namespace
 
 void check_paged_call(const char* op, dtype qt, std::int64_t B, std::int64_t Hq, std::int64_t Dq,
@@ -327,9 +335,7 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
                                  const execution& exec) {
   using namespace detail;
   const char* op = "attention_paged";
-  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
-  if (q.data() == nullptr && q.numel() != 0) fail(op, "q has no data");
-  const paged_dims d = check_call(op, q.type(), q.size(0), q.size(1), q.size(3), cache, options, exec);
+  const paged_dims d = check_paged_q(op, q, cache, options, exec);
   // int8 pages: the problems below are validated on empty K/V of q's dtype
   const TensorView k0 = d.int8 ? TensorView(nullptr, q.type(), {1, d.Hkv, 0, d.D}) : page_rows(cache.k_pages, 0, 0);
   const TensorView v0 = d.int8 ? TensorView(nullptr, q.type(), {1, d.Hkv, 0, d.Dv}) : page_rows(cache.v_pages, 0, 0);
@@ -669,9 +675,7 @@ paged_grads attention_paged_backward(const TensorView& q, const paged_kv_view& c
                                      const execution& exec) {
   using namespace detail;
   const char* op = "attention_paged_backward";
-  if (q.rank() != 4) fail(op, fmt::format("q has shape {}, expected 4 dims [B, Hq, Nq, D]", shape_str(q.shape())));
-  if (q.data() == nullptr && q.numel() != 0) fail(op, "q has no data");
-  const paged_dims d = check_call(op, q.type(), q.size(0), q.size(1), q.size(3), cache, options, exec);
+  const paged_dims d = check_paged_q(op, q, cache, options, exec);
   if (d.int8)
     fail(op, "int8 pages are a quantised cache and have no gradient; train on float pages (the dequantised cache)");
   const std::int64_t B = q.size(0), Hq = q.size(1), Nq = q.size(2), D = d.D, Dv = d.Dv;

@@ -75,6 +75,39 @@ TensorArg group_mask(const TensorView& m, const std::vector<std::int64_t>& seqs,
   return mg;
 }
 
+// What attention_paged_varlen and its backward check before any work: the packed q [total_q,
+// Hq, D] and cu_seqlens_q, the cache of the same B sequences — every sequence's pages, table
+// entries and length, the dtypes, heads and options (check_paged_call: a sequence with no queries
+// joins no group, so the whole batch is checked here) — a packed mask's block offsets (sequence
+// b's block [nq[b], lens[b]] from mask_off[b]) and ALiBi's rows.
+struct packed_call {
+  std::vector<std::int64_t> cu, nq, table, lens, mask_off;
+  std::int64_t B = 0, Hq = 0, D = 0;
+};
+packed_call check_packed_call(const char* op, const TensorView& q, const TensorView& cu_seqlens_q,
+                              std::int64_t max_seqlen_q, const paged_kv_view& cache, const attention_options& options,
+                              const execution& exec) {
+  using namespace detail;
+  if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
+  if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
+  if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
+  packed_call c;
+  c.cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
+  c.B = std::int64_t(c.cu.size()) - 1, c.Hq = q.size(1), c.D = q.size(2);
+  c.table = read_index(op, "block_table", cache.block_table, 2, "[B, max_pages]");
+  c.lens = read_index(op, "seq_lens", cache.seq_lens, 1, "[B]");
+  if (cache.block_table.size(0) != c.B || std::int64_t(c.lens.size()) != c.B)
+    fail(op, fmt::format("cu_seqlens_q has B + 1 = {} entries but block_table has shape {} and seq_lens {}", c.B + 1,
+                         shape_str(cache.block_table.shape()), shape_str(cache.seq_lens.shape())));
+  check_paged_call(op, q.type(), c.B, c.Hq, c.D, cache, options, exec);
+  for (std::int64_t b = 0; b < c.B; ++b) c.nq.push_back(c.cu[std::size_t(b + 1)] - c.cu[std::size_t(b)]);
+  if (options.attn_mask) c.mask_off = packed_mask_offsets(op, *options.attn_mask, c.nq, c.lens, c.Hq);
+  if (options.alibi_slopes && options.alibi_slopes->rank() == 2 && options.alibi_slopes->size(0) != c.B)
+    fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] or [B, Hq] = [{}, {}]",
+                         shape_str(options.alibi_slopes->shape()), c.B, c.Hq));
+  return c;
+}
+
 }  // namespace
 
 varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_seqlens_q, std::int64_t max_seqlen_q,
@@ -82,31 +115,11 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
                                      const execution& exec) {
   using namespace detail;
   const char* op = "attention_paged_varlen";
-  if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
-  if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
-  if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
-  const std::vector<std::int64_t> cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
-  const std::int64_t B = std::int64_t(cu.size()) - 1, Hq = q.size(1), D = q.size(2);
-  const std::vector<std::int64_t> table = read_index(op, "block_table", cache.block_table, 2, "[B, max_pages]");
-  const std::vector<std::int64_t> lens = read_index(op, "seq_lens", cache.seq_lens, 1, "[B]");
-  if (cache.block_table.size(0) != B || std::int64_t(lens.size()) != B)
-    fail(op, fmt::format("cu_seqlens_q has B + 1 = {} entries but block_table has shape {} and seq_lens {}", B + 1,
-                         shape_str(cache.block_table.shape()), shape_str(cache.seq_lens.shape())));
-  // Every sequence's pages, table entries and length, and the call's dtypes, heads and options,
-  // before any group runs (a sequence with no queries joins no group).
-  check_paged_call(op, q.type(), B, Hq, D, cache, options, exec);
-  // A packed attn_mask: sequence b's block [Nq_b, seq_lens[b]] from mask_off[b].
-  std::vector<std::int64_t> mask_off;
-  if (options.attn_mask) {
-    std::vector<std::int64_t> nq;
-    for (std::int64_t b = 0; b < B; ++b) nq.push_back(cu[std::size_t(b + 1)] - cu[std::size_t(b)]);
-    mask_off = packed_mask_offsets(op, *options.attn_mask, nq, lens, Hq);
-  }
+  const packed_call pc = check_packed_call(op, q, cu_seqlens_q, max_seqlen_q, cache, options, exec);
+  const std::vector<std::int64_t>&cu = pc.cu, &table = pc.table, &lens = pc.lens, &mask_off = pc.mask_off;
+  const std::int64_t B = pc.B, Hq = pc.Hq, D = pc.D;
   const std::int64_t max_pages = cache.block_table.size(1), Dv = cache.v_pages.size(3);
   const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;
-  if (alibi_rows && options.alibi_slopes->size(0) != B)
-    fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] or [B, Hq] = [{}, {}]",
-                         shape_str(options.alibi_slopes->shape()), B, Hq));
 
   // Sequences by number of queries (n > 0), in increasing n.
   std::map<std::int64_t, std::vector<std::int64_t>> groups;
@@ -177,27 +190,14 @@ paged_grads attention_paged_varlen_backward(const TensorView& q, const TensorVie
                                             const attention_options& options, const execution& exec) {
   using namespace detail;
   const char* op = "attention_paged_varlen_backward";
-  if (q.rank() != 3) fail(op, fmt::format("q has shape {}, expected [total_q, Hq, D]", shape_str(q.shape())));
-  if (!is_floating(q.type())) fail(op, fmt::format("q has dtype {}, expected a float dtype", dtype_name(q.type())));
-  if (max_seqlen_q < 0) fail(op, fmt::format("max_seqlen_q = {} must be >= 0", max_seqlen_q));
-  const std::vector<std::int64_t> cu = read_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, q.size(0), max_seqlen_q);
-  const std::int64_t B = std::int64_t(cu.size()) - 1, T = q.size(0), Hq = q.size(1), D = q.size(2);
-  const std::vector<std::int64_t> lens = read_index(op, "seq_lens", cache.seq_lens, 1, "[B]");
-  if (cache.block_table.rank() != 2 || cache.block_table.size(0) != B || std::int64_t(lens.size()) != B)
-    fail(op, fmt::format("cu_seqlens_q has B + 1 = {} entries but block_table has shape {} and seq_lens {}", B + 1,
-                         shape_str(cache.block_table.shape()), shape_str(cache.seq_lens.shape())));
-  check_paged_call(op, q.type(), B, Hq, D, cache, options, exec);
+  const packed_call pc = check_packed_call(op, q, cu_seqlens_q, max_seqlen_q, cache, options, exec);
+  const std::vector<std::int64_t>&cu = pc.cu, &lens = pc.lens, &nq = pc.nq, &mask_off = pc.mask_off;
+  const std::int64_t B = pc.B, T = q.size(0), Hq = pc.Hq;
   if (cache.k_pages.type() == dtype::i8)
     fail(op, "int8 pages are a quantised cache and have no gradient; train on float pages (the dequantised cache)");
   const std::int64_t Dv = cache.v_pages.size(3);
   check_saved(op, out, dout, lse, {T, Hq, Dv}, {Hq, T}, "[Hq, total_q]");
-  std::vector<std::int64_t> nq(static_cast<std::size_t>(B)), mask_off;
-  for (std::int64_t b = 0; b < B; ++b) nq[std::size_t(b)] = cu[std::size_t(b + 1)] - cu[std::size_t(b)];
-  if (options.attn_mask) mask_off = packed_mask_offsets(op, *options.attn_mask, nq, lens, Hq);
   const bool alibi_rows = options.alibi_slopes && options.alibi_slopes->rank() == 2;
-  if (alibi_rows && options.alibi_slopes->size(0) != B)
-    fail(op, fmt::format("alibi_slopes has shape {}, expected [Hq] or [B, Hq] = [{}, {}]",
-                         shape_str(options.alibi_slopes->shape()), B, Hq));
 
   paged_grads g;
   g.dq = Tensor::zeros(q.shape(), q.type());
