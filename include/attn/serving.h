@@ -131,8 +131,9 @@ struct paged_grads {
 
 // Backward of attention_paged from its saved lse: `out` and `lse` are what attention_paged
 // returned for the same q, cache and options, `dout` [B, Hq, Nq, Dv]. Each sequence's gradient
-// is attention_backward's on its first seq_lens[b] keys (a dense copy of them per sequence, its
-// options as attention_paged applies them); dk_pages / dv_pages carry them back through the
+// is attention_backward's on its first seq_lens[b] keys (a dense copy of them per sequence unless
+// its pages follow each other in memory; its options as attention_paged applies them);
+// dk_pages / dv_pages carry them back through the
 // block table: rows no sequence reads get 0, and a page that several sequences read (a shared
 // prefix) gets the sum, added in sequence order in float32 (float64 for float64 pages) and
 // rounded once to the pages' dtype — the same for any thread count. A float attn_mask's

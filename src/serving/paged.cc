@@ -504,7 +504,9 @@ attention_result attention_paged(const TensorView& q, const paged_kv_view& cache
 // ---------------------------------------------------------------------------------------------
 // attention_paged_backward: each sequence's gradient is attention_backward's on the keys its
 // table names, laid out densely (a [1, Hkv, L, X] copy per sequence: the backward reads every key
-// row Nq·Hq/Hkv times, the copy once), with the forward's options for that sequence — causal and
+// row Nq·Hq/Hkv times, the copy once; none where the pages follow each other in memory, and dk,
+// dv then written in place where no other reading shares the slots — paged_backward_items),
+// with the forward's options for that sequence — causal and
 // window positions as attention_paged places them (query i at L - Nq + i unless top_left), its
 // ALiBi row, the sinks, and the mask's rows of b over the columns [0, L). dk and dv go back
 // through the table: a page that several sequences read receives the sum of their gradients,

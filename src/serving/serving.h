@@ -48,7 +48,9 @@ struct paged_backward_item {
   attention_options options;
 };
 // attention_backward_into for each item on its sequence's keys copied dense from the pages
-// (float pages), dk and dv carried back through the table into the pages' gradients (returned:
+// (float pages; read in place where its pages follow each other in memory, its dk, dv then
+// written in place where no other reading shares its slots), dk and dv carried back through the
+// table into the pages' gradients (returned:
 // contiguous, the pages' dtype; a token slot read several times gets the sum, in item order, in
 // float32 — float64 for float64 — rounded once; rows nobody reads 0). `decode`: items side by
 // side on a thread each, else one after another on every thread. done(item, grads) receives each
