@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "attn/attention.h"
 #include "attn/execution.h"
@@ -92,9 +93,25 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
 // four elements of d of 16 consecutive keys, the layout the AVX512-VNNI decode reads without
 // transposing (key t of a page, element x of head h at [t / 16, h, x / 4, t % 16, x % 4]; vLLM
 // splits its key cache the same way). Values and scales keep their layout.
+// How the cpu decode multiplies q with int8 pages (docs/SERVING.md, "int8 KV cache"):
+//   automatic  where the CPU has AVX512_VNNI int16 dot products (and D, Dv are multiples of 64):
+//              each row of q rounded to int16 with a power-of-two scale — exact for bfloat16 q; a
+//              float32 or float16 element moves by at most 2^-14 of its row's largest |q| — and
+//              each block's weights p·scale_v likewise (at most 2^-14 of the block's largest).
+//              About 1.6× the rate of float32 products on such CPUs. Elsewhere, bfloat16 q may
+//              take bf16 products of the widened rows (weights rounded to bf16) where the CPU's
+//              bf16 dot product is fast; every other case is float32.
+//   float32    q and the weights stay floats: the int8 rows widened to float32, every product
+//              exact (float32 accumulation).
+enum class int8_query { automatic, float32 };
+// "automatic", "float32" and back; parse_int8_query throws attn::error listing the valid names.
+std::string_view to_string(int8_query q);
+int8_query parse_int8_query(std::string_view name);
+
 struct paged_kv_view {
   TensorArg k_pages, v_pages, block_table, seq_lens;
   TensorArg k_scales{}, v_scales{};  // int8 pages only
+  int8_query query = int8_query::automatic;  // int8 pages only
 };
 
 // Attention of q against the first seq_lens[b] keys of each sequence, read from the pages in

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include "arrays.h"
+#include "attn/error.h"
 #include "attn/serving.h"
 #include "bind.h"
 #include "options.h"
@@ -19,9 +20,19 @@ struct options_pair {
   execution e;
 };
 
-options_pair read_options(const char* op, nb::dict opts) {
+// int8: where the call reads a paged cache, its int8_query key ("automatic" or "float32") into
+// *int8 (paged_kv_view::query).
+options_pair read_options(const char* op, nb::dict opts, int8_query* int8 = nullptr) {
   option_reader r(op, std::move(opts));
   options_pair p{read_attention(r), read_execution(r)};
+  if (int8) {
+    const std::string name = r.text("int8_query", "automatic");
+    try {
+      *int8 = parse_int8_query(name);
+    } catch (const error& e) {
+      throw error(fmt::format("{}: {}", op, e.what()));
+    }
+  }
   r.finish();
   return p;
 }
@@ -70,8 +81,8 @@ nb::tuple attention_paged_py(nb::handle q, nb::handle k_pages, nb::handle v_page
                              nb::handle seq_lens, nb::handle k_scales, nb::handle v_scales, nb::dict opts, int kind_) {
   const char* op = "attention_paged";
   const TensorView tq = array_arg(q, op, "q");
-  const paged_kv_view c = read_cache(op, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales, false);
-  const options_pair o = read_options(op, opts);
+  paged_kv_view c = read_cache(op, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales, false);
+  const options_pair o = read_options(op, opts, &c.query);
   const attention_result r = without_gil([&] { return attention_paged(tq, c, o.o, o.e); });
   return nb::make_tuple(to_python(r.out, kind(kind_)), to_python(r.lse, kind(kind_)), r.backend);
 }
@@ -96,8 +107,8 @@ nb::tuple attention_paged_varlen_py(nb::handle q, nb::handle cu_q, std::int64_t 
                                     nb::handle v_scales, nb::dict opts, int kind_) {
   const char* op = "attention_paged_varlen";
   const TensorView tq = array_arg(q, op, "q"), tcq = array_arg(cu_q, op, "cu_seqlens_q");
-  const paged_kv_view c = read_cache(op, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales, false);
-  const options_pair o = read_options(op, opts);
+  paged_kv_view c = read_cache(op, k_pages, v_pages, block_table, seq_lens, k_scales, v_scales, false);
+  const options_pair o = read_options(op, opts, &c.query);
   const varlen_result r = without_gil([&] { return attention_paged_varlen(tq, tcq, max_q, c, o.o, o.e); });
   return nb::make_tuple(to_python(r.out, kind(kind_)), to_python(r.lse, kind(kind_)), r.backend);
 }

@@ -85,6 +85,9 @@ struct problem {
   //   k.data + t·page_stride.k + ((n % page_size) / 16)·k.sn + h·k.sh + (x / 4)·64 + (n % 16)·4 + x % 4
   //   (k.sn is the stride of a block, not of a row; k.sx = 1). Values stay rows.
   bool k_blocked = false;
+  //   int8 K/V: whether decode may round q and the weights (to int16; with bf16 pairs the weights
+  //   to bf16), or keeps every product exact in float32 (paged_kv_view::query).
+  bool int8_rounding = true;
 
   std::int64_t group() const { return Hq / Hkv; }
   std::int64_t keys_valid(std::int64_t b) const { return kv_len.empty() ? Nk : kv_len[b]; }

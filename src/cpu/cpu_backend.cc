@@ -303,6 +303,7 @@ struct forward_plan {
   bool raw_q = false;      // bf16 q with bf16 or int8 K/V rows: q stays exact (unscaled) for the
                            // bf16 decode dots; the scores are scaled instead
   bool k8 = false;         // int8 K/V rows with per-row scales (serving), read in place by decode
+  bool int8_rounding = false;  // int8 K/V: q and the weights may be rounded (problem::int8_rounding)
   bool paged = false;      // K/V rows in pages through a block table (serving), read in place by decode
   // Decode reading K/V in place from rows whose heads interleave (a page of every head, or a
   // token-major cache): one task runs every kv head of a (b, lane block, key chunk), block by
@@ -356,6 +357,7 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
           (p.v.sx == 1 || p.Dv <= 1);
   f.k8 = p.k.type == dtype::i8;
   f.raw_q = (f.k16 || f.k8) && p.q.type == dtype::bf16;
+  f.int8_rounding = f.k8 && p.int8_rounding;
   f.paged = p.page_table != nullptr;
   {
     // (blocked int8 keys: k.sn is the stride of a block of 16 keys)
@@ -619,7 +621,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
             lb.vscale = static_cast<const float*>(p.v_scale.data) + (paged ? hkv * p.v_scale.sh : p.v_scale.offset(b, hkv, 0, 0));
             lb.kss = p.k_scale.sn, lb.vss = p.v_scale.sn;
             lb.kblocked = p.k_blocked;
-            lb.q_bf16 = raw_q;
+            lb.q_bf16 = raw_q, lb.int8_rounding = plan.int8_rounding;
           } else if (k16) {
             lb.k16 = static_cast<const std::uint16_t*>(p.k.data) + kb, lb.v16 = static_cast<const std::uint16_t*>(p.v.data) + vb;
             lb.q_bf16 = raw_q;
@@ -1234,7 +1236,7 @@ std::string why_not(const problem& p, const backend_request& req) {
 // kernels.h; a non-finite q, known only when the kernel runs, keeps the widened rows), or
 // widened to bf16 or f32.
 const char* int8_decode_words(const problem& p, const kernel_table& kt, const forward_plan& fp) {
-  if (int8_decode_int16(kt.int16_decode, fp.raw_q, kt.W, p.D, p.Dv)) {
+  if (int8_decode_int16(kt.int16_decode, fp.int8_rounding, kt.W, p.D, p.Dv)) {
     if (p.k_blocked && kt.W == 16)
       return ", int8 K/V read in place, blocked keys (byte dot products with 14-bit q), weights as int16";
     return ", int8 K/V read in place, q and weights as int16 (int16 dot products)";

@@ -1041,7 +1041,7 @@ bool int8_as_int16(const lane_block* lbs, int n) {
   if constexpr (!Dot::int16) {
     return false;
   } else {
-    if (!int8_decode_int16(Dot::int16, lbs[0].q_bf16, W, lbs[0].D, lbs[0].Dv)) return false;
+    if (!int8_decode_int16(Dot::int16, lbs[0].int8_rounding, W, lbs[0].D, lbs[0].Dv)) return false;
     for (int h = 0; h < n; ++h) {
       const lane_block& lb = lbs[h];
       // qᵀ [D][L] a vector of rows at a time: z turns NaN where q is NaN or ±inf (the lanes
@@ -1092,7 +1092,7 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
         return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
       }
     if constexpr (bf16_pairs_in_decode<Dot>())  // (not where vdpbf16ps is slower than widening: Intel)
-      if (lb.q_bf16 && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
+      if (lb.q_bf16 && lb.int8_rounding && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
     return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units || lb.kblocked, near);
   }
   const bool b16 = lb.k16 != nullptr;

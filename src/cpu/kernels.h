@@ -84,6 +84,8 @@ struct lane_block {
   const std::uint16_t* k16 = nullptr;  // decode only: bf16 key/value rows (unit x-stride) read
   const std::uint16_t* v16 = nullptr;  // directly instead of k / v, same row strides
   bool q_bf16 = false;                 // decode: qt holds exact bf16 values, unscaled (sp.scale applies)
+  bool int8_rounding = false;          // decode of int8 rows: q and the weights may be rounded (to
+                                       // int16; the weights to bf16 for bf16 pairs): paged_kv_view::query
   // Decode only: int8 rows (instead of k / v, same row strides) with one f32 scale per row:
   // key j is kscale[j·kss] · k8[j·ksn + x] (values likewise).
   const std::int8_t* k8 = nullptr;
@@ -307,15 +309,15 @@ struct kernel_table {
 static constexpr inline std::int64_t bf16_scratch_floats(std::int64_t L) { return kLaneKeyBlock / 2 * L + 64; }
 
 // Whether decode reads an int8 cache with q and the weights as int16 (decode.h,
-// int16_pair_operands), as far as the shape tells: an ISA with the int16 dot product, bf16 q,
-// whole units of d (4W values) in D and Dv, sums of D products that fit in int32
+// int16_pair_operands), as far as the shape tells: an ISA with the int16 dot product, q and the
+// weights allowed as int16 (problem::int8_rounding, paged_kv_view::query), whole units of d (4W values) in D and Dv, sums of D products that fit in int32
 // (D·128·32767 < 2^31), unless ATTN_DECODE_INT8=widen asks for the bf16 products of widened rows
 // (read on every call, as the tests switch it). The kernel also needs q finite, which only it
 // sees. One predicate for the kernel and for explain_backend.
-static inline bool int8_decode_int16(bool isa_int16, bool q_bf16, std::int64_t W, std::int64_t D, std::int64_t Dv) {
+static inline bool int8_decode_int16(bool isa_int16, bool rounding, std::int64_t W, std::int64_t D, std::int64_t Dv) {
   const char* e = std::getenv("ATTN_DECODE_INT8");
   const bool widen = e && std::strcmp(e, "widen") == 0;
-  return isa_int16 && q_bf16 && D % (4 * W) == 0 && Dv % (4 * W) == 0 && D <= 512 && !widen;
+  return isa_int16 && rounding && D % (4 * W) == 0 && Dv % (4 * W) == 0 && D <= 512 && !widen;
 }
 
 // The kernels of each ISA compiled in (each defined in its own kernels_<isa>.cc).

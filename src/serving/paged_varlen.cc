@@ -153,7 +153,7 @@ varlen_result attention_paged_varlen(const TensorView& q, const TensorView& cu_s
       lg[std::size_t(g)] = lens[std::size_t(b)];
     }
     const Tensor table_g = index_tensor(tg, {Bg, max_pages}), lens_g = index_tensor(lg, {Bg});
-    const paged_kv_view cg{cache.k_pages, cache.v_pages, table_g, lens_g, cache.k_scales, cache.v_scales};
+    const paged_kv_view cg{cache.k_pages, cache.v_pages, table_g, lens_g, cache.k_scales, cache.v_scales, cache.query};
     attention_options og = options;
     if (alibi_rows) {
       Tensor slopes = Tensor::empty({Bg, Hq}, options.alibi_slopes->type());

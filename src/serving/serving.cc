@@ -6,6 +6,23 @@
 #include <cstddef>
 
 #include "core/common.h"
+#include "core/names.h"
+
+namespace attn {
+
+namespace {
+constexpr std::array kInt8QueryNames = {detail::enum_name{int8_query::automatic, "automatic"},
+                                        detail::enum_name{int8_query::float32, "float32"}};
+static_assert(detail::names_cover(kInt8QueryNames, int8_query::float32));
+}  // namespace
+
+std::string_view to_string(int8_query q) {
+  const auto i = static_cast<std::size_t>(q);
+  return i < kInt8QueryNames.size() ? kInt8QueryNames[i].name : std::string_view("unknown int8_query");
+}
+int8_query parse_int8_query(std::string_view name) { return detail::parse_name(kInt8QueryNames, name, "int8_query"); }
+
+}  // namespace attn
 
 namespace attn::detail {
 

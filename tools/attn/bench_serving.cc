@@ -215,6 +215,8 @@ int run_paged(const serving_args& a) {
     return 2.0 * double(a.batch * a.hkv * a.nk) * (double(a.d * std::int64_t(dtype_size(t))) + (t == dtype::i8 ? 4.0 : 0.0));
   };
   const paged_kv_view cd = dense.view(one_page, lens), ch = head_major.view(shuffled, lens), ct = token_major.view(shuffled, lens);
+  paged_kv_view cd_exact = cd;  // int8: the dense cache with every product in float32 (paged_kv_view::query)
+  cd_exact.query = int8_query::float32;
 
   fmt::print("attn bench --paged {}: B {} Nq {} Nk {} Hq {} Hkv {} D {}, q {}, K/V {} (shuffled pages); load average {}{}\n", ps,
              a.batch, a.nq, a.nk, a.hq, a.hkv, a.d, dtype_name(q.type()), dtype_name(kvt), load_average(), a.fastest ? "; fastest of --reps calls" : "");
@@ -231,6 +233,8 @@ int run_paged(const serving_args& a) {
       fs.push_back([&] { attention_paged(q, dense_b.view(one_page, lens), o, ex); });
       fs.push_back([&] { attention_paged(q, head_b.view(shuffled, lens), o, ex); });
     }
+    const std::size_t exact_at = fs.size();
+    if (int8) fs.push_back([&] { attention_paged(q, cd_exact, o, ex); });
     const auto ms = time_medians(fs, a.warmup, a.reps, a.fastest);
     const double probe = a.probe_mib > 0 ? probe_dram_read(resolve_threads(t), std::size_t(a.probe_mib) << 20).value : 0.0;
     const std::string dram = a.probe_mib > 0 ? fmt::format("{:.1f} GB/s", probe) : std::string("not probed");
@@ -252,6 +256,12 @@ int run_paged(const serving_args& a) {
                  "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
                  ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
                  ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
+    if (int8) {
+      const auto& me = ms[exact_at];
+      fmt::print("    int8 dense, query float32 (every product in f32): {:.3f} ms {:.1f} GB/s {:.0f} tok/s (automatic {:.2f}x its tokens/s; "
+                 "cpu time {:.3f} ms)\n",
+                 me.wall, gbs(bytes, me.wall), tok / me.wall * 1e3, me.wall / ms[0].wall, me.cpu);
+    }
     if (!a.backward) continue;
     // The backward of each from its own forward: dense attention_backward against the paged one
     // on shuffled pages of both layouts (which copies each sequence's keys dense and scatters the
