@@ -258,6 +258,51 @@ INSTANTIATE_TEST_SUITE_P(Cases, Int8Paged,
                            return fmt::format("{}_{}", std::get<0>(info.param).name, dtype_name(std::get<1>(info.param)));
                          });
 
+// paged_kv_view::query reaches every sequence of a mixed batch: attention_paged_varlen (decode
+// steps beside chunks, a sequence with nothing new) gives each sequence what attention_paged gives
+// it alone with the same query choice, float32 q at a head size the int16 products take — on
+// every ISA level; where those products run, the two choices differ by more than the comparison's
+// tolerance, so a front that dropped the choice fails.
+TEST(Int8Paged, MixedBatchKeepsTheQueryChoice) {
+  const std::vector<std::int64_t> nq{1, 3, 0, 2}, lens{40, 70, 5, 33};
+  const std::int64_t B = 4, Hq = 4, Hkv = 2, D = 64, ps = 16, max_pages = 5;
+  std::mt19937 rng(71);
+  std::vector<std::int64_t> table(std::size_t(B * max_pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t n : nq) cu.push_back(cu.back() + n);
+  const std::int64_t P = B * max_pages;
+  const Tensor kp = random_int8({P, ps, Hkv, D}, rng), vp = random_int8({P, ps, Hkv, D}, rng);
+  const Tensor ks = random_tensor({P, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
+  const Tensor vs = random_tensor({P, ps, Hkv}, dtype::f32, rng, 0.001, 0.03);
+  const Tensor q = random_tensor({cu.back(), Hq, D}, dtype::f32, rng, -2, 2);
+  const Tensor tab = index_tensor({B, max_pages}, table), lt = index_tensor({B}, lens);
+  attention_options o;
+  o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+  const auto reshaped = [](const TensorView& v, Shape s) { return Tensor::copy_of(Tensor::copy_of(v).view().reshape(s)); };
+  for (const std::string& isa : isas()) {
+    const isa_scope scope(isa);
+    std::vector<Tensor> outs;
+    for (const int8_query mode : {int8_query::automatic, int8_query::float32}) {
+      SCOPED_TRACE(fmt::format("isa {} query {}", isa, to_string(mode)));
+      const varlen_result r = attention_paged_varlen(q, index_tensor({B + 1}, cu), 3, {kp, vp, tab, lt, ks, vs, mode}, o);
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t n = nq[std::size_t(b)], c0 = cu[std::size_t(b)];
+        if (n == 0) continue;
+        const Tensor qb = reshaped(q.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, D});
+        const std::vector<std::int64_t> row(table.begin() + b * max_pages, table.begin() + (b + 1) * max_pages);
+        const attention_result want = attention_paged(
+            qb, {kp, vp, index_tensor({1, max_pages}, row), index_tensor({1}, {lens[std::size_t(b)]}), ks, vs, mode}, o);
+        EXPECT_TRUE(all_close(reshaped(r.out.view().slice(0, c0, c0 + n).permute({1, 0, 2}), {1, Hq, n, D}), want.out, 2e-6, 0))
+            << "sequence " << b;
+      }
+      outs.push_back(r.out);
+    }
+    EXPECT_EQ(bool(all_close(outs[0], outs[1], 2e-6, 0)), !int16_products(D, D)) << isa;
+  }
+}
+
 // A dense int8 cache [B, Hkv, capacity, D] is one head-major page per sequence; the kernel reads
 // it in place and agrees with the paged layout of the same values.
 TEST(Int8Dense, OnePagePerSequenceEqualsPaged) {
