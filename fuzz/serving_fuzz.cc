@@ -140,6 +140,7 @@ struct cache_case {
   std::vector<std::int64_t> table, lens;
   Tensor kp, vp, ks, vs;  // ks/vs: int8 scales
   bool int8 = false, blocked = false;
+  int8_query query = int8_query::automatic;  // int8: both ways of multiplying q (serving.h)
   Tensor ktable, tlens;
 
   double key(std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t x) const {
@@ -166,7 +167,7 @@ struct cache_case {
   }
   paged_kv_view view() const {
     paged_kv_view c{kp, vp, ktable, tlens};
-    if (int8) c.k_scales = ks, c.v_scales = vs;
+    if (int8) c.k_scales = ks, c.v_scales = vs, c.query = query;
     return c;
   }
 };
@@ -175,6 +176,7 @@ cache_case make_cache(bytes& in, setup& s, std::int64_t extra) {
   cache_case c;
   c.int8 = s.op == 1;
   c.blocked = c.int8 && extra == 0 && s.D % 4 == 0 && in.upto(2) == 0;
+  if (c.int8 && in.upto(1) == 0) c.query = int8_query::float32;
   c.ps = c.blocked ? 16 : in.upto(3) == 0 ? 16 : 1 + in.upto(4);
   c.max_pages = std::max<std::int64_t>(in.upto(3), (extra + c.ps - 1) / c.ps);  // room for an append
   c.num_pages = 1 + in.upto(5);
