@@ -83,16 +83,6 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
                                        std::int64_t max_seqlen_q, std::int64_t max_seqlen_k,
                                        const attention_options& options = {}, const execution& exec = {});
 
-// A paged KV cache as the caller holds it (non-owning). int8 pages (a quantised cache, symmetric,
-// one scale per (token, head) row: element = scale · int8) come with their float32 scales
-// k_scales / v_scales [num_pages, page_size, Hkv]; float pages leave them empty.
-// A dense cache [B, Hkv, capacity, X] is the one-page-per-sequence case: pages =
-// buffer.permute({0, 2, 1, 3}), page_size = capacity, block_table [B, 1] = b.
-// int8 keys may instead be blocked: k_pages 6-D [num_pages, page_size / 16, Hkv, D / 4, 16, 4]
-// (page_size and D multiples of 16 and 4; the last three dims contiguous): each 64-byte line holds
-// four elements of d of 16 consecutive keys, the layout the AVX512-VNNI decode reads without
-// transposing (key t of a page, element x of head h at [t / 16, h, x / 4, t % 16, x % 4]; vLLM
-// splits its key cache the same way). Values and scales keep their layout.
 // How the cpu decode multiplies q with int8 pages (docs/SERVING.md, "int8 KV cache"):
 //   automatic  where the CPU has AVX512_VNNI int16 dot products (and D, Dv are multiples of 64):
 //              each row of q rounded to int16 with a power-of-two scale — exact for bfloat16 q; a
@@ -108,6 +98,16 @@ enum class int8_query { automatic, float32 };
 std::string_view to_string(int8_query q);
 int8_query parse_int8_query(std::string_view name);
 
+// A paged KV cache as the caller holds it (non-owning). int8 pages (a quantised cache, symmetric,
+// one scale per (token, head) row: element = scale · int8) come with their float32 scales
+// k_scales / v_scales [num_pages, page_size, Hkv]; float pages leave them empty.
+// A dense cache [B, Hkv, capacity, X] is the one-page-per-sequence case: pages =
+// buffer.permute({0, 2, 1, 3}), page_size = capacity, block_table [B, 1] = b.
+// int8 keys may instead be blocked: k_pages 6-D [num_pages, page_size / 16, Hkv, D / 4, 16, 4]
+// (page_size and D multiples of 16 and 4; the last three dims contiguous): each 64-byte line holds
+// four elements of d of 16 consecutive keys, the layout the AVX512-VNNI decode reads without
+// transposing (key t of a page, element x of head h at [t / 16, h, x / 4, t % 16, x % 4]; vLLM
+// splits its key cache the same way). Values and scales keep their layout.
 struct paged_kv_view {
   TensorArg k_pages, v_pages, block_table, seq_lens;
   TensorArg k_scales{}, v_scales{};  // int8 pages only

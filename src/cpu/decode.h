@@ -1092,7 +1092,8 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
         return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
       }
     if constexpr (bf16_pairs_in_decode<Dot>())  // (not where vdpbf16ps is slower than widening: Intel)
-      if (lb.q_bf16 && lb.int8_rounding && units) return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
+      if (lb.q_bf16 && lb.int8_rounding && units)
+        return decode_rows<RG, bf16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
     return decode_rows<RG, f32_operands, std::int8_t>(lbs, ios, n, !units || lb.kblocked, near);
   }
   const bool b16 = lb.k16 != nullptr;

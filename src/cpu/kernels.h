@@ -310,10 +310,11 @@ static constexpr inline std::int64_t bf16_scratch_floats(std::int64_t L) { retur
 
 // Whether decode reads an int8 cache with q and the weights as int16 (decode.h,
 // int16_pair_operands), as far as the shape tells: an ISA with the int16 dot product, q and the
-// weights allowed as int16 (problem::int8_rounding, paged_kv_view::query), whole units of d (4W values) in D and Dv, sums of D products that fit in int32
-// (D·128·32767 < 2^31), unless ATTN_DECODE_INT8=widen asks for the bf16 products of widened rows
-// (read on every call, as the tests switch it). The kernel also needs q finite, which only it
-// sees. One predicate for the kernel and for explain_backend.
+// weights allowed as int16 (`rounding`: problem::int8_rounding, paged_kv_view::query), whole
+// units of d (4W values) in D and Dv, sums of D products that fit in int32 (D·128·32767 <
+// 2^31), unless ATTN_DECODE_INT8=widen asks for the bf16 products of widened rows (read on every
+// call, as the tests switch it). The kernel also needs q finite, which only it sees. One
+// predicate for the kernel and for explain_backend.
 static inline bool int8_decode_int16(bool isa_int16, bool rounding, std::int64_t W, std::int64_t D, std::int64_t Dv) {
   const char* e = std::getenv("ATTN_DECODE_INT8");
   const bool widen = e && std::strcmp(e, "widen") == 0;
