@@ -538,10 +538,11 @@ Tensor to_blocked(const Tensor& rows) {
 }
 
 // Blocked int8 keys (16 keys side by side per quad of d): the same answer as the rows they hold.
-// On an ISA with int16 dot products and bf16 q (head sizes in units of 64) the kernel reads them
-// in place with byte dot products and a 14-bit q — as close to the float64 reference on the
-// dequantised cache as the rows' int16 path; everywhere else they are copied as rows, and the
-// result is bitwise the rows' result. Row groups of 1, 2 and 4, pages of 16, 32 and 256,
+// On an ISA with int16 dot products (head sizes in units of 64; bf16 or float32 q) the kernel
+// reads them in place with byte dot products and a 14-bit q — as close to the float64 reference
+// on the dequantised cache as the rows' int16 path, and float32 q's lse that reference's on q
+// rounded to 14 bits; everywhere else they are copied as rows, and the result is bitwise the
+// rows' result. Row groups of 1, 2 and 4, pages of 16, 32 and 256,
 // speculative rows with window, ALiBi, sinks and softcap, split-KV, empty and one-key sequences,
 // odd head sizes; the same bits for any thread count; NaN / inf in q as the rows give them.
 struct blocked_case {
