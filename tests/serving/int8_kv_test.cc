@@ -774,6 +774,10 @@ TEST(Int8Errors, BadScalesAndInputsByMessage) {
   const Tensor q = Tensor::zeros({1, 2, 1, 4}, dtype::f32);
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens}),
                    "attention_paged: k_scales is float32 []; int8 pages need float32 [num_pages, page_size, Hkv] = [4, 2, 1]");
+  // int8_query by name, and a name that is not one
+  EXPECT_EQ(parse_int8_query("float32"), int8_query::float32);
+  EXPECT_EQ(parse_int8_query(to_string(int8_query::automatic)), int8_query::automatic);
+  EXPECT_THROW_MSG(parse_int8_query("int16"), "int8_query: 'int16' is not one of automatic, float32");
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, Tensor::zeros({4, 2, 2}, dtype::f32)}),
                    "attention_paged: v_scales is float32 [4, 2, 2]; int8 pages need float32 [num_pages, page_size, Hkv] = [4, 2, 1]");
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, Tensor::zeros({4, 2, 1}, dtype::f64)}),
