@@ -633,23 +633,35 @@ struct decode_run {
     }
   }
 
-  // Float operands: q's rows from qᵀ, as words of bf16 pairs in memory order (P = 2; q is exactly
-  // bf16, so truncation is exact) or f32 in storage<T>'s native order; zero past nr.
+  // Float operands: q's rows from qᵀ (decode's lane blocks are lanes_small = W rows, so qᵀ's row
+  // d is one vector of the rows), as words of bf16 pairs in memory order (P = 2; q is exactly
+  // bf16, so truncation is exact) or f32 in storage<T>'s native order; zero past nr. W × W blocks
+  // are turned in registers: vector i of a block holds, lane g, row g's element (P = 1) or word
+  // (P = 2) i of the block's W, so the transpose leaves row g's W of them in vector g. P = 1:
+  // block (u, k) takes the elements d = u·U·W + i·U + k, which storage<T>::native puts at
+  // (u·U + k)·W + i; P = 2: block c the words 16c + i, word w = (bits of d = 2w) | (bits of
+  // 2w + 1) << 16. (An element-wise loop cost a third of a decode call at Hq 32 / Hkv 8, D 128,
+  // Nk 64, one thread: docs/SERVING.md.)
   void q_rows() {
-    for (std::int64_t g = 0; g < st.nrp; ++g) {
-      const bool valid = g < nr;
-      if constexpr (P == 2) {
-        auto* qw = reinterpret_cast<std::uint32_t*>(st.qr) + g * (Dp / 2);
-        const auto bits = [&](std::int64_t d) {
-          std::uint32_t u = 0;
-          if (valid) __builtin_memcpy(&u, lb.qt + d * L + g, 4);
-          return u >> 16;
-        };
-        for (std::int64_t d = 0; d < Dp; d += 2) qw[d / 2] = bits(d) | bits(d + 1) << 16;
-      } else {
-        for (std::int64_t d = 0; d < Dp; ++d)
-          st.qr[g * Dp + storage<T>::native(d)] = valid && d < lb.D ? lb.qt[d * L + g] : 0.0f;
+    const vi live = iota() < splati(std::int32_t(nr));  // rows past nr are zero
+    const auto col = [&](std::int64_t d) { return d < lb.D ? (vf)((vi)load(lb.qt + d * W) & live) : vf{}; };
+    vf v[W];
+    if constexpr (P == 2) {
+      auto* qw = reinterpret_cast<std::uint32_t*>(st.qr);
+      for (std::int64_t c = 0; c < Dp / (2 * W); ++c) {
+#pragma GCC unroll 16
+        for (int i = 0; i < W; ++i) v[i] = (vf)pair_words(col(2 * (c * W + i)), col(2 * (c * W + i) + 1));
+        transpose(v);
+        for (std::int64_t g = 0; g < st.nrp; ++g) storeu(qw + g * (Dp / 2) + c * W, (vu)v[g]);
       }
+    } else {
+      for (std::int64_t u = 0; u < Dp / (U * W); ++u)
+        for (int k = 0; k < U; ++k) {
+#pragma GCC unroll 16
+          for (int i = 0; i < W; ++i) v[i] = col(u * U * W + i * U + k);
+          transpose(v);
+          for (std::int64_t g = 0; g < st.nrp; ++g) store(st.qr + g * Dp + (u * U + k) * W, v[g]);
+        }
     }
   }
 
