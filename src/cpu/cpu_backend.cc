@@ -530,7 +530,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   // the rows the front must look at (forward_outputs::found): a non-finite out or lse.
   const bool lse_exact = o.lse_type == dtype::f32 || o.lse_type == dtype::f64;  // (a finite lse stays finite)
   std::vector<std::vector<std::int64_t>> special(o.found ? static_cast<std::size_t>(nt) : 0);
-  auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot) {
+  auto finish = [&](const lane_setup& ls, std::int64_t b, const float* m, const float* l, const float* ot, bool row_layout) {
     float inv[kMaxLanes];
     bool lse_bad[kMaxLanes];
     for (std::int64_t x = 0; x < ls.nl; ++x) {  // l NaN (a NaN score): out NaN, redone by the front
@@ -539,7 +539,8 @@ void forward_out(const problem& p, const forward_outputs& o) {
       lse_bad[x] = !std::isfinite(lse) || !lse_exact;
       store_from_double(o.lse, o.lse_type, (b * p.Hq + ls.h[x]) * p.Nq + ls.i[x], lse);
     }
-    const std::uint64_t bad = cpu::store_lane_rows(kt, o.out, b, ls.nl, p.Dv, ot, ls.L, inv, ls.row_of());
+    const std::uint64_t bad = row_layout ? cpu::store_rows(kt, o.out, b, ls.nl, p.Dv, ot, p.Dv, inv, ls.row_of())
+                                         : cpu::store_lane_rows(kt, o.out, b, ls.nl, p.Dv, ot, ls.L, inv, ls.row_of());
     if (!o.found) return;
     std::vector<std::int64_t>& rows = special[std::size_t(omp_get_thread_num())];
     for (std::int64_t x = 0; x < ls.nl; ++x)
@@ -553,6 +554,9 @@ void forward_out(const problem& p, const forward_outputs& o) {
     o.found->complete = true;
   };
 
+  // Decode's lane blocks hand their rows over as rows (forward_io::rows), stored without the two
+  // transposes of oᵀ; split-KV chunks keep oᵀ for the merge.
+  const bool decode_rows_out = nchunk == 1 && L == kt.lanes_small && kt.lanes_small != kt.lanes && !dp;
   // Tasks: (unit, chunk), or with plan.heads (b, lane block, chunk) running every kv head.
   const std::int64_t nh = plan.heads, tasks = units / nh * nchunk;
   // Floats of one head's scratch, 64-byte aligned.
@@ -594,7 +598,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
         bias_ctx& bc = bcs[std::size_t(hh)];
         float *m = mlo.get() + hh * per, *l = m + L, *ot = l + L;
         us[std::size_t(hh)] = u;
-        ios[std::size_t(hh)] = forward_io{m, l, ot};
+        ios[std::size_t(hh)] = forward_io{m, l, ot, decode_rows_out};
         // q is pre-scaled on the f32 path; the bf16 path scales the scores.
         ls.prescale = !raw_q;
         ls.set(kt, p, dp ? nullptr : &Q, b, hkv, lbi);
@@ -606,7 +610,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
           m[x] = sink ? float(p.sinks[ls.h[x]]) : -kInfF;
           l[x] = sink ? 1.0f : 0.0f;
         }
-        std::fill(ot, ot + p.Dv * L, 0.0f);
+        if (!decode_rows_out) std::fill(ot, ot + p.Dv * L, 0.0f);  // (decode writes every row it has)
         lane_block& lb = lbs[std::size_t(hh)];
         lb = make_lane_block(p, ls, K, V, b, hkv, sp, scratch.get() + hh * scratch_floats);
         lb.klo = c * chunk, lb.khi = std::min(p.Nk, (c + 1) * chunk);
@@ -655,7 +659,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
       for (std::int64_t hh = 0; hh < nh; ++hh) {
         const std::int64_t u = us[std::size_t(hh)], b = u / nlb / p.Hkv;
         const forward_io& io = ios[std::size_t(hh)];
-        if (nchunk == 1) finish(lss[std::size_t(hh)], b, io.m, io.l, io.ot);
+        if (nchunk == 1) finish(lss[std::size_t(hh)], b, io.m, io.l, io.ot, io.rows);
         else std::copy(io.m, io.m + per, part.get() + (u * nchunk + c) * per);
       }
     }
@@ -691,7 +695,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
           for (std::int64_t d = 0; d < p.Dv; ++d) ot[d * L + x] += w * q[2 * L + d * L + x];
         }
       }
-      finish(ls, b, m, l, ot);
+      finish(ls, b, m, l, ot, false);
     }
   }
   hand_over();

@@ -987,7 +987,8 @@ struct decode_run {
   }
 
   // m and l of every row, and oᵀ [Dv][L]: each row's accumulators put in the order of d (a
-  // shuffle per vector) and W rows of W values turned by a register transpose (L = W).
+  // shuffle per vector) and W rows of W values turned by a register transpose (L = W); or, where
+  // the caller asks for rows (io.rows), row g at io.ot + g·Dv, in the order of d.
   void finish() const {
     for (std::int64_t g = 0; g < nr; ++g) {
       const std::int64_t x0 = g / RG * W + g % RG * KG;
@@ -995,6 +996,21 @@ struct decode_run {
       for (int x = 0; x < KG; ++x) l += st.lacc[x0 + x];
       io.l[g] = l;
       io.m[g] = st.mvec[x0] * kLn2;
+    }
+    if (io.rows) {
+      for (std::int64_t g = 0; g < nr; ++g) {
+        const float* o = st.orow + g * Dvp;
+        float* row = io.ot + g * lb.Dv;
+        std::int64_t d0 = 0;
+        if constexpr (pv_units_of_two)
+          for (; d0 + 2 * W <= lb.Dv; d0 += 2 * W) {
+            const vf v0 = load(o + d0), v1 = load(o + d0 + W);
+            store(row + d0, pv_in_order<0>(v0, v1, std::make_integer_sequence<int, W>{}));
+            store(row + d0 + W, pv_in_order<1>(v0, v1, std::make_integer_sequence<int, W>{}));
+          }
+        for (; d0 < lb.Dv; ++d0) row[d0] = o[pv_position(d0)];
+      }
+      return;
     }
     if constexpr (pv_units_of_two) {
       if (L == W) {

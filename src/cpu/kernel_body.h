@@ -112,12 +112,38 @@ void dkdv_bf16(const dkdv_pair& pr, const bf16_dkdv_operands& in) {
   dkdv_rows<bf16_pair_operands<Dot>>(pr, op);
 }
 
+// One vector of a row's values r (the first n < W or all W of them, already times 1/l) to row +
+// d0 as float32, or as bfloat16 rounded as f32_to_bf16 (nearest even, NaN kept quiet); `bit`
+// into bad where one of them is not finite as written. A whole vector by one store; a memcpy
+// of a run-time length (the last d0 of a Dv that is not a multiple of W) went through the stack
+// and `rep movsq` — 2/3 of store_lanes' time.
+inline void store_row_vector(vf r, std::int64_t n, void* row, std::int64_t d0, bool bf16, std::uint64_t bit,
+                             std::uint64_t& bad) {
+  typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
+  const vi lanes = iota() < splati(std::int32_t(n));  // (a short last d0: its own elements)
+  if (!bf16) {
+    if (any_lane(lanes & (((vi)r & splati(0x7f800000)) == splati(0x7f800000)))) bad |= bit;
+    float* out = static_cast<float*>(row) + d0;
+    if (n == W) store(out, r);
+    else __builtin_memcpy(out, &r, std::size_t(n) * 4);
+    return;
+  }
+  const vu u = (vu)r;
+  const vu nan = (vu)((u & splatu(0x7fffffffu)) > splatu(0x7f800000u));
+  const vu even = (u + splatu(0x7fffu) + ((u >> 16) & splatu(1u))) >> 16;
+  const vu hw = (((u >> 16) | splatu(0x40u)) & nan) | (even & ~nan);
+  if (any_lane(lanes & (vi)((hw & splatu(0x7f80u)) == splatu(0x7f80u)))) bad |= bit;
+  const vh h = __builtin_convertvector(hw, vh);
+  std::uint16_t* out = static_cast<std::uint16_t*>(row) + d0;
+  if (n == W) __builtin_memcpy(out, &h, sizeof h);
+  else __builtin_memcpy(out, &h, std::size_t(n) * 2);
+}
+
 // Oᵀ [Dv][L] of lanes [0, nl) → row x (rows[x], unit stride) = Oᵀ[·][x]·inv[x], as float32 or
-// bfloat16 rounded as f32_to_bf16 (nearest even, NaN kept quiet) — W × W blocks transposed in
-// registers, where a store per element read a column of Oᵀ (L floats apart) and rounded it alone.
+// bfloat16 (store_row_vector) — W × W blocks transposed in registers, where a store per element
+// read a column of Oᵀ (L floats apart) and rounded it alone.
 std::uint64_t store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
                           void* const* rows, bool bf16) {
-  typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
   vf blk[W];
   std::uint64_t bad = 0;
   for (std::int64_t x0 = 0; x0 < nl; x0 += W)
@@ -126,30 +152,30 @@ std::uint64_t store_lanes(const float* ot, std::int64_t L, std::int64_t nl, std:
       for (int i = 0; i < W; ++i) blk[i] = d0 + i < Dv ? load(ot + (d0 + i) * L + x0) : vf{};
       transpose(blk);
       const std::int64_t n = imin(W, Dv - d0);
-      for (std::int64_t i = 0; i < W && x0 + i < nl; ++i) {
-        const vf r = blk[i] * splat(inv[x0 + i]);
-        const std::uint64_t bit = x0 + i < 64 ? std::uint64_t(1) << (x0 + i) : 0;
-        const vi lanes = iota() < splati(std::int32_t(n));  // (a short last d0: its own elements)
-        // A whole vector by one store; a memcpy of a run-time length (the last d0 of a Dv that is
-        // not a multiple of W) went through the stack and `rep movsq` — 2/3 of this function's time.
-        if (!bf16) {
-          if (any_lane(lanes & (((vi)r & splati(0x7f800000)) == splati(0x7f800000)))) bad |= bit;
-          float* row = static_cast<float*>(rows[x0 + i]) + d0;
-          if (n == W) store(row, r);
-          else __builtin_memcpy(row, &r, std::size_t(n) * 4);
-          continue;
-        }
-        const vu u = (vu)r;
-        const vu nan = (vu)((u & splatu(0x7fffffffu)) > splatu(0x7f800000u));
-        const vu even = (u + splatu(0x7fffu) + ((u >> 16) & splatu(1u))) >> 16;
-        const vu hw = (((u >> 16) | splatu(0x40u)) & nan) | (even & ~nan);
-        if (any_lane(lanes & (vi)((hw & splatu(0x7f80u)) == splatu(0x7f80u)))) bad |= bit;
-        const vh h = __builtin_convertvector(hw, vh);
-        std::uint16_t* row = static_cast<std::uint16_t*>(rows[x0 + i]) + d0;
-        if (n == W) __builtin_memcpy(row, &h, sizeof h);
-        else __builtin_memcpy(row, &h, std::size_t(n) * 2);
-      }
+      for (std::int64_t i = 0; i < W && x0 + i < nl; ++i)
+        store_row_vector(blk[i] * splat(inv[x0 + i]), n, rows[x0 + i], d0, bf16,
+                         x0 + i < 64 ? std::uint64_t(1) << (x0 + i) : 0, bad);
     }
+  return bad;
+}
+
+// The same from rows: row x of o (x < nl, Dv floats at o + x·ld) times inv[x] to rows[x] — what
+// decode writes where its caller asks for rows (forward_io::rows), with no transpose either way.
+std::uint64_t store_rows(const float* o, std::int64_t ld, std::int64_t nl, std::int64_t Dv, const float* inv,
+                         void* const* rows, bool bf16) {
+  std::uint64_t bad = 0;
+  for (std::int64_t x = 0; x < nl; ++x) {
+    const vf s = splat(inv[x]);
+    const std::uint64_t bit = x < 64 ? std::uint64_t(1) << x : 0;
+    const float* src = o + x * ld;
+    for (std::int64_t d0 = 0; d0 < Dv; d0 += W) {
+      const std::int64_t n = imin(W, Dv - d0);
+      vf r = vf{};
+      if (n == W) r = load(src + d0);
+      else __builtin_memcpy(&r, src + d0, std::size_t(n) * 4);
+      store_row_vector(r * s, n, rows[x], d0, bf16, bit, bad);
+    }
+  }
   return bad;
 }
 
@@ -226,6 +252,7 @@ constexpr kernel_table make_table(const char* name) {
   t.decode_passes_bf16 = C == 4 ? 3.5f : 2.5f;
   t.mask_tile = mask_tile;
   t.store_lanes = store_lanes;
+  t.store_rows = store_rows;
   t.lane_words = lane_words;
   t.dot_f64 = dot_f64;
   t.max_abs_bits = max_abs_bits;

@@ -112,11 +112,15 @@ struct lane_block {
 };
 
 // Forward: online softmax over the keys of the block. m, l: [L] running max and sum (callers
-// initialise them: m = sink, l = 1 with sinks, else -inf, 0); ot: [Dv][L] unnormalised output.
+// initialise them: m = sink, l = 1 with sinks, else -inf, 0); ot: [Dv][L] unnormalised output —
+// or, with rows (decode's lane blocks of lanes_small rows only), rows [L][Dv]: row x at
+// ot + x·Dv, in the order of d (the caller then stores them by kernel_table::store_rows, where
+// oᵀ took two register transposes, the kernel's and store_lanes').
 struct forward_io {
   float* m = nullptr;
   float* l = nullptr;
   float* ot = nullptr;
+  bool rows = false;
 };
 
 // dq from the saved lse: doutt: [Dv][L] dout rows transposed, lse: [L] (+inf on fully masked
@@ -293,6 +297,9 @@ struct kernel_table {
   // got a non-finite value (bit x), as written (a bf16 that rounded to inf included).
   std::uint64_t (*store_lanes)(const float* ot, std::int64_t L, std::int64_t nl, std::int64_t Dv, const float* inv,
                                void* const* rows, bool bf16) = nullptr;
+  // The same from rows: row x < nl of o (Dv floats at o + x·ld), times inv[x], to rows[x].
+  std::uint64_t (*store_rows)(const float* o, std::int64_t ld, std::int64_t nl, std::int64_t Dv, const float* inv,
+                              void* const* rows, bool bf16) = nullptr;
   // The other way, for the bf16 products' operands: rows[x] (x < nl, Xw words of bf16 pairs at
   // unit stride) to lane words out [Xw][L] of row stride ld (>= L; L a multiple of W), lanes
   // past nl zero. A float is a word: f32 rows transpose the same way.

@@ -43,4 +43,26 @@ std::uint64_t store_lane_rows(const kernel_table& kt, const strided4& t, std::in
   return ~std::uint64_t(0);
 }
 
+// Row x < nl of o (X floats at o + x·ld) times mul[x] to row row_of(x) = (h, n) of t (batch b):
+// store_lane_rows for rows — unit-stride float32 and bfloat16 rows by kt.store_rows, other views
+// by store_row. Returns what store_lane_rows returns.
+template <class RowOf>
+std::uint64_t store_rows(const kernel_table& kt, const strided4& t, std::int64_t b, std::int64_t nl, std::int64_t X,
+                         const float* o, std::int64_t ld, const float* mul, RowOf row_of) {
+  if ((t.type == dtype::f32 || t.type == dtype::bf16) && (t.sx == 1 || X <= 1) && nl <= kMaxStoreRows) {
+    void* rows[kMaxStoreRows];
+    for (std::int64_t x = 0; x < nl; ++x) {
+      const auto [h, n] = row_of(x);
+      rows[x] = t.type == dtype::f32 ? static_cast<void*>(t.ptr<float>(b, h, n, 0))
+                                     : static_cast<void*>(t.ptr<std::uint16_t>(b, h, n, 0));
+    }
+    return kt.store_rows(o, ld, nl, X, mul, rows, t.type == dtype::bf16);
+  }
+  for (std::int64_t x = 0; x < nl; ++x) {
+    const auto [h, n] = row_of(x);
+    store_row(t, b, h, n, X, o + x * ld, 1, mul[x]);
+  }
+  return ~std::uint64_t(0);
+}
+
 }  // namespace attn::detail::cpu
