@@ -640,8 +640,8 @@ struct decode_run {
   // (P = 2) i of the block's W, so the transpose leaves row g's W of them in vector g. P = 1:
   // block (u, k) takes the elements d = u·U·W + i·U + k, which storage<T>::native puts at
   // (u·U + k)·W + i; P = 2: block c the words 16c + i, word w = (bits of d = 2w) | (bits of
-  // 2w + 1) << 16. (An element-wise loop cost a third of a decode call at Hq 32 / Hkv 8, D 128,
-  // Nk 64, one thread: docs/SERVING.md.)
+  // 2w + 1) << 16. (An element-wise loop took most of a fifth of a decode call at Hq 32 / Hkv 8,
+  // D 128, Nk 64, one thread: docs/SERVING.md.)
   void q_rows() {
     const vi live = iota() < splati(std::int32_t(nr));  // rows past nr are zero
     const auto col = [&](std::int64_t d) { return d < lb.D ? (vf)((vi)load(lb.qt + d * W) & live) : vf{}; };
