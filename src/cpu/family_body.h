@@ -1409,9 +1409,9 @@ void fam_dkdv(const family_rows& pr) {
   if (pr.dq) {
     if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
       for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
-      gemm<Ops, false, true>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
+      gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
     } else if (!elementwise(fp)) {
-      gemm<fam_ops, false, true>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
+      gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
     }  // (elementwise scores: dq with dk, below)
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);

@@ -440,9 +440,9 @@ void dkdv_rows(const dkdv_pair& pr, const row_operands<Ops>& op) {
     if constexpr (P == 2) {  // dS in key pairs [nq][ld/2] (in bias's room, free now) · K by key pairs
       auto* dsk = reinterpret_cast<std::uint32_t*>(bias);
       for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(dsk + i / 2, load(dP + i));
-      gemm<Ops, false, true>(nq, pr.ldq, ld / 2, dsk, ld / 2, 1, pr.krw, pr.ldq, pr.dq, pr.dqs, true);
+      gemm<Ops>(nq, pr.ldq, ld / 2, dsk, ld / 2, 1, pr.krw, pr.ldq, pr.dq, pr.dqs, true);
     } else {
-      gemm<f32_operands, false, true>(nq, pr.ldq, pr.nb, dP, ld, 1, pr.krows, pr.krs, pr.dq, pr.dqs, true);
+      gemm<f32_operands>(nq, pr.ldq, pr.nb, dP, ld, 1, pr.krows, pr.krs, pr.dq, pr.dqs, true);
     }
   }
 }

@@ -114,10 +114,7 @@ struct int16_pair_operands : pair_word_operands<Dot> {
 // is prefetched into L1 — a whole tile (RR·CC·K multiply-adds) ahead of its use. Operands
 // streamed from L3 (the forward's K and Vᵀ at Nk 4096, D 128: 4 MiB a head) otherwise arrive
 // late: the tiles ran at 68 % of the FMA peak from L3 against 80 % from L2, 79 % prefetched.
-// PfOut (accumulating tiles whose out lies beyond L2: the fused backward's dq rows, which every
-// key block walks again): out's lines are prefetched as the tile starts, K steps ahead of the
-// adds that read them.
-template <class Ops, int RR, int CC, bool Pf = false, bool PfOut = false>
+template <class Ops, int RR, int CC, bool Pf = false>
 void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
           const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool accumulate) {
   vf acc[RR][CC];
@@ -125,12 +122,6 @@ void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::in
   for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) acc[r][c] = vf{};
-  if constexpr (PfOut)
-    if (accumulate)
-#pragma GCC unroll 8
-      for (int r = 0; r < RR; ++r)
-#pragma GCC unroll 4
-        for (int c = 0; c < CC; ++c) __builtin_prefetch(o + r * ors + c * W, 0, 3);
   [[maybe_unused]] const typename Ops::word* next = a + RR * ars;
   constexpr std::int64_t kLine = 64 / sizeof(typename Ops::word);
   for (std::int64_t k = 0; k < K; ++k) {
@@ -163,33 +154,33 @@ void tile(std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::in
 }
 
 // The tile of cc (runtime, ≤ CC) columns of vectors, as a compile-time shape.
-template <class Ops, int RR, int CC = C, bool Pf = false, bool PfOut = false>
+template <class Ops, int RR, int CC = C, bool Pf = false>
 void tile_c(int cc, std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
             const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool acc) {
   if constexpr (CC == 1) {
-    tile<Ops, RR, 1, Pf, PfOut>(K, a, ars, aks, b, bks, o, ors, acc);
+    tile<Ops, RR, 1, Pf>(K, a, ars, aks, b, bks, o, ors, acc);
   } else {
-    if (cc == CC) return tile<Ops, RR, CC, Pf, PfOut>(K, a, ars, aks, b, bks, o, ors, acc);
-    tile_c<Ops, RR, CC - 1, Pf, PfOut>(cc, K, a, ars, aks, b, bks, o, ors, acc);
+    if (cc == CC) return tile<Ops, RR, CC, Pf>(K, a, ars, aks, b, bks, o, ors, acc);
+    tile_c<Ops, RR, CC - 1, Pf>(cc, K, a, ars, aks, b, bks, o, ors, acc);
   }
 }
 
 // The tile of rr (≤ RR) rows and cc columns.
-template <class Ops, int RR = R, bool Pf = false, bool PfOut = false>
+template <class Ops, int RR = R, bool Pf = false>
 void tile_rc(int rr, int cc, std::int64_t K, const typename Ops::word* a, std::int64_t ars, std::int64_t aks,
              const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors, bool acc) {
   if constexpr (RR == 1) {
-    tile_c<Ops, 1, C, Pf, PfOut>(cc, K, a, ars, aks, b, bks, o, ors, acc);
+    tile_c<Ops, 1, C, Pf>(cc, K, a, ars, aks, b, bks, o, ors, acc);
   } else {
-    if (rr == RR) return tile_c<Ops, RR, C, Pf, PfOut>(cc, K, a, ars, aks, b, bks, o, ors, acc);
-    tile_rc<Ops, RR - 1, Pf, PfOut>(rr, cc, K, a, ars, aks, b, bks, o, ors, acc);
+    if (rr == RR) return tile_c<Ops, RR, C, Pf>(cc, K, a, ars, aks, b, bks, o, ors, acc);
+    tile_rc<Ops, RR - 1, Pf>(rr, cc, K, a, ars, aks, b, bks, o, ors, acc);
   }
 }
 
 // out [M][N] (row stride ors; N a multiple of W) (+)= A·B over K words, with
 // A(r, k) = a[r·ars + k·aks] and B(k, x) = b[k·bks + x]. Pf: prefetch A's rows a tile ahead
-// (tile; aks = 1); PfOut: prefetch out's rows as each tile starts (tile).
-template <class Ops, bool Pf = false, bool PfOut = false>
+// (tile; aks = 1).
+template <class Ops, bool Pf = false>
 void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const typename Ops::word* a, std::int64_t ars,
           std::int64_t aks, const typename Ops::word* b, std::int64_t bks, float* o, std::int64_t ors,
           bool accumulate) {
@@ -197,7 +188,7 @@ void gemm(std::int64_t M, std::int64_t N, std::int64_t K, const typename Ops::wo
     const int cc = int(imin(C, (N - n0) / W));
     for (std::int64_t m0 = 0; m0 < M; m0 += R) {
       const int rr = int(imin(R, M - m0));
-      tile_rc<Ops, R, Pf, PfOut>(rr, cc, K, a + m0 * ars, ars, aks, b + n0, bks, o + m0 * ors + n0, ors, accumulate);
+      tile_rc<Ops, R, Pf>(rr, cc, K, a + m0 * ars, ars, aks, b + n0, bks, o + m0 * ors + n0, ors, accumulate);
     }
   }
 }
