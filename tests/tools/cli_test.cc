@@ -223,6 +223,40 @@ TEST(Cli, BenchPagedBackward) {
   EXPECT_NE(r.out.find("--varlen times the forward"), std::string::npos) << r.out;
 }
 
+// `attn bench --ab VAR=A,B`: attn twice, the knob at each value, a row each and the line of
+// paired ratios per pass; malformed specs and combinations it does not time are refused.
+TEST(Cli, BenchAbAlternatesAKnob) {
+  const std::string tiny = "bench --hq 2 --nq 16 --d 8 --reps 4 --warmup 0 --threads 1 --probe-mib 0 --peers none";
+  auto r = sh(tiny + " --pass both --ab ATTN_CPU_BACKWARD=fused,two_pass");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want :
+       {"attn[fused]", "attn[two_pass]",
+        "ab: B1 Hq2 Nq16 Nk16 D8 f32 forward, 1 thread: ATTN_CPU_BACKWARD=two_pass / ATTN_CPU_BACKWARD=fused: median "
+        "of 4 paired time ratios",
+        "ab: B1 Hq2 Nq16 Nk16 D8 f32 backward, 1 thread: ATTN_CPU_BACKWARD=two_pass / ATTN_CPU_BACKWARD=fused: median "
+        "of 4 paired time ratios",
+        "two_pass faster in"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // Each contender's calls see its own value (ATTN_BACKEND picks the backend the row names).
+  r = sh(tiny + " --json --ab ATTN_BACKEND=reference,cpu");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(R"("impl": "attn[reference]", "peer": false, "backend": "reference")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(R"("impl": "attn[cpu]", "peer": false, "backend": "cpu")"), std::string::npos) << r.out;
+  for (auto [ab, msg] : {std::pair<std::string, std::string>{"X", "--ab 'X': no '='"},
+                         {"=a,b", "no variable before '='"},
+                         {"V=a", "no ',' between the two values"},
+                         {"V=a,a", "the two values are the same"},
+                         {"V=a,b,c", "more than two values"},
+                         {"V-1=a,b", "the variable's name is not [A-Za-z0-9_]"}}) {
+    r = sh(tiny + " --ab " + ab);
+    EXPECT_EQ(r.code, 2) << ab;
+    EXPECT_NE(r.out.find(msg), std::string::npos) << ab << ": " << r.out;
+  }
+  r = sh(tiny + " --ab V=a,b --kv-cache");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("--ab times the plain attention call"), std::string::npos) << r.out;
+}
+
 // `attn bench --score/--distribution`: the family benchmark on a tiny shape, one rep, the
 // in-process peers (the tiled path, attn::attention itself); bad combinations refused.
 TEST(Cli, BenchFamilyPairs) {

@@ -25,11 +25,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -67,6 +70,7 @@ struct bench_args {
   std::string kv_dtype;      // --kv-dtype int8 | bf16 | f32 (--paged; default --dtype)
   bool fastest = false;      // --fastest (--varlen, --paged)
   bool prefetch_probe = false;  // --prefetch-probe: the prefetcher probe alone
+  std::string ab;            // --ab VAR=A,B: attn with an environment knob at A and at B, alternated
   bench::family_bench_args fam;  // --score/--distribution, --grid family: the family options
 };
 
@@ -132,6 +136,49 @@ timing summarize(std::vector<double> ms) {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// --ab VAR=A,B: one environment variable the library reads on every call, and its two values.
+struct ab_spec {
+  std::string var, a, b;
+};
+
+ab_spec parse_ab(const std::string& s) {
+  const auto bad = [&](const char* why) {
+    return error(fmt::format("attn bench: --ab '{}': {} (expected VAR=A,B: an environment variable and two values)", s,
+                             why));
+  };
+  const std::size_t eq = s.find('='), comma = s.find(',', eq == std::string::npos ? 0 : eq);
+  if (eq == std::string::npos) throw bad("no '='");
+  if (eq == 0) throw bad("no variable before '='");
+  ab_spec r{s.substr(0, eq), "", ""};
+  for (char ch : r.var)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_')) throw bad("the variable's name is not [A-Za-z0-9_]");
+  if (comma == std::string::npos) throw bad("no ',' between the two values");
+  r.a = s.substr(eq + 1, comma - eq - 1), r.b = s.substr(comma + 1);
+  if (r.b.find(',') != std::string::npos) throw bad("more than two values");
+  if (r.a == r.b) throw bad("the two values are the same");
+  return r;
+}
+
+// Sets an environment variable for the calls of one --ab contender, and puts the variable back
+// as it was when the run ends.
+class env_guard {
+ public:
+  explicit env_guard(std::string var) : var_(std::move(var)) {
+    if (const char* v = std::getenv(var_.c_str())) old_ = v, had_ = true;
+  }
+  ~env_guard() {
+    if (had_) setenv(var_.c_str(), old_.c_str(), 1);
+    else unsetenv(var_.c_str());
+  }
+  void set(const std::string& value) const { setenv(var_.c_str(), value.c_str(), 1); }
+  env_guard(const env_guard&) = delete;
+  env_guard& operator=(const env_guard&) = delete;
+
+ private:
+  std::string var_, old_;
+  bool had_ = false;
+};
 
 // ---- what to run ----
 
@@ -269,9 +316,11 @@ struct contender {
 
 // --warmup untimed calls of each contender, then --reps rounds of one timed call each, in turn
 // (then `after_round`, the Python peers' call), so that a change of load on a shared machine
-// falls on all of them alike. Fills each contender's ms and, where asked, work_mib (before the
-// results are subtracted).
-void time_contenders(std::vector<contender>& cs, int warmup, int reps, const std::function<void()>& after_round) {
+// falls on all of them alike; `turn_about`: every other round in the reverse order (--ab: a
+// contender that always ran second would always find the caches the first one left). Fills each
+// contender's ms and, where asked, work_mib (before the results are subtracted).
+void time_contenders(std::vector<contender>& cs, int warmup, int reps, const std::function<void()>& after_round,
+                     bool turn_about = false) {
   auto call = [](contender& c, bool first) {
     const bool probe = first && c.probe_memory;
     bench::memory_probe mem;
@@ -285,7 +334,10 @@ void time_contenders(std::vector<contender>& cs, int warmup, int reps, const std
   for (auto& c : cs)
     for (int i = 0; i < warmup; ++i) call(c, i == 0);
   for (int rep = 0; rep < reps; ++rep) {
-    for (auto& c : cs) c.ms.push_back(call(c, warmup == 0 && rep == 0));
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+      contender& c = cs[turn_about && rep % 2 ? cs.size() - 1 - i : i];
+      c.ms.push_back(call(c, warmup == 0 && rep == 0));
+    }
     if (after_round) after_round();
   }
 }
@@ -324,6 +376,10 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   row attn_row{c, t, "attn", "", false};
   attention_result fwd;  // the forward that the backward differentiates (not timed)
   if (c.backward) fwd = attention(in.q, in.k, in.v, o, exec);
+  // --ab: attn twice, the knob set to each value before each of its calls.
+  const std::optional<ab_spec> ab = a.ab.empty() ? std::nullopt : std::optional<ab_spec>(parse_ab(a.ab));
+  std::optional<env_guard> knob;
+  if (ab) knob.emplace(ab->var), attn_row.impl = "attn[" + ab->a + "]";
   // attn writes into results allocated and touched once, before the timing, as the OpenBLAS
   // baseline does (attention_into, attention_backward_into): the calls time the attention, not
   // the page faults of fresh memory for out or dq/dk/dv, which an engine's arena or a caching
@@ -331,17 +387,30 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   Tensor res[3];
   if (!c.backward) {
     res[0] = Tensor::zeros({p.B, p.Hq, p.Nq, p.Dv}, p.type), res[1] = Tensor::zeros({p.B, p.Hq, p.Nq}, dtype::f32);
-    locals.push_back({attn_row, [&, &r = locals] {
-                        r[0].r.detail = attention_into(in.q, in.k, in.v, {.out = res[0], .lse = res[1].view()}, o, exec);
-                      }, true, {}});
+    for (int i = 0; i < (ab ? 2 : 1); ++i) {
+      row ar = attn_row;
+      if (i == 1) ar.impl = "attn[" + ab->b + "]";
+      locals.push_back({ar, [&, i, &r = locals] {
+                          if (ab) knob->set(i == 0 ? ab->a : ab->b);
+                          r[std::size_t(i)].r.detail =
+                              attention_into(in.q, in.k, in.v, {.out = res[0], .lse = res[1].view()}, o, exec);
+                        }, true, {}});
+    }
   } else {
     for (int i = 0; i < 3; ++i) res[i] = Tensor::zeros((i == 0 ? in.q : i == 1 ? in.k : in.v).shape(), p.type);
-    locals.push_back({attn_row, [&, &r = locals] {
-                        r[0].r.detail = attention_backward_into(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse,
-                                                                {.dq = res[0], .dk = res[1], .dv = res[2]}, o, exec)
-                                            .backend;
-                      }, true, {}});
+    for (int i = 0; i < (ab ? 2 : 1); ++i) {
+      row ar = attn_row;
+      if (i == 1) ar.impl = "attn[" + ab->b + "]";
+      locals.push_back({ar, [&, i, &r = locals] {
+                          if (ab) knob->set(i == 0 ? ab->a : ab->b);
+                          r[std::size_t(i)].r.detail =
+                              attention_backward_into(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse,
+                                                      {.dq = res[0], .dk = res[1], .dv = res[2]}, o, exec)
+                                  .backend;
+                        }, true, {}});
+    }
   }
+  const std::size_t n_attn = locals.size();
   const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
   Tensor dq, dk, dv;
   if (ctx.blas) {
@@ -363,18 +432,36 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   if (py) remote = py->prepare(c, t, a.warmup);
 
   // attn's first call also measures the memory it touches beyond its results (touched before).
-  time_contenders(locals, a.warmup, a.reps, [&] {
-    if (py && !remote.empty())
-      for (const auto& [impl, ms] : py->rep()) remote_ms[impl].push_back(ms);
-  });
+  time_contenders(
+      locals, a.warmup, a.reps,
+      [&] {
+        if (py && !remote.empty())
+          for (const auto& [impl, ms] : py->rep()) remote_ms[impl].push_back(ms);
+      },
+      ab.has_value());
   summarize_rows(locals);
   const double attn_ms = locals[0].r.median_ms;
   for (auto& l : locals)
     if (l.r.peer) l.r.attn_ms = attn_ms;
+  std::string ab_line;
+  if (ab) {  // the pairs of one round: B's time over A's (printed after the rows)
+    std::vector<double> ratio;
+    int b_faster = 0;
+    for (std::size_t i = 0; i < locals[0].ms.size(); ++i) {
+      ratio.push_back(locals[1].ms[i] / locals[0].ms[i]);
+      b_faster += locals[1].ms[i] < locals[0].ms[i];
+    }
+    ab_line = fmt::format(
+        "  ab: {} {} {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of {}; "
+        "medians {:.3f} / {:.3f} ms)\n",
+        bench::shape_label(p), bench::short_dtype(p.type), c.backward ? "backward" : "forward", t, t == 1 ? "" : "s",
+        ab->var, ab->b, ab->var, ab->a, ratio.size(), summarize(ratio).median_ms, ab->b, b_faster, ratio.size(),
+        locals[1].r.median_ms, locals[0].r.median_ms);
+  }
 
   int failed = 0;
-  if (a.check && locals.size() > 1) {  // the baseline's results against attn's
-    row& b = locals[1].r;
+  if (a.check && locals.size() > n_attn) {  // the baseline's results against attn's
+    row& b = locals[n_attn].r;
     if (!c.backward) {
       b.max_abs_diff = max_abs_diff(out, attention(in.q, in.k, in.v, o).out);
     } else {
@@ -402,6 +489,7 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
     ctx.out.emit(pr);
   }
   if (py) py->release();
+  if (!ab_line.empty()) fmt::print(a.json ? stderr : stdout, "{}", ab_line);
   return failed;
 }
 
@@ -572,6 +660,12 @@ void add_bench(CLI::App& app, int& exit_code) {
               "print what the hardware prefetchers follow (two streams read a 4 KiB block at a time: one load "
               "instruction in a loop, a load instruction per line, the latter with prefetcht1 ahead) for each --threads, "
               "over --probe-mib, and exit");
+  auto* abo = s->add_option(
+      "--ab", a->ab,
+      "VAR=A,B — time attn with the environment variable VAR at A and at B, alternated call by call in this process "
+      "(the order turned about every other round), and print the median of the paired B/A time ratios: a few per cent "
+      "resolved on a host whose speed drifts by more between runs. For the knobs the library reads on every call "
+      "(ATTN_CPU_BACKWARD, ATTN_CPU_ISA, ATTN_CPU_BF16_DOTS, ATTN_DECODE_INT8, ATTN_MASK_SPANS, …)");
   s->add_flag("--fastest", a->fastest,
               "with --varlen or --paged: report the fastest of the --reps calls rather than the median (steadier for a "
               "compute-bound kernel on a shared host)");
@@ -610,7 +704,14 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->add_option("--additive-hidden", f.A, "family: the additive score's hidden size A (default 64)");
   s->add_flag("--multi-dimensional", f.multi_dim, "family: additive with w_v [Dv, A], one distribution per value feature");
   auto* peers = s->get_option("--peers");
-  s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, &exit_code] {
+  s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, abo, &exit_code] {
+    if (abo->count()) {
+      parse_ab(a->ab);  // (a malformed one is named before anything runs)
+      if (a->prefetch_probe || vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
+          !a->fam.score.empty() || !a->fam.distribution.empty())
+        throw error("attn bench: --ab times the plain attention call (not with --grid, --score/--distribution, "
+                    "--varlen, --paged, --kv-cache, --layer or --prefetch-probe)");
+    }
     if (a->prefetch_probe) {
       if (vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
           !a->fam.score.empty() || !a->fam.distribution.empty() || a->fastest)
