@@ -387,28 +387,22 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   Tensor res[3];
   if (!c.backward) {
     res[0] = Tensor::zeros({p.B, p.Hq, p.Nq, p.Dv}, p.type), res[1] = Tensor::zeros({p.B, p.Hq, p.Nq}, dtype::f32);
-    for (int i = 0; i < (ab ? 2 : 1); ++i) {
-      row ar = attn_row;
-      if (i == 1) ar.impl = "attn[" + ab->b + "]";
-      locals.push_back({ar, [&, i, &r = locals] {
-                          if (ab) knob->set(i == 0 ? ab->a : ab->b);
-                          r[std::size_t(i)].r.detail =
-                              attention_into(in.q, in.k, in.v, {.out = res[0], .lse = res[1].view()}, o, exec);
-                        }, true, {}});
-    }
   } else {
     for (int i = 0; i < 3; ++i) res[i] = Tensor::zeros((i == 0 ? in.q : i == 1 ? in.k : in.v).shape(), p.type);
-    for (int i = 0; i < (ab ? 2 : 1); ++i) {
-      row ar = attn_row;
-      if (i == 1) ar.impl = "attn[" + ab->b + "]";
-      locals.push_back({ar, [&, i, &r = locals] {
-                          if (ab) knob->set(i == 0 ? ab->a : ab->b);
-                          r[std::size_t(i)].r.detail =
-                              attention_backward_into(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse,
-                                                      {.dq = res[0], .dk = res[1], .dv = res[2]}, o, exec)
-                                  .backend;
-                        }, true, {}});
-    }
+  }
+  const auto attn_call = [&]() -> std::string {  // the backend that ran
+    if (!c.backward) return attention_into(in.q, in.k, in.v, {.out = res[0], .lse = res[1].view()}, o, exec);
+    return attention_backward_into(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse,
+                                   {.dq = res[0], .dk = res[1], .dv = res[2]}, o, exec)
+        .backend;
+  };
+  for (int i = 0; i < (ab ? 2 : 1); ++i) {
+    row ar = attn_row;
+    if (i == 1) ar.impl = "attn[" + ab->b + "]";
+    locals.push_back({ar, [&, i, &r = locals] {
+                        if (ab) knob->set(i == 0 ? ab->a : ab->b);
+                        r[std::size_t(i)].r.detail = attn_call();
+                      }, true, {}});
   }
   const std::size_t n_attn = locals.size();
   const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
