@@ -252,9 +252,19 @@ TEST(Cli, BenchAbAlternatesAKnob) {
     EXPECT_EQ(r.code, 2) << ab;
     EXPECT_NE(r.out.find(msg), std::string::npos) << ab << ": " << r.out;
   }
-  r = sh(tiny + " --ab V=a,b --kv-cache");
+  // The decode step of --kv-cache too, a line per mode.
+  r = sh("bench --hq 2 --nq 1 --nk 9 --d 8 --reps 4 --warmup 0 --threads 1 --probe-mib 0 --kv-cache both --json "
+         "--ab ATTN_BACKEND=reference,cpu");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {R"("config": "kv-cache", "impl": "attn[reference]", "peer": false, "backend": "reference")",
+                           R"("config": "kv-cache", "impl": "attn[cpu]", "peer": false, "backend": "cpu")",
+                           R"("config": "kv-cache-onnx", "impl": "attn[cpu]", "peer": false, "backend": "cpu")",
+                           "f32 kv-cache, 1 thread: ATTN_BACKEND=cpu / ATTN_BACKEND=reference: median of 4",
+                           "f32 kv-cache-onnx, 1 thread: ATTN_BACKEND=cpu / ATTN_BACKEND=reference: median of 4"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  r = sh(tiny + " --ab V=a,b --paged 4");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("--ab times the plain attention call"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--ab times the plain attention call and the --kv-cache step"), std::string::npos) << r.out;
 }
 
 // `attn bench --score/--distribution`: the family benchmark on a tiny shape, one rep, the

@@ -350,6 +350,48 @@ void summarize_rows(std::vector<contender>& cs) {
   }
 }
 
+// --ab: the knob and its guard for one run of contenders (nothing without --ab).
+struct ab_knob {
+  std::optional<ab_spec> spec;
+  std::optional<env_guard> guard;
+  explicit ab_knob(const std::string& arg) {
+    if (arg.empty()) return;
+    spec = parse_ab(arg);
+    guard.emplace(spec->var);
+  }
+};
+
+// attn's contender(s) for one call: one, or with --ab two (the knob at A, then at B, before each
+// of its calls), each writing the backend that ran into its row's detail.
+void add_attn(std::vector<contender>& cs, const row& r, const ab_knob& ab, std::function<std::string()> call) {
+  for (int i = 0; i < (ab.spec ? 2 : 1); ++i) {
+    row ar = r;
+    if (ab.spec) ar.impl = "attn[" + (i == 0 ? ab.spec->a : ab.spec->b) + "]";
+    const std::size_t at = cs.size();
+    cs.push_back({ar, [&cs, &ab, at, i, call] {
+                    if (ab.spec) ab.guard->set(i == 0 ? ab.spec->a : ab.spec->b);
+                    cs[at].r.detail = call();
+                  }, true, {}});
+  }
+}
+
+// The line of --ab for contenders x (the knob at A) and y (at B): the median of y's times over
+// x's, round by round.
+std::string ab_line(const ab_spec& ab, const config& c, int t, const contender& x, const contender& y) {
+  std::vector<double> ratio;
+  int y_faster = 0;
+  for (std::size_t i = 0; i < x.ms.size() && i < y.ms.size(); ++i) {
+    ratio.push_back(y.ms[i] / x.ms[i]);
+    y_faster += y.ms[i] < x.ms[i];
+  }
+  const std::string what = c.kv == kv_mode::plain ? (c.backward ? "backward" : "forward") : c.name;
+  return fmt::format(
+      "  ab: {} {} {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of {}; "
+      "medians {:.3f} / {:.3f} ms)\n",
+      bench::shape_label(c.w), bench::short_dtype(c.w.type), what, t, t == 1 ? "" : "s", ab.var, ab.b, ab.var, ab.a,
+      ratio.size(), summarize(ratio).median_ms, ab.b, y_faster, ratio.size(), y.r.median_ms, x.r.median_ms);
+}
+
 // Inputs are uniform in [-1, 1): results are O(1), gradients O(√Nk) at most.
 double check_tolerance(const config& c) {
   return (c.w.type == dtype::f32 ? 2e-3 : 6e-2) * (c.backward ? std::sqrt(double(c.w.Nk)) : 1.0);
@@ -376,10 +418,7 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   row attn_row{c, t, "attn", "", false};
   attention_result fwd;  // the forward that the backward differentiates (not timed)
   if (c.backward) fwd = attention(in.q, in.k, in.v, o, exec);
-  // --ab: attn twice, the knob set to each value before each of its calls.
-  const std::optional<ab_spec> ab = a.ab.empty() ? std::nullopt : std::optional<ab_spec>(parse_ab(a.ab));
-  std::optional<env_guard> knob;
-  if (ab) knob.emplace(ab->var), attn_row.impl = "attn[" + ab->a + "]";
+  const ab_knob ab(a.ab);  // --ab: attn twice, the knob set to each value before each of its calls
   // attn writes into results allocated and touched once, before the timing, as the OpenBLAS
   // baseline does (attention_into, attention_backward_into): the calls time the attention, not
   // the page faults of fresh memory for out or dq/dk/dv, which an engine's arena or a caching
@@ -396,14 +435,7 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
                                    {.dq = res[0], .dk = res[1], .dv = res[2]}, o, exec)
         .backend;
   };
-  for (int i = 0; i < (ab ? 2 : 1); ++i) {
-    row ar = attn_row;
-    if (i == 1) ar.impl = "attn[" + ab->b + "]";
-    locals.push_back({ar, [&, i, &r = locals] {
-                        if (ab) knob->set(i == 0 ? ab->a : ab->b);
-                        r[std::size_t(i)].r.detail = attn_call();
-                      }, true, {}});
-  }
+  add_attn(locals, attn_row, ab, attn_call);
   const std::size_t n_attn = locals.size();
   const Tensor out = Tensor::empty({p.B, p.Hq, p.Nq, p.Dv}, p.type);
   Tensor dq, dk, dv;
@@ -432,26 +464,12 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
         if (py && !remote.empty())
           for (const auto& [impl, ms] : py->rep()) remote_ms[impl].push_back(ms);
       },
-      ab.has_value());
+      ab.spec.has_value());
   summarize_rows(locals);
   const double attn_ms = locals[0].r.median_ms;
   for (auto& l : locals)
     if (l.r.peer) l.r.attn_ms = attn_ms;
-  std::string ab_line;
-  if (ab) {  // the pairs of one round: B's time over A's (printed after the rows)
-    std::vector<double> ratio;
-    int b_faster = 0;
-    for (std::size_t i = 0; i < locals[0].ms.size(); ++i) {
-      ratio.push_back(locals[1].ms[i] / locals[0].ms[i]);
-      b_faster += locals[1].ms[i] < locals[0].ms[i];
-    }
-    ab_line = fmt::format(
-        "  ab: {} {} {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of {}; "
-        "medians {:.3f} / {:.3f} ms)\n",
-        bench::shape_label(p), bench::short_dtype(p.type), c.backward ? "backward" : "forward", t, t == 1 ? "" : "s",
-        ab->var, ab->b, ab->var, ab->a, ratio.size(), summarize(ratio).median_ms, ab->b, b_faster, ratio.size(),
-        locals[1].r.median_ms, locals[0].r.median_ms);
-  }
+  const std::string ab_text = ab.spec ? ab_line(*ab.spec, c, t, locals[0], locals[1]) : std::string();  // (after the rows)
 
   int failed = 0;
   if (a.check && locals.size() > n_attn) {  // the baseline's results against attn's
@@ -483,7 +501,7 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
     ctx.out.emit(pr);
   }
   if (py) py->release();
-  if (!ab_line.empty()) fmt::print(a.json ? stderr : stdout, "{}", ab_line);
+  if (!ab_text.empty()) fmt::print(a.json ? stderr : stdout, "{}", ab_text);
   return failed;
 }
 
@@ -496,16 +514,18 @@ int time_kv_steps(const run_context& ctx, const std::vector<config>& cs, const s
   o.is_causal = cs.front().w.causal;
   o.alignment = causal_alignment::after_past;  // the new tokens follow the cache
   const execution exec{.use_backend = ctx.be, .num_threads = t};
+  const ab_knob ab(a.ab);
+  const std::size_t per = ab.spec ? 2 : 1;  // contenders of a mode: steps[i·per …]
   std::vector<contender> steps;
   for (std::size_t i = 0; i < cs.size(); ++i)
-    steps.push_back({row{cs[i], t, "attn", "", false},
-                     [&, i, &r = steps] { r[i].r.detail = call_attn(cs[i], ins[i], o, exec).backend; }, true, {}});
-  time_contenders(steps, a.warmup, a.reps, nullptr);
+    add_attn(steps, row{cs[i], t, "attn", "", false}, ab, [&, i] { return call_attn(cs[i], ins[i], o, exec).backend; });
+  time_contenders(steps, a.warmup, a.reps, nullptr, ab.spec.has_value());
   summarize_rows(steps);
   int failed = 0;
-  for (std::size_t i = 0; i < cs.size(); ++i) {
+  for (std::size_t j = 0; j < steps.size(); ++j) {
+    const std::size_t i = j / per;
     const workload& w = cs[i].w;
-    row& r = steps[i].r;
+    row& r = steps[j].r;
     // Results: out and lse, and with a past the present key and value.
     double result_bytes = double(w.B * w.Hq * w.Nq) * (double(w.Dv) * elem_bytes(w.type) + 4.0);
     if (cs[i].kv == kv_mode::onnx_past) result_bytes += bench::kv_bytes(w);
@@ -521,6 +541,9 @@ int time_kv_steps(const run_context& ctx, const std::vector<config>& cs, const s
     }
     ctx.out.emit(r);
   }
+  if (ab.spec)
+    for (std::size_t i = 0; i < cs.size(); ++i)
+      fmt::print(a.json ? stderr : stdout, "{}", ab_line(*ab.spec, cs[i], t, steps[i * per], steps[i * per + 1]));
   return failed;
 }
 
@@ -656,7 +679,7 @@ void add_bench(CLI::App& app, int& exit_code) {
               "over --probe-mib, and exit");
   auto* abo = s->add_option(
       "--ab", a->ab,
-      "VAR=A,B — time attn with the environment variable VAR at A and at B, alternated call by call in this process "
+      "VAR=A,B — time attn (the plain call or the --kv-cache step) with the environment variable VAR at A and at B, alternated call by call in this process "
       "(the order turned about every other round), and print the median of the paired B/A time ratios: a few per cent "
       "resolved on a host whose speed drifts by more between runs. For the knobs the library reads on every call "
       "(ATTN_CPU_BACKWARD, ATTN_CPU_ISA, ATTN_CPU_BF16_DOTS, ATTN_DECODE_INT8, ATTN_MASK_SPANS, …)");
@@ -701,10 +724,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, abo, &exit_code] {
     if (abo->count()) {
       parse_ab(a->ab);  // (a malformed one is named before anything runs)
-      if (a->prefetch_probe || vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
+      if (a->prefetch_probe || vl->count() || pg->count() || a->layer != "none" || a->grid != "none" ||
           !a->fam.score.empty() || !a->fam.distribution.empty())
-        throw error("attn bench: --ab times the plain attention call (not with --grid, --score/--distribution, "
-                    "--varlen, --paged, --kv-cache, --layer or --prefetch-probe)");
+        throw error("attn bench: --ab times the plain attention call and the --kv-cache step (not with --grid, "
+                    "--score/--distribution, --varlen, --paged, --layer or --prefetch-probe)");
     }
     if (a->prefetch_probe) {
       if (vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
