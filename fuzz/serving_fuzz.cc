@@ -347,7 +347,8 @@ double int16_lse_bound(const setup& s, const Tensor& q8, const Tensor& k8) {
     for (std::size_t x = 0; x < D; ++x) n += std::abs(k[r * D + x]);
     k1 = std::max(k1, n);
   }
-  const double b = std::ldexp(qm * std::abs(s.o.scale.value_or(1 / std::sqrt(double(s.D)))) * k1, -14);  // (a scale may be negative)
+  const double scale = std::abs(s.o.scale.value_or(1 / std::sqrt(double(s.D))));  // (a scale may be negative)
+  const double b = std::ldexp(qm * scale * k1, -14);
   return std::isfinite(b) ? b : 0.0;
 }
 

@@ -152,7 +152,8 @@ ab_spec parse_ab(const std::string& s) {
   if (eq == 0) throw bad("no variable before '='");
   ab_spec r{s.substr(0, eq), "", ""};
   for (char ch : r.var)
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_')) throw bad("the variable's name is not [A-Za-z0-9_]");
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'))
+      throw bad("the variable's name is not [A-Za-z0-9_]");
   if (comma == std::string::npos) throw bad("no ',' between the two values");
   r.a = s.substr(eq + 1, comma - eq - 1), r.b = s.substr(comma + 1);
   if (r.b.find(',') != std::string::npos) throw bad("more than two values");
@@ -469,7 +470,8 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   const double attn_ms = locals[0].r.median_ms;
   for (auto& l : locals)
     if (l.r.peer) l.r.attn_ms = attn_ms;
-  const std::string ab_text = ab.spec ? ab_line(*ab.spec, c, t, locals[0], locals[1]) : std::string();  // (after the rows)
+  // (printed after the rows)
+  const std::string ab_text = ab.spec ? ab_line(*ab.spec, c, t, locals[0], locals[1]) : std::string();
 
   int failed = 0;
   if (a.check && locals.size() > n_attn) {  // the baseline's results against attn's
@@ -679,10 +681,11 @@ void add_bench(CLI::App& app, int& exit_code) {
               "over --probe-mib, and exit");
   auto* abo = s->add_option(
       "--ab", a->ab,
-      "VAR=A,B — time attn (the plain call or the --kv-cache step) with the environment variable VAR at A and at B, alternated call by call in this process "
-      "(the order turned about every other round), and print the median of the paired B/A time ratios: a few per cent "
-      "resolved on a host whose speed drifts by more between runs. For the knobs the library reads on every call "
-      "(ATTN_CPU_BACKWARD, ATTN_CPU_ISA, ATTN_CPU_BF16_DOTS, ATTN_DECODE_INT8, ATTN_MASK_SPANS, …)");
+      "VAR=A,B — time attn (the plain call or the --kv-cache step) with the environment variable VAR at A and at "
+      "B, alternated call by call in this process (the order turned about every other round), and print the median "
+      "of the paired B/A time ratios: a few per cent resolved on a host whose speed drifts by more between runs. For "
+      "the knobs the library reads on every call (ATTN_CPU_BACKWARD, ATTN_CPU_ISA, ATTN_CPU_BF16_DOTS, "
+      "ATTN_DECODE_INT8, ATTN_MASK_SPANS, …)");
   s->add_flag("--fastest", a->fastest,
               "with --varlen or --paged: report the fastest of the --reps calls rather than the median (steadier for a "
               "compute-bound kernel on a shared host)");
