@@ -253,8 +253,9 @@ TEST(Cli, BenchAbAlternatesAKnob) {
     EXPECT_NE(r.out.find(msg), std::string::npos) << ab << ": " << r.out;
   }
   // The decode step of --kv-cache too, a line per mode.
+  // (--check: each row's step checked under its own value of the knob)
   r = sh("bench --hq 2 --nq 1 --nk 9 --d 8 --reps 4 --warmup 0 --threads 1 --probe-mib 0 --kv-cache both --json "
-         "--ab ATTN_BACKEND=reference,cpu");
+         "--check --ab ATTN_BACKEND=reference,cpu");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* want : {R"("config": "kv-cache", "impl": "attn[reference]", "peer": false, "backend": "reference")",
                            R"("config": "kv-cache", "impl": "attn[cpu]", "peer": false, "backend": "cpu")",

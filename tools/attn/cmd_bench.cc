@@ -476,11 +476,18 @@ int time_config(const run_context& ctx, const config& c, const inputs& in, int t
   int failed = 0;
   if (a.check && locals.size() > n_attn) {  // the baseline's results against attn's
     row& b = locals[n_attn].r;
-    if (!c.backward) {
-      b.max_abs_diff = max_abs_diff(out, attention(in.q, in.k, in.v, o).out);
-    } else {
-      const attention_grads g = attention_backward(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse, o);
-      b.max_abs_diff = std::max({max_abs_diff(dq, g.dq), max_abs_diff(dk, g.dk), max_abs_diff(dv, g.dv)});
+    b.max_abs_diff = 0;
+    for (std::size_t i = 0; i < n_attn; ++i) {  // with --ab, attn under each value of the knob
+      if (ab.spec) ab.guard->set(i == 0 ? ab.spec->a : ab.spec->b);
+      double d = 0;
+      if (!c.backward) {
+        d = max_abs_diff(out, attention(in.q, in.k, in.v, o).out);
+      } else {
+        const attention_grads g = attention_backward(in.q, in.k, in.v, fwd.out, in.dout, fwd.lse, o);
+        d = std::max({max_abs_diff(dq, g.dq), max_abs_diff(dk, g.dk), max_abs_diff(dv, g.dv)});
+      }
+      b.max_abs_diff = std::isnan(d) ? d : std::max(b.max_abs_diff, d);
+      if (std::isnan(d)) break;
     }
     const double tol = check_tolerance(c);
     if (!(b.max_abs_diff <= tol)) {
@@ -533,6 +540,7 @@ int time_kv_steps(const run_context& ctx, const std::vector<config>& cs, const s
     if (cs[i].kv == kv_mode::onnx_past) result_bytes += bench::kv_bytes(w);
     r.work_mib -= result_bytes / (1 << 20);
     if (a.check) {
+      if (ab.spec) ab.guard->set(j % per == 0 ? ab.spec->a : ab.spec->b);  // the row's own value
       r.max_abs_diff = check_kv_step(cs[i], ins[i], o);
       const double tol = check_tolerance(cs[i]);
       if (!(r.max_abs_diff <= tol)) {
