@@ -55,6 +55,11 @@
 //     columns past them (0 in an HF padding mask) do not hold a row of finfo.min unshifted.
 //   - scale and softcap must be 0 or normal float32 magnitudes ([1.2e-38, 3.4e38]); others
 //     are refused (float32 would read 1e-46 as 0). Fully masked rows: out 0, lse -inf.
+//   - Denormals: the cpu backend's float32 kernels (and the family's fused kernels) run with
+//     denormals flushed to zero (x86 FTZ/DAZ, set for the call on each of its threads and put
+//     back after): inputs, products and results below 2^-126 (1.2e-38) in magnitude are 0 there,
+//     where the reference keeps them — a difference of at most 2^-126 per term, far inside the
+//     tolerance. ATTN_CPU_DENORMALS=keep keeps them (at a microcode assist each on Intel cores).
 //   - masking_options::check_finite turns any NaN/inf input into an attn::error naming the
 //     tensor and index. Precision of the cpu float32 backward against float64:
 //     |error| <= 4e-6 · (1 + max|lse|) · G, G = max(max|gradient|, scale·max|dout|·max|v|·

@@ -45,6 +45,7 @@
 #include "core/team.h"
 #include "cpu/bf16_words.h"
 #include "cpu/buffers.h"
+#include "cpu/denormals.h"
 #include "cpu/kernels.h"
 #include "cpu/mask_fill.h"
 #include "cpu/rows.h"
@@ -564,6 +565,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   team_join join;
 #pragma omp parallel num_threads(nt)
   {
+    const denormals_flushed ftz;
     // Per head of a task: its lane positions and qᵀ, scratch, (m, l, oᵀ), mask context, block.
     std::vector<lane_setup> lss;
     lss.reserve(std::size_t(nh));
@@ -671,6 +673,7 @@ void forward_out(const problem& p, const forward_outputs& o) {
   // thread (waking the others again would cost more than the merge).
 #pragma omp parallel num_threads(units * nchunk * per < kSerialCopy ? 1 : nt)
   {
+    const denormals_flushed ftz;
     lane_setup ls(L, 0);
     fbuf acc = alloc_floats(per);
     float *m = acc.get(), *l = m + L, *ot = l + L;
@@ -725,6 +728,7 @@ void qk_pass(const problem& p, const forward_outputs& o) {
   const std::int64_t chunk = std::min<std::int64_t>(std::max<std::int64_t>(p.Nk, 1), kQkKeys);
 #pragma omp parallel num_threads(nt)
   {
+    const denormals_flushed ftz;
     lane_setup ls(L, p.D);  // q pre-scaled, as the f32 forward's: the same scores, the same overflows
     fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv)), lse = alloc_floats(L), stats = alloc_floats(2 * L),
          out = alloc_floats(L * chunk);
@@ -905,6 +909,7 @@ void backward(const problem& p, const backward_io& io) {
     const std::int64_t nc = ceil_div(p.Nq, kStatRows);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (std::int64_t u = 0; u < p.B * p.Hq * nc; ++u) {
+      const denormals_flushed ftz;
       const std::int64_t c = u % nc, h = u / nc % p.Hq, b = u / nc / p.Hq;
       head_stats(b, h, c * kStatRows, std::min(p.Nq, (c + 1) * kStatRows));
     }
@@ -926,6 +931,7 @@ void backward(const problem& p, const backward_io& io) {
   if (!fused) {
 #pragma omp parallel num_threads(nt)
     {
+      const denormals_flushed ftz;
       lane_setup ls(L, p.D);
       fbuf scratch = alloc_floats(lane_scratch_floats(L, p.D, p.Dv) + bf16_scratch_floats(L));
       fbuf dot = alloc_floats(p.Dv * L), dqt = alloc_floats(p.D * L), lv = alloc_floats(2 * L);
@@ -1009,6 +1015,7 @@ void backward(const problem& p, const backward_io& io) {
   team_join join;
 #pragma omp parallel num_threads(nt)
   {
+    const denormals_flushed ftz;
     const std::int64_t ldk = ceil_div(rkb, kt.W) * kt.W;
     fbuf kvt = alloc_floats(2 * (p.D + p.Dv) * ldk + (fused ? rkb * ldq : 0));
     float *ktp = kvt.get(), *vtp = ktp + p.D * ldk, *dkt = vtp + p.Dv * ldk, *dvt = dkt + p.D * ldk;

@@ -66,7 +66,7 @@ inline void prefetch_next(const void* p, std::ptrdiff_t nd) {
 // per-lane vectors; per row, q and o.
 struct decode_layout {
   std::int64_t nr, ng, nrp, D, Dv, Dp, Dvp;
-  float *qr, *orow, *mvec, *lacc, *qsc, *pb, *alpha, *wsc, *bias, *biasm, *kpad, *vpad, *snext;
+  float *qr, *orow, *mvec, *lacc, *qsc, *qpost, *pb, *alpha, *wsc, *bias, *biasm, *kpad, *vpad, *snext;
   std::int32_t *pos, *lo, *hi, *qcorr;
   float* slope;
   decode_layout(const lane_block& lb, int RG, int unit) : nr(lb.nl), D(lb.D), Dv(lb.Dv) {
@@ -82,6 +82,7 @@ struct decode_layout {
     hi = reinterpret_cast<std::int32_t*>(f), f += ng * W;
     slope = f, f += ng * W;
     qsc = f, f += ng * W;         // [ng][W] scales of int16 q rows (int16_pair_operands), mixed layout
+    qpost = f, f += ng * W;       // [ng][W] 2^-64 for the rows whose q was below 2^-100, else 1
     qcorr = reinterpret_cast<std::int32_t*>(f), f += nrp;  // [nrp] 128·Σ q16 of a row (blocked keys)
     pb = f, f += RG * W;          // [RG][W] p of the current block and row group
     alpha = f, f += W;            // [RG] rescale factors
@@ -566,6 +567,7 @@ struct decode_run {
   bool whole_blocks;  // a block that starts at a multiple of W lies in one page
   std::int64_t nu, nv, pf_keys;
   bool chunked = false;  // kChunkable and nu <= 4: q chunked, scores by decode_scores_chunked
+  bool q_tiny = false;   // i16: a row's largest |q| below 2^-100 (its scores take st.qpost too)
   std::int64_t next;  // the first key of the next block
   bool primed = false;  // the scores of the block at next are in st.snext
   std::int64_t lo_max = 0, hi_min = 0;  // over the rows: a block in [lo_max, hi_min) needs no mask
@@ -672,7 +674,10 @@ struct decode_run {
   // ±2^14 as two signed bytes per element (decode_scores_blocked) with the row's 128·Σ q16 in
   // qcorr. The row's scale 2^(e - bits) goes to st.qsc. A row whose largest |q| is below 2^-100
   // (f would pass float's range, or that |q| is subnormal) is first multiplied by 2^64: the same
-  // exact products, in two steps; its scale may then round to 0 (scores below 2^-149).
+  // exact products, in two steps; its scale is then kept as 2^(e + 64 - bits) in st.qsc, a
+  // normal float, and 2^-64 in st.qpost, applied to the score after the key's scale: no factor
+  // is subnormal, so that the kernels' flushed denormals (cpu/denormals.h) lose nothing (scores
+  // below 2^-126 become 0). Under DAZ a subnormal largest |q| reads as 0: the row is a zero row.
   void quantise_q_rows() {
     constexpr int bits = KB ? 14 : 15;
     const vi live = iota() < splati(std::int32_t(nr));
@@ -685,12 +690,15 @@ struct decode_run {
       mb = mb > a ? mb : a;
     }
     const vf mx = (vf)(live & mb);
-    const vi zero = (vi)mx == 0, tiny = ~zero & ((vi)mx < splati(27 << 23));
-    const vf pre = tiny ? splat(0x1p64f) : splat(1.0f);
-    // mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
-    const vi E = ((vi)(mx * pre) >> 23) & splati(0xff);
+    const vi small = (vi)mx < splati(27 << 23);  // zero rows and dead lanes too
+    const vf pre = small ? splat(0x1p64f) : splat(1.0f);
+    const vf mp = mx * pre;  // mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
+    const vi zero = (vi)mp == 0, tiny = small & ~zero;
+    const vi E = ((vi)mp >> 23) & splati(0xff);
     const vf f = (vf)(zero ? splati(0) : (splati(bits + 253) - E) << 23);
-    const vf scale = (vf)(zero ? splati(0) : (E + splati(1 - bits)) << 23) * (tiny ? splat(0x1p-64f) : splat(1.0f));
+    const vf scale = (vf)(zero ? splati(0) : (E + splati(1 - bits)) << 23);  // a normal float
+    const vf post = tiny ? splat(0x1p-64f) : splat(1.0f);
+    q_tiny = any_lane(tiny);
     const vf lo = splat(-float(1 << bits) + (KB ? 0 : 1)), hi = splat(float(1 << bits) - (KB ? 0 : 1));
     vi sum = vi{};
     for (std::int64_t d = 0; d < Dp; ++d) {
@@ -713,7 +721,10 @@ struct decode_run {
     }
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       if constexpr (KB) st.qcorr[g] = std::int32_t(128 * std::int64_t(sum[g]));
-      for (int x = 0; x < KG; ++x) st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
+      for (int x = 0; x < KG; ++x) {
+        st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
+        st.qpost[g / RG * W + g % RG * KG + x] = post[g];
+      }
     }
   }
 
@@ -886,7 +897,12 @@ struct decode_run {
     if constexpr (i16) {
       const vf qsm = load(st.qsc + g * W);
 #pragma GCC unroll 4
-      for (int kg = 0; kg < RG; ++kg) s[kg] = s[kg] * qsm * b.ksm[kg];  // q's scale first: it may be subnormal
+      for (int kg = 0; kg < RG; ++kg) s[kg] = s[kg] * qsm * b.ksm[kg];
+      if (q_tiny) {  // the rows below 2^-100: their 2^-64 last (quantise_q_rows)
+        const vf post = load(st.qpost + g * W);
+#pragma GCC unroll 4
+        for (int kg = 0; kg < RG; ++kg) s[kg] *= post;
+      }
     } else if constexpr (q8) {
 #pragma GCC unroll 4
       for (int kg = 0; kg < RG; ++kg) s[kg] *= b.ksm[kg];

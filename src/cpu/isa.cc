@@ -19,6 +19,7 @@
 #include <unistd.h>
 #endif
 
+#include "cpu/denormals.h"
 #include "cpu/family_kernels.h"
 #include "cpu/kernels.h"
 #include "cpu/rowwise.h"
@@ -84,6 +85,11 @@ bool bf16_dot_products() {
     return __builtin_cpu_is("intel");
   }();
   return !intel;
+}
+
+bool flush_denormals() {
+  const char* env = std::getenv("ATTN_CPU_DENORMALS");
+  return !(env && std::strcmp(env, "keep") == 0);
 }
 
 const char* const* available_isas(int* count) {

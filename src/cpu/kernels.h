@@ -197,7 +197,7 @@ inline constexpr std::int64_t kRowKeyBlock = 64;
 // with external linkage could be merged by the linker with a copy compiled for another ISA.
 static constexpr inline std::int64_t lane_scratch_floats(std::int64_t L, std::int64_t D, std::int64_t Dv) {
   // decode (decode.h, decode_layout; W <= L): q and o rows, per-lane state, mask, padded block
-  const std::int64_t decode = (2 * L + 4) * (D + Dv + 4 * L) + 9 * L * (L + 4) + 64;
+  const std::int64_t decode = (2 * L + 4) * (D + Dv + 4 * L) + 10 * L * (L + 4) + 64;
   return 4 * kLaneKeyBlock * L + 8 * L + decode;
 }
 static inline std::int64_t row_scratch_floats(std::int64_t rows, std::int64_t ldk) { return 5 * rows * ldk + 2 * ldk + 64; }

@@ -32,6 +32,7 @@
 
 #include "core/common.h"
 #include "cpu/bf16_words.h"
+#include "cpu/denormals.h"
 #include "cpu/buffers.h"
 #include "cpu/family_kernels.h"
 #include "cpu/kernels.h"
@@ -578,6 +579,7 @@ kept_rows find_kept(const fproblem& fp, const fused_inputs& in, std::int64_t K) 
   kr.alpha.assign(std::size_t(nrows * K), 0.0f), kr.g.assign(std::size_t(nrows * K), 0.0f);
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
+    const cpu::denormals_flushed ftz;
     lane_state ls(fp, in);
     std::vector<std::int32_t> cnt(static_cast<std::size_t>(L)), idx(static_cast<std::size_t>(L * K));
     std::vector<float> al(std::size_t(L * K)), gz(std::size_t(L * K));
@@ -640,6 +642,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
     const bool strided_words = in.lane_words() && src.v.sx != 1;
 #pragma omp parallel num_threads(nt)
     {
+      const cpu::denormals_flushed ftz;
       std::vector<float> row(static_cast<std::size_t>(Dv));
       std::vector<std::uint16_t> vrows(strided_words ? std::size_t(K * Dv) : 0);
       std::vector<std::int32_t> seq(strided_words ? std::size_t(K) : 0);  // 0, 1, …: the copied rows in order
@@ -674,6 +677,7 @@ const char* fused_forward(const fproblem& fp, const fused_source& src, const str
   const std::int64_t L = in.L, nlb = in.nlb, Dv = fp.Dv;
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
+    const cpu::denormals_flushed ftz;
     lane_state ls(fp, in);
     fbuf ot = alloc_floats(Dv * L);
 #pragma omp for schedule(dynamic, 1)
@@ -703,6 +707,7 @@ const char* fused_weights(const fproblem& fp, const fused_source& src, const str
   const std::int64_t L = in.L, nlb = in.nlb, Nk = fp.Nk * fp.F;  // multi-dimensional: rows of [Nk, F]
 #pragma omp parallel num_threads(std::max(1, fp.p.num_threads))
   {
+    const cpu::denormals_flushed ftz;
     lane_state ls(fp, in);
     fbuf ot = alloc_floats(fp.Dv * L), ab = alloc_floats(L * Nk);
 #pragma omp for schedule(dynamic, 1)
@@ -892,6 +897,7 @@ bool load_saved(const fproblem& fp, const fused_saved& sv, const strided4& dout,
   }
 #pragma omp parallel for num_threads(std::max(1, fp.p.num_threads)) schedule(static)
   for (std::int64_t row = 0; row < nrows; ++row) {
+    const cpu::denormals_flushed ftz;
     const std::int64_t i = row % fp.Nq, h = row / fp.Nq % fp.Hq, b = row / fp.Nq / fp.Hq;
     if (F > 1) {  // multi-dimensional: r of each feature, dout[c]·out[c]
       for (std::int64_t y = 0; y < Dv; ++y) R[std::size_t(row * F + y)] = float(dout.load(b, h, i, y) * sv.out.load(b, h, i, y));
@@ -961,6 +967,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const auto dkdv_pass = [&] {
 #pragma omp parallel num_threads(nt)
     {
+      const cpu::denormals_flushed ftz;
       row_pass rp(fp, in, dO.data(), stats, false);
       rp.dOw = dOw.data(), rp.dOn = dOn.data(), rp.dOt = dOt.data();
 #pragma omp for schedule(dynamic, 1)
@@ -980,6 +987,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     std::vector<double> sums(std::size_t(2 * units), 0.0), dwv(additive ? std::size_t(units * nw) : 0, 0.0);
 #pragma omp parallel num_threads(nt)
     {
+      const cpu::denormals_flushed ftz;
       row_pass rp(fp, in, dO.data(), stats, true);
       rp.dOw = dOw.data(), rp.dOn = dOn.data(), rp.dOt = dOt.data();
       fbuf dq = alloc_floats(G * fp.Nq * rp.Pp);
@@ -1021,6 +1029,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     // per unit, summed in unit order below.
 #pragma omp parallel num_threads(nt)
     {
+      const cpu::denormals_flushed ftz;
       const std::int64_t rows = G * fp.Nq;
       std::vector<float> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(std::size_t(rows * P));
       std::vector<float> dw(additive ? std::size_t(P) : 0);
@@ -1074,6 +1083,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   const auto dout_row = [&](std::int64_t r) { return r / fp.Nq * (fp.Nq + in.qpad) + r % fp.Nq; };
 #pragma omp parallel num_threads(nt)
   {
+    const cpu::denormals_flushed ftz;
     lane_state ls(fp, in);
     fbuf doutt = alloc_floats(Dv * L), dqt = alloc_floats(P * L);
 #pragma omp for schedule(dynamic, 1)

@@ -28,6 +28,7 @@
 #include "attn/family.h"
 #include "core/common.h"
 #include "cpu/family_kernels.h"
+#include "cpu/denormals.h"
 #include "family/family_impl.h"
 #include "family/scores/score.h"
 
@@ -412,6 +413,7 @@ void f32_forward(const lin_call& L, const strided4& out) {
   const std::int64_t G = p.group(), tasks = p.B * p.Hkv;
 #pragma omp parallel num_threads(p.num_threads)
   {
+    const cpu::denormals_flushed ftz;
     f32_head w(L);
     std::vector<float> O = floats(p.Nq * w.Dvp);
 #pragma omp for schedule(static)
@@ -432,6 +434,7 @@ void f32_backward(const lin_call& L, const strided4& dout, const strided4& dq, c
   const std::int64_t D = p.D, G = p.group(), tasks = p.B * p.Hkv;
 #pragma omp parallel num_threads(p.num_threads)
   {
+    const cpu::denormals_flushed ftz;
     f32_head w(L);
     const std::int64_t Dvp = w.Dvp;
     std::vector<float> dO = floats(p.Nq * Dvp), dQ = floats(p.Nq * D), dK = floats(p.Nk * D), dV = floats(p.Nk * Dvp),

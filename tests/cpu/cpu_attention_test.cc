@@ -8,9 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <xmmintrin.h>
 
 #include "core/common.h"
 #include "cpu/kernels.h"
@@ -891,6 +894,61 @@ TEST(cpu_attention, wide_score_range_weights_flush_to_zero) {
       }
     }
   }
+}
+
+// The kernels run with denormals flushed (cpu/denormals.h): a denormal v or dout reads as 0 in
+// the core op's forward and backward and on the family's fused path, at every ISA level and
+// thread count, and as itself under ATTN_CPU_DENORMALS=keep. Every thread's MXCSR — the caller's
+// and the OpenMP team's — is as it was before the call, whether the caller had FTZ/DAZ or not.
+TEST(cpu_attention, denormals_flushed_in_the_kernels_only) {
+  constexpr unsigned kFtzDaz = (1u << 15) | (1u << 6);
+  const auto team_csr = [] {  // the FTZ/DAZ bits of every thread of a 2-thread team, or-ed
+    unsigned bits = 0;
+#pragma omp parallel num_threads(2) reduction(| : bits)
+    bits |= _mm_getcsr() & kFtzDaz;
+    return bits;
+  };
+  const float tiny = 1e-39f;  // denormal
+  ASSERT_EQ(std::fpclassify(tiny), FP_SUBNORMAL);
+  const std::int64_t N = 37, D = 16;
+  std::mt19937 rng(5);
+  const Tensor q = random_tensor({1, 2, N, D}, dtype::f32, rng), k = random_tensor({1, 2, N, D}, dtype::f32, rng);
+  Tensor v = Tensor::zeros({1, 2, N, D}, dtype::f32), dout = Tensor::zeros({1, 2, N, D}, dtype::f32);
+  std::fill_n(v.data_as<float>(), v.numel(), tiny);
+  std::fill_n(dout.data_as<float>(), dout.numel(), tiny);
+  const unsigned caller = _mm_getcsr();
+  for (const unsigned own : {0u, kFtzDaz}) {  // the caller's FTZ/DAZ: off, then on
+    _mm_setcsr((caller & ~kFtzDaz) | own);
+    for (const std::string& isa : isas())
+      for (const int threads : {1, 2})
+        for (const bool keep : {false, true}) {
+          SCOPED_TRACE(fmt::format("isa {}, {} threads, {}, caller's FTZ/DAZ {}", isa, threads,
+                                   keep ? "keep" : "flush", own ? "on" : "off"));
+          isa_scope scope(isa.c_str());
+          std::optional<env_scope> env;
+          if (keep) env.emplace("ATTN_CPU_DENORMALS", "keep");
+          const execution exec{.use_backend = backend::cpu, .num_threads = threads};
+          const unsigned team_before = team_csr();
+          const auto fwd = attention(q, k, v, {}, exec);
+          const auto g = attention_backward(q, k, v, fwd.out, dout, fwd.lse, {}, exec);
+          const family_result fam = sigmoid_attention(q, k, v, {}, exec);
+          ASSERT_EQ(fam.path.rfind("fused", 0), 0u) << fam.path;
+          EXPECT_EQ(_mm_getcsr() & kFtzDaz, own) << "the caller's MXCSR";
+          EXPECT_EQ(team_csr(), team_before) << "the team's MXCSR";
+          for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"out", &fwd.out}, {"dv", &g.dv},
+                                        {"family out", &fam.out}}) {
+            const std::vector<double> x = t->to_vector();
+            if (!keep) {
+              EXPECT_EQ(*std::max_element(x.begin(), x.end()), 0.0) << what;
+              EXPECT_EQ(*std::min_element(x.begin(), x.end()), 0.0) << what;
+            } else if (own == 0) {  // (a caller with DAZ of its own reads v as 0 on its thread)
+              EXPECT_GT(*std::min_element(x.begin(), x.end()), 0.0) << what;
+            }
+          }
+        }
+  }
+  _mm_setcsr(caller);
+  EXPECT_EQ(team_csr(), 0u);
 }
 
 // The [B, Hq, Nq, Nk] intermediates (return_qk: scaled, softcapped, biased, probabilities) from

@@ -565,8 +565,9 @@ const blocked_case kBlockedCases[] = {
 // overflow float: before, such rows saturated), and the score takes q's scale (subnormal there)
 // before the key's. With a call scale that brings the tiny rows back to scores of O(1), the
 // output must still match the float64 reference on the dequantised cache: rows and blocked keys,
-// every ISA level, tiny rows beside ordinary ones. (Subnormal q loses bits in the f32 products
-// of every path: not asked.)
+// every ISA level, tiny rows beside ordinary ones. The tiny rows' elements stay normal floats
+// (|q| >= 2^-122): a subnormal element reads as 0 in the kernels, which flush denormals
+// (cpu/denormals.h), where the reference keeps it.
 TEST(Int8Decode, TinyQRowsAreQuantisedExactly) {
   std::mt19937 rng(61);
   const std::int64_t B = 2, Hkv = 2, Hq = 8, D = 64, ps = 16;
@@ -585,7 +586,10 @@ TEST(Int8Decode, TinyQRowsAreQuantisedExactly) {
     const Tensor q0 = random_tensor({B, Hq, 1, D}, dtype::bf16, rng, -2, 2);
     Tensor q = Tensor::copy_of(q0.view(), dtype::bf16);
     for (std::int64_t h = 0; h < Hq / Hkv; ++h)
-      for (std::int64_t d = 0; d < D; ++d) q.set({0, h, 0, d}, q0.get({0, h, 0, d}) * tiny);
+      for (std::int64_t d = 0; d < D; ++d) {
+        const double x = q0.get({0, h, 0, d});
+        q.set({0, h, 0, d}, std::copysign(std::max(std::fabs(x), 0.25), x) * tiny);
+      }
     attention_options opt;
     opt.scale = 0.125 / tiny;
     attention_options flat_opt;
