@@ -265,7 +265,18 @@ TEST(Cli, BenchAbAlternatesAKnob) {
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   r = sh(tiny + " --ab V=a,b --paged 4");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("--ab times the plain attention call and the --kv-cache step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--ab times the plain attention call, the --kv-cache step and the family's pairs"),
+            std::string::npos)
+      << r.out;
+  // A family pair: each contender's calls take their own path (ATTN_FAMILY_PATH, read per call).
+  r = sh("bench --hq 2 --nq 9 --d 4 --reps 4 --warmup 0 --threads 1 --peers none --score additive "
+         "--additive-hidden 3 --pass both --ab ATTN_FAMILY_PATH=tiled,fused");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"attn[tiled]", "attn[fused]", "path tiled", "path fused (",
+                           "ab: additive x softmax B1 Hq2 Nq9 Nk9 D4 forward, 1 thread: ATTN_FAMILY_PATH=fused / "
+                           "ATTN_FAMILY_PATH=tiled: median of 4 paired time ratios",
+                           "ab: additive x softmax B1 Hq2 Nq9 Nk9 D4 fwd+bwd, 1 thread"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
 }
 
 // `attn bench --score/--distribution`: the family benchmark on a tiny shape, one rep, the

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "attn/attn.h"
+#include "bench_ab.h"
 #include "bench_grid.h"
 #include "bench_peers.h"
 #include "bench_probe.h"
@@ -113,7 +114,18 @@ void time_pair(const family_bench_args& a, python_peers* py, const workload& w, 
       return r.path;
     };
   };
-  cs.push_back({"attn", family_call(exec), "", {}});
+  // --ab: attn[A] and attn[B], the knob set before each of their calls.
+  const std::optional<ab_spec> ab = a.ab.empty() ? std::nullopt : std::optional<ab_spec>(parse_ab(a.ab));
+  std::optional<env_guard> guard;
+  if (ab) guard.emplace(ab->var);
+  if (!ab) cs.push_back({"attn", family_call(exec), "", {}});
+  for (int i = 0; ab && i < 2; ++i) {
+    const std::string value = i == 0 ? ab->a : ab->b;
+    cs.push_back({"attn[" + value + "]", [&guard, value, call = family_call(exec)] {
+                    guard->set(value);
+                    return call();
+                  }, "", {}});
+  }
   // attn's first warm-up call (an extra untimed one without warm-up) tells which path it takes:
   // the tiled contender runs only where that is not already tiled.
   int attn_warm = 0;
@@ -145,7 +157,9 @@ void time_pair(const family_bench_args& a, python_peers* py, const workload& w, 
   for (auto& c : cs)
     for (int i = &c == &cs[0] ? attn_warm : 0; i < a.warmup; ++i) c.detail = c.call();
   for (int rep = 0; rep < a.reps; ++rep) {
-    for (auto& c : cs) {
+    for (std::size_t j = 0; j < cs.size(); ++j) {
+      // --ab: attn[B] before attn[A] every other round, so that neither always follows the other
+      contender& c = cs[ab && rep % 2 && j < 2 ? 1 - j : j];
       const auto t0 = std::chrono::steady_clock::now();
       c.detail = c.call();
       c.ms.push_back(ms_since(t0));
@@ -160,6 +174,18 @@ void time_pair(const family_bench_args& a, python_peers* py, const workload& w, 
     std::string detail = "path " + c.detail;
     if (c.impl == "attn_core") detail = "attn::attention, backend " + c.detail;
     print_row(pair, w, fb, t, c.impl, median(c.ms), *std::min_element(c.ms.begin(), c.ms.end()), attn_ms, detail);
+  }
+  if (ab) {  // the paired B/A ratios of attn[A] (cs[0]) and attn[B] (cs[1])
+    std::vector<double> ratio;
+    int b_faster = 0;
+    for (std::size_t i = 0; i < cs[0].ms.size(); ++i) {
+      ratio.push_back(cs[1].ms[i] / cs[0].ms[i]);
+      b_faster += cs[1].ms[i] < cs[0].ms[i];
+    }
+    fmt::print("  ab: {} {} {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of "
+               "{}; medians {:.2f} / {:.2f} ms)\n",
+               pair, shape_label(w), fb ? "fwd+bwd" : "forward", t, t == 1 ? "" : "s", ab->var, ab->b, ab->var, ab->a,
+               ratio.size(), median(ratio), ab->b, b_faster, ratio.size(), median(cs[1].ms), median(cs[0].ms));
   }
   for (const auto& ps : remote) {
     const auto it = remote_ms.find(ps.impl);

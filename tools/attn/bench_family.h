@@ -7,6 +7,8 @@
 //               what the family's core route costs on top of the core op)
 //   torch_eager the same formula in PyTorch eager (bench/peers.py: SDPA for dot/scaled_dot with
 //               softmax, the entmax package for sparsemax/entmax15, additive in query chunks)
+// With --ab VAR=A,B attn is timed twice, as attn[A] and attn[B], VAR set before each call, the two
+// alternated (the order turned about every other round); a line gives the median B/A ratio.
 // Pass "forward" times the forward; "backward" times forward + backward (attn_family then
 // attention_family_backward; torch autograd into q, k, v and the parameters). Learned
 // parameters are uniform in [-1, 1) (values do not change the work but for top-k's k).
@@ -38,6 +40,7 @@ struct family_bench_args {
   int reps = 3, warmup = 1;
   bool torch = true, tiled = true, core = true;  // --peers torch,tiled,core
   std::string python, peer_script;
+  std::string ab;  // --ab VAR=A,B: attn twice, the knob at A and at B (bench_ab.h)
 };
 
 // The pairs of --grid family: every score once (with softmax; gaussian, box and triangle with

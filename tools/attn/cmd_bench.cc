@@ -37,6 +37,7 @@
 #include <thread>
 
 #include "attn/attn.h"
+#include "bench_ab.h"
 #include "bench_blas.h"
 #include "bench_family.h"
 #include "bench_grid.h"
@@ -51,7 +52,10 @@
 namespace attn::cli {
 namespace {
 
+using bench::ab_spec;
 using bench::config;
+using bench::env_guard;
+using bench::parse_ab;
 using bench::kv_mode;
 using bench::row;
 using bench::workload;
@@ -92,7 +96,7 @@ int run_family(const bench_args& a, bool pass_given, bool peers_given) {
     if (t < 0) throw error(fmt::format("attn bench: --threads {} must be >= 0 (0: all)", t));
     f.threads.push_back(t);
   }
-  f.reps = a.reps, f.warmup = a.warmup, f.python = a.python, f.peer_script = a.peer_script;
+  f.reps = a.reps, f.warmup = a.warmup, f.python = a.python, f.peer_script = a.peer_script, f.ab = a.ab;
   f.torch = f.tiled = f.core = false;
   std::stringstream ss(peers_given ? a.peers : std::string("torch,tiled,core"));
   for (std::string name; std::getline(ss, name, ',');) {
@@ -136,50 +140,6 @@ timing summarize(std::vector<double> ms) {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-
-// --ab VAR=A,B: one environment variable the library reads on every call, and its two values.
-struct ab_spec {
-  std::string var, a, b;
-};
-
-ab_spec parse_ab(const std::string& s) {
-  const auto bad = [&](const char* why) {
-    return error(fmt::format("attn bench: --ab '{}': {} (expected VAR=A,B: an environment variable and two values)", s,
-                             why));
-  };
-  const std::size_t eq = s.find('='), comma = s.find(',', eq == std::string::npos ? 0 : eq);
-  if (eq == std::string::npos) throw bad("no '='");
-  if (eq == 0) throw bad("no variable before '='");
-  ab_spec r{s.substr(0, eq), "", ""};
-  for (char ch : r.var)
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'))
-      throw bad("the variable's name is not [A-Za-z0-9_]");
-  if (comma == std::string::npos) throw bad("no ',' between the two values");
-  r.a = s.substr(eq + 1, comma - eq - 1), r.b = s.substr(comma + 1);
-  if (r.b.find(',') != std::string::npos) throw bad("more than two values");
-  if (r.a == r.b) throw bad("the two values are the same");
-  return r;
-}
-
-// Sets an environment variable for the calls of one --ab contender, and puts the variable back
-// as it was when the run ends.
-class env_guard {
- public:
-  explicit env_guard(std::string var) : var_(std::move(var)) {
-    if (const char* v = std::getenv(var_.c_str())) old_ = v, had_ = true;
-  }
-  ~env_guard() {
-    if (had_) setenv(var_.c_str(), old_.c_str(), 1);
-    else unsetenv(var_.c_str());
-  }
-  void set(const std::string& value) const { setenv(var_.c_str(), value.c_str(), 1); }
-  env_guard(const env_guard&) = delete;
-  env_guard& operator=(const env_guard&) = delete;
-
- private:
-  std::string var_, old_;
-  bool had_ = false;
-};
 
 // ---- what to run ----
 
@@ -689,7 +649,7 @@ void add_bench(CLI::App& app, int& exit_code) {
               "over --probe-mib, and exit");
   auto* abo = s->add_option(
       "--ab", a->ab,
-      "VAR=A,B — time attn (the plain call or the --kv-cache step) with the environment variable VAR at A and at "
+      "VAR=A,B — time attn (the plain call, the --kv-cache step, or a family pair) with the environment variable VAR at A and at "
       "B, alternated call by call in this process (the order turned about every other round), and print the median "
       "of the paired B/A time ratios: a few per cent resolved on a host whose speed drifts by more between runs. For "
       "the knobs the library reads on every call (ATTN_CPU_BACKWARD, ATTN_CPU_ISA, ATTN_CPU_BF16_DOTS, "
@@ -735,10 +695,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, abo, &exit_code] {
     if (abo->count()) {
       parse_ab(a->ab);  // (a malformed one is named before anything runs)
-      if (a->prefetch_probe || vl->count() || pg->count() || a->layer != "none" || a->grid != "none" ||
-          !a->fam.score.empty() || !a->fam.distribution.empty())
-        throw error("attn bench: --ab times the plain attention call and the --kv-cache step (not with --grid, "
-                    "--score/--distribution, --varlen, --paged, --layer or --prefetch-probe)");
+      if (a->prefetch_probe || vl->count() || pg->count() || a->layer != "none" || a->grid == "standard")
+        throw error("attn bench: --ab times the plain attention call, the --kv-cache step and the family's pairs "
+                    "(--score/--distribution, --grid family; not with --grid standard, --varlen, --paged, --layer or "
+                    "--prefetch-probe)");
     }
     if (a->prefetch_probe) {
       if (vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
