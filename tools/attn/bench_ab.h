@@ -5,10 +5,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "attn/attn.h"
 
@@ -57,5 +60,30 @@ class env_guard {
   std::string var_, old_;
   bool had_ = false;
 };
+
+// The line --ab prints per configuration and pass: the median of the paired time ratios B/A of
+// attn[A]'s and attn[B]'s calls (a_ms[i] and b_ms[i] timed in the same round), how many pairs B
+// won, and the two medians. `what` names the configuration ("B1 Hq8 … f32 forward").
+inline std::string ab_ratio_line(const ab_spec& ab, std::string_view what, int threads,
+                                 const std::vector<double>& a_ms, const std::vector<double>& b_ms) {
+  const auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    if (v.size() % 2) return *mid;
+    return 0.5 * (*mid + *std::max_element(v.begin(), mid));
+  };
+  std::vector<double> ratio;
+  int b_faster = 0;
+  for (std::size_t i = 0; i < a_ms.size() && i < b_ms.size(); ++i) {
+    ratio.push_back(b_ms[i] / a_ms[i]);
+    b_faster += b_ms[i] < a_ms[i];
+  }
+  return fmt::format(
+      "  ab: {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of {}; medians "
+      "{:.3f} / {:.3f} ms)\n",
+      what, threads, threads == 1 ? "" : "s", ab.var, ab.b, ab.var, ab.a, ratio.size(), median(ratio), ab.b, b_faster,
+      ratio.size(), median(b_ms), median(a_ms));
+}
 
 }  // namespace attn::cli::bench

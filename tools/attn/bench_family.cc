@@ -175,18 +175,9 @@ void time_pair(const family_bench_args& a, python_peers* py, const workload& w, 
     if (c.impl == "attn_core") detail = "attn::attention, backend " + c.detail;
     print_row(pair, w, fb, t, c.impl, median(c.ms), *std::min_element(c.ms.begin(), c.ms.end()), attn_ms, detail);
   }
-  if (ab) {  // the paired B/A ratios of attn[A] (cs[0]) and attn[B] (cs[1])
-    std::vector<double> ratio;
-    int b_faster = 0;
-    for (std::size_t i = 0; i < cs[0].ms.size(); ++i) {
-      ratio.push_back(cs[1].ms[i] / cs[0].ms[i]);
-      b_faster += cs[1].ms[i] < cs[0].ms[i];
-    }
-    fmt::print("  ab: {} {} {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of "
-               "{}; medians {:.2f} / {:.2f} ms)\n",
-               pair, shape_label(w), fb ? "fwd+bwd" : "forward", t, t == 1 ? "" : "s", ab->var, ab->b, ab->var, ab->a,
-               ratio.size(), median(ratio), ab->b, b_faster, ratio.size(), median(cs[1].ms), median(cs[0].ms));
-  }
+  if (ab)  // the paired B/A ratios of attn[A] (cs[0]) and attn[B] (cs[1])
+    fmt::print("{}", ab_ratio_line(*ab, fmt::format("{} {} {}", pair, shape_label(w), fb ? "fwd+bwd" : "forward"), t,
+                                   cs[0].ms, cs[1].ms));
   for (const auto& ps : remote) {
     const auto it = remote_ms.find(ps.impl);
     if (!ps.ready || it == remote_ms.end()) {

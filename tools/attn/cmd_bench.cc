@@ -339,18 +339,9 @@ void add_attn(std::vector<contender>& cs, const row& r, const ab_knob& ab, std::
 // The line of --ab for contenders x (the knob at A) and y (at B): the median of y's times over
 // x's, round by round.
 std::string ab_line(const ab_spec& ab, const config& c, int t, const contender& x, const contender& y) {
-  std::vector<double> ratio;
-  int y_faster = 0;
-  for (std::size_t i = 0; i < x.ms.size() && i < y.ms.size(); ++i) {
-    ratio.push_back(y.ms[i] / x.ms[i]);
-    y_faster += y.ms[i] < x.ms[i];
-  }
   const std::string what = c.kv == kv_mode::plain ? (c.backward ? "backward" : "forward") : c.name;
-  return fmt::format(
-      "  ab: {} {} {}, {} thread{}: {}={} / {}={}: median of {} paired time ratios {:.3f} ({} faster in {} of {}; "
-      "medians {:.3f} / {:.3f} ms)\n",
-      bench::shape_label(c.w), bench::short_dtype(c.w.type), what, t, t == 1 ? "" : "s", ab.var, ab.b, ab.var, ab.a,
-      ratio.size(), summarize(ratio).median_ms, ab.b, y_faster, ratio.size(), y.r.median_ms, x.r.median_ms);
+  return bench::ab_ratio_line(ab, fmt::format("{} {} {}", bench::shape_label(c.w), bench::short_dtype(c.w.type), what),
+                              t, x.ms, y.ms);
 }
 
 // Inputs are uniform in [-1, 1): results are O(1), gradients O(√Nk) at most.
