@@ -263,11 +263,29 @@ TEST(Cli, BenchAbAlternatesAKnob) {
                            "f32 kv-cache, 1 thread: ATTN_BACKEND=cpu / ATTN_BACKEND=reference: median of 4",
                            "f32 kv-cache-onnx, 1 thread: ATTN_BACKEND=cpu / ATTN_BACKEND=reference: median of 4"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
-  r = sh(tiny + " --ab V=a,b --paged 4");
+  r = sh(tiny + " --ab V=a,b --grid standard");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.out.find("--ab times the plain attention call, the --kv-cache step and the family's pairs"),
-            std::string::npos)
+  EXPECT_NE(r.out.find("--ab times the plain attention call, the --kv-cache step, the family's pairs"), std::string::npos)
       << r.out;
+  // --paged and --varlen: every contender under each value, a report per value and a line per contender.
+  r = sh("bench --paged 4 --batch 2 --hq 2 --hkv 1 --nq 3 --nk 8 --d 4 --reps 4 --warmup 0 --threads 1 --probe-mib 0 "
+         "--kv-dtype int8 --dtype bf16 --ab ATTN_DECODE_INT8=widen,auto");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"[ATTN_DECODE_INT8=widen]", "[ATTN_DECODE_INT8=auto]",
+                           "ab: paged 4 B2 Nq3 Nk8 K/V int8 dense, 1 thread: ATTN_DECODE_INT8=auto / ATTN_DECODE_INT8=widen: "
+                           "median of 4 paired time ratios",
+                           "ab: paged 4 B2 Nq3 Nk8 K/V int8 paged token-major, 1 thread", "K/V int8 bf16 dense, 1 thread"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  r = sh("bench --varlen 4:9 --batch 3 --hq 2 --d 4 --reps 4 --warmup 0 --threads 1 --probe-mib 0 --ab V=x,y");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"[V=x]", "[V=y]", "ab: varlen B3 float32 varlen, 1 thread: V=y / V=x: median of 4",
+                           "ab: varlen B3 float32 padded, 1 thread", "ab: varlen B3 float32 one sequence, 1 thread"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // The knob reaches the serving calls: a value that names no backend fails them, by message.
+  r = sh("bench --varlen 4:9 --batch 3 --hq 2 --d 4 --reps 2 --warmup 0 --threads 1 --probe-mib 0 --ab "
+         "ATTN_BACKEND=cpu,bogus");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("ATTN_BACKEND = 'bogus' names no backend"), std::string::npos) << r.out;
   // A family pair: each contender's calls take their own path (ATTN_FAMILY_PATH, read per call).
   r = sh("bench --hq 2 --nq 9 --d 4 --reps 4 --warmup 0 --threads 1 --peers none --score additive "
          "--additive-hidden 3 --pass both --ab ATTN_FAMILY_PATH=tiled,fused");

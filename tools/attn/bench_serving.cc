@@ -11,13 +11,16 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include <time.h>
 
 #include "attn/attn.h"
+#include "bench_ab.h"
 #include "bench_probe.h"
 
 namespace attn::cli::bench {
@@ -57,27 +60,73 @@ struct medians {
   double wall = 0, cpu = 0;
 };
 
-// Medians of each contender, alternating within every round.
-std::vector<medians> time_medians(const std::vector<std::function<void()>>& fs, int warmup, int reps, bool fastest) {
+// Every timed call of each contender: wall and CPU milliseconds.
+struct times {
+  std::vector<std::vector<double>> wall, cpu;
+};
+
+// The contenders' calls, alternating within every round. With --ab the contenders come in
+// pairs (the knob at A, then at B: 2i, 2i + 1) and every other round runs each pair B first.
+times time_calls(const std::vector<std::function<void()>>& fs, int warmup, int reps, bool ab_pairs) {
   for (const auto& f : fs)
     for (int i = 0; i < warmup; ++i) f();
-  std::vector<std::vector<double>> wall(fs.size()), cpu(fs.size());
+  times t{std::vector<std::vector<double>>(fs.size()), std::vector<std::vector<double>>(fs.size())};
   for (int r = 0; r < reps; ++r)
-    for (std::size_t i = 0; i < fs.size(); ++i) {
+    for (std::size_t j = 0; j < fs.size(); ++j) {
+      const std::size_t i = ab_pairs && r % 2 ? j ^ 1 : j;
       const double c0 = cpu_ms();
       const auto t0 = std::chrono::steady_clock::now();
       fs[i]();
-      wall[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      cpu[i].push_back(cpu_ms() - c0);
+      t.wall[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      t.cpu[i].push_back(cpu_ms() - c0);
     }
-  auto median = [&](std::vector<double>& v) {
+  return t;
+}
+
+// Medians (or the fastest) of contenders first, first + step, … of t.
+std::vector<medians> summarise(const times& t, bool fastest, std::size_t first = 0, std::size_t step = 1) {
+  auto pick = [&](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return fastest ? v.front() : v[v.size() / 2];
   };
   std::vector<medians> m;
-  for (std::size_t i = 0; i < fs.size(); ++i) m.push_back({median(wall[i]), median(cpu[i])});
+  for (std::size_t i = first; i < t.wall.size(); i += step) m.push_back({pick(t.wall[i]), pick(t.cpu[i])});
   return m;
 }
+
+// --ab for the serving benches: each contender twice, the knob set to A before one's calls and
+// to B before the other's; nothing without --ab.
+struct serving_ab {
+  std::optional<ab_spec> spec;
+  std::unique_ptr<env_guard> guard;
+  explicit serving_ab(const std::string& arg) {
+    if (arg.empty()) return;
+    spec = parse_ab(arg);
+    guard = std::make_unique<env_guard>(spec->var);
+  }
+  // fs as they are, or each as the pair (A, B).
+  std::vector<std::function<void()>> contenders(const std::vector<std::function<void()>>& fs) const {
+    if (!spec) return fs;
+    std::vector<std::function<void()>> out;
+    for (const auto& f : fs)
+      for (const std::string* v : {&spec->a, &spec->b})
+        out.push_back([this, f, v] { guard->set(*v), f(); });
+    return out;
+  }
+  // Runs fs (as contenders()) and hands report() the medians of each value of the knob in turn
+  // (headed by the value), then prints a ratio line per contender named in `names`.
+  void run(const std::vector<std::function<void()>>& fs, const std::vector<std::string>& names, const std::string& what,
+           int threads, int warmup, int reps, bool fastest, const std::function<void(const std::vector<medians>&)>& report) const {
+    const times t = time_calls(contenders(fs), warmup, reps, spec.has_value());
+    if (!spec) return report(summarise(t, fastest));
+    for (std::size_t v = 0; v < 2; ++v) {
+      fmt::print("  [{}={}]\n", spec->var, v == 0 ? spec->a : spec->b);
+      report(summarise(t, fastest, v, 2));
+    }
+    for (std::size_t i = 0; i < fs.size() && i < names.size(); ++i)
+      fmt::print("{}", ab_ratio_line(*spec, what + " " + names[i], threads, t.wall[2 * i], t.wall[2 * i + 1]));
+  }
+};
 
 void check_common(const serving_args& a) {
   if (a.reps < 1) throw error(fmt::format("attn bench: --reps {} must be >= 1", a.reps));
@@ -119,20 +168,24 @@ int run_varlen(const serving_args& a) {
   fmt::print("attn bench --varlen: B {} lengths {}..{} (total {}, longest {}), Hq {} Hkv {} D {} {}{}; load average {}{}\n",
              a.batch, a.len_min, a.len_max, T, M, a.hq, a.hkv, a.d, dtype_name(a.type), a.causal ? " causal" : "",
              load_average(), a.fastest ? "; fastest of --reps calls" : "");
+  const serving_ab ab(a.ab);
   for (int t : a.threads) {
     const execution ex{.num_threads = t};
-    const auto ms = time_medians({[&] { attention_varlen(q, k, v, cut, cut, M, M, o, ex); },
-                                  [&] { attention(qp, kp, vp, padded, ex); },
-                                  [&] { attention(q1, k1, v1, o, ex); }},
-                                 a.warmup, a.reps, a.fastest);
-    const double single = work(mean) / ms[2].wall / 1e6;
-    fmt::print("  threads {}: varlen {:.2f} ms {:.1f} GFLOP/s | padded {:.2f} ms (varlen {:.2f}x faster) | one sequence "
-               "of {} {:.1f} GFLOP/s (varlen at {:.0f}%)\n",
-               resolve_threads(t), ms[0].wall, flops / ms[0].wall / 1e6, ms[1].wall, ms[1].wall / ms[0].wall, mean, single,
-               100.0 * flops / ms[0].wall / 1e6 / single);
-    fmt::print("    cpu time: varlen {:.2f} ms | padded {:.2f} ms ({:.2f}x) | one sequence {:.1f} GFLOP/cpu-s (varlen at {:.0f}%)\n",
-               ms[0].cpu, ms[1].cpu, ms[1].cpu / ms[0].cpu, work(mean) / ms[2].cpu / 1e6,
-               100.0 * (flops / ms[0].cpu) / (work(mean) / ms[2].cpu));
+    const auto report = [&](const std::vector<medians>& ms) {
+      const double single = work(mean) / ms[2].wall / 1e6;
+      fmt::print("  threads {}: varlen {:.2f} ms {:.1f} GFLOP/s | padded {:.2f} ms (varlen {:.2f}x faster) | one sequence "
+                 "of {} {:.1f} GFLOP/s (varlen at {:.0f}%)\n",
+                 resolve_threads(t), ms[0].wall, flops / ms[0].wall / 1e6, ms[1].wall, ms[1].wall / ms[0].wall, mean,
+                 single, 100.0 * flops / ms[0].wall / 1e6 / single);
+      fmt::print("    cpu time: varlen {:.2f} ms | padded {:.2f} ms ({:.2f}x) | one sequence {:.1f} GFLOP/cpu-s (varlen at "
+                 "{:.0f}%)\n",
+                 ms[0].cpu, ms[1].cpu, ms[1].cpu / ms[0].cpu, work(mean) / ms[2].cpu / 1e6,
+                 100.0 * (flops / ms[0].cpu) / (work(mean) / ms[2].cpu));
+    };
+    ab.run({[&] { attention_varlen(q, k, v, cut, cut, M, M, o, ex); }, [&] { attention(qp, kp, vp, padded, ex); },
+            [&] { attention(q1, k1, v1, o, ex); }},
+           {"varlen", "padded", "one sequence"}, fmt::format("varlen B{} {}", a.batch, dtype_name(a.type)),
+           resolve_threads(t), a.warmup, a.reps, a.fastest, report);
   }
   return 0;
 }
@@ -218,6 +271,7 @@ int run_paged(const serving_args& a) {
   paged_kv_view cd_exact = cd;  // int8: the dense cache with every product in float32 (paged_kv_view::query)
   cd_exact.query = int8_query::float32;
 
+  const serving_ab ab(a.ab);
   fmt::print("attn bench --paged {}: B {} Nq {} Nk {} Hq {} Hkv {} D {}, q {}, K/V {} (shuffled pages); load average {}{}\n", ps,
              a.batch, a.nq, a.nk, a.hq, a.hkv, a.d, dtype_name(q.type()), dtype_name(kvt), load_average(), a.fastest ? "; fastest of --reps calls" : "");
   for (int t : a.threads) {
@@ -233,35 +287,43 @@ int run_paged(const serving_args& a) {
       fs.push_back([&] { attention_paged(q, dense_b.view(one_page, lens), o, ex); });
       fs.push_back([&] { attention_paged(q, head_b.view(shuffled, lens), o, ex); });
     }
+    std::vector<std::string> names{"dense", "paged head-major", "paged token-major"};
+    if (int8) names.push_back("bf16 dense");
+    if (blocked) names.push_back("int8 blocked keys dense"), names.push_back("int8 blocked keys paged head-major");
     const std::size_t exact_at = fs.size();
-    if (int8) fs.push_back([&] { attention_paged(q, cd_exact, o, ex); });
-    const auto ms = time_medians(fs, a.warmup, a.reps, a.fastest);
-    const double probe = a.probe_mib > 0 ? probe_dram_read(resolve_threads(t), std::size_t(a.probe_mib) << 20).value : 0.0;
-    const std::string dram = a.probe_mib > 0 ? fmt::format("{:.1f} GB/s", probe) : std::string("not probed");
-    const double bytes = kv_bytes(kvt), tok = double(a.batch * a.nq);
-    const auto gbs = [&](double b, double msv) { return b / msv / 1e6; };
-    fmt::print("  threads {}: DRAM read {} | dense {} {:.3f} ms {:.1f} GB/s{} {:.0f} tok/s | paged head-major {:.3f} ms ({:.0f}% of dense) | "
-               "paged token-major {:.3f} ms ({:.0f}% of dense)\n",
-               resolve_threads(t), dram, dtype_name(kvt), ms[0].wall, gbs(bytes, ms[0].wall),
-               probe > 0 ? fmt::format(" ({:.0f}% of the probe)", 100 * gbs(bytes, ms[0].wall) / probe) : std::string(),
-               tok / ms[0].wall * 1e3, ms[1].wall, 100 * ms[0].wall / ms[1].wall, ms[2].wall, 100 * ms[0].wall / ms[2].wall);
-    fmt::print("    cpu time: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}%) | paged token-major {:.3f} ms ({:.0f}%)\n",
-               ms[0].cpu, ms[1].cpu, 100 * ms[0].cpu / ms[1].cpu, ms[2].cpu, 100 * ms[0].cpu / ms[2].cpu);
-    if (int8)
-      fmt::print("    bf16 dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s: int8 dense {:.2f}x the bf16 tokens/s (cpu time {:.3f} vs {:.3f} ms: {:.2f}x)\n",
-                 ms[3].wall, gbs(kv_bytes(dtype::bf16), ms[3].wall), tok / ms[3].wall * 1e3, ms[3].wall / ms[0].wall,
-                 ms[0].cpu, ms[3].cpu, ms[3].cpu / ms[0].cpu);
-    if (blocked)
-      fmt::print("    int8 blocked keys: dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s ({:.2f}x the rows, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | "
-                 "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
-                 ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
-                 ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
-    if (int8) {
-      const auto& me = ms[exact_at];
-      fmt::print("    int8 dense, query float32 (every product in f32): {:.3f} ms {:.1f} GB/s {:.0f} tok/s (automatic {:.2f}x its tokens/s; "
-                 "cpu time {:.3f} ms)\n",
-                 me.wall, gbs(bytes, me.wall), tok / me.wall * 1e3, me.wall / ms[0].wall, me.cpu);
-    }
+    if (int8) fs.push_back([&] { attention_paged(q, cd_exact, o, ex); }), names.push_back("int8 dense query float32");
+    // (the probe once, after the timed calls)
+    double probe = -1;
+    const auto report = [&](const std::vector<medians>& ms) {
+      if (probe < 0) probe = a.probe_mib > 0 ? probe_dram_read(resolve_threads(t), std::size_t(a.probe_mib) << 20).value : 0.0;
+      const std::string dram = a.probe_mib > 0 ? fmt::format("{:.1f} GB/s", probe) : std::string("not probed");
+      const double bytes = kv_bytes(kvt), tok = double(a.batch * a.nq);
+      const auto gbs = [&](double b, double msv) { return b / msv / 1e6; };
+      fmt::print("  threads {}: DRAM read {} | dense {} {:.3f} ms {:.1f} GB/s{} {:.0f} tok/s | paged head-major {:.3f} ms ({:.0f}% of dense) | "
+                 "paged token-major {:.3f} ms ({:.0f}% of dense)\n",
+                 resolve_threads(t), dram, dtype_name(kvt), ms[0].wall, gbs(bytes, ms[0].wall),
+                 probe > 0 ? fmt::format(" ({:.0f}% of the probe)", 100 * gbs(bytes, ms[0].wall) / probe) : std::string(),
+                 tok / ms[0].wall * 1e3, ms[1].wall, 100 * ms[0].wall / ms[1].wall, ms[2].wall, 100 * ms[0].wall / ms[2].wall);
+      fmt::print("    cpu time: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}%) | paged token-major {:.3f} ms ({:.0f}%)\n",
+                 ms[0].cpu, ms[1].cpu, 100 * ms[0].cpu / ms[1].cpu, ms[2].cpu, 100 * ms[0].cpu / ms[2].cpu);
+      if (int8)
+        fmt::print("    bf16 dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s: int8 dense {:.2f}x the bf16 tokens/s (cpu time {:.3f} vs {:.3f} ms: {:.2f}x)\n",
+                   ms[3].wall, gbs(kv_bytes(dtype::bf16), ms[3].wall), tok / ms[3].wall * 1e3, ms[3].wall / ms[0].wall,
+                   ms[0].cpu, ms[3].cpu, ms[3].cpu / ms[0].cpu);
+      if (blocked)
+        fmt::print("    int8 blocked keys: dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s ({:.2f}x the rows, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | "
+                   "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
+                   ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
+                   ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
+      if (int8) {
+        const auto& me = ms[exact_at];
+        fmt::print("    int8 dense, query float32 (every product in f32): {:.3f} ms {:.1f} GB/s {:.0f} tok/s (automatic {:.2f}x its tokens/s; "
+                   "cpu time {:.3f} ms)\n",
+                   me.wall, gbs(bytes, me.wall), tok / me.wall * 1e3, me.wall / ms[0].wall, me.cpu);
+      }
+    };
+    ab.run(fs, names, fmt::format("paged {} B{} Nq{} Nk{} K/V {}", ps, a.batch, a.nq, a.nk, dtype_name(kvt)), resolve_threads(t),
+           a.warmup, a.reps, a.fastest, report);
     if (!a.backward) continue;
     // The backward of each from its own forward: dense attention_backward against the paged one
     // on shuffled pages of both layouts (which copies each sequence's keys dense and scatters the
@@ -269,14 +331,18 @@ int run_paged(const serving_args& a) {
     const Tensor dout = uniform({a.batch, a.hq, a.nq, a.d}, q.type(), rng);
     const TensorView dk(dense.k.view()), dv(dense.v.view());
     const attention_result fd = attention(q, dk, dv, o, ex), fh = attention_paged(q, ch, o, ex), ft = attention_paged(q, ct, o, ex);
-    const auto mb = time_medians({[&] { attention_backward(q, dk, dv, fd.out, dout, fd.lse, o, ex); },
-                                  [&] { attention_paged_backward(q, ch, fh.out, dout, fh.lse, o, ex); },
-                                  [&] { attention_paged_backward(q, ct, ft.out, dout, ft.lse, o, ex); }},
-                                 a.warmup, a.reps, a.fastest);
-    fmt::print("    backward: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}% of dense) | paged token-major {:.3f} ms "
-               "({:.0f}% of dense); cpu time {:.3f} | {:.3f} | {:.3f} ms\n",
-               mb[0].wall, mb[1].wall, 100 * mb[0].wall / mb[1].wall, mb[2].wall, 100 * mb[0].wall / mb[2].wall, mb[0].cpu,
-               mb[1].cpu, mb[2].cpu);
+    const auto report_bwd = [&](const std::vector<medians>& mb) {
+      fmt::print("    backward: dense {:.3f} ms | paged head-major {:.3f} ms ({:.0f}% of dense) | paged token-major {:.3f} ms "
+                 "({:.0f}% of dense); cpu time {:.3f} | {:.3f} | {:.3f} ms\n",
+                 mb[0].wall, mb[1].wall, 100 * mb[0].wall / mb[1].wall, mb[2].wall, 100 * mb[0].wall / mb[2].wall, mb[0].cpu,
+                 mb[1].cpu, mb[2].cpu);
+    };
+    ab.run({[&] { attention_backward(q, dk, dv, fd.out, dout, fd.lse, o, ex); },
+            [&] { attention_paged_backward(q, ch, fh.out, dout, fh.lse, o, ex); },
+            [&] { attention_paged_backward(q, ct, ft.out, dout, ft.lse, o, ex); }},
+           {"backward dense", "backward paged head-major", "backward paged token-major"},
+           fmt::format("paged {} B{} Nq{} Nk{} K/V {}", ps, a.batch, a.nq, a.nk, dtype_name(kvt)), resolve_threads(t),
+           a.warmup, a.reps, a.fastest, report_bwd);
   }
   return 0;
 }

@@ -22,6 +22,7 @@ struct serving_args {
   bool fastest = false;  // --fastest: the fastest of the --reps calls, not their median
   bool backward = false;  // --paged with --pass backward|both: attention_paged_backward too
   std::int64_t probe_mib = 512;
+  std::string ab;  // --ab VAR=A,B: every contender with the knob at A and at B, alternated (bench_ab.h)
 };
 
 // Varlen prefill of `batch` sequences (Nq = Nk = a random length, seed 1, bottom-right causal):

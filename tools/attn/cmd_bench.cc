@@ -570,6 +570,7 @@ int run_serving(const bench_args& a, bool varlen) {
   s.batch = a.batch, s.hq = a.hq, s.hkv = a.hkv ? a.hkv : a.hq, s.nq = a.nq, s.nk = a.nk ? a.nk : a.nq, s.d = a.d;
   s.causal = a.causal, s.type = bench::parse_bench_dtype(a.dtype_name), s.threads = a.threads;
   s.reps = a.reps, s.warmup = a.warmup, s.probe_mib = a.probe_mib, s.page_size = a.paged, s.fastest = a.fastest;
+  s.ab = a.ab;
   s.kv_type = a.kv_dtype.empty() ? s.type : a.kv_dtype == "int8" ? dtype::i8 : bench::parse_bench_dtype(a.kv_dtype);
   s.backward = a.backward || a.pass == "backward" || a.pass == "both";
   if (varlen && s.backward) throw error("attn bench: --varlen times the forward; --backward and --pass backward|both apply to --paged");
@@ -640,7 +641,7 @@ void add_bench(CLI::App& app, int& exit_code) {
               "over --probe-mib, and exit");
   auto* abo = s->add_option(
       "--ab", a->ab,
-      "VAR=A,B — time attn (the plain call, the --kv-cache step, or a family pair) with the environment variable VAR at A and at "
+      "VAR=A,B — time attn (the plain call, the --kv-cache step, a family pair, or every contender of --varlen/--paged) with the environment variable VAR at A and at "
       "B, alternated call by call in this process (the order turned about every other round), and print the median "
       "of the paired B/A time ratios: a few per cent resolved on a host whose speed drifts by more between runs. For "
       "the knobs the library reads on every call (ATTN_CPU_BACKWARD, ATTN_CPU_ISA, ATTN_CPU_BF16_DOTS, "
@@ -686,10 +687,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   s->callback([a, dt, ps, kv, vl, pg, batch, hq, nq, d, threads, peers, abo, &exit_code] {
     if (abo->count()) {
       parse_ab(a->ab);  // (a malformed one is named before anything runs)
-      if (a->prefetch_probe || vl->count() || pg->count() || a->layer != "none" || a->grid == "standard")
-        throw error("attn bench: --ab times the plain attention call, the --kv-cache step and the family's pairs "
-                    "(--score/--distribution, --grid family; not with --grid standard, --varlen, --paged, --layer or "
-                    "--prefetch-probe)");
+      if (a->prefetch_probe || a->layer != "none" || a->grid == "standard")
+        throw error("attn bench: --ab times the plain attention call, the --kv-cache step, the family's pairs "
+                    "(--score/--distribution, --grid family), --varlen and --paged; not with --grid standard, --layer or "
+                    "--prefetch-probe");
     }
     if (a->prefetch_probe) {
       if (vl->count() || pg->count() || kv->count() || a->layer != "none" || a->grid != "none" ||
