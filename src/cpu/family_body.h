@@ -458,11 +458,13 @@ inline float row_dot(const float* a, const float* b, std::int64_t n) {
 // Σ_x p[x]² for P contiguous floats.
 inline float sum_squares(const float* p, std::int64_t P) { return row_dot(p, p, P); }
 
-// Lane layout: S[jj][L] as elem_lane_scores<distance_terms> would give it, up to the side of h².
+// Lane layout: S[jj][L] = q·k (the products, however taken) → as elem_lane_scores<distance_terms>
+// would give it, up to the side of h², from the f32 rows lb.qt and lb.k. Keys from kend on (which
+// no lane sees: the bf16 products' pair of the last key, past Nk) are not read; their S is left.
 template <int CC>
-void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
+void box_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, std::int64_t kend) {
   const std::int64_t L = CC * W;
-  gemm<fam_ops, true>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  nb = imax(0, imin(nb, kend - j0));
   vf qn[CC];
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) qn[c] = vf{};
@@ -510,6 +512,13 @@ void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
       store(S + jj * L + c * W, acc);
     }
   }
+}
+
+template <int CC>
+void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
+  const std::int64_t L = CC * W;
+  gemm<fam_ops, true>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
+  box_lane_finish<CC>(lb, j0, nb, S, j0 + nb);
 }
 
 // Row layout: S[r][y] as elem_row_scores<distance_terms> would give it, up to the side of h².
@@ -636,6 +645,13 @@ bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb,
   if (pending) *pending = 1.0f;
   if (lane_mask<CC>(lb, j0, nb, S, nullptr, mask)) return true;
   gemm<Ops, true>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
+  if (box_by_products(lb.fp)) {  // q·k from the words, the rest from the f32 rows (lb.qt, lb.k); zscale is 1
+    std::int64_t kend = 0;  // keys no lane sees (the pair past Nk among them) are not read
+    for (std::int64_t x = 0; x < lb.nl; ++x) kend = imax(kend, std::int64_t(lb.hi[x]));
+    box_lane_finish<CC>(lb, j0, nb, S, kend);
+    lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
+    return false;
+  }
   lane_scale_transform<CC>(lb, j0, nb, S, mask, pending);
   return false;
 }

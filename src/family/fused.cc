@@ -261,6 +261,7 @@ struct fused_inputs {
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
   bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
+  bool box_rows = false;                  // the box forward on words: the f32 rows too (box_bf16_products)
   // The lane blocks take bf16 words (q, keys; the dq pass: values), by vdpbf16ps or on the tiles.
   bool lane_words() const { return pairs || amx; }
   cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
@@ -316,10 +317,14 @@ struct fused_inputs {
 
   void prepare(const fproblem& fp, const fused_source& src, use u, int nt, bool forward) {
     if (u == use::forward_amx || u == use::forward_pairs) {
-      if (prepare_bf16_forward(fp, src, u == use::forward_amx, nt)) return;
-      u = use::f32;
+      if (prepare_bf16_forward(fp, src, u == use::forward_amx, nt)) {
+        if (fp.kernel != kernel_kind::box) return;
+        box_rows = true;  // (and the f32 rows below)
+      } else {
+        u = use::f32;
+      }
     }
-    if (u != use::f32) {
+    if (u != use::f32 && !box_rows) {
       zscale = float(src.scale);
       const bool row_tiles = u == use::backward_amx || u == use::backward_amx_f32 || u == use::backward_amx_all;
       qpad = row_tiles ? 16 : 0;
@@ -396,6 +401,19 @@ struct fused_inputs {
     static_assert(kQueryBlock % 32 == 0);
     return ceil_div(Nq, kQueryBlock) * kQueryBlock / 2;
   }
+  // The box kernel's forward on bf16 products (vdpbf16ps; not on the AMX tiles, whose level keeps
+  // f32 products for the other scores): q·k from the words, exact as for dot scores, and ‖q‖²,
+  // ‖k‖² and the differences where q·k cannot tell the side of h² from the f32 rows
+  // (cpu::box_lane_finish), so the weights are the f32 path's bit for bit; α (0 or 1) rounds to
+  // itself for the product with V. The backward keeps f32 (box's is dv alone).
+  static bool box_bf16_products(const fproblem& fp, const fused_source& src) {
+    const char* env = std::getenv("ATTN_FAMILY_BF16");
+    if (env && std::string_view(env) == "0") return false;
+    const cpu::family_table& kt = cpu::select_family_kernels();
+    return kt.forward_bf16 != nullptr && kt.forward_amx == nullptr && src.direct && fp.F == 1 &&
+           fp.kernel == kernel_kind::box && fp.bias == 0.0 && src.scale == 1.0 && fp.Pq == fp.Pk && fp.Pq % 2 == 0 &&
+           src.q.type == dtype::bf16 && src.k.type == dtype::bf16 && src.v.type == dtype::bf16;
+  }
   // The same on AMX tiles (the amx level's forward_amx, and kept_amx for the sparse rows' kept
   // keys): whole tiles along P (32 values) and Dv (16).
   static bool amx_products(const fproblem& fp, const fused_source& src) {
@@ -405,6 +423,7 @@ struct fused_inputs {
   }
   // The forward (prepare takes the f32 products after all where V is not finite).
   static use forward_use(const fproblem& fp, const fused_source& src) {
+    if (box_bf16_products(fp, src)) return use::forward_pairs;
     const bool amx = amx_products(fp, src);
     if (!amx && !bf16_products(fp, src)) return use::f32;
     return amx ? use::forward_amx : use::forward_pairs;
@@ -454,6 +473,7 @@ struct lane_state {
   std::vector<std::int32_t> lo, hi, cut;
   std::vector<std::int64_t> h, i;
   fbuf qt, t, lse, r, scratch;
+  fbuf qtf;  // box on words (fused_inputs::box_rows): the f32 qᵀ [P][L] beside the words in qt
   std::int64_t scratch_keys = -1;  // the key span `scratch` holds
   bias_ctx mc;  // the mask (cpu/mask_fill.h)
   cpu::family_params prm;
@@ -466,7 +486,7 @@ struct lane_state {
   lane_state(const fproblem& fp, const fused_inputs& in)
       : L(in.L), P(fp.Pq), F(fp.F), lo(L), hi(L), cut(std::size_t(L * F)), h(L), i(L), qt(alloc_floats(fp.Pq * L)),
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
-        prm(make_params(fp, in.w_v.data(), in.exp_form)) {
+        qtf(in.box_rows ? alloc_floats(fp.Pq * L) : fbuf{}), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
   }
@@ -478,6 +498,8 @@ struct lane_state {
       if (x >= nl) {
         lo[x] = hi[x] = 0, h[x] = i[x] = 0;
         for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = 0.0f;  // zero floats, or zero words [P/2][L]
+        if (in.box_rows)
+          for (std::int64_t d = 0; d < P; ++d) qtf[d * L + x] = 0.0f;
         continue;
       }
       const std::int64_t rr = lbi * L + x;
@@ -491,6 +513,10 @@ struct lane_state {
         const std::uint32_t* row = in.Qr.head.empty() ? in.Qw.data() + (bh * (fp.Nq + in.qpad) + i[x]) * (P / 2)  // (Qw: Nq + qpad rows per head)
                                                       : in.Qr.head[std::size_t(bh)] + i[x] * in.Qr.step[std::size_t(bh)];
         for (std::int64_t w = 0; w < P / 2; ++w) qw[w * L + x] = row[w];
+        if (in.box_rows) {
+          const float* q = in.kq() + qrow * P;
+          for (std::int64_t d = 0; d < P; ++d) qtf[d * L + x] = q[d];
+        }
         continue;
       }
       const float* q = in.kq() + qrow * P;
@@ -532,6 +558,7 @@ struct lane_state {
         lb.kpw = in.Kn.data() + (b * fp.Hkv + hkv) * (fp.Nk / 2 + 1) * P, lb.kpwss = P;
       }
       lb.zscale = in.zscale;
+      if (in.box_rows) lb.qt = qtf.get(), lb.k = in.key_rows(fp, b, hkv), lb.ksn = in.key_step(fp);
     } else {
       lb.k = in.key_rows(fp, b, hkv), lb.ksn = in.key_step(fp);
       lb.v = in.value_rows(fp, b, hkv), lb.vsn = in.value_step(fp);

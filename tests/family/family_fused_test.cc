@@ -435,6 +435,69 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
   }
 }
 
+// bf16 inputs of the box kernel take bf16 products in the forward on an ISA with a bf16 dot
+// product (not on the amx level): q·k from the words, ‖q‖², ‖k‖² and the differences near h² from
+// the f32 rows, so the weights are the f32 path's; with masks (windows: rows starting on odd keys,
+// the pair past Nk), GQA, odd Nk over several key blocks, against the reference on the rounded
+// inputs and the f32 products, threads giving the same bits. Then queries of norm ≈ 4500 with keys
+// exactly h from some of them (half the components on a grid of 8 near 1500, moved by ±8: z = 192,
+// 256 = h², 320; the other half below 1, equal in q and k): the f32 sums of the products pass
+// 2^24 and drop the small components' bits, so only the differences tell those sides apart.
+TEST(FamilyFused, Bf16BoxProductsMatchReference) {
+  bool saw_pairs = false;
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(67);
+    for (distribution_kind d : {distribution_kind::kernel, distribution_kind::softmax, distribution_kind::sigmoid,
+                                distribution_kind::topk})
+      for (int mask = 0; mask < 4; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 9, 33}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 300, 133}[std::size_t((mask + int(d)) % 4)];
+        const bool gqa = mask % 2;
+        family_case c(score_kind::box, d, rng, 2, gqa ? 4 : 2, 2, Nq, Nk, 8, 5);
+        c.opt.score.bandwidth = 2.0;
+        apply_mask(c, mask, rng);
+        const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+        SCOPED_TRACE(isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " +
+                     std::to_string(Nk));
+        const execution e{.path = family_path::fused, .num_threads = 2};
+        const family_result got = attention_family(q, k, v, c.opt, e);
+        saw_pairs |= got.path.find("bf16 products") != std::string::npos;
+        if (isa == "avx512bf16") {
+          EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+        }
+        expect_bf16_forward(got, q, k, v, c.opt, e, tolerance_for(dtype::bf16));
+      }
+    // Large norms, keys on the bandwidth: components 0-7 in [1032, 2040] (bf16 steps of 8 there),
+    // 8-15 in [0.5, 1) (steps of 2^-8).
+    const std::int64_t Nq = 37, Nk = 150, D = 16;
+    family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, 3);
+    c.opt.score.bandwidth = 16.0;
+    std::uniform_int_distribution<int> grid(130, 254), pick(0, 2);
+    for (std::int64_t hq = 0; hq < 2; ++hq)
+      for (std::int64_t i = 0; i < Nq; ++i)
+        for (std::int64_t x = 0; x < D; ++x) c.q.set({0, hq, i, x}, x < D / 2 ? 8.0 * grid(rng) : grid(rng) / 256.0);
+    std::int64_t inside = 0;
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      const std::int64_t moved = 3 + pick(rng);  // 3, 4 or 5 components moved by ±8: z = 192, 256 or 320
+      for (std::int64_t x = 0; x < D; ++x)
+        c.k.set({0, 0, j, x}, c.q.get({0, 0, j % Nq, x}) + (x < moved ? (j % 2 ? 8.0 : -8.0) : 0.0));
+      inside += moved <= 4;
+    }
+    EXPECT_GT(inside, 60);
+    EXPECT_LT(inside, 140);
+    const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+    const execution e{.path = family_path::fused, .num_threads = 2};
+    const family_result got = attention_family(q, k, v, c.opt, e);
+    SCOPED_TRACE(isa + " box on the bandwidth, " + got.path);
+    expect_bf16_forward(got, q, k, v, c.opt, e, tolerance_for(dtype::bf16));
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {
+    EXPECT_TRUE(saw_pairs);
+  }
+}
+
 // On the amx level the forward of bf16 dot scores runs on AMX tiles (P a multiple of 32, Dv of
 // 16): every distribution, every mask kind, GQA, Nk from 1 to past two key blocks (odd, so the
 // zero keys and the tiles' padding are read), against the reference on the rounded inputs, the
