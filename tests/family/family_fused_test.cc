@@ -397,6 +397,19 @@ void expect_bf16_forward(const family_result& got, const Tensor& q, const Tensor
   EXPECT_TRUE(all_close(got.out, f32.out, tol));
 }
 
+// One case of the bf16-products tests: the fused forward on 2 threads, which names its bf16
+// products on avx512bf16, checked by expect_bf16_forward; whether it took them.
+bool bf16_products_case(const std::string& isa, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const family_options& opt) {
+  const execution e{.path = family_path::fused, .num_threads = 2};
+  const family_result got = attention_family(q, k, v, opt, e);
+  if (isa == "avx512bf16") {
+    EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+  }
+  expect_bf16_forward(got, q, k, v, opt, e, tolerance_for(dtype::bf16));
+  return got.path.find("bf16 products") != std::string::npos;
+}
+
 // bf16 inputs of dot scores (dot, scaled_dot) take bf16 products on an ISA with a bf16 dot
 // product (q·k exact, α rounded to bf16 for the product with V): every distribution, every
 // mask kind (windows make rows start on odd keys), GQA, key ranges over several key blocks, odd
@@ -420,13 +433,7 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
         const std::string what = isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " +
                                  std::to_string(Nq) + " Nk " + std::to_string(Nk);
         SCOPED_TRACE(what);
-        const execution e{.path = family_path::fused, .num_threads = 2};
-        const family_result got = attention_family(q, k, v, c.opt, e);
-        saw_pairs |= got.path.find("bf16 products") != std::string::npos;
-        if (isa == "avx512bf16") {
-          EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
-        }
-        expect_bf16_forward(got, q, k, v, c.opt, e, tolerance_for(dtype::bf16));
+        saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
       }
   }
   const std::vector<std::string> all = isas();
@@ -460,13 +467,7 @@ TEST(FamilyFused, Bf16BoxProductsMatchReference) {
         const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
         SCOPED_TRACE(isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " +
                      std::to_string(Nk));
-        const execution e{.path = family_path::fused, .num_threads = 2};
-        const family_result got = attention_family(q, k, v, c.opt, e);
-        saw_pairs |= got.path.find("bf16 products") != std::string::npos;
-        if (isa == "avx512bf16") {
-          EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
-        }
-        expect_bf16_forward(got, q, k, v, c.opt, e, tolerance_for(dtype::bf16));
+        saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
       }
     // Large norms, keys on the bandwidth: components 0-7 in [1032, 2040] (bf16 steps of 8 there),
     // 8-15 in [0.5, 1) (steps of 2^-8).
@@ -487,10 +488,8 @@ TEST(FamilyFused, Bf16BoxProductsMatchReference) {
     EXPECT_GT(inside, 60);
     EXPECT_LT(inside, 140);
     const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
-    const execution e{.path = family_path::fused, .num_threads = 2};
-    const family_result got = attention_family(q, k, v, c.opt, e);
-    SCOPED_TRACE(isa + " box on the bandwidth, " + got.path);
-    expect_bf16_forward(got, q, k, v, c.opt, e, tolerance_for(dtype::bf16));
+    SCOPED_TRACE(isa + " box on the bandwidth");
+    saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
   }
   const std::vector<std::string> all = isas();
   if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -59,6 +60,17 @@ class env_guard {
  private:
   std::string var_, old_;
   bool had_ = false;
+};
+
+// --ab: the knob and its guard for one run of contenders (nothing without --ab).
+struct ab_knob {
+  std::optional<ab_spec> spec;
+  std::optional<env_guard> guard;
+  explicit ab_knob(const std::string& arg) {
+    if (arg.empty()) return;
+    spec = parse_ab(arg);
+    guard.emplace(spec->var);
+  }
 };
 
 // The line --ab prints per configuration and pass: the median of the paired time ratios B/A of

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
-#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -96,14 +95,8 @@ std::vector<medians> summarise(const times& t, bool fastest, std::size_t first =
 
 // --ab for the serving benches: each contender twice, the knob set to A before one's calls and
 // to B before the other's; nothing without --ab.
-struct serving_ab {
-  std::optional<ab_spec> spec;
-  std::unique_ptr<env_guard> guard;
-  explicit serving_ab(const std::string& arg) {
-    if (arg.empty()) return;
-    spec = parse_ab(arg);
-    guard = std::make_unique<env_guard>(spec->var);
-  }
+struct serving_ab : ab_knob {
+  using ab_knob::ab_knob;
   // fs as they are, or each as the pair (A, B).
   std::vector<std::function<void()>> contenders(const std::vector<std::function<void()>>& fs) const {
     if (!spec) return fs;

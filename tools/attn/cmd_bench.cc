@@ -52,6 +52,7 @@
 namespace attn::cli {
 namespace {
 
+using bench::ab_knob;
 using bench::ab_spec;
 using bench::config;
 using bench::env_guard;
@@ -310,17 +311,6 @@ void summarize_rows(std::vector<contender>& cs) {
     c.r.median_ms = tm.median_ms, c.r.min_ms = tm.min_ms;
   }
 }
-
-// --ab: the knob and its guard for one run of contenders (nothing without --ab).
-struct ab_knob {
-  std::optional<ab_spec> spec;
-  std::optional<env_guard> guard;
-  explicit ab_knob(const std::string& arg) {
-    if (arg.empty()) return;
-    spec = parse_ab(arg);
-    guard.emplace(spec->var);
-  }
-};
 
 // attn's contender(s) for one call: one, or with --ab two (the knob at A, then at B, before each
 // of its calls), each writing the backend that ran into its row's detail.
