@@ -261,7 +261,7 @@ struct fused_inputs {
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
   bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
-  bool box_rows = false;                  // the box forward on words: the f32 rows too (box_bf16_products)
+  bool box_rows = false;                  // the box forward on words: f32 q and key rows too (box_bf16_products)
   // The lane blocks take bf16 words (q, keys; the dq pass: values), by vdpbf16ps or on the tiles.
   bool lane_words() const { return pairs || amx; }
   cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
@@ -454,6 +454,7 @@ struct fused_inputs {
       const auto rows = [&](const strided4& s) { return forward && s.type == dtype::f32 && s.sx == 1; };
       if (rows(src.k)) Kin = src.k;
       else K = load_f32(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, 1.0, nt);
+      if (box_rows) return;  // (V is read as words: Vw)
       if (rows(src.v)) Vin = src.v;
       else V = load_f32(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1.0, nt);
     } else {
