@@ -199,8 +199,11 @@ struct attention_outputs {
 std::string attention_into(const TensorView& q, const TensorView& k, const TensorView& v, const attention_outputs& dst,
                            const attention_options& options = {}, const execution& exec = {});
 
-// The gradients of q, k and v in the caller's memory: the shapes of q, k, v, the dtype of q, any
-// strides; every element is written (not added to). None may overlap itself, another, or an
+// The gradients of q, k and v in the caller's memory: the shapes of q, k, v, the dtype of q —
+// or float32 for a bfloat16 or float16 q, each on its own (on the cpu and reference backends the
+// gradients before their rounding, as a mixed-precision trainer keeps them — the values the
+// 16-bit ones are rounded from; the CUDA kernels' 16-bit gradients widened) —,
+// any strides; every element is written (not added to). None may overlap itself, another, or an
 // input (q, k, v, out, dout, lse, attn_mask); dq, dk, dv interleaved in one packed buffer are fine.
 struct attention_grad_outputs {
   TensorView dq = {}, dk = {}, dv = {};

@@ -198,7 +198,8 @@ def attention_backward_into(q, k, v, out, dout, lse, dq, dk, dv, *, attn_mask=No
                             backend: str = "automatic", num_threads: int = 0,
                             mask_gradient: bool = True) -> AttentionGrads:
     """:func:`attention_backward` writing dq, dk, dv into writable arrays the caller owns (shapes
-    of q, k, v, q's dtype, any strides; dq, dk, dv may interleave in one packed buffer but share
+    of q, k, v, q's dtype — or float32 for a bfloat16/float16 q, the gradients before their
+    rounding —, any strides; dq, dk, dv may interleave in one packed buffer but share
     no element, nor memory with an input). Returns :class:`AttentionGrads` holding those arrays
     and the other gradients.
 

@@ -317,6 +317,25 @@ def test_into_writes_the_callers_arrays(dtype):
     np.testing.assert_array_equal(ln, rn.lse)
 
 
+def test_backward_into_float32_gradients_of_bfloat16():
+    """float32 dq/dk/dv for bfloat16 q, k, v (a mixed-precision trainer's gradients): rounded to
+    bfloat16 they are attention_backward's, and they carry more than bfloat16 holds; a float64
+    destination is refused by message."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 11, 8).to(torch.bfloat16) for _ in range(3))
+    r = attn.attention(q, k, v, return_lse=True)
+    dout = torch.randn(2, 3, 11, 8).to(torch.bfloat16)
+    want = attn.attention_backward(q, k, v, r.out, dout, r.lse)
+    dq, dk, dv = (torch.empty(2, 3, 11, 8) for _ in range(3))
+    attn.attention_backward_into(q, k, v, r.out, dout, r.lse, dq, dk, dv)
+    for got, w in ((dq, want.dq), (dk, want.dk), (dv, want.dv)):
+        assert torch.equal(got.to(torch.bfloat16), w)
+    assert not torch.equal(dq, dq.to(torch.bfloat16).float())
+    with pytest.raises(TypeError, match=r"^attention_backward_into: dk has dtype float64, expected bfloat16 or "
+                                         r"float32 \(the dtype of q, or float32 for a 16-bit q\)"):
+        attn.attention_backward_into(q, k, v, r.out, dout, r.lse, dq, torch.empty(2, 3, 11, 8, dtype=torch.float64), dv)
+
+
 def test_into_bad_destinations():
     q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
     out = torch.empty(1, 2, 5, 4)

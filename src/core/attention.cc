@@ -1097,9 +1097,19 @@ attention_grads run_backward(const char* op, const TensorView& q, const TensorVi
   attention_grads g;
   TensorView dq, dk, dv;  // where the backend writes them
   if (dst) {
-    check_destination(op, "dq", dst->dq, q.shape(), q.type());
-    check_destination(op, "dk", dst->dk, k.shape(), q.type());
-    check_destination(op, "dv", dst->dv, v.shape(), q.type());
+    // The dtype of q, or float32 for a 16-bit q: the gradients before their rounding (a
+    // mixed-precision trainer's float32 gradients; the family's chain rules through a prepared
+    // q and k). The backends accumulate in float32 either way and round once, on the store.
+    const bool half = q.type() == dtype::bf16 || q.type() == dtype::f16;
+    const auto check_grad = [&](const char* name, const TensorView& t, const Shape& shape) {
+      if (half && t.type() != q.type() && t.type() != dtype::f32)
+        fail(op, fmt::format("{} has dtype {}, expected {} or float32 (the dtype of q, or float32 for a 16-bit q)", name,
+                             dtype_name(t.type()), dtype_name(q.type())));
+      check_destination(op, name, t, shape, half && t.type() == dtype::f32 ? dtype::f32 : q.type());
+    };
+    check_grad("dq", dst->dq, q.shape());
+    check_grad("dk", dst->dk, k.shape());
+    check_grad("dv", dst->dv, v.shape());
     const TensorView* mask = options.attn_mask ? &*options.attn_mask : nullptr;
     check_disjoint(op, {{"dq", &dst->dq}, {"dk", &dst->dk}, {"dv", &dst->dv}},
                    {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}, {"attn_mask", mask}});

@@ -35,16 +35,18 @@ inline vf key_distance(vi pos, vi j) {
   return __builtin_convertvector(d < 0 ? -d : d, vf);
 }
 
+// cap·tanh(scale·qk / cap), *t = the tanh: transform's softcap, the same operations (the same bits).
+inline vf softcapped(vf qk, const score_consts& c, vf* t = nullptr) {
+  const vf th = vtanh(qk * c.scale * c.inv_cap);
+  if (t) *t = th;
+  return c.cap * th;
+}
+
 // The score of q·k for key j (pos: the query's key position, for ALiBi); *t receives
 // tanh(scale·qk / cap) with softcap (the backward's chain rule needs 1 - t²). `ranged`: some
 // lane's key range excludes part of the block, so [lo, hi) must be applied.
 inline vf transform(vf qk, const score_consts& c, vf* t, vf bias, vi j, vi pos, vi lo, vi hi, vf slope, bool ranged) {
-  vf s = qk * c.scale;
-  if (c.softcap) {
-    const vf th = vtanh(s * c.inv_cap);
-    *t = th;
-    s = c.cap * th;
-  }
+  vf s = c.softcap ? softcapped(qk, c, t) : qk * c.scale;
   if (c.bias) s += bias;
   if (c.alibi) s -= slope * key_distance(pos, j);
   if (ranged) s = ((j >= lo) & (j < hi)) ? s : splat(-kInf);

@@ -160,13 +160,19 @@ std::vector<std::uint16_t> pack(const strided4& s, std::int64_t B, std::int64_t 
         for (std::int64_t x = 0; x < X; ++x) r[at++] = bits_of(s.data, s.type, s.offset(b, h, n, x), want);
   return r;
 }
+// 16-bit elements of `from` (f16 or bf16) into a [B, H, N, X] view of that dtype, or of float32
+// (attention_backward_into's float32 gradients of a 16-bit q: these kernels write 16-bit ones,
+// widened here exactly).
 void unpack(const std::vector<std::uint16_t>& r, const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N,
-            std::int64_t X) {
+            std::int64_t X, dtype from) {
   std::size_t at = 0;
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
       for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t x = 0; x < X; ++x) *s.ptr<std::uint16_t>(b, h, n, x) = r[at++];
+        for (std::int64_t x = 0; x < X; ++x, ++at) {
+          if (s.type == dtype::f32) *s.ptr<float>(b, h, n, x) = from == dtype::bf16 ? bf16_to_f32(r[at]) : f16_to_f32(r[at]);
+          else *s.ptr<std::uint16_t>(b, h, n, x) = r[at];
+        }
 }
 
 // Contiguous [B, H, N, X] on the device: the element strides.
@@ -244,7 +250,7 @@ void host_forward(const problem& p, const forward_outputs& o) {
   std::vector<float> lh(static_cast<std::size_t>(rows));
   out.download(oh.data(), oh.size() * 2);
   lse.download(lh.data(), lh.size() * 4);
-  unpack(oh, o.out, p.B, p.Hq, p.Nq, p.Dv);
+  unpack(oh, o.out, p.B, p.Hq, p.Nq, p.Dv, p.q.type);
   for (std::int64_t r = 0; r < rows; ++r) store_from_double(o.lse, o.lse_type, r, lh[std::size_t(r)]);
 }
 
@@ -305,13 +311,13 @@ void host_backward(const problem& p, const backward_io& io) {
 
   std::vector<std::uint16_t> h(std::size_t(rows * p.D));
   dq.download(h.data(), h.size() * 2);
-  unpack(h, io.dq, p.B, p.Hq, p.Nq, p.D);
+  unpack(h, io.dq, p.B, p.Hq, p.Nq, p.D, p.q.type);
   h.resize(std::size_t(p.B * p.Hkv * p.Nk * p.D));
   dk.download(h.data(), h.size() * 2);
-  unpack(h, io.dk, p.B, p.Hkv, p.Nk, p.D);
+  unpack(h, io.dk, p.B, p.Hkv, p.Nk, p.D, p.q.type);
   h.resize(std::size_t(p.B * p.Hkv * p.Nk * p.Dv));
   dv.download(h.data(), h.size() * 2);
-  unpack(h, io.dv, p.B, p.Hkv, p.Nk, p.Dv);
+  unpack(h, io.dv, p.B, p.Hkv, p.Nk, p.Dv, p.q.type);
   if (rows) add_partials(p, dalibi, dsinks, io.dalibi, io.dsinks);
 }
 

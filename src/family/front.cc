@@ -389,7 +389,15 @@ family_grads family_backward(const TensorView& q, const TensorView& k, const Ten
     attention_result a;
     if (fwd && fwd->lse.defined()) a.out = fwd->out, a.lse = fwd->lse;
     else a = attention(in.q, in.k, in.v, ao, exec);
-    const attention_grads cg = attention_backward(in.q, in.k, in.v, a.out, dout, a.lse, ao, exec);
+    attention_grads cg;
+    if (in.f32_grads) {
+      Tensor dq = Tensor::empty(in.q.shape(), dtype::f32), dk = Tensor::empty(in.k.shape(), dtype::f32),
+             dv = Tensor::empty(in.v.shape(), dtype::f32);
+      cg = attention_backward_into(in.q, in.k, in.v, a.out, dout, a.lse, {dq.view(), dk.view(), dv.view()}, ao, exec);
+      cg.dq = dq, cg.dk = dk, cg.dv = dv;
+    } else {
+      cg = attention_backward(in.q, in.k, in.v, a.out, dout, a.lse, ao, exec);
+    }
     g.dv = to_dtype(cg.dv, c.type);
     C.def->core_backward(c, C.st, q, k, in, cg, g);
     g.path = fmt::format("core ({})", cg.backend);

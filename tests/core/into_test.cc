@@ -1,6 +1,7 @@
 // tests/core/into_test.cc — attention_into and attention_backward_into: outputs in the caller's
-// memory (contiguous, slices of a larger buffer, dq/dk/dv interleaved in one packed buffer) hold
-// the same bits as attention() and attention_backward() on every backend and dtype, bytes outside
+// memory (contiguous, slices of a larger buffer, dq/dk/dv interleaved in one packed buffer; float32
+// gradients of 16-bit inputs) hold the same bits as attention() and attention_backward() on every
+// backend and dtype, bytes outside
 // them are untouched, special values take the same route, and bad destinations are refused by
 // message. Also the overlap test (src/core/overlap.h) they rest on.
 #include <gtest/gtest.h>
@@ -174,6 +175,52 @@ TEST(Into, BackwardRerunOnReferenceWritesTheDestinations) {
   EXPECT_TRUE(same_values(dv, want.dv));
 }
 
+// Float32 destinations for a 16-bit q (each of dq, dk, dv on its own): the gradients before their
+// rounding — rounded to q's dtype, the bits attention_backward gives; on the reference, the
+// float64 gradients of the same inputs rounded once to float32.
+TEST(Into, BackwardIntoFloat32GradientsOf16BitInputs) {
+  std::mt19937 rng(8);
+  for (dtype t : {dtype::bf16, dtype::f16})
+    for (backend be : kBackends)
+      for (bool causal : {false, true}) {
+        const std::int64_t B = 2, Hq = 4, Hkv = 2, Nq = 19, Nk = 23, D = 16, Dv = 8;
+        const Tensor q = random_tensor({B, Hq, Nq, D}, t, rng), k = random_tensor({B, Hkv, Nk, D}, t, rng),
+                     v = random_tensor({B, Hkv, Nk, Dv}, t, rng);
+        attention_options o;
+        o.is_causal = causal;
+        const execution ex{.use_backend = be};
+        const attention_result f = attention(q, k, v, o, ex);
+        const Tensor dout = random_tensor(f.out.shape(), t, rng);
+        const attention_grads want = attention_backward(q, k, v, f.out, dout, f.lse, o, ex);
+        const std::string what = fmt::format("{} {} causal {}", dtype_name(t), want.backend, causal);
+        // all three in float32; then dk alone in q's dtype, dq in a strided slice
+        Tensor dq = Tensor::empty(q.shape(), dtype::f32), dk = Tensor::empty(k.shape(), dtype::f32),
+               dv = Tensor::empty(v.shape(), dtype::f32);
+        const attention_grads g = attention_backward_into(q, k, v, f.out, dout, f.lse, {.dq = dq, .dk = dk, .dv = dv}, o, ex);
+        EXPECT_EQ(g.backend, want.backend) << what;
+        EXPECT_TRUE(same_values(dq.to(t), want.dq)) << what;
+        EXPECT_TRUE(same_values(dk.to(t), want.dk)) << what;
+        EXPECT_TRUE(same_values(dv.to(t), want.dv)) << what;
+        if (want.backend != "cuda") {  // (whose kernels write 16-bit gradients, widened)
+          EXPECT_FALSE(same_values(dq, dq.to(t))) << what << ": dq holds only " << dtype_name(t) << " values";
+          EXPECT_FALSE(same_values(dk, dk.to(t))) << what << ": dk holds only " << dtype_name(t) << " values";
+        }
+        Tensor wide = sentinel({B, Hq, Nq, 2 * D}, dtype::f32), dk16 = Tensor::empty(k.shape(), t);
+        const TensorView dq_slice = wide.view().slice(3, D, 2 * D);
+        attention_backward_into(q, k, v, f.out, dout, f.lse, {.dq = dq_slice, .dk = dk16, .dv = dv}, o, ex);
+        EXPECT_TRUE(same_values(dq_slice, dq)) << what;
+        EXPECT_TRUE(same_values(dk16, want.dk)) << what;
+        EXPECT_TRUE(untouched_outside(wide, 3, D, 2 * D)) << what;
+        if (be == backend::reference) {
+          const attention_grads r = attention_backward(q.to(dtype::f64), k.to(dtype::f64), v.to(dtype::f64),
+                                                       f.out.to(dtype::f64), dout.to(dtype::f64), f.lse, o, ex);
+          EXPECT_TRUE(same_values(dq, r.dq.to(dtype::f32))) << what;
+          EXPECT_TRUE(same_values(dk, r.dk.to(dtype::f32))) << what;
+          EXPECT_TRUE(same_values(dv, r.dv.to(dtype::f32))) << what;
+        }
+      }
+}
+
 TEST(Into, BadDestinationsAreRefusedByMessage) {
   std::mt19937 rng(6);
   const Tensor q = random_tensor({1, 2, 5, 4}, dtype::f32, rng), k = random_tensor({1, 2, 6, 4}, dtype::f32, rng),
@@ -215,6 +262,18 @@ TEST(Into, BadDestinationsAreRefusedByMessage) {
   EXPECT_THROW_MSG(attention_backward_into(q, k, v, f.out, f.out, f.lse,
                                            {.dq = dq, .dk = Tensor::empty(k.shape(), dtype::f64), .dv = dv}),
                    "attention_backward_into: dk has dtype float64, expected float32");
+  EXPECT_THROW_MSG(attention_backward_into(q, k, v, f.out, f.out, f.lse,
+                                           {.dq = dq, .dk = dk, .dv = Tensor::empty(v.shape(), dtype::bf16)}),
+                   "attention_backward_into: dv has dtype bfloat16, expected float32");
+  const Tensor qb = q.to(dtype::bf16), kb = k.to(dtype::bf16), vb = v.to(dtype::bf16);
+  const attention_result fb = attention(qb, kb, vb);
+  EXPECT_THROW_MSG(attention_backward_into(qb, kb, vb, fb.out, fb.out, fb.lse,
+                                           {.dq = dq, .dk = Tensor::empty(k.shape(), dtype::f64), .dv = dv}),
+                   "attention_backward_into: dk has dtype float64, expected bfloat16 or float32 (the dtype of q, or "
+                   "float32 for a 16-bit q)");
+  EXPECT_THROW_MSG(attention_backward_into(qb, kb, vb, fb.out, fb.out, fb.lse,
+                                           {.dq = Tensor::empty(q.shape(), dtype::f16), .dk = dk, .dv = dv}),
+                   "attention_backward_into: dq has dtype float16, expected bfloat16 or float32");
 }
 
 TEST(Overlap, SelfOverlapFollowsTheStrides) {

@@ -496,9 +496,69 @@ TEST(cpu_kernel_body, vexp2_accuracy_and_special_values) {
   }
 }
 
+// vtanh (simd.h; the softcap's, activated_general's and additive's tanh) on the inputs of
+// check_vtanh: within 2^-21 of tanh absolutely (the reciprocal's 2^-22 near 0, where 2/(e + 1) is
+// near 1) and 2^-22 relatively where |tanh| ≥ 1/2; odd to the bit; ±1 exactly past 10 and at ±inf;
+// ±0 at ±0; NaN kept.
+std::vector<float> vtanh_inputs() {
+  std::vector<float> x;
+  for (double v = -12.0; v <= 12.0; v += 0.000913) x.push_back(float(v));
+  for (float v = 1e-30f; v < 1.0f; v *= 1.37f) x.push_back(v), x.push_back(-v);
+  for (float v : {0.0f, -0.0f, 10.0f, -10.0f, 20.0f, -88.0f, 1e30f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(v);
+  while (x.size() % 16) x.push_back(0.5f);
+  return x;
+}
+void check_vtanh(const std::vector<float>& x, const std::vector<float>& t) {
+  double worst_abs = 0.0, worst_rel = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(t[i]));
+      continue;
+    }
+    const double want = std::tanh(double(x[i]));
+    const double err = std::abs(double(t[i]) - want);
+    worst_abs = std::max(worst_abs, err);
+    if (std::abs(want) >= 0.5) worst_rel = std::max(worst_rel, err / std::abs(want));
+    EXPECT_LE(std::abs(t[i]), 1.0f) << x[i];
+    EXPECT_EQ(std::signbit(t[i]), std::signbit(x[i])) << x[i];
+    if (std::abs(x[i]) >= 10.0f) {
+      EXPECT_EQ(std::abs(t[i]), 1.0f) << x[i];
+    }
+    if (x[i] == 0.0f) {
+      EXPECT_EQ(t[i], 0.0f);
+    }
+  }
+  EXPECT_LT(worst_abs, 0x1p-21);
+  EXPECT_LT(worst_rel, 0x1p-22);
+}
+
+TEST(cpu_kernel_body, vtanh_accuracy_and_special_values) {
+  const std::vector<float> x = vtanh_inputs();
+  std::vector<float> t(x.size());
+  for (std::size_t i = 0; i < x.size(); i += W) store(t.data() + i, vtanh(load(x.data() + i)));
+  check_vtanh(x, t);
+  for (std::size_t i = 0; i < x.size(); ++i)  // odd: tanh(-x) = -tanh(x) to the bit
+    if (!std::isnan(x[i])) {
+      EXPECT_EQ(vtanh(splat(-x[i]))[0], -t[i]) << x[i];
+    }
+}
+
 }  // namespace
 void vexp2_avx512_probe(const float* u, float* out, std::int64_t n);  // simd_avx512_probe.cc
+void vtanh_avx512_probe(const float* x, float* out, std::int64_t n);
 namespace {
+
+// vtanh's AVX-512 form (vexp2's, and vrcp14ps with a Newton step for the reciprocal): the same
+// bounds, where the CPU has AVX-512.
+TEST(cpu_kernel_body, vtanh_avx512_form) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::vector<float> x = vtanh_inputs();
+  std::vector<float> t(x.size());
+  vtanh_avx512_probe(x.data(), t.data(), std::int64_t(x.size()));
+  check_vtanh(x, t);
+}
 
 // The same for vexp2's AVX-512 form (vrndscaleps, vscalefps; the prefill softmax's exponential
 // on the avx512 levels), where the CPU has AVX-512: within 3 ulp over its range, exactly 0 below

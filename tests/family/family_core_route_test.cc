@@ -49,8 +49,9 @@ TEST(FamilyCoreRoute, DotIsTheCoreOpOnTheUsersViews) {
 // on q/(‖q‖τ) and k/‖k‖ computed in float64 and rounded to bfloat16 (what the preparation
 // does), forward and backward; general, biased_general, cosine and location stay within bfloat16
 // error of the float64 reference on the same inputs, every gradient included; so does gaussian,
-// whose forward runs in bfloat16 with its −‖k‖²/2 column split in bfloat16 parts (below) and whose
-// backward keeps the float32 preparation.
+// whose forward and backward run in bfloat16 with its −‖k‖²/2 column split in bfloat16 parts
+// (below), the backward's dq, dk in float32 for its chain rule (dbandwidth too); and gaussian with
+// keys near the queries (k = q + small noise), where that chain rule's dk''[:D] − dk''[D]·k cancels.
 TEST(FamilyCoreRoute, BfloatInputsRunTheCoreOpInBfloat) {
   std::mt19937 rng(47);
   for (score_kind s : {score_kind::cosine, score_kind::general, score_kind::biased_general, score_kind::location,
@@ -78,6 +79,22 @@ TEST(FamilyCoreRoute, BfloatInputsRunTheCoreOpInBfloat) {
       }
       if (g.dW_a.defined()) {
         EXPECT_TRUE(all_close(g.dW_a, gw.dW_a, 5e-2, 3e-2)) << "dW_a";
+      }
+      if (s == score_kind::gaussian) {
+        EXPECT_NEAR(g.dbandwidth, gw.dbandwidth, 2e-2 * (1.0 + std::abs(gw.dbandwidth))) << "dbandwidth";
+        // keys near the queries: k = q + noise of 1/100 (Nq = Nk here)
+        const family_case n(s, distribution_kind::softmax, rng, 1, 2, 2, 17, 17, 16, 8);
+        std::vector<double> kn = n.q.to_vector();
+        std::uniform_real_distribution<double> noise(-0.01, 0.01);
+        for (double& x : kn) x += noise(rng);
+        const Tensor qn = n.q.to(dtype::bf16), kb = Tensor::from_values(n.q.shape(), dtype::bf16, kn),
+                     vn = n.v.to(dtype::bf16), dn = random_tensor({1, 2, 17, 8}, dtype::bf16, rng);
+        const family_grads gn = attention_family_backward(qn, kb, vn, dn, n.opt);
+        const family_grads wn = attention_family_backward(qn.to(dtype::f64), kb.to(dtype::f64), vn.to(dtype::f64),
+                                                          dn.to(dtype::f64), n.opt, ref);
+        EXPECT_TRUE(all_close(gn.dq, wn.dq, 3e-2, 3e-2)) << "dq, k near q";
+        EXPECT_TRUE(all_close(gn.dk, wn.dk, 3e-2, 3e-2)) << "dk, k near q";
+        EXPECT_NEAR(gn.dbandwidth, wn.dbandwidth, 1e-2 * (1.0 + std::abs(wn.dbandwidth))) << "dbandwidth, k near q";
       }
       if (s != score_kind::cosine) continue;
       // q' = q/(‖q‖τ), k' = k/‖k‖ in float64, rounded to bfloat16: the core op on them is the route.

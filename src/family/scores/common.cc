@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/common.h"
+#include "cpu/kernels.h"
 #include "family/scores/score.h"
 
 namespace attn::detail::family {
@@ -87,6 +88,11 @@ std::vector<double> load_bhnx(const TensorView& t, std::int64_t B, std::int64_t 
     load_row(s, b, h, n, X, r.data() + row * X);
   });
   return r;
+}
+
+std::int64_t split_row_width(std::int64_t D) {
+  const std::int64_t m = cpu::select_kernels().forward_amx ? 32 : 2;
+  return (D + 4 + m - 1) / m * m;
 }
 
 Tensor empty_bhnx(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int rank, dtype t) {

@@ -101,6 +101,48 @@ double unaugment(const score_call& c, const score_state& s, const strided4& q, c
   return dc * dcoef_dh(c, s);
 }
 
+// The chain rule of the bfloat16 route (core_prepare_bf16, softmax: no q term), from the core op's
+// float32 dq'', dk'' at scale 2c, with dS as the core op rounded it to bfloat16 (dS̃):
+//   A = dq''[:D] = 2c Σ_j dS̃ k_j,   r = dq''[D+3] = 2c Σ_j dS̃ (the row sums, by the keys' column
+//   of ones),   b = dk''[D] = 2c Σ_i dS̃,
+//   dq = A - r q = 2c Σ_j dS̃ (k_j - q),   dk = dk''[:D] - b k = 2c Σ_i dS̃ (q_i - k),
+//   dc = (Σ_i q·(2A - r q) - Σ_j ‖k‖² b) / 2c = -Σ dS̃ ‖q - k‖².
+// Under softmax Σ_j dS = 0, so r q adds nothing to the exact gradient; with the rounded dS̃ it takes
+// out the rows' sums, 2^-9 of Σ|dS| each, which without it multiplied q (and ‖q‖² in dc) where the
+// gradient is Σ dS (k - q): keys near their queries (k = q + 1/100) gave a dbandwidth 8 % off.
+// Writes dq, dk; returns dh.
+double unaugment_split(const score_call& c, const score_state& s, const strided4& q, const strided4& k,
+                       const strided4& dqs, const strided4& dks, const strided4& dq, const strided4& dk) {
+  const std::int64_t D = c.D;
+  const double cf = coef(c, s);
+  std::vector<double> x(std::size_t(D), 0.0), gx(std::size_t(D + 4), 0.0), dx(std::size_t(D), 0.0);
+  double dc = 0.0;
+  for_rows(c.B, c.Hq, c.Nq, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(q, b, h, n, D, x.data());
+    load_row(dqs, b, h, n, D + 4, gx.data());
+    const double r = gx[std::size_t(D + 3)];
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::size_t i = std::size_t(d);
+      dx[i] = gx[i] - r * x[i];
+      dc += x[i] * (gx[i] + dx[i]);
+    }
+    store_row(dq, b, h, n, D, dx.data());
+  });
+  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(k, b, h, n, D, x.data());
+    load_row(dks, b, h, n, D + 1, gx.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::size_t i = std::size_t(d);
+      n2 += x[i] * x[i];
+      dx[i] = gx[i] - gx[std::size_t(D)] * x[i];
+    }
+    dc -= gx[std::size_t(D)] * n2;
+    store_row(dk, b, h, n, D, dx.data());
+  });
+  return dc / (2.0 * cf) * dcoef_dh(c, s);
+}
+
 void prepare(const score_call& c, const score_state& s, const f64_qkv& in, fproblem& fp) {
   const std::int64_t P = c.D + 2;
   fp.Pq = fp.Pk = P;
@@ -121,16 +163,17 @@ void backward(const score_call& c, const score_state& s, const f64_qkv& in, cons
 
 // The bfloat16 forward (softmax: no -c‖q‖² term), on the core op's bf16 products (AMX tiles where
 // the CPU has them) rather than float32 ones: 4.5–5× faster at B1 H8 N4096 D128 on a Xeon with AMX:
-//   -c‖q-k‖² + c‖q‖² = 2c · ([q, 1, 1, 1, 0…] · [k, t₁, t₂, t₃, 0…]),   t₁ + t₂ + t₃ = -‖k‖²/2
+//   -c‖q-k‖² + c‖q‖² = 2c · ([q, 1, 1, 1, 0, 0…] · [k, t₁, t₂, t₃, 1, 0…]),   t₁ + t₂ + t₃ = -‖k‖²/2
 // with 2c the attention's scale. q and k are the user's bf16 values (exact); t = -‖k‖²/2 (exact in
 // float64) is split greedily into bf16 parts, t₁ = bf16(t), t₂ = bf16(t - t₁), t₃ = bf16(t - t₁ - t₂),
 // whose sum is t within |t|·2^-25 — below the float32 accumulation of the products, so the scores
-// are the float32 route's to its own rounding. The rows are padded with zeros to a multiple of 32
-// elements (the AMX tiles'). The backward keeps float32 (its dq, dk would come out of the core op
-// in bf16, and its chain rule needs them before rounding); the lse is the same either way.
+// are the float32 route's to its own rounding. The rows are padded with zeros to split_row_width
+// (a multiple of 32 on AMX tiles, else of 2). The backward runs on the same rows, its dq, dk in
+// float32 (f32_grads: the chain rule's dk = dk''[:D] - dk''[D]·k cancels where q ≈ k, and needs
+// them before their rounding); what it rounds is dS to bf16, as the core op's own bf16 backward.
 core_qkv core_prepare_bf16(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                            const TensorView& v) {
-  const std::int64_t D = c.D, P = (D + 3 + 31) / 32 * 32;
+  const std::int64_t D = c.D, P = split_row_width(D);
   Tensor qp = empty_bhnx(c.B, c.Hq, c.Nq, P, c.rank, dtype::bf16), kp = empty_bhnx(c.B, c.Hkv, c.Nk, P, c.rank, dtype::bf16);
   const strided4 qs = as_bhnx(q, c.Hq), ks = as_bhnx(k, c.Hkv), qo = as_bhnx(qp, c.Hq), ko = as_bhnx(kp, c.Hkv);
   std::vector<std::vector<double>> rows(std::size_t(std::max(1, c.threads)), std::vector<double>(std::size_t(P)));
@@ -155,14 +198,15 @@ core_qkv core_prepare_bf16(const score_call& c, const score_state& s, const Tens
       rest = std::isfinite(ti) ? rest - ti : 0.0;
     }
     if (!std::isfinite(n2)) r[std::size_t(D)] = -0.5 * n2;
+    r[std::size_t(D + 3)] = 1.0;  // (q's column D + 3 is 0: the scores stay; dq''[D+3] sums the rows of dS)
     store_row(ko, b, h, n, P, r.data());
   });
-  return {qp, kp, with_dtype(v, dtype::bf16), 2.0 * coef(c, s)};
+  return {qp, kp, with_dtype(v, dtype::bf16), 2.0 * coef(c, s), 0.0, /*f32_grads=*/true};
 }
 
 core_qkv core_prepare(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
                       const TensorView& v) {
-  if (c.type == dtype::bf16 && !c.backward && !s.q_term) return core_prepare_bf16(c, s, q, k, v);
+  if (c.type == dtype::bf16 && !s.q_term) return core_prepare_bf16(c, s, q, k, v);
   // float32 for 16-bit inputs too: the augmented terms −‖x‖²/(2h²) cancel against q·k in the
   // score, and a bfloat16 rounding of them would move scores by 2^-9 of ‖x‖².
   const dtype t = c.type == dtype::f64 ? dtype::f64 : dtype::f32;
@@ -172,10 +216,11 @@ core_qkv core_prepare(const score_call& c, const score_state& s, const TensorVie
 }
 
 void core_backward(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
-                   const core_qkv&, const attention_grads& cg, family_grads& g) {
+                   const core_qkv& in, const attention_grads& cg, family_grads& g) {
   new_dq_dk(c, g);
-  g.dbandwidth = unaugment(c, s, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(cg.dq, c.Hq), as_bhnx(cg.dk, c.Hkv),
-                           as_bhnx(g.dq, c.Hq), as_bhnx(g.dk, c.Hkv));
+  const auto chain = in.f32_grads ? unaugment_split : unaugment;
+  g.dbandwidth = chain(c, s, as_bhnx(q, c.Hq), as_bhnx(k, c.Hkv), as_bhnx(cg.dq, c.Hq), as_bhnx(cg.dk, c.Hkv),
+                       as_bhnx(g.dq, c.Hq), as_bhnx(g.dk, c.Hkv));
 }
 
 }  // namespace

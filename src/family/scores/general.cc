@@ -169,7 +169,7 @@ bool core_when_activated(const score_call& c) { return c.spec->activation == sco
 // backward always, for db = Σ dk''[Dk] — one column more: q'' = [q', 1], k'' = [k, b] (float32;
 // float64 for float64 input), or for bfloat16 input [q', 1, 1, 1, 0…] · [k, b₁, b₂, b₃, 0…] with b
 // split in three bfloat16 parts (their sum is b within |b|·2^-25, below the float32 accumulation),
-// padded to a multiple of 32 for the AMX tiles — gaussian's split. The bfloat16 backward's db
+// padded to split_row_width — gaussian's split. The bfloat16 backward's db
 // sums dk''[Dk] rounded to bfloat16 (relative error 2^-9 at most, that of its dq and dk); it runs
 // 3.5× faster than a float32 backward at N 4096, D 128 (151 against 522 ms).
 core_qkv core_prepare_activated(const score_call& c, const score_state& s, const TensorView& q, const TensorView& k,
@@ -179,7 +179,7 @@ core_qkv core_prepare_activated(const score_call& c, const score_state& s, const
   if (!c.backward && s.b.values[0] == 0.0) return in;
   const bool bf = in.q.type() == dtype::bf16;
   const dtype t = bf ? dtype::bf16 : c.type == dtype::f64 ? dtype::f64 : dtype::f32;
-  const std::int64_t Dk = c.Dk, P = bf ? (Dk + 3 + 31) / 32 * 32 : Dk + 1;
+  const std::int64_t Dk = c.Dk, P = bf ? split_row_width(Dk) : Dk + 1;
   Tensor qa = empty_bhnx(c.B, c.Hq, c.Nq, P, c.rank, t), ka = empty_bhnx(c.B, c.Hkv, c.Nk, P, c.rank, t);
   const strided4 qs = as_bhnx(in.q, c.Hq), ks = as_bhnx(k, c.Hkv), qo = as_bhnx(qa, c.Hq), ko = as_bhnx(ka, c.Hkv);
   std::vector<double> qcols(std::size_t(P - Dk), 0.0), kcols = qcols;  // the columns past Dk of q'' and k''

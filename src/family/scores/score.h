@@ -79,6 +79,8 @@ struct core_qkv {
   TensorArg q, k, v;
   double scale = 1.0;    // attention_options::scale
   double softcap = 0.0;  // attention_options::softcap (activated_general's tanh: 1)
+  bool f32_grads = false;  // bf16 q: the backward's dq, dk, dv in float32 (attention_backward_into),
+                           // for a chain rule that needs them before their rounding (gaussian's)
 };
 
 // Where gaussian and box/triangle meet distribution_kind::kernel.
@@ -150,6 +152,11 @@ void store_row(const strided4& s, std::int64_t b, std::int64_t h, std::int64_t n
 std::vector<double> load_bhnx(const TensorView& t, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X);
 // An uninitialised tensor of `rank` (4: [B, H, N, X]; 3: [B, N, H*X]) and dtype t.
 Tensor empty_bhnx(std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, int rank, dtype t);
+// The width of the bf16 rows of D values and four columns more (a float64 value split in three
+// bf16 parts, and gaussian's row sums of dS: gaussian's and activated_general's augmentations for
+// the core op's bf16 products): a multiple of 32 where those products run on AMX tiles, which take
+// no other width, else of 2 (the key pairs of vdpbf16ps) — D 64: 96 on the amx level, 68 below.
+std::int64_t split_row_width(std::int64_t D);
 // Contiguous float64 [B, H, N, X] to a new tensor of `rank` and dtype t.
 Tensor store_bhnx(const std::vector<double>& x, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
                   int rank, dtype t);
