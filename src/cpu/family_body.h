@@ -521,10 +521,10 @@ void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
   box_lane_finish<CC>(lb, j0, nb, S, j0 + nb);
 }
 
-// Row layout: S[r][y] as elem_row_scores<distance_terms> would give it, up to the side of h².
-inline void box_row_scores(const family_rows& pr, float* S) {
+// Row layout: S[r][y] = q·k (the products, however taken) → as elem_row_scores<distance_terms>
+// would give it, up to the side of h², from the f32 rows pr.q and the f32 key block pr.kt.
+inline void box_row_finish(const family_rows& pr, float* S) {
   const std::int64_t ld = pr.ldk;
-  gemm<fam_ops, true>(pr.nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
   alignas(64) float kn[kRowKeyBlock + 64];  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W)
   for (std::int64_t y = 0; y < ld; y += W) {
     vf a{};
@@ -569,6 +569,11 @@ inline void box_row_scores(const family_rows& pr, float* S) {
       store(S + r * ld + y, acc);
     }
   }
+}
+
+inline void box_row_scores(const family_rows& pr, float* S) {
+  gemm<fam_ops, true>(pr.nq, pr.ldk, pr.P, pr.q, pr.qsn, 1, pr.kt, pr.ldk, S, pr.ldk, false);
+  box_row_finish(pr, S);
 }
 
 template <int CC>
@@ -1405,6 +1410,7 @@ void fam_dkdv(const family_rows& pr) {
   }
   if constexpr (pairs) {
     gemm<Ops, true>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
+    if (box_by_products(fp)) box_row_finish(pr, S);  // (the box backward on words: zscale is 1)
     if (pr.zscale != 1.0f)
       for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
     if (!no_dz) gemm<Ops, true>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);

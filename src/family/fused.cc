@@ -261,7 +261,8 @@ struct fused_inputs {
   bool pairs = false, row_pairs = false;  // the forward's lane blocks / the row-layout pass take words
   bool amx = false;                       // the forward's lane blocks take words, on tiles
   bool row_amx = false;                   // the row-layout pass takes words, on tiles (row_pairs too)
-  bool box_rows = false;                  // the box forward on words: f32 q and key rows too (box_bf16_products)
+  bool box_rows = false;                  // box on words (the forward, the backward's dv-only pass): f32 q
+                                          // and key rows too (box_bf16_products)
   // The lane blocks take bf16 words (q, keys; the dq pass: values), by vdpbf16ps or on the tiles.
   bool lane_words() const { return pairs || amx; }
   cpu::words Qw, Kw, Vw, Qn, Vd, Kn, Vt, Qt;
@@ -348,8 +349,11 @@ struct fused_inputs {
         Qn = load_value_pairs(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt);
         Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
         if (u == use::backward_pairs_all) pairs = true, Kn = load_value_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt);
+        // box's dv-only pass on words (box_bf16_products): ‖q‖², ‖k‖² and the differences from
+        // the f32 q and key rows too (cpu::box_row_finish), as the forward's lane blocks
+        if (fp.kernel == kernel_kind::box) box_rows = true;
       }
-      if (u != use::backward_pairs_f32 && u != use::backward_amx_f32) return;
+      if (u != use::backward_pairs_f32 && u != use::backward_amx_f32 && !box_rows) return;
     }
     load(fp, src, nt, forward);
     kstride = fp.Nk * fp.Pq;
@@ -405,7 +409,8 @@ struct fused_inputs {
   // f32 products for the other scores): q·k from the words, exact as for dot scores, and ‖q‖²,
   // ‖k‖² and the differences where q·k cannot tell the side of h² from the f32 rows
   // (cpu::box_lane_finish), so the weights are the f32 path's bit for bit; α (0 or 1) rounds to
-  // itself for the product with V. The backward keeps f32 (box's is dv alone).
+  // itself for the product with V. The backward's dv-only pass likewise (cpu::box_row_finish;
+  // its α = K/ΣK rounded to bf16 for the product with dout, as the dot scores' pass rounds α).
   static bool box_bf16_products(const fproblem& fp, const fused_source& src) {
     const char* env = std::getenv("ATTN_FAMILY_BF16");
     if (env && std::string_view(env) == "0") return false;
@@ -762,6 +767,7 @@ struct row_pass {
   const cpu::family_stats st;  // [B·Hq·Nq] rows' statistics
   std::int64_t P, Dv, W, ldmax, Pp;
   fbuf kvt, kr, scratch;
+  fbuf kbox;  // box on words (fused_inputs::box_rows): the f32 key block [P][ld] beside the words in kt
   float *kt, *vt, *dkt, *dvt;
   std::vector<std::int32_t> lo, hi;
   std::vector<std::int64_t> hs, is;
@@ -779,7 +785,8 @@ struct row_pass {
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
         kr(single && fp.kernel == kernel_kind::dot ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
                                       : cpu::family_row_scratch_floats(kQueryBlock, ldmax) + (in_.row_amx ? kQueryBlock * Pp : 0))),
-        lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock), is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
+        kbox(in_.box_rows ? alloc_floats(fp_.Pq * ldmax) : fbuf{}), lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock),
+        is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
@@ -795,7 +802,10 @@ struct row_pass {
     std::uint32_t* ktw = reinterpret_cast<std::uint32_t*>(kt);
     std::uint32_t* vtw = reinterpret_cast<std::uint32_t*>(vt);
     const std::uint32_t* Kw = in.row_pairs ? in.Kw.data() + bh * (fp.Nk + in.kpad) * (P / 2) : nullptr;
-    const float* K = in.row_pairs ? nullptr : in.keys(fp, b, hkv);
+    const float* K = in.row_pairs && !in.box_rows ? nullptr : in.keys(fp, b, hkv);
+    if (in.box_rows)  // (and the f32 key block, transposed)
+      for (std::int64_t d = 0; d < P; ++d)
+        for (std::int64_t x = 0; x < ld; ++x) kbox[d * ld + x] = x < nb ? K[(j0 + x) * P + d] : 0.0f;
     if (in.row_pairs) {  // the key block transposed as words: ktw [P/2][ld], vtw [Dv/2][ld]
       const std::uint32_t* Vd = in.Vd.data() + bh * (fp.Nk + in.vpad) * (Dv / 2);
       for (std::int64_t w = 0; w < P / 2; ++w)
@@ -841,12 +851,13 @@ struct row_pass {
         cpu::family_rows pr;
         pr.nq = nq, pr.nb = nb, pr.ldk = ld, pr.P = P, pr.Dv = Dv, pr.j0 = j0;
         if (!in.row_pairs) pr.q = in.kq() + r0 * P, pr.dout = dO + r0 * Dv;  // (bf16 products: the words below)
+        if (in.box_rows) pr.q = in.kq() + r0 * P;
         pr.qsn = P, pr.dsn = Dv;
         pr.lo = lo.data(), pr.hi = hi.data();
         pr.fp = prm;
         const std::int64_t so = r0 * fp.F;  // statistics [row][F]
         pr.st = {st.t + so, st.lse + so, st.cut + so, st.r + so};
-        pr.kt = kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
+        pr.kt = in.box_rows ? kbox.get() : kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
         pr.scratch = scratch.get();
         if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums, pr.dw_v = dw_v;
         if (in.row_pairs) {  // query blocks start on even rows: row pair i0/2 onwards
@@ -961,14 +972,19 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // values) — the single pass, or the dk/dv pass of the two after an f32 dq pass.
   const bool amx_rows = (single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 32 == 0 &&
                         fused_inputs::amx_products(fp, src);
-  const bool pairs = amx_rows || ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
-                                  fused_inputs::bf16_products(fp, src));
+  // box with the forward's statistics: its dv-only pass on words (q·k and αᵀ dout by vdpbf16ps)
+  const bool box_pairs =
+      dv_only && dout.type == dtype::bf16 && fp.Dv % 2 == 0 && fused_inputs::box_bf16_products(fp, src);
+  const bool pairs = box_pairs || amx_rows ||
+                     ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
+                      fused_inputs::bf16_products(fp, src));
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
   const int nt0 = std::max(1, fp.p.num_threads);
   const auto kv_finite = [&] {
     return bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt0) && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt0);
   };
   const use u = amx_rows ? (single ? use::backward_amx : kv_finite() ? use::backward_amx_all : use::backward_amx_f32)
+                : box_pairs ? use::backward_pairs
                 : !pairs ? use::f32
                 : single ? use::backward_pairs
                 : kv_finite() ? use::backward_pairs_all
@@ -983,7 +999,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   }
   const int nt = std::max(1, fp.p.num_threads);
   const std::vector<float> dO =
-      pairs && (single || in.lane_words()) ? std::vector<float>() : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
+      pairs && (single || box_pairs || in.lane_words()) ? std::vector<float>()
+                                                        : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   cpu::words dOw, dOn, dOt;
   if (amx_rows)  // (rows padded as q's; dOᵀ in row pairs as Qᵀ)
     dOw = load_pairs(dout, fp.B, fp.Hq, fp.Nq, Dv, in.qpad, nt), dOt = cpu::bf16_pair_words_t(dout, fp.B, fp.Hq, fp.Nq, Dv, in.ldt, nt);
@@ -1099,7 +1116,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   if (dv_only) {  // box with the forward's statistics: dq = 0, dk = 0, dv from α
     zero_rows(sink.dq, fp.B, fp.Hq, fp.Nq, P);
     dkdv_pass();
-    return in.kt.name;
+    return box_pairs ? "avx512bf16, bf16 products in dv" : in.kt.name;
   }
 
   // Pass 1: dq and the row statistics, lane layout over (b, hkv, lane block).

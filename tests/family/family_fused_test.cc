@@ -497,6 +497,79 @@ TEST(FamilyFused, Bf16BoxProductsMatchReference) {
   }
 }
 
+// The box backward with the forward's statistics is dv alone (no gradient reaches box scores);
+// with bf16 inputs on an ISA with a bf16 dot product (not the amx level) its pass takes q·k from
+// the words and the rest from the f32 rows as the forward does (box_row_finish), and αᵀ dout by
+// bf16 products: dq and dk exactly 0, dv against the reference on the rounded inputs and the f32
+// products (the same keys reached: zeros where they have zeros), 1 and 2 threads bit for bit —
+// masks, GQA, odd Nk over several key blocks, and the large norms on the bandwidth.
+TEST(FamilyFused, Bf16BoxBackwardMatchesReference) {
+  bool saw_pairs = false;
+  const auto check = [&](const std::string& isa, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const family_options& opt, std::mt19937& rng) {
+    const Tensor dout = random_tensor({q.size(0), q.size(1), q.size(2), v.size(3)}, dtype::bf16, rng);
+    const execution e{.path = family_path::fused, .num_threads = 2};
+    const family_result fwd = attention_family(q, k, v, opt, e);
+    const family_grads got = attention_family_backward(q, k, v, dout, fwd, opt, e);
+    saw_pairs |= got.path.find("bf16 products") != std::string::npos;
+    if (isa == "avx512bf16") {
+      EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+    }
+    for (const Tensor* g : {&got.dq, &got.dk})
+      for (double x : g->to_vector()) ASSERT_EQ(x, 0.0) << got.path;
+    const family_grads ref =
+        attention_family_backward(f64(q), f64(k), f64(v), f64(dout), opt, {.path = family_path::reference});
+    EXPECT_TRUE(all_close(got.dv, ref.dv, 2 * tolerance_for(dtype::bf16))) << got.path;
+    const family_result fwd1 = attention_family(q, k, v, opt, {.path = family_path::fused, .num_threads = 1});
+    const family_grads one =
+        attention_family_backward(q, k, v, dout, fwd1, opt, {.path = family_path::fused, .num_threads = 1});
+    EXPECT_TRUE(same_bits(one.dv, got.dv));
+    setenv("ATTN_FAMILY_BF16", "0", 1);
+    const family_result fwd32 = attention_family(q, k, v, opt, e);
+    const family_grads f32 = attention_family_backward(q, k, v, dout, fwd32, opt, e);
+    unsetenv("ATTN_FAMILY_BF16");
+    EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+    EXPECT_TRUE(all_close(got.dv, f32.dv, 2 * tolerance_for(dtype::bf16)));
+    const std::vector<double> a = got.dv.to_vector(), b = f32.dv.to_vector();
+    for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i] == 0.0, b[i] == 0.0) << "dv " << i << " " << got.path;
+  };
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(71);
+    for (distribution_kind d : {distribution_kind::kernel, distribution_kind::softmax})
+      for (int mask = 0; mask < 4; ++mask) {
+        const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 9, 33}[std::size_t(mask)];
+        const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 300, 133}[std::size_t((mask + int(d)) % 4)];
+        const bool gqa = mask % 2;
+        family_case c(score_kind::box, d, rng, 2, gqa ? 4 : 2, 2, Nq, Nk, 8, mask == 2 ? 6 : 10);
+        c.opt.score.bandwidth = 2.0;
+        apply_mask(c, mask, rng);
+        SCOPED_TRACE(isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " +
+                     std::to_string(Nk));
+        check(isa, c.q.to(dtype::bf16), c.k.to(dtype::bf16), c.v.to(dtype::bf16), c.opt, rng);
+      }
+    // The large norms of Bf16BoxProductsMatchReference, keys on the bandwidth.
+    const std::int64_t Nq = 37, Nk = 150, D = 16;
+    family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, 4);
+    c.opt.score.bandwidth = 16.0;
+    std::uniform_int_distribution<int> grid(130, 254), pick(0, 2);
+    for (std::int64_t hq = 0; hq < 2; ++hq)
+      for (std::int64_t i = 0; i < Nq; ++i)
+        for (std::int64_t x = 0; x < D; ++x) c.q.set({0, hq, i, x}, x < D / 2 ? 8.0 * grid(rng) : grid(rng) / 256.0);
+    for (std::int64_t j = 0; j < Nk; ++j) {
+      const std::int64_t moved = 3 + pick(rng);
+      for (std::int64_t x = 0; x < D; ++x)
+        c.k.set({0, 0, j, x}, c.q.get({0, 0, j % Nq, x}) + (x < moved ? (j % 2 ? 8.0 : -8.0) : 0.0));
+    }
+    SCOPED_TRACE(isa + " box on the bandwidth");
+    check(isa, c.q.to(dtype::bf16), c.k.to(dtype::bf16), c.v.to(dtype::bf16), c.opt, rng);
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {
+    EXPECT_TRUE(saw_pairs);
+  }
+}
+
 // On the amx level the forward of bf16 dot scores runs on AMX tiles (P a multiple of 32, Dv of
 // 16): every distribution, every mask kind, GQA, Nk from 1 to past two key blocks (odd, so the
 // zero keys and the tiles' padding are read), against the reference on the rounded inputs, the
