@@ -442,6 +442,28 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
   }
 }
 
+// Box × kernel with queries of norm ≈ 4500 and keys exactly h from some of them: components 0-7
+// of q on a grid of 8 in [1040, 2032] (bf16 steps of 8 there), 8-15 in [0.5, 1) (steps of 2^-8);
+// key j is query j % Nq with 3, 4 or 5 of its large components moved by ±8 (z = 192, 256 = h²,
+// 320). `inside`: the keys with z <= h².
+family_case box_on_the_bandwidth(std::mt19937& rng, std::int64_t Dv, std::int64_t& inside) {
+  const std::int64_t Nq = 37, Nk = 150, D = 16;
+  family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, Dv);
+  c.opt.score.bandwidth = 16.0;
+  std::uniform_int_distribution<int> grid(130, 254), pick(0, 2);
+  for (std::int64_t hq = 0; hq < 2; ++hq)
+    for (std::int64_t i = 0; i < Nq; ++i)
+      for (std::int64_t x = 0; x < D; ++x) c.q.set({0, hq, i, x}, x < D / 2 ? 8.0 * grid(rng) : grid(rng) / 256.0);
+  inside = 0;
+  for (std::int64_t j = 0; j < Nk; ++j) {
+    const std::int64_t moved = 3 + pick(rng);
+    for (std::int64_t x = 0; x < D; ++x)
+      c.k.set({0, 0, j, x}, c.q.get({0, 0, j % Nq, x}) + (x < moved ? (j % 2 ? 8.0 : -8.0) : 0.0));
+    inside += moved <= 4;
+  }
+  return c;
+}
+
 // bf16 inputs of the box kernel take bf16 products in the forward on an ISA with a bf16 dot
 // product (not on the amx level): q·k from the words, ‖q‖², ‖k‖² and the differences near h² from
 // the f32 rows, so the weights are the f32 path's; with masks (windows: rows starting on odd keys,
@@ -469,22 +491,8 @@ TEST(FamilyFused, Bf16BoxProductsMatchReference) {
                      std::to_string(Nk));
         saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
       }
-    // Large norms, keys on the bandwidth: components 0-7 in [1032, 2040] (bf16 steps of 8 there),
-    // 8-15 in [0.5, 1) (steps of 2^-8).
-    const std::int64_t Nq = 37, Nk = 150, D = 16;
-    family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, 3);
-    c.opt.score.bandwidth = 16.0;
-    std::uniform_int_distribution<int> grid(130, 254), pick(0, 2);
-    for (std::int64_t hq = 0; hq < 2; ++hq)
-      for (std::int64_t i = 0; i < Nq; ++i)
-        for (std::int64_t x = 0; x < D; ++x) c.q.set({0, hq, i, x}, x < D / 2 ? 8.0 * grid(rng) : grid(rng) / 256.0);
     std::int64_t inside = 0;
-    for (std::int64_t j = 0; j < Nk; ++j) {
-      const std::int64_t moved = 3 + pick(rng);  // 3, 4 or 5 components moved by ±8: z = 192, 256 or 320
-      for (std::int64_t x = 0; x < D; ++x)
-        c.k.set({0, 0, j, x}, c.q.get({0, 0, j % Nq, x}) + (x < moved ? (j % 2 ? 8.0 : -8.0) : 0.0));
-      inside += moved <= 4;
-    }
+    const family_case c = box_on_the_bandwidth(rng, 3, inside);
     EXPECT_GT(inside, 60);
     EXPECT_LT(inside, 140);
     const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
@@ -548,19 +556,8 @@ TEST(FamilyFused, Bf16BoxBackwardMatchesReference) {
                      std::to_string(Nk));
         check(isa, c.q.to(dtype::bf16), c.k.to(dtype::bf16), c.v.to(dtype::bf16), c.opt, rng);
       }
-    // The large norms of Bf16BoxProductsMatchReference, keys on the bandwidth.
-    const std::int64_t Nq = 37, Nk = 150, D = 16;
-    family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, 4);
-    c.opt.score.bandwidth = 16.0;
-    std::uniform_int_distribution<int> grid(130, 254), pick(0, 2);
-    for (std::int64_t hq = 0; hq < 2; ++hq)
-      for (std::int64_t i = 0; i < Nq; ++i)
-        for (std::int64_t x = 0; x < D; ++x) c.q.set({0, hq, i, x}, x < D / 2 ? 8.0 * grid(rng) : grid(rng) / 256.0);
-    for (std::int64_t j = 0; j < Nk; ++j) {
-      const std::int64_t moved = 3 + pick(rng);
-      for (std::int64_t x = 0; x < D; ++x)
-        c.k.set({0, 0, j, x}, c.q.get({0, 0, j % Nq, x}) + (x < moved ? (j % 2 ? 8.0 : -8.0) : 0.0));
-    }
+    std::int64_t inside = 0;
+    const family_case c = box_on_the_bandwidth(rng, 4, inside);
     SCOPED_TRACE(isa + " box on the bandwidth");
     check(isa, c.q.to(dtype::bf16), c.k.to(dtype::bf16), c.v.to(dtype::bf16), c.opt, rng);
   }
