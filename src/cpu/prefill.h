@@ -113,10 +113,10 @@ const typename Ops::word* softmax_block(const lane_block& lb, const forward_io& 
   if (mk == mask_tile_kind::zeros) sc.drop_bias();  // a mask block of 0s
   float scale = lb.sp.scale;
   if (sc.softcap && !sc.bias && !sc.alibi) {
-    // A softcap alone: S becomes the scores cap·tanh(scale·S/cap) in one tight pass, and the block
-    // goes on as plain scores at scale 1 (the one-pass form, lane_bounds for the ranges) — the
-    // same weights as the general path's, which rewrote S through transform() with a branch per
-    // term and always took two passes more (the max, then the weights).
+    // A softcap alone: S becomes the scores cap·tanh(scale·S/cap) in one pass, and the block goes
+    // on as plain scores at scale 1 (the one-pass form, lane_bounds for the ranges) — the same
+    // weights as the general path's, which rewrote S through transform() and then took the max
+    // and the weights in two passes more.
     for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, softcapped(load(S + i), sc));
     sc.softcap = false, sc.plain = true, scale = 1.0f;
     sc.scale = splat(1.0f), sc.scale_log2 = splat(kLog2e);
@@ -386,7 +386,6 @@ void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float
   score_consts sc = sc_in;
   if (mk == mask_tile_kind::zeros) sc.drop_bias();  // a mask block of 0s
   const vf slope = splat(pr.slope);
-  const bool cap = sc.softcap && !sc.bias && !sc.alibi;
   vf dalibi{};
   for (std::int64_t r = 0; r < nq; ++r) {
     const std::int64_t h_r = imin(pr.hi[r], pr.j0 + pr.nb);
@@ -394,31 +393,22 @@ void dkdv_scores(const dkdv_pair& pr, const score_consts& sc_in, float* S, float
     const vf lz = splat(pr.lse[r] * kLog2e), delta = splat(pr.delta[r]);
     // Ranged: the row's key range (or the block's end, nb < ld) cuts the block, so [lo, hi) is
     // applied; a row that sees all ld keys skips the comparisons (the same weights).
-    // Cap: a softcap alone (no mask tile, no ALiBi), in a loop of its own — the general one, a
-    // branch per term around the tanh, ran at a third of its speed; the same operations.
-    const auto row = [&]<bool Ranged, bool Cap>() {
+    const auto row = [&]<bool Ranged>() {
       for (std::int64_t x = 0; x < ld; x += W) {
         const vi j = iota() + std::int32_t(pr.j0 + x);
         vf t{};
-        vf p;
-        if constexpr (Cap) {
-          const vf u = softcapped(load(S + r * ld + x), sc, &t) * splat(kLog2e) - lz;
-          p = vexp2(Ranged ? ((j >= lo) & (j < hi)) ? u : splat(-kInf) : u);
-        } else {
-          p = vexp2(weight_log2(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos, lo, hi,
-                                slope, Ranged, lz));
-        }
+        const vf p = vexp2(weight_log2(load(S + r * ld + x), sc, &t, sc.bias ? load(bias + r * ld + x) : vf{}, j, pos,
+                                       lo, hi, slope, Ranged, lz));
         vf ds = p * (load(dP + r * ld + x) - delta);
-        if (!Cap && sc.alibi) dalibi -= ds * key_distance(pos, j);
+        if (sc.alibi) dalibi -= ds * key_distance(pos, j);
         if (pr.ds_out) store(pr.ds_out + r * ld + x, ds);
-        if (Cap || sc.softcap) ds *= splat(1.0f) - t * t;
+        if (sc.softcap) ds *= splat(1.0f) - t * t;
         store(S + r * ld + x, p);
         store(dP + r * ld + x, ds);
       }
     };
-    const bool ranged = pr.lo[r] > pr.j0 || h_r < pr.j0 + ld;
-    if (cap) ranged ? row.template operator()<true, true>() : row.template operator()<false, true>();
-    else ranged ? row.template operator()<true, false>() : row.template operator()<false, false>();
+    if (pr.lo[r] > pr.j0 || h_r < pr.j0 + ld) row.template operator()<true>();
+    else row.template operator()<false>();
   }
   if (sc.alibi) {
     double sum = 0.0;
