@@ -663,6 +663,18 @@ bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb,
   const std::int64_t L = CC * W;
   if (pending) *pending = 1.0f;
   if (lane_mask<CC>(lb, j0, nb, S, nullptr, mask)) return true;
+  if (lb.fp.score == family_score::distance && !box_by_products(lb.fp)) {
+    // triangle (fused.cc, box_bf16_products): the words serve α·V alone; z by differences from
+    // the f32 rows (lb.qt, lb.k), as the f32 path's. Keys no lane sees (the pair past Nk) are
+    // not read: z = 0 there, and lane_transform gives them -inf.
+    std::int64_t kend = 0;
+    for (std::int64_t x = 0; x < lb.nl; ++x) kend = imax(kend, std::int64_t(lb.hi[x]));
+    const std::int64_t n = imax(0, imin(nb, kend - j0));
+    elem_lane_scores<CC>(lb, distance_terms{}, j0, n, S);
+    for (std::int64_t i = n * L; i < nb * L; i += W) store(S + i, vf{});
+    lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
+    return false;
+  }
   gemm<Ops, true>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
   if (box_by_products(lb.fp)) {  // q·k from the words, the rest from the f32 rows (lb.qt, lb.k); zscale is 1
     std::int64_t kend = 0;  // keys no lane sees (the pair past Nk among them) are not read

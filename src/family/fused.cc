@@ -319,7 +319,7 @@ struct fused_inputs {
   void prepare(const fproblem& fp, const fused_source& src, use u, int nt, bool forward) {
     if (u == use::forward_amx || u == use::forward_pairs) {
       if (prepare_bf16_forward(fp, src, u == use::forward_amx, nt)) {
-        if (fp.kernel != kernel_kind::box) return;
+        if (fp.kernel != kernel_kind::box && fp.kernel != kernel_kind::triangle) return;
         box_rows = true;  // (and the f32 rows below)
       } else {
         u = use::f32;
@@ -411,12 +411,15 @@ struct fused_inputs {
   // (cpu::box_lane_finish), so the weights are the f32 path's bit for bit; α (0 or 1) rounds to
   // itself for the product with V. The backward's dv-only pass likewise (cpu::box_row_finish;
   // its α = K/ΣK rounded to bf16 for the product with dout, as the dot scores' pass rounds α).
+  // The triangle kernel's forward takes the words for α·V alone: its scores are the f32 path's
+  // differences (1 - √z/h needs z itself), from the same f32 rows; α rounded to bf16 for V.
   static bool box_bf16_products(const fproblem& fp, const fused_source& src) {
     const char* env = std::getenv("ATTN_FAMILY_BF16");
     if (env && std::string_view(env) == "0") return false;
     const cpu::family_table& kt = cpu::select_family_kernels();
     return kt.forward_bf16 != nullptr && kt.forward_amx == nullptr && src.direct && fp.F == 1 &&
-           fp.kernel == kernel_kind::box && fp.bias == 0.0 && src.scale == 1.0 && fp.Pq == fp.Pk && fp.Pq % 2 == 0 &&
+           (fp.kernel == kernel_kind::box || fp.kernel == kernel_kind::triangle) && fp.bias == 0.0 && src.scale == 1.0 &&
+           fp.Pq == fp.Pk && fp.Pq % 2 == 0 &&
            src.q.type == dtype::bf16 && src.k.type == dtype::bf16 && src.v.type == dtype::bf16;
   }
   // The same on AMX tiles (the amx level's forward_amx, and kept_amx for the sparse rows' kept

@@ -442,13 +442,14 @@ TEST(FamilyFused, Bf16ProductsMatchReference) {
   }
 }
 
-// Box × kernel with queries of norm ≈ 4500 and keys exactly h from some of them: components 0-7
+// Box (or triangle) × kernel with queries of norm ≈ 4500 and keys exactly h from some of them: components 0-7
 // of q on a grid of 8 in [1040, 2032] (bf16 steps of 8 there), 8-15 in [0.5, 1) (steps of 2^-8);
 // key j is query j % Nq with 3, 4 or 5 of its large components moved by ±8 (z = 192, 256 = h²,
 // 320). `inside`: the keys with z <= h².
-family_case box_on_the_bandwidth(std::mt19937& rng, std::int64_t Dv, std::int64_t& inside) {
+family_case box_on_the_bandwidth(std::mt19937& rng, std::int64_t Dv, std::int64_t& inside,
+                                 score_kind score = score_kind::box) {
   const std::int64_t Nq = 37, Nk = 150, D = 16;
-  family_case c(score_kind::box, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, Dv);
+  family_case c(score, distribution_kind::kernel, rng, 1, 2, 1, Nq, Nk, D, Dv);
   c.opt.score.bandwidth = 16.0;
   std::uniform_int_distribution<int> grid(130, 254), pick(0, 2);
   for (std::int64_t hq = 0; hq < 2; ++hq)
@@ -466,7 +467,8 @@ family_case box_on_the_bandwidth(std::mt19937& rng, std::int64_t Dv, std::int64_
 
 // bf16 inputs of the box kernel take bf16 products in the forward on an ISA with a bf16 dot
 // product (not on the amx level): q·k from the words, ‖q‖², ‖k‖² and the differences near h² from
-// the f32 rows, so the weights are the f32 path's; with masks (windows: rows starting on odd keys,
+// the f32 rows, so the weights are the f32 path's (triangle: the words for α·V alone, its
+// scores the f32 path's differences); with masks (windows: rows starting on odd keys,
 // the pair past Nk), GQA, odd Nk over several key blocks, against the reference on the rounded
 // inputs and the f32 products, threads giving the same bits. Then queries of norm ≈ 4500 with keys
 // exactly h from some of them (half the components on a grid of 8 near 1500, moved by ±8: z = 192,
@@ -474,31 +476,32 @@ family_case box_on_the_bandwidth(std::mt19937& rng, std::int64_t Dv, std::int64_
 // 2^24 and drop the small components' bits, so only the differences tell those sides apart.
 TEST(FamilyFused, Bf16BoxProductsMatchReference) {
   bool saw_pairs = false;
-  for (const std::string& isa : isas()) {
-    isa_scope scope(isa.c_str());
-    std::mt19937 rng(67);
-    for (distribution_kind d : {distribution_kind::kernel, distribution_kind::softmax, distribution_kind::sigmoid,
-                                distribution_kind::topk})
-      for (int mask = 0; mask < 4; ++mask) {
-        const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 9, 33}[std::size_t(mask)];
-        const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 300, 133}[std::size_t((mask + int(d)) % 4)];
-        const bool gqa = mask % 2;
-        family_case c(score_kind::box, d, rng, 2, gqa ? 4 : 2, 2, Nq, Nk, 8, 5);
-        c.opt.score.bandwidth = 2.0;
-        apply_mask(c, mask, rng);
-        const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
-        SCOPED_TRACE(isa + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " +
-                     std::to_string(Nk));
-        saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
-      }
-    std::int64_t inside = 0;
-    const family_case c = box_on_the_bandwidth(rng, 3, inside);
-    EXPECT_GT(inside, 60);
-    EXPECT_LT(inside, 140);
-    const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
-    SCOPED_TRACE(isa + " box on the bandwidth");
-    saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
-  }
+  for (const std::string& isa : isas())
+    for (score_kind s : {score_kind::box, score_kind::triangle}) {
+      isa_scope scope(isa.c_str());
+      std::mt19937 rng(67);
+      for (distribution_kind d : {distribution_kind::kernel, distribution_kind::softmax, distribution_kind::sigmoid,
+                                  distribution_kind::topk})
+        for (int mask = 0; mask < 4; ++mask) {
+          const std::int64_t Nq = std::vector<std::int64_t>{1, 6, 9, 33}[std::size_t(mask)];
+          const std::int64_t Nk = std::vector<std::int64_t>{1, 7, 300, 133}[std::size_t((mask + int(d)) % 4)];
+          const bool gqa = mask % 2;
+          family_case c(s, d, rng, 2, gqa ? 4 : 2, 2, Nq, Nk, 8, 5);
+          c.opt.score.bandwidth = 2.0;
+          apply_mask(c, mask, rng);
+          const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+          SCOPED_TRACE(isa + " " + to_string(s) + " " + to_string(d) + " mask " + std::to_string(mask) + " Nq " +
+                       std::to_string(Nq) + " Nk " + std::to_string(Nk));
+          saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
+        }
+      std::int64_t inside = 0;
+      const family_case c = box_on_the_bandwidth(rng, 3, inside, s);
+      EXPECT_GT(inside, 60);
+      EXPECT_LT(inside, 140);
+      const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+      SCOPED_TRACE(isa + " " + to_string(s) + " on the bandwidth");
+      saw_pairs |= bf16_products_case(isa, q, k, v, c.opt);
+    }
   const std::vector<std::string> all = isas();
   if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {
     EXPECT_TRUE(saw_pairs);
