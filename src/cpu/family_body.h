@@ -653,6 +653,16 @@ void lane_scale_transform(const family_lanes& lb, std::int64_t j0, std::int64_t 
   lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
 }
 
+// The end of the keys some lane sees: the largest hi of the lanes whose range is not empty (an
+// empty range's hi may lie past Nk). The bf16 forward's blocks are whole key pairs, and the pair
+// past Nk must not be read from the f32 key rows.
+inline std::int64_t seen_keys_end(const family_lanes& lb) {
+  std::int64_t kend = 0;
+  for (std::int64_t x = 0; x < lb.nl; ++x)
+    if (lb.lo[x] < lb.hi[x]) kend = imax(kend, std::int64_t(lb.hi[x]));
+  return kend;
+}
+
 // The same for dot scores on bf16 pair operands (j0 and nb even): z = zscale · (q·k). pending
 // (the streaming distributions' α, which reads each score once): where the transform leaves the
 // scores as they are, S keeps q·k and *pending = zscale, the product left to α (one pass over
@@ -667,9 +677,7 @@ bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb,
     // triangle (fused.cc, box_bf16_products): the words serve α·V alone; z by differences from
     // the f32 rows (lb.qt, lb.k), as the f32 path's. Keys no lane sees (the pair past Nk) are
     // not read: z = 0 there, and lane_transform gives them -inf.
-    std::int64_t kend = 0;
-    for (std::int64_t x = 0; x < lb.nl; ++x) kend = imax(kend, std::int64_t(lb.hi[x]));
-    const std::int64_t n = imax(0, imin(nb, kend - j0));
+    const std::int64_t n = imax(0, imin(nb, seen_keys_end(lb) - j0));
     elem_lane_scores<CC>(lb, distance_terms{}, j0, n, S);
     for (std::int64_t i = n * L; i < nb * L; i += W) store(S + i, vf{});
     lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
@@ -677,9 +685,7 @@ bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb,
   }
   gemm<Ops, true>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
   if (box_by_products(lb.fp)) {  // q·k from the words, the rest from the f32 rows (lb.qt, lb.k); zscale is 1
-    std::int64_t kend = 0;  // keys no lane sees (the pair past Nk among them) are not read
-    for (std::int64_t x = 0; x < lb.nl; ++x) kend = imax(kend, std::int64_t(lb.hi[x]));
-    box_lane_finish<CC>(lb, j0, nb, S, kend);
+    box_lane_finish<CC>(lb, j0, nb, S, seen_keys_end(lb));  // (keys no lane sees are not read)
     lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
     return false;
   }
