@@ -17,6 +17,7 @@
 // the wrong shape, a mask wider than the capacity): the op must then throw attn::error naming
 // itself, on both backends, and leave the cache as it was.
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <cfloat>
 #include <cmath>
@@ -176,7 +177,7 @@ cache_case make_cache(bytes& in, setup& s, std::int64_t extra) {
   cache_case c;
   c.int8 = s.op == 1;
   c.blocked = c.int8 && extra == 0 && s.D % 4 == 0 && in.upto(2) == 0;
-  if (c.int8 && in.upto(1) == 0) c.query = int8_query::float32;
+  if (c.int8) c.query = std::array{int8_query::automatic, int8_query::float32, int8_query::int8}[std::size_t(in.upto(2))];
   c.ps = c.blocked ? 16 : in.upto(3) == 0 ? 16 : 1 + in.upto(4);
   c.max_pages = std::max<std::int64_t>(in.upto(3), (extra + c.ps - 1) / c.ps);  // room for an append
   c.num_pages = 1 + in.upto(5);
@@ -337,7 +338,9 @@ void check_rows(const std::string& what, const setup& s, const std::vector<doubl
 // element of q moves by at most 2^-14 of its row's largest |q| (serving.h), so a score moves by at
 // most 2^-14 · max|q| · |scale| · ‖k_j‖₁ and lse no further: that bound over sequence b's rows q8
 // [1, Hq, Nq, D] and keys k8 [1, Hkv, L, D] (float64), 0 where it is not finite.
-double int16_lse_bound(const setup& s, const Tensor& q8, const Tensor& k8) {
+// With int8_query::int8 on blocked keys (the byte products) an element moves by at most 1/254 of
+// its row's largest (q_step).
+double int16_lse_bound(const setup& s, const Tensor& q8, const Tensor& k8, double q_step = 0x1p-14) {
   double qm = 0, k1 = 0;
   for (const double x : q8.to_vector()) qm = std::max(qm, std::abs(x));
   const std::vector<double> k = k8.to_vector();
@@ -348,7 +351,7 @@ double int16_lse_bound(const setup& s, const Tensor& q8, const Tensor& k8) {
     k1 = std::max(k1, n);
   }
   const double scale = std::abs(s.o.scale.value_or(1 / std::sqrt(double(s.D))));  // (a scale may be negative)
-  const double b = std::ldexp(qm * scale * k1, -14);
+  const double b = qm * scale * k1 * q_step;
   return std::isfinite(b) ? b : 0.0;
 }
 
@@ -357,10 +360,11 @@ double int16_lse_bound(const setup& s, const Tensor& q8, const Tensor& k8) {
 // within 2^-14 of the block's largest (serving.h), a sum over the blocks no larger than W·2^-14 of
 // the row's (W = 16: the int16 products run on AVX-512 only); both times the largest |v| of
 // sequence b's dequantised values v8 (float64), 0 where it is not finite.
-double int16_out_bound(double lse_bound, const Tensor& v8) {
+// The byte products (int8_query::int8) round each weight within 1/510 of the block's largest (w_step).
+double int16_out_bound(double lse_bound, const Tensor& v8, double w_step = 0x1p-14) {
   double vm = 0;
   for (const double x : v8.to_vector()) vm = std::max(vm, std::abs(x));
-  const double b = (std::expm1(2 * lse_bound) + 16 * std::ldexp(1.0, -14)) * vm;
+  const double b = (std::expm1(2 * lse_bound) + 16 * w_step) * vm;
   return std::isfinite(b) ? b : 0.0;
 }
 
@@ -619,10 +623,13 @@ void run_paged(bytes& in, setup& s) {
     debug_dump({{"q", qb.to_vector()}, {"k", c.dense(true, b, L, s.Hkv, s.D).to_vector()},
                 {"v", c.dense(false, b, L, s.Hkv, s.Dv).to_vector()}, {"truth out", w.truth.out.to_vector()},
                 {"truth lse", w.truth.lse.to_vector()}, {"cpu out", part(out_c, b * no, no)}, {"cpu lse", part(lse_c, b * nl, nl)}});
-    const bool int16_q = c.int8 && s.t != dtype::bf16 && c.query == int8_query::automatic;
-    const double lse_b = int16_q ? int16_lse_bound(s, qb, c.dense(true, b, L, s.Hkv, s.D)) : 0.0;
+    // (8-bit q on blocked keys: every q dtype moves; the bounds hold for the int16 path too)
+    const bool bytes_q = c.int8 && c.blocked && c.query == int8_query::int8;
+    const bool int16_q = c.int8 && (bytes_q || (s.t != dtype::bf16 && c.query != int8_query::float32));
+    const double lse_b =
+        int16_q ? int16_lse_bound(s, qb, c.dense(true, b, L, s.Hkv, s.D), bytes_q ? 1.0 / 254 : 0x1p-14) : 0.0;
     check_rows(std::string(op) + " cpu" + where, s, part(out_c, b * no, no), part(lse_c, b * nl, nl), w, tol, lse_b,
-               int16_q ? int16_out_bound(lse_b, c.dense(false, b, L, s.Hkv, s.Dv)) : 0.0);
+               int16_q ? int16_out_bound(lse_b, c.dense(false, b, L, s.Hkv, s.Dv), bytes_q ? 1.0 / 510 : 0x1p-14) : 0.0);
     if (!c.int8) check_rows(std::string(op) + " reference" + where, s, part(out_r, b * no, no), part(lse_r, b * nl, nl), w, tol);
   }
   // The backward's special values: api_fuzz, on the core op (which this one runs per sequence).

@@ -288,6 +288,41 @@ inline void decode_scores_blocked(const std::uint32_t* q, std::int64_t qs, const
   rows_to_mixed<RG>(sr, s);
 }
 
+// The same with q in 8 bits (lane_block::int8_bytes: int8_query::int8): q8 one signed byte per
+// element (|q8| <= 127, a float scale per row), four to a dword, rows qs dwords apart. One
+// vpdpbusd per four d, half the products of the 14-bit q above:
+//   q8·k = Σ ku·q8 − 128·Σ q8  (corr[r] = 128·Σ q8), exact in int32.
+template <int RG, class Dot>
+inline void decode_scores_blocked8(const std::uint32_t* q, std::int64_t qs, const std::int32_t* corr, std::int64_t nq4,
+                                   const std::int8_t* kb, vf* s, const std::int8_t* kpf, std::ptrdiff_t nd) {
+  constexpr int NA = 8 / RG;  // accumulator sets: eight chains in flight
+  vi ah[NA][RG];
+#pragma GCC unroll 8
+  for (int a = 0; a < NA; ++a)
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) ah[a][r] = vi{};
+  const vu flip = splatu(0x80808080u);
+  for (std::int64_t c = 0; c < nq4; c += NA) {
+#pragma GCC unroll 8
+    for (int a = 0; a < NA; ++a) {
+      const vu ku = loadu(reinterpret_cast<const std::uint32_t*>(kb + (c + a) * 64)) ^ flip;
+      prefetch_l2(kpf + (c + a) * 64);
+      prefetch_next(kb + (c + a) * 64, nd);
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r) ah[a][r] = Dot::dot_u8s8_bcast(ah[a][r], ku, q + r * qs + c + a);
+    }
+  }
+  vf sr[RG];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    vi h = ah[0][r];
+#pragma GCC unroll 8
+    for (int a = 1; a < NA; ++a) h += ah[a][r];
+    sr[r] = __builtin_convertvector(h - splati(corr[r]), vf);
+  }
+  rows_to_mixed<RG>(sr, s);
+}
+
 // Online softmax of one row group over one block (mixed layout): s → p in s, α in alpha.
 // Scores and the running max are kept in base 2 (s·log2 e, FlashAttention's softmax_scale_log2):
 // p = 2^(s − m) by vexp2, about half the instructions of vexp; decode_run converts m at its ends.
@@ -498,6 +533,78 @@ __attribute__((noinline)) void decode_pv_int16(float* o, std::int64_t Dvp, const
     }
   }
 }
+// int8 V rows with 8-bit weights (lane_block::int8_bytes): w = p·scale_v of the block quantised
+// per row to unsigned bytes with a float scale wsc[r] (decode_run::quantise_weights8), and each
+// quad of V rows (x … x + 3) turned into quads of bytes (v_x[d], …, v_{x+3}[d]) by two stages of
+// unpacks — the d of a 64-value unit in the order of u8_pv_position — so that one vpdpbusd per
+// vector multiplies by the row's broadcast quad of weights (unsigned × signed bytes): half the
+// products of decode_pv_int16 and no widening. The int32 sums of the block are exact (16 keys ·
+// 255 · 128 < 2^31); O = α O + wsc · sums, once per block (alpha null: α = 1).
+template <int RG, int CB, class Dot>
+__attribute__((noinline)) void decode_pv_u8(float* o, std::int64_t Dvp, const std::uint8_t* pw, const float* alpha,
+                                            const float* wsc, const std::int8_t* vb, std::int64_t vs, std::int64_t c0,
+                                            const std::int8_t* vpf, std::ptrdiff_t nd) {
+  constexpr int KG = W / RG;
+  static_assert(W == 16 && CB % 4 == 0 && KG % 4 == 0);
+  vi acc[RG][CB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < CB; ++c) acc[r][c] = vi{};
+  const std::int8_t* vp = vb + c0 * W;
+  const std::int8_t* pp = vpf + c0 * W;
+#pragma GCC unroll 4
+  for (int x = 0; x < W; x += 4, vp += 4 * vs, pp += 4 * vs) {
+    vu vv[CB];
+#pragma GCC unroll 2
+    for (int u = 0; u < CB / 4; ++u) {  // a unit: 4W values of d (a line of each row), four vectors of quads
+      vu r[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        r[i] = loadu(reinterpret_cast<const std::uint32_t*>(vp + i * vs + u * 4 * W));
+        prefetch_l2(pp + i * vs + u * 4 * W);
+        prefetch_next(vp + i * vs + u * 4 * W, nd);
+      }
+      const vu lo01 = Dot::interleave_bytes_lo(r[0], r[1]), hi01 = Dot::interleave_bytes_hi(r[0], r[1]);
+      const vu lo23 = Dot::interleave_bytes_lo(r[2], r[3]), hi23 = Dot::interleave_bytes_hi(r[2], r[3]);
+      vv[4 * u] = Dot::interleave_lo(lo01, lo23), vv[4 * u + 1] = Dot::interleave_hi(lo01, lo23);
+      vv[4 * u + 2] = Dot::interleave_lo(hi01, hi23), vv[4 * u + 3] = Dot::interleave_hi(hi01, hi23);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) {
+      std::uint32_t quad;  // row r's weights of keys x … x + 3 (lanes r·KG + x % KG of vector x / KG)
+      __builtin_memcpy(&quad, pw + x / KG * W + r * KG + x % KG, 4);
+      const vu wq = splatu(quad);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_u8s8(acc[r][c], wq, vv[c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf ws = splat(wsc[r]);
+    if (alpha && alpha[r] != 1.0f) {
+      const vf a = splat(alpha[r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) {
+        float* oc = o + r * Dvp + (c0 + c) * W;
+        store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) {
+        float* oc = o + r * Dvp + (c0 + c) * W;
+        store(oc, load(oc) + ws * __builtin_convertvector(acc[r][c], vf));
+      }
+    }
+  }
+}
+// Where d of a V row lands in the accumulators of decode_pv_u8: in each unit of 4W values, lane
+// 4l + i of vector k holds d = 16l + 4k + i (the unpacks work within 128-bit lanes).
+constexpr std::int64_t u8_pv_position(std::int64_t d) {
+  const std::int64_t u = d / (4 * W), e = d % (4 * W), l = e / 16, k = e % 16 / 4, i = e % 4;
+  return u * 4 * W + k * W + 4 * l + i;
+}
+
 // Where d of a V row lands in the accumulators of decode_pv_int16: in each unit of 2W values,
 // vector 0 holds the low four of every eight d, vector 1 the high four (vpunpck[lh]wd).
 constexpr std::int64_t int16_pv_position(std::int64_t d) {
@@ -530,7 +637,8 @@ inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, 
 // together: contiguous in a token-major cache or a page of all heads).
 // Ops: the operand type of the q·k dots; T: the storage of the K/V rows read.
 // KB: keys stored blocked (lane_block::kblocked), read by decode_scores_blocked (int16_pair_operands, W = 16).
-template <int RG, class Ops, class T, bool KB = false>
+// B8: with KB, q and the weights in 8 bits (lane_block::int8_bytes): decode_scores_blocked8, decode_pv_u8.
+template <int RG, class Ops, class T, bool KB = false, bool B8 = false>
 struct decode_run {
   static constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
   static constexpr int CB = RG == 4 ? 4 : 8;  // P·V output vectors per row in registers
@@ -541,8 +649,10 @@ struct decode_run {
   static constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
   // q·k of bf16 rows by decode_scores_chunked (q chunked, chunk_q) where D fits: see there.
   static constexpr bool kChunkable = W == 16 && RG == 4 && P == 2 && !Ops::kInt && !KB && __is_same(T, std::uint16_t);
+  static_assert(!B8 || (KB && i16), "8-bit q and weights take blocked keys on the int16 path");
   static constexpr std::int64_t pv_position(std::int64_t d) {
-    if constexpr (i16) return int16_pv_position(d);
+    if constexpr (B8) return u8_pv_position(d);
+    else if constexpr (i16) return int16_pv_position(d);
     else if constexpr (pv_memory_order) return d;
     else return storage<T>::native(d);
   }
@@ -582,7 +692,8 @@ struct decode_run {
   decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads, bool near)
       : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
         Dvp(st.Dvp) {
-    if constexpr (i16) quantise_q_rows();  // decode's lane blocks are lanes_small = W rows
+    if constexpr (B8) quantise_q_bytes();  // decode's lane blocks are lanes_small = W rows
+    else if constexpr (i16) quantise_q_rows();
     else q_rows();
     for (std::int64_t g = 0; g < st.nrp; ++g) {
       const bool valid = g < nr;
@@ -728,6 +839,47 @@ struct decode_run {
     }
   }
 
+  // B8: q in 8 bits, every row of the lane block at once: per row f = 127 / (its largest |q|),
+  // q8 = q·f rounded half to even (|q8| <= 127), one signed byte per element (q8 of row g at
+  // byte g·2·Dp + d: the rows qs dwords apart, as decode_scores_blocked8 reads them), 128·Σ q8 in
+  // qcorr and the largest |q| / 127 in st.qsc. A float scale rather than a power of two: the
+  // largest element keeps all of its 7 bits. Rows whose largest |q| is below 2^-100 are first
+  // multiplied by 2^64 and take 2^-64 in st.qpost, as in quantise_q_rows.
+  void quantise_q_bytes() {
+    const vi live = iota() < splati(std::int32_t(nr));
+    vi mb = vi{};
+    for (std::int64_t d = 0; d < lb.D; ++d) {
+      const vi a = (vi)load(lb.qt + d * W) & splati(0x7fffffff);
+      mb = mb > a ? mb : a;
+    }
+    const vf mx = (vf)(live & mb);
+    const vi small = (vi)mx < splati(27 << 23);  // zero rows and dead lanes too
+    const vf pre = small ? splat(0x1p64f) : splat(1.0f);
+    const vf mp = mx * pre;
+    const vi zero = (vi)mp == 0, tiny = small & ~zero;
+    const vf f = zero ? vf{} : splat(127.0f) / (zero ? splat(1.0f) : mp);
+    const vf scale = zero ? vf{} : mp / splat(127.0f);
+    const vf post = tiny ? splat(0x1p-64f) : splat(1.0f);
+    q_tiny = any_lane(tiny);
+    vi sum = vi{};
+    for (std::int64_t d = 0; d < Dp; ++d) {
+      const vf v = d < lb.D ? (load(lb.qt + d * W) * pre) * f : vf{};  // pre: exact (a power of two)
+      vf x = round_nearest(v);
+      x = x < splat(-127.0f) ? splat(-127.0f) : x;
+      x = x > splat(127.0f) ? splat(127.0f) : x;
+      const vi q8 = live & __builtin_convertvector(x, vi);
+      sum += q8;
+      for (std::int64_t g = 0; g < st.nrp; ++g) reinterpret_cast<std::int8_t*>(st.qr)[g * 2 * Dp + d] = std::int8_t(q8[g]);
+    }
+    for (std::int64_t g = 0; g < st.nrp; ++g) {
+      st.qcorr[g] = 128 * sum[g];
+      for (int x = 0; x < KG; ++x) {
+        st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
+        st.qpost[g / RG * W + g % RG * KG + x] = post[g];
+      }
+    }
+  }
+
   float elem_f32(const char* base, std::int64_t i) const {
     return b16 ? bf16_scalar(reinterpret_cast<const std::uint16_t*>(base) + i) : reinterpret_cast<const float*>(base)[i];
   }
@@ -780,6 +932,40 @@ struct decode_run {
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RG; ++r) st.wsc[r] = deq[r * KG];
+  }
+
+  // B8: w = p·scale_v of the row group (mixed layout) → unsigned bytes in pw (lane order) and
+  // per row the scale st.wsc = m / 255 for the row's largest w, m (at least 2^-112): u8 =
+  // round(w·255 / m), at most 1/510 of m from w·255 / m. Negative weights (a negative value
+  // scale, written by hand) go to pwn the same way, with the scale negated in wscn: the block's
+  // P·V then runs a second time on them; the result says whether any row has one. A row with a
+  // non-finite w gets a NaN scale, as in quantise_weights.
+  bool quantise_weights8(const vf* w, std::uint8_t* pw, std::uint8_t* pwn, float* wscn) const {
+    vf mx = vf{}, mn = vf{}, z = vf{};
+#pragma GCC unroll 4
+    for (int kg = 0; kg < RG; ++kg) {
+      mx = vmax(mx, w[kg]);
+      mn = vmax(mn, -w[kg]);
+      z += w[kg] * 0.0f;  // NaN where w is NaN or ±inf
+    }
+    mx = group_max<KG / 2>(mx);
+    mn = group_max<KG / 2>(mn);
+    z = group_sum<KG / 2>(z);
+    const bool neg = any_lane((vi)(mn > vf{}));
+    const vf lim = splat(0x1p-112f);
+    const vf mc = vmax(mx, lim), f = splat(255.0f) / mc, deq = mc / splat(255.0f) + z;
+#pragma GCC unroll 4
+    for (int kg = 0; kg < RG; ++kg) Ops::dot::round_to_bytes_u8(vmax(w[kg], vf{}) * f, pw + kg * W);
+#pragma GCC unroll 4
+    for (int r = 0; r < RG; ++r) st.wsc[r] = deq[r * KG];
+    if (neg) {
+      const vf nc = vmax(mn, lim), fn = splat(255.0f) / nc, deqn = z - nc / splat(255.0f);
+#pragma GCC unroll 4
+      for (int kg = 0; kg < RG; ++kg) Ops::dot::round_to_bytes_u8(vmax(-w[kg], vf{}) * fn, pwn + kg * W);
+#pragma GCC unroll 4
+      for (int r = 0; r < RG; ++r) wscn[r] = deqn[r * KG];
+    }
+    return neg;
   }
 
   // W rows of a block as the products read them (keys or values): the first row and the row
@@ -887,7 +1073,10 @@ struct decode_run {
   void score(std::int64_t g, const key_block& b) {
     vf s[RG];
     const bool first = g == 0;  // later row groups read the block from L1
-    if constexpr (KB)
+    if constexpr (B8)
+      decode_scores_blocked8<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.rows, s,
+                                                    first ? b.pf : b.rows, first ? b.nd : 0);
+    else if constexpr (KB)
       decode_scores_blocked<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.rows, s,
                                                    first ? b.pf : b.rows, first ? b.nd : 0);
     else if (kChunkable && chunked)
@@ -924,6 +1113,8 @@ struct decode_run {
     }
     // int8: the scales of the block's values, as vectors in the mixed layout.
     alignas(64) std::uint32_t pw[RG * W / 2];  // bf16 / int16 P·V: p in pairs
+    alignas(64) std::uint8_t pw8[B8 ? RG * W : 1], pw8n[B8 ? RG * W : 1];  // B8: the weights' bytes
+    float wscn[RG];
     vf vsm[RG];
     const std::int64_t j0 = next;
     next += W;
@@ -962,7 +1153,10 @@ struct decode_run {
       if constexpr (q8)  // p·scale_v weighs the int8 value rows; l sums p itself
 #pragma GCC unroll 4
         for (int kg = 0; kg < RG; ++kg) s[kg] *= vsm[kg];
-      if constexpr (i16) {
+      [[maybe_unused]] bool neg = false;
+      if constexpr (B8) {
+        neg = quantise_weights8(s, pw8, pw8n, wscn);
+      } else if constexpr (i16) {
         quantise_weights(s, pw);
       } else if constexpr (P == 2 && KG % 2 == 0) {
 #pragma GCC unroll 4
@@ -976,7 +1170,15 @@ struct decode_run {
       std::int64_t c0 = 0;
       const T* vq0 = first ? vpf : vb;
       const std::ptrdiff_t vn = first ? vd : 0;
-      if constexpr (i16) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
+      if constexpr (B8) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
+        using D8 = typename Ops::dot;
+        for (; c0 + CB <= nv; c0 += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, pw8, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
+        if (nv - c0 == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, pw8, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
+        if (neg) {  // the negative weights: the rows again (from L1), α already applied
+          for (c0 = 0; c0 + CB <= nv; c0 += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, pw8n, nullptr, wscn, vb, vs, c0, vb, 0);
+          if (nv - c0 == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, pw8n, nullptr, wscn, vb, vs, c0, vb, 0);
+        }
+      } else if constexpr (i16) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
         for (; c0 + CB <= nv; c0 += CB) decode_pv_int16<RG, CB, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
         if (nv - c0 == 4) decode_pv_int16<RG, 4, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
       } else if constexpr (P == 2 && KG % 2 == 0) {  // bf16 P·V: p in pairs of keys (nv is even: Dv is a multiple of 2W)
@@ -1059,14 +1261,14 @@ struct decode_run {
 
 // The lane blocks lbs[0, n) (every one of the same shape and storage) to their ends: one at a
 // time (n = 1), or interleaved block by block. near: decode_run's.
-template <int RG, class Ops, class T, bool KB = false>
+template <int RG, class Ops, class T, bool KB = false, bool B8 = false>
 void decode_rows(const lane_block* lbs, const forward_io* ios, int n, bool copy_all, bool near) {
   if (n == 1) {
-    decode_run<RG, Ops, T, KB> r(lbs[0], ios[0], copy_all, 1, near);
+    decode_run<RG, Ops, T, KB, B8> r(lbs[0], ios[0], copy_all, 1, near);
     while (!r.done()) r.step();
     return r.finish();
   }
-  std::vector<decode_run<RG, Ops, T, KB>> rs;
+  std::vector<decode_run<RG, Ops, T, KB, B8>> rs;
   rs.reserve(std::size_t(n));
   for (int h = 0; h < n; ++h) rs.emplace_back(lbs[h], ios[h], copy_all, n, near);
   for (bool more = true; more;) {
@@ -1132,7 +1334,10 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
     if constexpr (Dot::int16 && (W / RG) % 2 == 0)  // keys in pairs within a row's lanes
       if (int8_as_int16<Dot>(lbs, n)) {
         if constexpr (W == 16)
-          if (lb.kblocked) return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true>(lbs, ios, n, false, near);
+          if (lb.kblocked)
+            return lb.int8_bytes
+                       ? decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true, true>(lbs, ios, n, false, near)
+                       : decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true>(lbs, ios, n, false, near);
         return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
       }
     if constexpr (bf16_pairs_in_decode<Dot>())  // (not where vdpbf16ps is slower than widening: Intel)

@@ -92,6 +92,18 @@ struct avx512bf16_dot {
   // lane j of lo holds d = 8·(j / 4) + j % 4, of hi d + 4 (int16_pv_position).
   static vu interleave_lo(vu a, vu b) { return (vu)_mm512_unpacklo_epi16((__m512i)a, (__m512i)b); }
   static vu interleave_hi(vu a, vu b) { return (vu)_mm512_unpackhi_epi16((__m512i)a, (__m512i)b); }
+  // The same for bytes (vpunpck[lh]bw): pairs (a[d], b[d]) of the low (lo) and high (hi) eight of
+  // every sixteen bytes — with the word form after it, four int8 V rows become quads of bytes
+  // (decode.h, decode_pv_u8).
+  static vu interleave_bytes_lo(vu a, vu b) { return (vu)_mm512_unpacklo_epi8((__m512i)a, (__m512i)b); }
+  static vu interleave_bytes_hi(vu a, vu b) { return (vu)_mm512_unpackhi_epi8((__m512i)a, (__m512i)b); }
+  // W floats in [0, 255.5) → W unsigned bytes at out, rounded to nearest even (vcvtps2dq with the
+  // rounding in the instruction) and saturated to 255 (vpmovusdb): the 8-bit weights of decode's
+  // P·V (decode.h, quantise_weights8).
+  static void round_to_bytes_u8(vf x, std::uint8_t* out) {
+    const __m512i i = _mm512_maskz_cvt_roundps_epi32(0xffff, (__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_maskz_cvtusepi32_epi8(0xffff, i));
+  }
 };
 
 }  // namespace

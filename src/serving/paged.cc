@@ -260,7 +260,8 @@ std::string paged_in_kernel(const TensorView& q, const paged_kv_view& c, const p
   if (d.kblocked)  // rows within a block: problem::k_blocked (sn the stride of a block of 16 keys)
     p.k = strided4{c.k_pages.data(), dtype::i8, 0, c.k_pages.stride(2), c.k_pages.stride(1), 1}, p.k_blocked = true;
   p.kv_len = d.lens;
-  p.int8_rounding = c.query == int8_query::automatic;
+  p.int8_rounding = c.query != int8_query::float32;
+  p.int8_bytes = c.query == int8_query::int8;
   p.alignment = options.alignment == causal_alignment::top_left ? causal_alignment::top_left
                                                                  : causal_alignment::bottom_right;
   p.past_len = 0;

@@ -12,8 +12,9 @@ namespace attn {
 
 namespace {
 constexpr std::array kInt8QueryNames = {detail::enum_name{int8_query::automatic, "automatic"},
-                                        detail::enum_name{int8_query::float32, "float32"}};
-static_assert(detail::names_cover(kInt8QueryNames, int8_query::float32));
+                                        detail::enum_name{int8_query::float32, "float32"},
+                                        detail::enum_name{int8_query::int8, "int8"}};
+static_assert(detail::names_cover(kInt8QueryNames, int8_query::int8));
 }  // namespace
 
 std::string_view to_string(int8_query q) {

@@ -360,6 +360,17 @@ Tensor outlier_keys(const Shape& s, std::mt19937& rng) {
 
 // paged_kv_append quantises each (token, head) row to within half a step of its scale, and on
 // real-looking data the int8 cache's output stays within the bound docs/SERVING.md states.
+// int8 rows [P, ps, H, D] → blocked keys [P, ps / 16, H, D / 4, 16, 4] (include/attn/serving.h).
+Tensor to_blocked(const Tensor& rows) {
+  const std::int64_t P = rows.size(0), ps = rows.size(1), H = rows.size(2), D = rows.size(3);
+  Tensor b = Tensor::empty({P, ps / 16, H, D / 4, 16, 4}, dtype::i8);
+  for (std::int64_t p = 0; p < P; ++p)
+    for (std::int64_t t = 0; t < ps; ++t)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t x = 0; x < D; ++x) b.set({p, t / 16, h, x / 4, t % 16, x % 4}, rows.get({p, t, h, x}));
+  return b;
+}
+
 TEST(Int8Append, QuantisesWithinHalfAStepAndBoundsTheError) {
   std::mt19937 rng(47);
   const std::int64_t B = 2, Hkv = 2, Hq = 8, D = 128, ps = 16, T = 300, max_pages = (T + ps - 1) / ps;
@@ -409,6 +420,16 @@ TEST(Int8Append, QuantisesWithinHalfAStepAndBoundsTheError) {
               static_cast<long long>(D), static_cast<long long>(T), worst, worst_ref);
   EXPECT_LT(worst, 0.08);  // docs/SERVING.md: measured 0.053 with this seed
   EXPECT_GT(worst, 0.0);   // quantisation changed something: the test can fail
+  // The same cache with blocked keys and q and the weights in 8 bits (int8_query::int8): where
+  // the byte products run, the error against the f32 cache adds q's and the weights' rounding.
+  paged_kv_view bytes{to_blocked(kp), vp, cache.block_table, lens, ks, vs};
+  bytes.query = int8_query::int8;
+  const attention_result r8 = attention_paged(q, bytes, o);
+  double worst8 = 0;
+  for (std::int64_t i = 0; i < r8.out.numel(); ++i)
+    worst8 = std::max(worst8, std::fabs(double(r8.out.data_as<float>()[i]) - double(f.out.data_as<float>()[i])));
+  std::printf("int8 KV with 8-bit q and weights vs f32 (the same keys): max |out error| %.4g\n", worst8);
+  EXPECT_LT(worst8, 0.1);  // docs/SERVING.md: measured with this seed
 }
 
 // With bf16 q on an ISA with int16 dot products (avx512bf16: AVX512_VNNI), decode reads int8
@@ -526,16 +547,6 @@ TEST(Int8Int16, AsCloseToTheReferenceAsWidenedRows) {
   }
 }
 
-// int8 rows [P, ps, H, D] → blocked keys [P, ps / 16, H, D / 4, 16, 4] (include/attn/serving.h).
-Tensor to_blocked(const Tensor& rows) {
-  const std::int64_t P = rows.size(0), ps = rows.size(1), H = rows.size(2), D = rows.size(3);
-  Tensor b = Tensor::empty({P, ps / 16, H, D / 4, 16, 4}, dtype::i8);
-  for (std::int64_t p = 0; p < P; ++p)
-    for (std::int64_t t = 0; t < ps; ++t)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t x = 0; x < D; ++x) b.set({p, t / 16, h, x / 4, t % 16, x % 4}, rows.get({p, t, h, x}));
-  return b;
-}
 
 // Blocked int8 keys (16 keys side by side per quad of d): the same answer as the rows they hold.
 // On an ISA with int16 dot products (head sizes in units of 64; bf16 or float32 q) the kernel
@@ -719,6 +730,128 @@ TEST(Int8Blocked, SameAnswerAsTheRowsTheyHold) {
     }
 }
 
+// q [B, Hq, Nq, D] as int8_query::int8 rounds it on blocked keys (decode.h, quantise_q_bytes):
+// each row of fl32(q · scale) times f = fl32(127 / its largest |value|), the exact product
+// rounded half to even (the kernel's rounding is one fused multiply-add; |q8| <= 127), times the row's scale fl32(largest / 127) and divided by the scale again —
+// float64 rows for the reference with the same scale. scale: what the kernel multiplies q by
+// (the call's scale for float32 q; 1 for bfloat16 q, whose scores take the scale instead).
+Tensor as_int8_rounds(const Tensor& q, double scale) {
+  const std::int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  const float s32 = float(scale);
+  Tensor r = Tensor::empty({B, H, N, D}, dtype::f64);
+  std::vector<float> row(static_cast<std::size_t>(D));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < N; ++i) {
+        float m = 0;
+        for (std::int64_t x = 0; x < D; ++x) row[std::size_t(x)] = float(q.get({b, h, i, x})) * s32, m = std::max(m, std::fabs(row[std::size_t(x)]));
+        const float f = m > 0 ? 127.0f / m : 0.0f, back = m / 127.0f;
+        for (std::int64_t x = 0; x < D; ++x) {
+          const double q8 = std::clamp(std::nearbyint(double(row[std::size_t(x)]) * double(f)), -127.0, 127.0);
+          r.set({b, h, i, x}, q8 * double(back) / scale);
+        }
+      }
+  return r;
+}
+
+// int8_query::int8 on blocked keys, where the byte products run (W = 16 with VNNI, head sizes
+// of whole units of 64): lse equals the float64 reference on q rounded to 8 bits as documented
+// (the weights' rounding does not reach lse), and out stays within the weights' 8-bit bound of
+// it; every other path gives automatic's bits. Negative value scales (written by hand) take the
+// second pass of P·V; NaN/±inf in q or a scale give the rows' non-finite pattern; 1 and 2
+// threads give the same bits.
+TEST(Int8Blocked, EightBitQueryAndWeights) {
+  for (const blocked_case& c : kBlockedCases)
+    for (const dtype type : {dtype::bf16, dtype::f32}) {
+      std::mt19937 rng(61);
+      const std::int64_t B = std::int64_t(c.lens.size()), ps = c.page_size;
+      std::int64_t max_pages = 0;
+      for (std::int64_t L : c.lens) max_pages = std::max<std::int64_t>(max_pages, (L + ps - 1) / ps);
+      const std::int64_t num_pages = B * max_pages + 1;
+      std::vector<std::int64_t> table(static_cast<std::size_t>(num_pages));
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      table.resize(std::size_t(B * max_pages));
+      const Tensor kp = random_int8({num_pages, ps, c.Hkv, c.D}, rng), vp = random_int8({num_pages, ps, c.Hkv, c.D}, rng);
+      const Tensor kb = to_blocked(kp);
+      const Tensor ks = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+      Tensor vs = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+      Tensor vneg = Tensor::copy_of(vs);  // a third of the value scales negative
+      for (std::int64_t i = 0; i < vneg.numel(); i += 3) vneg.data_as<float>()[i] = -vneg.data_as<float>()[i];
+      const Tensor q = random_tensor({B, c.Hq, c.Nq, c.D}, type, rng, -2, 2);
+      const Tensor tab = index_tensor({B, max_pages}, table), lens = index_tensor({B}, c.lens);
+      attention_options o;
+      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+      if (c.extras) {
+        o.window_left = 40, o.softcap = 8.0;
+        o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.01, 0.2);
+        o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
+      }
+      const auto reference = [&](const Tensor& qq, const Tensor& vscales) {
+        std::vector<attention_result> want;
+        for (std::int64_t b = 0; b < B; ++b) {
+          attention_options ob = o;
+          if (c.extras) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
+          const std::int64_t L = c.lens[std::size_t(b)];
+          want.push_back(attention(Tensor::copy_of(qq.view().slice(0, b, b + 1), dtype::f64),
+                                   dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vscales, table, max_pages, b, L), ob));
+        }
+        return want;
+      };
+      const Tensor q8 = as_int8_rounds(q, type == dtype::f32 ? 1 / std::sqrt(double(c.D)) : 1.0);
+      for (const bool negative : {false, true}) {
+        const Tensor& vsc = negative ? vneg : vs;
+        const std::vector<attention_result> want8 = reference(q8, vsc);
+        paged_kv_view bytes{kb, vp, tab, lens, ks, vsc}, automatic{kb, vp, tab, lens, ks, vsc};
+        bytes.query = int8_query::int8;
+        for (const std::string& isa : isas()) {
+          SCOPED_TRACE(fmt::format("{} {} isa {} negative value scales {}", c.name, dtype_name(type), isa, negative));
+          const isa_scope scope(isa);
+          const detail::cpu::kernel_table& kt = detail::cpu::select_kernels();
+          const bool in_place = kt.W == 16 && int16_products(c.D, c.D);
+          const attention_result r = attention_paged(q, bytes, o, {.num_threads = 2});
+          const attention_result ra = attention_paged(q, automatic, o, {.num_threads = 2});
+          if (!in_place) {  // automatic's path, bit for bit
+            EXPECT_TRUE(all_close(r.out, ra.out, 0, 0));
+            EXPECT_TRUE(all_close(r.lse, ra.lse, 0, 0));
+            continue;
+          }
+          double e = 0;
+          for (std::int64_t b = 0; b < B; ++b) {
+            if (c.lens[std::size_t(b)] == 0) continue;
+            e = std::max(e, relative_error(Tensor::copy_of(r.out.view().slice(0, b, b + 1), dtype::f64), want8[std::size_t(b)].out));
+            EXPECT_TRUE(all_close(Tensor::copy_of(r.lse.view().slice(0, b, b + 1), dtype::f64), want8[std::size_t(b)].lse, 2e-5)) << "sequence " << b;
+          }
+          std::printf("8-bit q and weights %s %s %s%s: max error / max |out| %.3g against the reference on q rounded to 8 bits\n",
+                      c.name, std::string(dtype_name(type)).c_str(), isa.c_str(), negative ? " (negative value scales)" : "", e);
+          EXPECT_LT(e, 1e-2);
+          EXPECT_FALSE(all_close(r.lse, ra.lse, 0, 0));  // the 8-bit q·k ran
+          const attention_result one = attention_paged(q, bytes, o, {.num_threads = 1});
+          EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
+          EXPECT_TRUE(all_close(one.lse, r.lse, 0, 0));
+          if (negative || c.lens[0] < 2) continue;
+          Tensor qn = Tensor::copy_of(q);  // NaN and +inf in q; a NaN value scale, an inf key scale: the rows' pattern
+          qn.set({0, 1, 0, 5}, NAN);
+          qn.set({B - 1, 0, c.Nq - 1, 3}, INFINITY);
+          const Tensor vs2 = Tensor::copy_of(vs), ks2 = Tensor::copy_of(ks);
+          vs2.set({table[0], 0, 0}, NAN);
+          ks2.set({table[0], 1, c.Hkv - 1}, INFINITY);
+          paged_kv_view bytes2{kb, vp, tab, lens, ks2, vs2};
+          bytes2.query = int8_query::int8;
+          const paged_kv_view rows2{kp, vp, tab, lens, ks2, vs2}, rows{kp, vp, tab, lens, ks, vs};
+          for (const bool scales : {false, true}) {
+            const auto g = to_vector(attention_paged(scales ? q : qn, scales ? bytes2 : bytes, o).out);
+            const auto f = to_vector(attention_paged(scales ? q : qn, scales ? rows2 : rows, o).out);
+            for (std::size_t i = 0; i < g.size(); ++i) {
+              EXPECT_EQ(std::isnan(g[i]), std::isnan(f[i])) << "at " << i << (scales ? " (scales)" : " (q)");
+              EXPECT_EQ(std::isinf(g[i]), std::isinf(f[i])) << "at " << i;
+            }
+          }
+        }
+      }
+    }
+}
+
 // Appending to blocked keys writes the bytes appending to rows writes, in the blocked order, and
 // the same scales; explain_backend names the blocked read.
 TEST(Int8Blocked, AppendWritesTheRowsBytesBlocked) {
@@ -781,7 +914,8 @@ TEST(Int8Errors, BadScalesAndInputsByMessage) {
   // int8_query by name, and a name that is not one
   EXPECT_EQ(parse_int8_query("float32"), int8_query::float32);
   EXPECT_EQ(parse_int8_query(to_string(int8_query::automatic)), int8_query::automatic);
-  EXPECT_THROW_MSG(parse_int8_query("int16"), "int8_query: 'int16' is not one of automatic, float32");
+  EXPECT_EQ(parse_int8_query("int8"), int8_query::int8);
+  EXPECT_THROW_MSG(parse_int8_query("int16"), "int8_query: 'int16' is not one of automatic, float32, int8");
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, Tensor::zeros({4, 2, 2}, dtype::f32)}),
                    "attention_paged: v_scales is float32 [4, 2, 2]; int8 pages need float32 [num_pages, page_size, Hkv] = [4, 2, 1]");
   EXPECT_THROW_MSG(attention_paged(q, {kp, vp, table, lens, sc, Tensor::zeros({4, 2, 1}, dtype::f64)}),

@@ -283,6 +283,16 @@ int run_paged(const serving_args& a) {
     std::vector<std::string> names{"dense", "paged head-major", "paged token-major"};
     if (int8) names.push_back("bf16 dense");
     if (blocked) names.push_back("int8 blocked keys dense"), names.push_back("int8 blocked keys paged head-major");
+    // blocked keys with q and the weights in 8 bits (int8_query::int8)
+    paged_kv_view cb8, hb8;
+    const std::size_t bytes_at = fs.size();
+    if (blocked) {
+      cb8 = dense_b.view(one_page, lens), hb8 = head_b.view(shuffled, lens);
+      cb8.query = hb8.query = int8_query::int8;
+      fs.push_back([&] { attention_paged(q, cb8, o, ex); });
+      fs.push_back([&] { attention_paged(q, hb8, o, ex); });
+      names.push_back("int8 blocked keys dense, int8 query"), names.push_back("int8 blocked keys paged head-major, int8 query");
+    }
     const std::size_t exact_at = fs.size();
     if (int8) fs.push_back([&] { attention_paged(q, cd_exact, o, ex); }), names.push_back("int8 dense query float32");
     // (the probe once, after the timed calls)
@@ -308,6 +318,13 @@ int run_paged(const serving_args& a) {
                    "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
                    ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
                    ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
+      if (blocked) {
+        const auto &m8 = ms[bytes_at], &h8 = ms[bytes_at + 1];
+        fmt::print("    int8 blocked keys, q and weights in 8 bits (int8_query::int8): dense {:.3f} ms {:.1f} GB/s ({:.0f}% of the probe) {:.0f} tok/s "
+                   "({:.2f}x automatic, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | paged head-major {:.3f} ms ({:.0f}% of dense)\n",
+                   m8.wall, gbs(bytes, m8.wall), probe > 0 ? 100 * gbs(bytes, m8.wall) / probe : 0.0, tok / m8.wall * 1e3,
+                   ms[4].wall / m8.wall, ms[3].wall / m8.wall, m8.cpu, h8.wall, 100 * m8.wall / h8.wall);
+      }
       if (int8) {
         const auto& me = ms[exact_at];
         fmt::print("    int8 dense, query float32 (every product in f32): {:.3f} ms {:.1f} GB/s {:.0f} tok/s (automatic {:.2f}x its tokens/s; "
