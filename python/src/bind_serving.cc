@@ -20,7 +20,7 @@ struct options_pair {
   execution e;
 };
 
-// int8: where the call reads a paged cache, its int8_query key ("automatic" or "float32") into
+// int8: where the call reads a paged cache, its int8_query key ("automatic", "float32" or "int8") into
 // *int8 (paged_kv_view::query).
 options_pair read_options(const char* op, nb::dict opts, int8_query* int8 = nullptr) {
   option_reader r(op, std::move(opts));

@@ -419,6 +419,20 @@ def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
         vt = torch.from_numpy(vs_).permute(1, 0, 2).repeat_interleave(Hq // Hkv, 0)
         want = F.scaled_dot_product_attention(q[b].double(), kt, vt)
         assert (outb[b].double() - want).abs().max() <= 8e-3 * want.abs().max()
+    # int8_query="int8": q and the weights in 8 bits on the blocked keys (byte products where the
+    # CPU has AVX512-VNNI; elsewhere "automatic"'s path): torch's SDPA in float64 on the same
+    # dequantised cache, within the 8-bit rounding of q (1/254 of a row's largest) and of the
+    # weights (1/510 of a block's largest) — 2e-2 of the largest output; lse within 2e-2
+    out8 = attn.attention_paged(q, kb, vb, table, lens, k_scales=ksb, v_scales=vsb, int8_query="int8", return_lse=True)
+    torch.testing.assert_close(out8.lse.float(), lse.float(), rtol=0, atol=2e-2)
+    for b in range(B):
+        L = int(lens[b])
+        ks_ = np.concatenate([krows[table[b, p]] for p in range(3)])[:L]
+        vs_ = np.concatenate([vrows[table[b, p]] for p in range(3)])[:L]
+        kt = torch.from_numpy(ks_).permute(1, 0, 2).repeat_interleave(Hq // Hkv, 0)
+        vt = torch.from_numpy(vs_).permute(1, 0, 2).repeat_interleave(Hq // Hkv, 0)
+        want = F.scaled_dot_product_attention(q[b].double(), kt, vt)
+        assert (out8.out[b].double() - want).abs().max() <= 2e-2 * want.abs().max()
     with pytest.raises(ValueError, match=r"blocked keys end in a contiguous \[D / 4, 16, 4\]"):
         attn.attention_paged(q, np.zeros((pages, page // 16, Hkv, D // 4, 8, 8), np.int8), vb, table, lens,
                              k_scales=ksb, v_scales=vsb)
@@ -457,7 +471,7 @@ def test_int8_query_float32_is_exact_and_automatic_close():
     packed = attn.attention_paged_varlen(q[:, :, 0].copy(), cu, 1, k8, v8, table, lens, k_scales=ks, v_scales=vs,
                                          int8_query="float32")
     np.testing.assert_allclose(packed, exact[:, :, 0], atol=2e-6, rtol=0)
-    with pytest.raises(ValueError, match="attention_paged: int8_query: 'half' is not one of automatic, float32"):
+    with pytest.raises(ValueError, match="attention_paged: int8_query: 'half' is not one of automatic, float32, int8"):
         attn.attention_paged(q, k8, v8, table, lens, k_scales=ks, v_scales=vs, int8_query="half")
     with pytest.raises(TypeError, match="attention_paged_varlen: int8_query"):
         attn.attention_paged_varlen(q[:, :, 0].copy(), cu, 1, k8, v8, table, lens, k_scales=ks, v_scales=vs, int8_query=1)

@@ -320,9 +320,10 @@ int run_paged(const serving_args& a) {
                    ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
       if (blocked) {
         const auto &m8 = ms[bytes_at], &h8 = ms[bytes_at + 1];
-        fmt::print("    int8 blocked keys, q and weights in 8 bits (int8_query::int8): dense {:.3f} ms {:.1f} GB/s ({:.0f}% of the probe) {:.0f} tok/s "
+        fmt::print("    int8 blocked keys, q and weights in 8 bits (int8_query::int8): dense {:.3f} ms {:.1f} GB/s{} {:.0f} tok/s "
                    "({:.2f}x automatic, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | paged head-major {:.3f} ms ({:.0f}% of dense)\n",
-                   m8.wall, gbs(bytes, m8.wall), probe > 0 ? 100 * gbs(bytes, m8.wall) / probe : 0.0, tok / m8.wall * 1e3,
+                   m8.wall, gbs(bytes, m8.wall),
+                   probe > 0 ? fmt::format(" ({:.0f}% of the probe)", 100 * gbs(bytes, m8.wall) / probe) : std::string(), tok / m8.wall * 1e3,
                    ms[4].wall / m8.wall, ms[3].wall / m8.wall, m8.cpu, h8.wall, 100 * m8.wall / h8.wall);
       }
       if (int8) {
