@@ -63,6 +63,28 @@ void augment(const score_call& c, const score_state& s, const strided4& q, const
   });
 }
 
+// The keys' side of both chains below: dk = dkp[:D] - f·dkp[D]·k for each key row (its gradient
+// width elements a row in dkp); returns -Σ dkp[D]·‖k‖², the keys' part of dc.
+double keys_back(const score_call& c, const strided4& k, const strided4& dkp, std::int64_t width, double f,
+                 const strided4& dk) {
+  const std::int64_t D = c.D;
+  std::vector<double> x(std::size_t(D), 0.0), gx(std::size_t(width), 0.0), dx(std::size_t(D), 0.0);
+  double dc = 0.0;
+  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
+    load_row(k, b, h, n, D, x.data());
+    load_row(dkp, b, h, n, width, gx.data());
+    double n2 = 0.0;
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::size_t i = std::size_t(d);
+      n2 += x[i] * x[i];
+      dx[i] = gx[i] - f * gx[std::size_t(D)] * x[i];
+    }
+    dc -= gx[std::size_t(D)] * n2;
+    store_row(dk, b, h, n, D, dx.data());
+  });
+  return dc;
+}
+
 // Through the augmentation:  dq = 2c dqp[:D] - q_term · 2c dqp[D+1] q,
 //                            dk = dkp[:D] - 2c dkp[D] k,
 //   dc = Σ dqp[:D]·2q - q_term · Σ dqp[D+1] ‖q‖² - Σ dkp[D] ‖k‖²,  dh = dc · dc/dh.
@@ -86,18 +108,7 @@ double unaugment(const score_call& c, const score_state& s, const strided4& q, c
     if (s.q_term) dc -= gx[std::size_t(D + 1)] * n2;
     store_row(dq, b, h, n, D, dx.data());
   });
-  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
-    load_row(k, b, h, n, D, x.data());
-    load_row(dkp, b, h, n, D + 2, gx.data());
-    double n2 = 0.0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      const std::size_t i = std::size_t(d);
-      n2 += x[i] * x[i];
-      dx[i] = gx[i] - 2.0 * cf * gx[std::size_t(D)] * x[i];
-    }
-    dc -= gx[std::size_t(D)] * n2;
-    store_row(dk, b, h, n, D, dx.data());
-  });
+  dc += keys_back(c, k, dkp, D + 2, 2.0 * cf, dk);
   return dc * dcoef_dh(c, s);
 }
 
@@ -128,18 +139,7 @@ double unaugment_split(const score_call& c, const score_state& s, const strided4
     }
     store_row(dq, b, h, n, D, dx.data());
   });
-  for_rows(c.B, c.Hkv, c.Nk, [&](std::int64_t b, std::int64_t h, std::int64_t n, std::int64_t) {
-    load_row(k, b, h, n, D, x.data());
-    load_row(dks, b, h, n, D + 1, gx.data());
-    double n2 = 0.0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      const std::size_t i = std::size_t(d);
-      n2 += x[i] * x[i];
-      dx[i] = gx[i] - gx[std::size_t(D)] * x[i];
-    }
-    dc -= gx[std::size_t(D)] * n2;
-    store_row(dk, b, h, n, D, dx.data());
-  });
+  dc += keys_back(c, k, dks, D + 1, 1.0, dk);
   return dc / (2.0 * cf) * dcoef_dh(c, s);
 }
 
