@@ -469,6 +469,32 @@ __attribute__((noinline)) void decode_pv_pairs(float* o, std::int64_t Dvp, const
   pv_end(acc, o, Dvp, c0);
 }
 
+// O[r][c0·W, (c0 + CB)·W) = α_r O + wsc[r] · sums[r] for the int32 sums of a block's P·V
+// (decode_pv_int16, decode_pv_u8); alpha null, or α_r = 1 (the running max kept): O + wsc·sums,
+// one multiply-add.
+template <int RG, int CB>
+inline void int_sums_to_o(const vi (&acc)[RG][CB], float* o, std::int64_t Dvp, const float* alpha, const float* wsc,
+                          std::int64_t c0) {
+#pragma GCC unroll 4
+  for (int r = 0; r < RG; ++r) {
+    const vf ws = splat(wsc[r]);
+    if (alpha && alpha[r] != 1.0f) {
+      const vf a = splat(alpha[r]);
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) {
+        float* oc = o + r * Dvp + (c0 + c) * W;
+        store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < CB; ++c) {
+        float* oc = o + r * Dvp + (c0 + c) * W;
+        store(oc, load(oc) + ws * __builtin_convertvector(acc[r][c], vf));
+      }
+    }
+  }
+}
+
 // int8 V rows with int16 weights (int16_pair_operands): w = p·scale_v of the block, quantised
 // per row to int16 with a power-of-two scale wsc[r] (decode_run::quantise_weights), and each
 // pair of V rows (x, x + 1) widened to int16 and interleaved into words (v_x[d], v_{x+1}[d]) —
@@ -508,30 +534,7 @@ __attribute__((noinline)) void decode_pv_int16(float* o, std::int64_t Dvp, const
       for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_int16_bcast(acc[r][c], vv[c], px);
     }
   }
-  bool moved = false;  // α = 1 on every row (the running max kept): O += wsc·sums, one multiply-add
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r) moved = moved || alpha[r] != 1.0f;
-  if (moved) {
-#pragma GCC unroll 4
-    for (int r = 0; r < RG; ++r) {
-      const vf a = splat(alpha[r]), ws = splat(wsc[r]);
-#pragma GCC unroll 8
-      for (int c = 0; c < CB; ++c) {
-        float* oc = o + r * Dvp + (c0 + c) * W;
-        store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
-      }
-    }
-    return;
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r) {
-    const vf ws = splat(wsc[r]);
-#pragma GCC unroll 8
-    for (int c = 0; c < CB; ++c) {
-      float* oc = o + r * Dvp + (c0 + c) * W;
-      store(oc, load(oc) + ws * __builtin_convertvector(acc[r][c], vf));
-    }
-  }
+  int_sums_to_o<RG, CB>(acc, o, Dvp, alpha, wsc, c0);
 }
 // int8 V rows with 8-bit weights (lane_block::int8_bytes): w = p·scale_v of the block quantised
 // per row to unsigned bytes with a float scale wsc[r] (decode_run::quantise_weights8), and each
@@ -579,24 +582,7 @@ __attribute__((noinline)) void decode_pv_u8(float* o, std::int64_t Dvp, const st
       for (int c = 0; c < CB; ++c) acc[r][c] = Dot::dot_u8s8(acc[r][c], wq, vv[c]);
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < RG; ++r) {
-    const vf ws = splat(wsc[r]);
-    if (alpha && alpha[r] != 1.0f) {
-      const vf a = splat(alpha[r]);
-#pragma GCC unroll 8
-      for (int c = 0; c < CB; ++c) {
-        float* oc = o + r * Dvp + (c0 + c) * W;
-        store(oc, load(oc) * a + ws * __builtin_convertvector(acc[r][c], vf));
-      }
-    } else {
-#pragma GCC unroll 8
-      for (int c = 0; c < CB; ++c) {
-        float* oc = o + r * Dvp + (c0 + c) * W;
-        store(oc, load(oc) + ws * __builtin_convertvector(acc[r][c], vf));
-      }
-    }
-  }
+  int_sums_to_o<RG, CB>(acc, o, Dvp, alpha, wsc, c0);
 }
 // Where d of a V row lands in the accumulators of decode_pv_u8: in each unit of 4W values, lane
 // 4l + i of vector k holds d = 16l + 4k + i (the unpacks work within 128-bit lanes).
@@ -789,8 +775,14 @@ struct decode_run {
   // normal float, and 2^-64 in st.qpost, applied to the score after the key's scale: no factor
   // is subnormal, so that the kernels' flushed denormals (cpu/denormals.h) lose nothing (scores
   // below 2^-126 become 0). Under DAZ a subnormal largest |q| reads as 0: the row is a zero row.
-  void quantise_q_rows() {
-    constexpr int bits = KB ? 14 : 15;
+  // Per row (a lane each) of the lane block: live (rows past nr are not), the largest |q| times
+  // pre — 2^64 where it is below 2^-100 (tiny; zero rows and dead lanes have zero), else 1.
+  struct q_rows_largest {
+    vi live;
+    vf pre, mp;
+    vi zero, tiny;
+  };
+  q_rows_largest largest_q() const {
     const vi live = iota() < splati(std::int32_t(nr));
     // the largest |q| of each row as the bits of the floats (non-negative floats order as their
     // bits, and q is finite here: int8_as_int16): vpmaxsd, one cycle a step, where vmaxps's
@@ -803,8 +795,15 @@ struct decode_run {
     const vf mx = (vf)(live & mb);
     const vi small = (vi)mx < splati(27 << 23);  // zero rows and dead lanes too
     const vf pre = small ? splat(0x1p64f) : splat(1.0f);
-    const vf mp = mx * pre;  // mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
-    const vi zero = (vi)mp == 0, tiny = small & ~zero;
+    const vf mp = mx * pre;
+    const vi zero = (vi)mp == 0;
+    return {live, pre, mp, zero, small & ~zero};
+  }
+
+  void quantise_q_rows() {
+    constexpr int bits = KB ? 14 : 15;
+    // mp = mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
+    const auto [live, pre, mp, zero, tiny] = largest_q();
     const vi E = ((vi)mp >> 23) & splati(0xff);
     const vf f = (vf)(zero ? splati(0) : (splati(bits + 253) - E) << 23);
     const vf scale = (vf)(zero ? splati(0) : (E + splati(1 - bits)) << 23);  // a normal float
@@ -846,17 +845,7 @@ struct decode_run {
   // largest element keeps all of its 7 bits. Rows whose largest |q| is below 2^-100 are first
   // multiplied by 2^64 and take 2^-64 in st.qpost, as in quantise_q_rows.
   void quantise_q_bytes() {
-    const vi live = iota() < splati(std::int32_t(nr));
-    vi mb = vi{};
-    for (std::int64_t d = 0; d < lb.D; ++d) {
-      const vi a = (vi)load(lb.qt + d * W) & splati(0x7fffffff);
-      mb = mb > a ? mb : a;
-    }
-    const vf mx = (vf)(live & mb);
-    const vi small = (vi)mx < splati(27 << 23);  // zero rows and dead lanes too
-    const vf pre = small ? splat(0x1p64f) : splat(1.0f);
-    const vf mp = mx * pre;
-    const vi zero = (vi)mp == 0, tiny = small & ~zero;
+    const auto [live, pre, mp, zero, tiny] = largest_q();
     const vf f = zero ? vf{} : splat(127.0f) / (zero ? splat(1.0f) : mp);
     const vf scale = zero ? vf{} : mp / splat(127.0f);
     const vf post = tiny ? splat(0x1p-64f) : splat(1.0f);

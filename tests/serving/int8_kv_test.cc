@@ -631,46 +631,66 @@ TEST(Int8Decode, TinyQRowsAreQuantisedExactly) {
   }
 }
 
+// A case's cache: a shuffled block table, random int8 pages (keys as rows and blocked) with
+// positive scales, drawn from rng in this order; options (causal, bottom-right; window, softcap,
+// ALiBi and sinks with extras) drawn after; the float64 reference on the dequantised cache.
+struct blocked_cache {
+  const blocked_case& c;
+  std::int64_t B, max_pages = 0;
+  std::vector<std::int64_t> table;
+  Tensor kp, vp, kb, ks, vs, tab, lens;
+  blocked_cache(const blocked_case& c_, std::mt19937& rng) : c(c_), B(std::int64_t(c_.lens.size())) {
+    const std::int64_t ps = c.page_size;
+    for (std::int64_t L : c.lens) max_pages = std::max<std::int64_t>(max_pages, (L + ps - 1) / ps);
+    const std::int64_t num_pages = B * max_pages + 1;
+    table.resize(static_cast<std::size_t>(num_pages));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    table.resize(std::size_t(B * max_pages));
+    kp = random_int8({num_pages, ps, c.Hkv, c.D}, rng), vp = random_int8({num_pages, ps, c.Hkv, c.D}, rng);
+    kb = to_blocked(kp);
+    ks = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+    vs = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+    tab = index_tensor({B, max_pages}, table), lens = index_tensor({B}, c.lens);
+  }
+  attention_options options(std::mt19937& rng) const {
+    attention_options o;
+    o.is_causal = true, o.alignment = causal_alignment::bottom_right;
+    if (c.extras) {
+      o.window_left = 40, o.softcap = 8.0;
+      o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.01, 0.2);
+      o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
+    }
+    return o;
+  }
+  std::vector<attention_result> reference(const attention_options& o, const Tensor& q, const Tensor& vscales) const {
+    std::vector<attention_result> want;
+    for (std::int64_t b = 0; b < B; ++b) {
+      attention_options ob = o;
+      if (c.extras) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
+      const std::int64_t L = c.lens[std::size_t(b)];
+      want.push_back(attention(Tensor::copy_of(q.view().slice(0, b, b + 1), dtype::f64),
+                               dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vscales, table, max_pages, b, L), ob));
+    }
+    return want;
+  }
+};
+
 TEST(Int8Blocked, SameAnswerAsTheRowsTheyHold) {
   for (const blocked_case& c : kBlockedCases)
     for (const dtype type : {dtype::bf16, dtype::f32}) {
       std::mt19937 rng(53);
-      const std::int64_t B = std::int64_t(c.lens.size()), ps = c.page_size;
-      std::int64_t max_pages = 0;
-      for (std::int64_t L : c.lens) max_pages = std::max<std::int64_t>(max_pages, (L + ps - 1) / ps);
-      const std::int64_t num_pages = B * max_pages + 1;
-      std::vector<std::int64_t> table(static_cast<std::size_t>(num_pages));
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng);
-      table.resize(std::size_t(B * max_pages));
-      const Tensor kp = random_int8({num_pages, ps, c.Hkv, c.D}, rng), vp = random_int8({num_pages, ps, c.Hkv, c.D}, rng);
-      const Tensor kb = to_blocked(kp);
-      const Tensor ks = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
-      const Tensor vs = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+      const blocked_cache bc(c, rng);
+      const std::int64_t B = bc.B;
+      const Tensor &kp = bc.kp, &vp = bc.vp, &kb = bc.kb, &ks = bc.ks, &vs = bc.vs, &tab = bc.tab, &lens = bc.lens;
+      const std::vector<std::int64_t>& table = bc.table;
       Tensor q = random_tensor({B, c.Hq, c.Nq, c.D}, type, rng, -2, 2);
       for (std::int64_t b = 0; b < B; ++b)  // small elements, which a 14-bit q rounds (and a 15-bit one otherwise)
         for (std::int64_t h = 0; h < c.Hq; ++h)
           for (std::int64_t i = 0; i < c.Nq; ++i) q.set({b, h, i, 1}, 7.1e-4 * double(1 + h + i));
-      const Tensor tab = index_tensor({B, max_pages}, table), lens = index_tensor({B}, c.lens);
       const paged_kv_view rows{kp, vp, tab, lens, ks, vs}, blocked{kb, vp, tab, lens, ks, vs};
-      attention_options o;
-      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
-      if (c.extras) {
-        o.window_left = 40, o.softcap = 8.0;
-        o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.01, 0.2);
-        o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
-      }
-      const auto reference = [&](const Tensor& qq) {
-        std::vector<attention_result> want;
-        for (std::int64_t b = 0; b < B; ++b) {
-          attention_options ob = o;
-          if (c.extras) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
-          const std::int64_t L = c.lens[std::size_t(b)];
-          want.push_back(attention(Tensor::copy_of(qq.view().slice(0, b, b + 1), dtype::f64),
-                                   dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vs, table, max_pages, b, L), ob));
-        }
-        return want;
-      };
+      const attention_options o = bc.options(rng);
+      const auto reference = [&](const Tensor& qq) { return bc.reference(o, qq, vs); };
       const std::vector<attention_result> want = reference(q);
       // float32 q on the blocked keys' byte products: rounded to 14 bits
       const std::vector<attention_result> want14 =
@@ -764,40 +784,15 @@ TEST(Int8Blocked, EightBitQueryAndWeights) {
   for (const blocked_case& c : kBlockedCases)
     for (const dtype type : {dtype::bf16, dtype::f32}) {
       std::mt19937 rng(61);
-      const std::int64_t B = std::int64_t(c.lens.size()), ps = c.page_size;
-      std::int64_t max_pages = 0;
-      for (std::int64_t L : c.lens) max_pages = std::max<std::int64_t>(max_pages, (L + ps - 1) / ps);
-      const std::int64_t num_pages = B * max_pages + 1;
-      std::vector<std::int64_t> table(static_cast<std::size_t>(num_pages));
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), rng);
-      table.resize(std::size_t(B * max_pages));
-      const Tensor kp = random_int8({num_pages, ps, c.Hkv, c.D}, rng), vp = random_int8({num_pages, ps, c.Hkv, c.D}, rng);
-      const Tensor kb = to_blocked(kp);
-      const Tensor ks = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
-      Tensor vs = random_tensor({num_pages, ps, c.Hkv}, dtype::f32, rng, 0.001, 0.03);
+      const blocked_cache bc(c, rng);
+      const std::int64_t B = bc.B;
+      const Tensor &kp = bc.kp, &vp = bc.vp, &kb = bc.kb, &ks = bc.ks, &vs = bc.vs, &tab = bc.tab, &lens = bc.lens;
+      const std::vector<std::int64_t>& table = bc.table;
       Tensor vneg = Tensor::copy_of(vs);  // a third of the value scales negative
       for (std::int64_t i = 0; i < vneg.numel(); i += 3) vneg.data_as<float>()[i] = -vneg.data_as<float>()[i];
       const Tensor q = random_tensor({B, c.Hq, c.Nq, c.D}, type, rng, -2, 2);
-      const Tensor tab = index_tensor({B, max_pages}, table), lens = index_tensor({B}, c.lens);
-      attention_options o;
-      o.is_causal = true, o.alignment = causal_alignment::bottom_right;
-      if (c.extras) {
-        o.window_left = 40, o.softcap = 8.0;
-        o.alibi_slopes = random_tensor({B, c.Hq}, dtype::f64, rng, 0.01, 0.2);
-        o.sinks = random_tensor({c.Hq}, dtype::f64, rng);
-      }
-      const auto reference = [&](const Tensor& qq, const Tensor& vscales) {
-        std::vector<attention_result> want;
-        for (std::int64_t b = 0; b < B; ++b) {
-          attention_options ob = o;
-          if (c.extras) ob.alibi_slopes = Tensor::copy_of(o.alibi_slopes->slice(0, b, b + 1).reshape({c.Hq}));
-          const std::int64_t L = c.lens[std::size_t(b)];
-          want.push_back(attention(Tensor::copy_of(qq.view().slice(0, b, b + 1), dtype::f64),
-                                   dequantised(kp, ks, table, max_pages, b, L), dequantised(vp, vscales, table, max_pages, b, L), ob));
-        }
-        return want;
-      };
+      const attention_options o = bc.options(rng);
+      const auto reference = [&](const Tensor& qq, const Tensor& vscales) { return bc.reference(o, qq, vscales); };
       const Tensor q8 = as_int8_rounds(q, type == dtype::f32 ? 1 / std::sqrt(double(c.D)) : 1.0);
       for (const bool negative : {false, true}) {
         const Tensor& vsc = negative ? vneg : vs;
