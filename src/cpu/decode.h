@@ -839,7 +839,7 @@ struct decode_run {
   }
 
   // B8: q in 8 bits, every row of the lane block at once: per row f = 127 / (its largest |q|),
-  // q8 = q·f rounded half to even (|q8| <= 127), one signed byte per element (q8 of row g at
+  // q8 = fl(q·f) rounded half to even (|q8| <= 127), one signed byte per element (q8 of row g at
   // byte g·2·Dp + d: the rows qs dwords apart, as decode_scores_blocked8 reads them), 128·Σ q8 in
   // qcorr and the largest |q| / 127 in st.qsc. A float scale rather than a power of two: the
   // largest element keeps all of its 7 bits. Rows whose largest |q| is below 2^-100 are first
@@ -852,11 +852,14 @@ struct decode_run {
     q_tiny = any_lane(tiny);
     vi sum = vi{};
     for (std::int64_t d = 0; d < Dp; ++d) {
-      const vf v = d < lb.D ? (load(lb.qt + d * W) * pre) * f : vf{};  // pre: exact (a power of two)
-      vf x = round_nearest(v);
-      x = x < splat(-127.0f) ? splat(-127.0f) : x;
-      x = x > splat(127.0f) ? splat(127.0f) : x;
-      const vi q8 = live & __builtin_convertvector(x, vi);
+      // q·f rounded to float, then to the nearest integer (even on a tie) by the conversion:
+      // round_nearest here would let the compiler fuse its add with the product (one rounding
+      // of the exact product), and the bits would depend on the build. pre: exact (a power of two).
+      const vf v = d < lb.D ? (load(lb.qt + d * W) * pre) * f : vf{};
+      vi x = Ops::dot::round_to_int(v);
+      x = x < splati(-127) ? splati(-127) : x;
+      x = x > splati(127) ? splati(127) : x;
+      const vi q8 = live & x;
       sum += q8;
       for (std::int64_t g = 0; g < st.nrp; ++g) reinterpret_cast<std::int8_t*>(st.qr)[g * 2 * Dp + d] = std::int8_t(q8[g]);
     }

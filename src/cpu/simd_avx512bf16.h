@@ -97,6 +97,14 @@ struct avx512bf16_dot {
   // (decode.h, decode_pv_u8).
   static vu interleave_bytes_lo(vu a, vu b) { return (vu)_mm512_unpacklo_epi8((__m512i)a, (__m512i)b); }
   static vu interleave_bytes_hi(vu a, vu b) { return (vu)_mm512_unpackhi_epi8((__m512i)a, (__m512i)b); }
+  // W floats → W int32, rounded to nearest even by the conversion itself (vcvtps2dq {rn-sae}):
+  // one rounding of x as given, which the compiler cannot fuse with the product that made x
+  // (the portable round_nearest adds and subtracts 1.5·2^23, and -ffp-contract=fast may fuse
+  // that add with a product: then the exact product is rounded, and builds differ) — decode's
+  // 8-bit q (decode.h, quantise_q_bytes).
+  static vi round_to_int(vf x) {
+    return (vi)_mm512_maskz_cvt_roundps_epi32(0xffff, (__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   // W floats in [0, 255.5) → W unsigned bytes at out, rounded to nearest even (vcvtps2dq with the
   // rounding in the instruction) and saturated to 255 (vpmovusdb): the 8-bit weights of decode's
   // P·V (decode.h, quantise_weights8).

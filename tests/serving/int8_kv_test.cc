@@ -751,8 +751,9 @@ TEST(Int8Blocked, SameAnswerAsTheRowsTheyHold) {
 }
 
 // q [B, Hq, Nq, D] as int8_query::int8 rounds it on blocked keys (decode.h, quantise_q_bytes):
-// each row of fl32(q · scale) times f = fl32(127 / its largest |value|), the exact product
-// rounded half to even (the kernel's rounding is one fused multiply-add; |q8| <= 127), times the row's scale fl32(largest / 127) and divided by the scale again —
+// each row of fl32(q · scale) times f = fl32(127 / its largest |value|), that float32 product
+// rounded half to even (|q8| <= 127; the kernel rounds it by the conversion, so that no build
+// fuses the product into the rounding), times the row's scale fl32(largest / 127) and divided by the scale again —
 // float64 rows for the reference with the same scale. scale: what the kernel multiplies q by
 // (the call's scale for float32 q; 1 for bfloat16 q, whose scores take the scale instead).
 Tensor as_int8_rounds(const Tensor& q, double scale) {
@@ -767,7 +768,7 @@ Tensor as_int8_rounds(const Tensor& q, double scale) {
         for (std::int64_t x = 0; x < D; ++x) row[std::size_t(x)] = float(q.get({b, h, i, x})) * s32, m = std::max(m, std::fabs(row[std::size_t(x)]));
         const float f = m > 0 ? 127.0f / m : 0.0f, back = m / 127.0f;
         for (std::int64_t x = 0; x < D; ++x) {
-          const double q8 = std::clamp(std::nearbyint(double(row[std::size_t(x)]) * double(f)), -127.0, 127.0);
+          const double q8 = std::clamp(std::nearbyint(double(row[std::size_t(x)] * f)), -127.0, 127.0);
           r.set({b, h, i, x}, q8 * double(back) / scale);
         }
       }
