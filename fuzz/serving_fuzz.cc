@@ -360,7 +360,7 @@ double int16_lse_bound(const setup& s, const Tensor& q8, const Tensor& k8, doubl
 // within 2^-14 of the block's largest (serving.h), a sum over the blocks no larger than W·2^-14 of
 // the row's (W = 16: the int16 products run on AVX-512 only); both times the largest |v| of
 // sequence b's dequantised values v8 (float64), 0 where it is not finite.
-// The byte products (int8_query::int8) round each weight within 1/510 of the block's largest (w_step).
+// int8_query::int8 rounds each weight within 1/510 of the block's largest (w_step).
 double int16_out_bound(double lse_bound, const Tensor& v8, double w_step = 0x1p-14) {
   double vm = 0;
   for (const double x : v8.to_vector()) vm = std::max(vm, std::abs(x));
@@ -623,13 +623,14 @@ void run_paged(bytes& in, setup& s) {
     debug_dump({{"q", qb.to_vector()}, {"k", c.dense(true, b, L, s.Hkv, s.D).to_vector()},
                 {"v", c.dense(false, b, L, s.Hkv, s.Dv).to_vector()}, {"truth out", w.truth.out.to_vector()},
                 {"truth lse", w.truth.lse.to_vector()}, {"cpu out", part(out_c, b * no, no)}, {"cpu lse", part(lse_c, b * nl, nl)}});
-    // (8-bit q on blocked keys: every q dtype moves; the bounds hold for the int16 path too)
-    const bool bytes_q = c.int8 && c.blocked && c.query == int8_query::int8;
-    const bool int16_q = c.int8 && (bytes_q || (s.t != dtype::bf16 && c.query != int8_query::float32));
+    // int8_query::int8: 8-bit weights (every q dtype), and on blocked keys 8-bit q; the bounds
+    // hold for the int16 path too
+    const bool bytes_w = c.int8 && c.query == int8_query::int8, bytes_q = bytes_w && c.blocked;
+    const bool int16_q = c.int8 && (bytes_w || (s.t != dtype::bf16 && c.query != int8_query::float32));
     const double lse_b =
         int16_q ? int16_lse_bound(s, qb, c.dense(true, b, L, s.Hkv, s.D), bytes_q ? 1.0 / 254 : 0x1p-14) : 0.0;
     check_rows(std::string(op) + " cpu" + where, s, part(out_c, b * no, no), part(lse_c, b * nl, nl), w, tol, lse_b,
-               int16_q ? int16_out_bound(lse_b, c.dense(false, b, L, s.Hkv, s.Dv), bytes_q ? 1.0 / 510 : 0x1p-14) : 0.0);
+               int16_q ? int16_out_bound(lse_b, c.dense(false, b, L, s.Hkv, s.Dv), bytes_w ? 1.0 / 510 : 0x1p-14) : 0.0);
     if (!c.int8) check_rows(std::string(op) + " reference" + where, s, part(out_r, b * no, no), part(lse_r, b * nl, nl), w, tol);
   }
   // The backward's special values: api_fuzz, on the core op (which this one runs per sequence).

@@ -93,15 +93,15 @@ varlen_grads attention_varlen_backward(const TensorView& q, const TensorView& k,
 //              bf16 dot product is fast; every other case is float32.
 //   float32    q and the weights stay floats: the int8 rows widened to float32, every product
 //              exact (float32 accumulation).
-//   int8       as automatic, but where keys are blocked (below) and the CPU has AVX512_VNNI, q
-//              is rounded to 8 bits (a float scale per row, max|q| / 127: llama.cpp rounds q the
-//              same way for its q8_0 cache) and each block's weights p·scale_v to unsigned 8
-//              bits (scale: the block's largest / 255, per row), so that q·k and P·V each take
-//              one byte dot product (vpdpbusd) per four products — half those of automatic. An
-//              element of q moves by up to 1/254 of its row's largest |q|, a weight by up to
-//              1/510 of its block's largest: about the int8 cache's own rounding of the keys
-//              (docs/SERVING.md, "int8 KV cache", for the measured error). Rows elsewhere
-//              (keys not blocked, other ISAs) are read as with automatic.
+//   int8       as automatic, but where the int16 products run on AVX-512, each block's weights
+//              p·scale_v are rounded to unsigned 8 bits (scale: the block's largest / 255, per
+//              row), so that P·V takes one byte dot product (vpdpbusd) per four products; and
+//              where keys are blocked (below) q is rounded to 8 bits too (a float scale per row,
+//              max|q| / 127: llama.cpp rounds q the same way for its q8_0 cache), q·k likewise —
+//              half the products of automatic. A weight moves by up to 1/510 of its block's
+//              largest, an element of q (blocked keys) by up to 1/254 of its row's largest |q|:
+//              about the int8 cache's own rounding of the keys (docs/SERVING.md, "int8 KV cache",
+//              for the measured error). Other ISAs read as with automatic.
 enum class int8_query { automatic, float32, int8 };
 // "automatic", "float32", "int8" and back; parse_int8_query throws attn::error listing the valid names.
 std::string_view to_string(int8_query q);

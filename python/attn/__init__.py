@@ -354,9 +354,9 @@ def attention_paged(q, k_pages, v_pages, block_table, seq_lens, *, k_scales=None
     ``int8_query`` (int8 pages): "automatic" rounds each row of q, and each block's weights, to
     int16 where the CPU has AVX512-VNNI int16 dot products (exact for bfloat16 q; a float32
     element moves by at most 2^-14 of its row's largest |q|; about 1.6x the float32 rate);
-    "float32" keeps every product exact in float32; "int8", with blocked keys on such a CPU, rounds
-    q to 8 bits (1/254 of a row's largest |q| at most) and the weights to unsigned 8 bits (1/510 of
-    a block's largest), half the products of "automatic" (elsewhere it is "automatic").
+    "float32" keeps every product exact in float32; "int8" on such a CPU rounds the weights to
+    unsigned 8 bits (1/510 of a block's largest at most) and, with blocked keys, q to 8 bits too
+    (1/254 of a row's largest |q|): half the products of "automatic" (elsewhere it is "automatic").
 
     >>> attn.paged_kv_append(K, V, table, lens, k_t, v_t); lens += 1
     >>> out = attn.attention_paged(q_t, K, V, table, lens, is_causal=True)

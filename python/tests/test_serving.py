@@ -425,6 +425,9 @@ def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
     # weights (1/510 of a block's largest) — 2e-2 of the largest output; lse within 2e-2
     out8 = attn.attention_paged(q, kb, vb, table, lens, k_scales=ksb, v_scales=vsb, int8_query="int8", return_lse=True)
     torch.testing.assert_close(out8.lse.float(), lse.float(), rtol=0, atol=2e-2)
+    # ... and on the rows pages: q as "automatic" rounds it (lse alike), the weights in 8 bits
+    out8r = attn.attention_paged(q, k8, v8, table, lens, k_scales=ks, v_scales=vs, int8_query="int8", return_lse=True)
+    torch.testing.assert_close(out8r.lse.float(), lse.float(), rtol=2e-5, atol=2e-5)
     for b in range(B):
         L = int(lens[b])
         ks_ = np.concatenate([krows[table[b, p]] for p in range(3)])[:L]
@@ -433,6 +436,7 @@ def test_blocked_int8_keys_hold_the_rows_bytes_and_decode_alike():
         vt = torch.from_numpy(vs_).permute(1, 0, 2).repeat_interleave(Hq // Hkv, 0)
         want = F.scaled_dot_product_attention(q[b].double(), kt, vt)
         assert (out8.out[b].double() - want).abs().max() <= 2e-2 * want.abs().max()
+        assert (out8r.out[b].double() - want).abs().max() <= 2e-2 * want.abs().max()
     with pytest.raises(ValueError, match=r"blocked keys end in a contiguous \[D / 4, 16, 4\]"):
         attn.attention_paged(q, np.zeros((pages, page // 16, Hkv, D // 4, 8, 8), np.int8), vb, table, lens,
                              k_scales=ksb, v_scales=vsb)

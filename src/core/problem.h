@@ -88,7 +88,7 @@ struct problem {
   //   int8 K/V: whether decode may round q and the weights (to int16; with bf16 pairs the weights
   //   to bf16), or keeps every product exact in float32 (paged_kv_view::query).
   bool int8_rounding = true;
-  //   int8 K/V with blocked keys: q and the weights rounded to 8 bits (int8_query::int8)
+  //   int8 K/V: the weights rounded to 8 bits, with blocked keys q too (int8_query::int8)
   bool int8_bytes = false;
 
   std::int64_t group() const { return Hq / Hkv; }

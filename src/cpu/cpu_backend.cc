@@ -305,7 +305,7 @@ struct forward_plan {
                            // bf16 decode dots; the scores are scaled instead
   bool k8 = false;         // int8 K/V rows with per-row scales (serving), read in place by decode
   bool int8_rounding = false;  // int8 K/V: q and the weights may be rounded (problem::int8_rounding)
-  bool int8_bytes = false;     // blocked int8 keys: q and the weights in 8 bits (problem::int8_bytes)
+  bool int8_bytes = false;     // int8 K/V: the weights in 8 bits, with blocked keys q too (problem::int8_bytes)
   bool paged = false;      // K/V rows in pages through a block table (serving), read in place by decode
   // Decode reading K/V in place from rows whose heads interleave (a page of every head, or a
   // token-major cache): one task runs every kv head of a (b, lane block, key chunk), block by
@@ -360,7 +360,7 @@ forward_plan plan_forward(const problem& p, const kernel_table& kt) {
   f.k8 = p.k.type == dtype::i8;
   f.raw_q = (f.k16 || f.k8) && p.q.type == dtype::bf16;
   f.int8_rounding = f.k8 && p.int8_rounding;
-  f.int8_bytes = f.int8_rounding && p.k_blocked && p.int8_bytes;
+  f.int8_bytes = f.int8_rounding && p.int8_bytes;
   f.paged = p.page_table != nullptr;
   {
     // (blocked int8 keys: k.sn is the stride of a block of 16 keys)
@@ -1253,7 +1253,8 @@ const char* int8_decode_words(const problem& p, const kernel_table& kt, const fo
     if (p.k_blocked && kt.W == 16)
       return fp.int8_bytes ? ", int8 K/V read in place, blocked keys, q and weights as 8-bit (byte dot products)"
                            : ", int8 K/V read in place, blocked keys (byte dot products with 14-bit q), weights as int16";
-    return ", int8 K/V read in place, q and weights as int16 (int16 dot products)";
+    return fp.int8_bytes && kt.W == 16 ? ", int8 K/V read in place, q as int16 (int16 dot products), weights as 8-bit (byte dot products)"
+                                       : ", int8 K/V read in place, q and weights as int16 (int16 dot products)";
   }
   return p.k_blocked ? ", int8 K/V dequantised, blocked keys copied as rows" : ", int8 K/V dequantised in place";
 }

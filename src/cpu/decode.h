@@ -623,7 +623,7 @@ inline void decode_pv_tail(int nv, float* o, std::int64_t Dvp, const float* pb, 
 // together: contiguous in a token-major cache or a page of all heads).
 // Ops: the operand type of the q·k dots; T: the storage of the K/V rows read.
 // KB: keys stored blocked (lane_block::kblocked), read by decode_scores_blocked (int16_pair_operands, W = 16).
-// B8: with KB, q and the weights in 8 bits (lane_block::int8_bytes): decode_scores_blocked8, decode_pv_u8.
+// B8: the weights in 8 bits (lane_block::int8_bytes, decode_pv_u8), and with KB q too (decode_scores_blocked8).
 template <int RG, class Ops, class T, bool KB = false, bool B8 = false>
 struct decode_run {
   static constexpr int KG = W / RG, U = storage<T>::U, P = Ops::kPack;
@@ -635,7 +635,7 @@ struct decode_run {
   static constexpr bool pv_memory_order = q8 && P == 2 && KG % 2 == 0;
   // q·k of bf16 rows by decode_scores_chunked (q chunked, chunk_q) where D fits: see there.
   static constexpr bool kChunkable = W == 16 && RG == 4 && P == 2 && !Ops::kInt && !KB && __is_same(T, std::uint16_t);
-  static_assert(!B8 || (KB && i16), "8-bit q and weights take blocked keys on the int16 path");
+  static_assert(!B8 || i16, "8-bit weights replace the int16 ones");
   static constexpr std::int64_t pv_position(std::int64_t d) {
     if constexpr (B8) return u8_pv_position(d);
     else if constexpr (i16) return int16_pv_position(d);
@@ -678,7 +678,7 @@ struct decode_run {
   decode_run(const lane_block& lb_, const forward_io& io_, bool copy_all_, int heads, bool near)
       : lb(lb_), io(io_), copy_all(copy_all_), st(lb_, RG, U * W), sc(lb_.sp), kr(lb_), L(lb_.L), nr(st.nr), Dp(st.Dp),
         Dvp(st.Dvp) {
-    if constexpr (B8) quantise_q_bytes();  // decode's lane blocks are lanes_small = W rows
+    if constexpr (B8 && KB) quantise_q_bytes();  // decode's lane blocks are lanes_small = W rows
     else if constexpr (i16) quantise_q_rows();
     else q_rows();
     for (std::int64_t g = 0; g < st.nrp; ++g) {
@@ -1065,7 +1065,7 @@ struct decode_run {
   void score(std::int64_t g, const key_block& b) {
     vf s[RG];
     const bool first = g == 0;  // later row groups read the block from L1
-    if constexpr (B8)
+    if constexpr (B8 && KB)
       decode_scores_blocked8<RG, typename Ops::dot>(qwords + g * RG * qs, qs, st.qcorr + g * RG, Dp / 4, b.rows, s,
                                                     first ? b.pf : b.rows, first ? b.nd : 0);
     else if constexpr (KB)
@@ -1325,11 +1325,14 @@ void decode_group(const lane_block* lbs, const forward_io* ios, int n) {
     // path reads them through the padded copy, as rows.
     if constexpr (Dot::int16 && (W / RG) % 2 == 0)  // keys in pairs within a row's lanes
       if (int8_as_int16<Dot>(lbs, n)) {
-        if constexpr (W == 16)
+        if constexpr (W == 16) {
           if (lb.kblocked)
             return lb.int8_bytes
                        ? decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true, true>(lbs, ios, n, false, near)
                        : decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, true>(lbs, ios, n, false, near);
+          if (lb.int8_bytes)  // rows: q·k on int16 pairs, P·V on 8-bit weights
+            return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t, false, true>(lbs, ios, n, false, near);
+        }
         return decode_rows<RG, int16_pair_operands<Dot>, std::int8_t>(lbs, ios, n, lb.kblocked, near);
       }
     if constexpr (bf16_pairs_in_decode<Dot>())  // (not where vdpbf16ps is slower than widening: Intel)

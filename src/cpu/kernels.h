@@ -86,8 +86,8 @@ struct lane_block {
   bool q_bf16 = false;                 // decode: qt holds exact bf16 values, unscaled (sp.scale applies)
   bool int8_rounding = false;          // decode of int8 rows: q and the weights may be rounded (to
                                        // int16; the weights to bf16 for bf16 pairs): paged_kv_view::query
-  bool int8_bytes = false;             // with kblocked and the int16 products: q and the weights rounded
-                                       // to 8 bits (int8_query::int8; decode.h, decode_scores_blocked8)
+  bool int8_bytes = false;             // with the int16 products: the weights rounded to 8 bits, and
+                                       // with kblocked q too (int8_query::int8; decode.h, decode_pv_u8)
   // Decode only: int8 rows (instead of k / v, same row strides) with one f32 scale per row:
   // key j is kscale[j·kss] · k8[j·ksn + x] (values likewise).
   const std::int8_t* k8 = nullptr;

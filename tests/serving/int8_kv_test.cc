@@ -778,7 +778,8 @@ Tensor as_int8_rounds(const Tensor& q, double scale) {
 // int8_query::int8 on blocked keys, where the byte products run (W = 16 with VNNI, head sizes
 // of whole units of 64): lse equals the float64 reference on q rounded to 8 bits as documented
 // (the weights' rounding does not reach lse), and out stays within the weights' 8-bit bound of
-// it; every other path gives automatic's bits. Negative value scales (written by hand) take the
+// it; on the same keys as rows, lse equals the reference on q as automatic rounds it and out
+// stays within the weights' bound; every other path gives automatic's bits. Negative value scales (written by hand) take the
 // second pass of P·V; NaN/±inf in q or a scale give the rows' non-finite pattern; 1 and 2
 // threads give the same bits.
 TEST(Int8Blocked, EightBitQueryAndWeights) {
@@ -795,9 +796,11 @@ TEST(Int8Blocked, EightBitQueryAndWeights) {
       const attention_options o = bc.options(rng);
       const auto reference = [&](const Tensor& qq, const Tensor& vscales) { return bc.reference(o, qq, vscales); };
       const Tensor q8 = as_int8_rounds(q, type == dtype::f32 ? 1 / std::sqrt(double(c.D)) : 1.0);
+      // q as the rows' int16 products round it: 15 bits for float32 q, exact for bfloat16
+      const Tensor q15 = type == dtype::f32 ? as_int16_rounds(q, 1 / std::sqrt(double(c.D)), 15) : Tensor::copy_of(q, dtype::f64);
       for (const bool negative : {false, true}) {
         const Tensor& vsc = negative ? vneg : vs;
-        const std::vector<attention_result> want8 = reference(q8, vsc);
+        const std::vector<attention_result> want8 = reference(q8, vsc), want15 = reference(q15, vsc);
         paged_kv_view bytes{kb, vp, tab, lens, ks, vsc}, automatic{kb, vp, tab, lens, ks, vsc};
         bytes.query = int8_query::int8;
         for (const std::string& isa : isas()) {
@@ -807,9 +810,13 @@ TEST(Int8Blocked, EightBitQueryAndWeights) {
           const bool in_place = kt.W == 16 && int16_products(c.D, c.D);
           const attention_result r = attention_paged(q, bytes, o, {.num_threads = 2});
           const attention_result ra = attention_paged(q, automatic, o, {.num_threads = 2});
-          if (!in_place) {  // automatic's path, bit for bit
+          if (!in_place) {  // automatic's path, bit for bit (rows too)
             EXPECT_TRUE(all_close(r.out, ra.out, 0, 0));
             EXPECT_TRUE(all_close(r.lse, ra.lse, 0, 0));
+            paged_kv_view rows8{kp, vp, tab, lens, ks, vsc};
+            rows8.query = int8_query::int8;
+            const paged_kv_view rowsa{kp, vp, tab, lens, ks, vsc};
+            EXPECT_TRUE(all_close(attention_paged(q, rows8, o).out, attention_paged(q, rowsa, o).out, 0, 0));
             continue;
           }
           double e = 0;
@@ -822,6 +829,24 @@ TEST(Int8Blocked, EightBitQueryAndWeights) {
                       c.name, std::string(dtype_name(type)).c_str(), isa.c_str(), negative ? " (negative value scales)" : "", e);
           EXPECT_LT(e, 1e-2);
           EXPECT_FALSE(all_close(r.lse, ra.lse, 0, 0));  // the 8-bit q·k ran
+          // The rows (keys not blocked): q as automatic rounds it (15 bits; bf16 q exactly), the
+          // weights in 8 bits — lse as automatic's reference, out within the weights' bound.
+          paged_kv_view rows8{kp, vp, tab, lens, ks, vsc};
+          const paged_kv_view rowsa{kp, vp, tab, lens, ks, vsc};
+          rows8.query = int8_query::int8;
+          const attention_result r8 = attention_paged(q, rows8, o, {.num_threads = 2}), r16 = attention_paged(q, rowsa, o, {.num_threads = 2});
+          double er = 0;
+          for (std::int64_t b = 0; b < B; ++b) {
+            if (c.lens[std::size_t(b)] == 0) continue;
+            er = std::max(er, relative_error(Tensor::copy_of(r8.out.view().slice(0, b, b + 1), dtype::f64), want15[std::size_t(b)].out));
+            EXPECT_TRUE(all_close(Tensor::copy_of(r8.lse.view().slice(0, b, b + 1), dtype::f64), want15[std::size_t(b)].lse, 2e-5))
+                << "rows, sequence " << b;
+          }
+          std::printf("  rows with 8-bit weights: max error / max |out| %.3g against the reference on q as the rows round it\n", er);
+          EXPECT_LT(er, 1e-2);
+          EXPECT_FALSE(all_close(r8.out, r16.out, 0, 0));  // the 8-bit weights ran
+          const attention_result r8one = attention_paged(q, rows8, o, {.num_threads = 1});
+          EXPECT_TRUE(all_close(r8one.out, r8.out, 0, 0));
           const attention_result one = attention_paged(q, bytes, o, {.num_threads = 1});
           EXPECT_TRUE(all_close(one.out, r.out, 0, 0));
           EXPECT_TRUE(all_close(one.lse, r.lse, 0, 0));

@@ -295,6 +295,10 @@ int run_paged(const serving_args& a) {
     }
     const std::size_t exact_at = fs.size();
     if (int8) fs.push_back([&] { attention_paged(q, cd_exact, o, ex); }), names.push_back("int8 dense query float32");
+    paged_kv_view cd8 = cd;  // int8 rows with 8-bit weights (int8_query::int8)
+    cd8.query = int8_query::int8;
+    const std::size_t rows8_at = fs.size();
+    if (int8) fs.push_back([&] { attention_paged(q, cd8, o, ex); }), names.push_back("int8 dense, int8 query");
     // (the probe once, after the timed calls)
     double probe = -1;
     const auto report = [&](const std::vector<medians>& ms) {
@@ -331,6 +335,10 @@ int run_paged(const serving_args& a) {
         fmt::print("    int8 dense, query float32 (every product in f32): {:.3f} ms {:.1f} GB/s {:.0f} tok/s (automatic {:.2f}x its tokens/s; "
                    "cpu time {:.3f} ms)\n",
                    me.wall, gbs(bytes, me.wall), tok / me.wall * 1e3, me.wall / ms[0].wall, me.cpu);
+        const auto& m8 = ms[rows8_at];
+        fmt::print("    int8 dense rows, weights in 8 bits (int8_query::int8): {:.3f} ms {:.1f} GB/s {:.0f} tok/s ({:.2f}x automatic, "
+                   "{:.2f}x the bf16 tokens/s; cpu time {:.3f} ms)\n",
+                   m8.wall, gbs(bytes, m8.wall), tok / m8.wall * 1e3, ms[0].wall / m8.wall, ms[3].wall / m8.wall, m8.cpu);
       }
     };
     ab.run(fs, names, fmt::format("paged {} B{} Nq{} Nk{} K/V {}", ps, a.batch, a.nq, a.nk, dtype_name(kvt)), resolve_threads(t),
