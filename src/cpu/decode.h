@@ -800,6 +800,18 @@ struct decode_run {
     return {live, pre, mp, zero, small & ~zero};
   }
 
+  // Each row's scale and post factor (lanes of scale, post) into the mixed layout of st.qsc and
+  // st.qpost, and 128·Σ q of each row into st.qcorr where sum is given (the byte q·k products).
+  void store_q_scales(vf scale, vf post, const vi* sum) const {
+    for (std::int64_t g = 0; g < st.nrp; ++g) {
+      if (sum) st.qcorr[g] = std::int32_t(128 * std::int64_t((*sum)[g]));
+      for (int x = 0; x < KG; ++x) {
+        st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
+        st.qpost[g / RG * W + g % RG * KG + x] = post[g];
+      }
+    }
+  }
+
   void quantise_q_rows() {
     constexpr int bits = KB ? 14 : 15;
     // mp = mx·pre in [2^(E-127), 2^(E-126)) with E >= 27 its exponent field: e = E - 126
@@ -829,13 +841,7 @@ struct decode_run {
           reinterpret_cast<std::int16_t*>(st.qr)[g * Dp + d] = std::int16_t(q16[g]);
       }
     }
-    for (std::int64_t g = 0; g < st.nrp; ++g) {
-      if constexpr (KB) st.qcorr[g] = std::int32_t(128 * std::int64_t(sum[g]));
-      for (int x = 0; x < KG; ++x) {
-        st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
-        st.qpost[g / RG * W + g % RG * KG + x] = post[g];
-      }
-    }
+    store_q_scales(scale, post, KB ? &sum : nullptr);
   }
 
   // B8: q in 8 bits, every row of the lane block at once: per row f = 127 / (its largest |q|),
@@ -863,13 +869,7 @@ struct decode_run {
       sum += q8;
       for (std::int64_t g = 0; g < st.nrp; ++g) reinterpret_cast<std::int8_t*>(st.qr)[g * 2 * Dp + d] = std::int8_t(q8[g]);
     }
-    for (std::int64_t g = 0; g < st.nrp; ++g) {
-      st.qcorr[g] = 128 * sum[g];
-      for (int x = 0; x < KG; ++x) {
-        st.qsc[g / RG * W + g % RG * KG + x] = scale[g];
-        st.qpost[g / RG * W + g % RG * KG + x] = post[g];
-      }
-    }
+    store_q_scales(scale, post, &sum);
   }
 
   float elem_f32(const char* base, std::int64_t i) const {
@@ -1164,12 +1164,14 @@ struct decode_run {
       const std::ptrdiff_t vn = first ? vd : 0;
       if constexpr (B8) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
         using D8 = typename Ops::dot;
-        for (; c0 + CB <= nv; c0 += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, pw8, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
-        if (nv - c0 == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, pw8, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
-        if (neg) {  // the negative weights: the rows again (from L1), α already applied
-          for (c0 = 0; c0 + CB <= nv; c0 += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, pw8n, nullptr, wscn, vb, vs, c0, vb, 0);
-          if (nv - c0 == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, pw8n, nullptr, wscn, vb, vs, c0, vb, 0);
-        }
+        const auto pv = [&](const std::uint8_t* w, const float* alpha, const float* wsc, const std::int8_t* pf,
+                            std::ptrdiff_t nd) {
+          std::int64_t c = 0;
+          for (; c + CB <= nv; c += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, w, alpha, wsc, vb, vs, c, pf, nd);
+          if (nv - c == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, w, alpha, wsc, vb, vs, c, pf, nd);
+        };
+        pv(pw8, st.alpha, st.wsc, vq0, vn);
+        if (neg) pv(pw8n, nullptr, wscn, vb, 0);  // the negative weights: the rows again (from L1), α already applied
       } else if constexpr (i16) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
         for (; c0 + CB <= nv; c0 += CB) decode_pv_int16<RG, CB, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
         if (nv - c0 == 4) decode_pv_int16<RG, 4, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
