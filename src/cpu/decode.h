@@ -1164,14 +1164,12 @@ struct decode_run {
       const std::ptrdiff_t vn = first ? vd : 0;
       if constexpr (B8) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
         using D8 = typename Ops::dot;
-        const auto pv = [&](const std::uint8_t* w, const float* alpha, const float* wsc, const std::int8_t* pf,
-                            std::ptrdiff_t nd) {
-          std::int64_t c = 0;
-          for (; c + CB <= nv; c += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, w, alpha, wsc, vb, vs, c, pf, nd);
-          if (nv - c == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, w, alpha, wsc, vb, vs, c, pf, nd);
-        };
-        pv(pw8, st.alpha, st.wsc, vq0, vn);
-        if (neg) pv(pw8n, nullptr, wscn, vb, 0);  // the negative weights: the rows again (from L1), α already applied
+        for (; c0 + CB <= nv; c0 += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, pw8, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
+        if (nv - c0 == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, pw8, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
+        if (neg) {  // the negative weights: the rows again (from L1), α already applied
+          for (c0 = 0; c0 + CB <= nv; c0 += CB) decode_pv_u8<RG, CB, D8>(o, Dvp, pw8n, nullptr, wscn, vb, vs, c0, vb, 0);
+          if (nv - c0 == 4) decode_pv_u8<RG, 4, D8>(o, Dvp, pw8n, nullptr, wscn, vb, vs, c0, vb, 0);
+        }
       } else if constexpr (i16) {  // nv is a multiple of 4 (Dv of whole units), CB is 4 or 8
         for (; c0 + CB <= nv; c0 += CB) decode_pv_int16<RG, CB, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
         if (nv - c0 == 4) decode_pv_int16<RG, 4, typename Ops::dot>(o, Dvp, pw, st.alpha, st.wsc, vb, vs, c0, vq0, vn);
