@@ -74,7 +74,7 @@ void fam_forward_amx(const family_lanes& lb, float* ot) {
     float* S = keep ? sc.S + (j0 - kmin) * L : sc.S;
     if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0
     auto* aw = reinterpret_cast<std::uint32_t*>(sc.dP);  // dP's room holds α as words [nt/2][L]
-    if (!lane_alpha_pairs<Ops, Dist, C>(lb, S, j0, nb, aw, pending) && lb.fp.mask_skip) continue;
+    if (!lane_alpha_pairs<Ops, Dist, C>(lb, S, j0, nb, aw, pending) && lb.fp.zero_skip) continue;
     for (std::int64_t i = nb / 2 * L; i < nt / 2 * L; i += W) storeu(aw + i, vu{});
     amx_gemm(lb.Dv, L, nt / 2, lb.vtw + j0 / 2, lb.ldvt, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
   }
@@ -135,7 +135,7 @@ void fam_dkdv_amx(const family_rows& pr) {
   auto* packed = reinterpret_cast<std::uint32_t*>(mask + M16 * ld);  // α, then dz, as words [K16][ld]
   float* dqb = mask + 2 * M16 * ld;                                   // dz · K [M16][Pp]
   if (fp.mask) {
-    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.mask_skip) return;
+    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.zero_skip) return;
     for (std::int64_t r = 0; r < nq; ++r)
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
@@ -151,17 +151,23 @@ void fam_dkdv_amx(const family_rows& pr) {
     for (std::int64_t i = nqp * ld; i < K16 * ld; i += W) storeu(packed + i, vu{});
     return packed;
   };
-  amx_gemm(pr.Dv, ld, K16, pr.dot2, pr.ldt, pack_pairs(S), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  // Blocks of zero α (dz) skip their products, as fam_dkdv does (zero_skip).
+  if (!(fp.zero_skip && all_zero(S, nq * ld)))
+    amx_gemm(pr.Dv, ld, K16, pr.dot2, pr.ldt, pack_pairs(S), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  const bool dz_zero = fp.zero_skip && all_zero(dP, nq * ld);
   if (pr.dq) {  // single pass: dz as words of key pairs [M16][ld/2], then dq += dz K (rows < nq of the product)
-    for (std::int64_t i = 0; i < M16 * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
-    amx_gemm(M16, pr.Pp, ld / 2, packed, ld / 2, pr.krw, pr.Pp, dqb, pr.Pp, false);
-    for (std::int64_t r = 0; r < nq; ++r)
-      for (std::int64_t d = 0; d < pr.Pp; d += W)
-        store(pr.dq + r * pr.dqs + d, load(pr.dq + r * pr.dqs + d) + load(dqb + r * pr.Pp + d));
+    if (!dz_zero) {
+      for (std::int64_t i = 0; i < M16 * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
+      amx_gemm(M16, pr.Pp, ld / 2, packed, ld / 2, pr.krw, pr.Pp, dqb, pr.Pp, false);
+      for (std::int64_t r = 0; r < nq; ++r)
+        for (std::int64_t d = 0; d < pr.Pp; d += W)
+          store(pr.dq + r * pr.dqs + d, load(pr.dq + r * pr.dqs + d) + load(dqb + r * pr.Pp + d));
+    }
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;
   }
+  if (dz_zero) return _tile_release();
   if (pr.zscale != 1.0f)  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
     for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));
   amx_gemm(pr.P, ld, K16, pr.qt2, pr.ldt, pack_pairs(dP), ld, pr.dkt, ld, true);

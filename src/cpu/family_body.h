@@ -601,14 +601,14 @@ inline bool all_zero(const float* a, std::int64_t n) {
 }
 
 // The mask tile of keys [j0, j0 + nb) into `mask` ([nb][L]). True where the block may be
-// skipped (family_params::mask_skip, the tile -inf for every row): S [nb][L] is then -inf, what
+// skipped (family_params::zero_skip, the tile -inf for every row): S [nb][L] is then -inf, what
 // its scores would have been, and G (when not null) 0.
 template <int CC>
 bool lane_mask(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, float* mask) {
   const std::int64_t L = CC * W;
   const family_params& fp = lb.fp;
   if (!fp.mask) return false;
-  if (fp.mask(fp.mask_ctx, j0, nb, mask, 1, L) != mask_tile_kind::excluded || !fp.mask_skip) return false;
+  if (fp.mask(fp.mask_ctx, j0, nb, mask, 1, L) != mask_tile_kind::excluded || !fp.zero_skip) return false;
   for (std::int64_t i = 0; i < nb * L; i += W) store(S + i, splat(-kInf));
   if (G)
     for (std::int64_t i = 0; i < nb * L; i += W) store(G + i, vf{});
@@ -1179,14 +1179,14 @@ inline vf fam_alpha_rounded(const family_params& fp, vf s, vi j, const fam_stat&
 
 // S [nb][L] (nb even) of keys j0.. → α (fam_alpha_rounded) in key pairs out [nb/2][L] of Ops's
 // words, in one pass where lane_alpha and pack_rows took two. Returns whether any α is nonzero
-// (asked only where the caller skips a block of zeros, family_params::mask_skip; else true).
+// (asked only where the caller skips a block of zeros, family_params::zero_skip; else true).
 // scale: a factor of the scores not yet applied (zscale, where lane_scores_pairs left it to α).
 template <class Ops, family_dist Dist, int CC>
 bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, std::int64_t nb,
                       typename Ops::word* out, float scale = 1.0f) {
   const std::int64_t L = CC * W;
   const family_params fp = lb.fp;  // a copy: the stores below might alias lb.fp for the compiler
-  const bool tell = fp.mask_skip;   // (the callers skip a block of zeros only then)
+  const bool tell = fp.zero_skip;   // (the callers skip a block of zeros only then)
   vi nz{};
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
@@ -1196,11 +1196,11 @@ bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, s
       const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
       const vf a0 = fam_alpha_rounded<Dist>(fp, s0, j, st, scale);
       const vf a1 = fam_alpha_rounded<Dist>(fp, s1, j + splati(1), st, scale);
-      if (tell) nz |= (a0 != vf{}) | (a1 != vf{});
+      if (tell) nz |= (vi)a0 | (vi)a1;  // the bits: a -0 counts as nonzero (kept), two ORs per pair
       storeu(out + jj / 2 * L + c * W, Ops::pair_rows(a0, a1));
     }
   }
-  return !tell || any_lane(nz);
+  return !tell || any_lane(nz != vi{});
 }
 
 template <int CC>
@@ -1247,14 +1247,14 @@ void fam_forward(const family_lanes& lb, float* ot) {
     if (!keep && scores(j0, nb, S)) continue;  // hidden by the mask: α = 0 (lb.alpha comes zeroed)
     if constexpr (pairs) {  // dP's room (unused by the forward) holds α as words [nb/2][L]
       auto* aw = reinterpret_cast<typename Ops::word*>(sc.dP);
-      if (!lane_alpha_pairs<Ops, Dist, CC>(lb, S, j0, nb, aw, pending) && lb.fp.mask_skip) continue;
+      if (!lane_alpha_pairs<Ops, Dist, CC>(lb, S, j0, nb, aw, pending) && lb.fp.zero_skip) continue;
       gemm<Ops>(lb.Dv, L, nb / 2, lb.vw + j0 / 2 * lb.vwss, 1, lb.vwss, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
     } else {
       lane_alpha<Dist, CC>(lb, S, j0, nb);
       if (lb.alpha)
         for (std::int64_t x = 0; x < lb.nl; ++x)
           for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
-      if (lb.fp.mask_skip && all_zero(S, nb * L)) continue;  // Oᵀ += Vᵀ 0: nothing
+      if (lb.fp.zero_skip && all_zero(S, nb * L)) continue;  // Oᵀ += Vᵀ 0: nothing
       gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
     }
   }
@@ -1354,7 +1354,7 @@ void fam_dq_with(const family_lanes& lb, const family_dq_io& io, ScoresDp&& scor
     double a = 0.0, b = 0.0, dh = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
-    if (fp.mask_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
+    if (fp.zero_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
     dq_product(j0, nb, S, sc);
   }
 }
@@ -1435,8 +1435,8 @@ void fam_dkdv(const family_rows& pr) {
   // pass still sums de)
   const bool no_dz = Dist == family_dist::hardmax || (fp.act == family_act::box && Dist != family_dist::sigmoid);
   if (fp.mask) {
-    // A block the mask hides from every row adds nothing to dv, dk, dq or the sums (mask_skip).
-    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.mask_skip) return;
+    // A block the mask hides from every row adds nothing to dv, dk, dq or the sums (zero_skip).
+    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.zero_skip) return;
     for (std::int64_t r = 0; r < nq; ++r)
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
@@ -1454,23 +1454,31 @@ void fam_dkdv(const family_rows& pr) {
   }
   vf sum_dz{}, sum_de{};
   row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de);
-  if constexpr (pairs) {
-    gemm<Ops>(pr.Dv, ld, nqp, pr.don, 1, pr.Dv, Ops::pack_rows(S, nq, ld, packed), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
-  } else {
-    gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  // A block whose α (dz) are all 0 adds nothing to dv (dq, dk): its products are skipped
+  // (zero_skip: every input finite). Σ de is still summed.
+  if (!(fp.zero_skip && all_zero(S, nq * ld))) {
+    if constexpr (pairs) {
+      gemm<Ops>(pr.Dv, ld, nqp, pr.don, 1, pr.Dv, Ops::pack_rows(S, nq, ld, packed), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+    } else {
+      gemm<fam_ops>(pr.Dv, ld, nq, pr.dout, 1, pr.dsn, S, ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+    }
   }
   if (no_dz) return;
+  const bool dz_zero = fp.zero_skip && !elementwise(fp) && all_zero(dP, nq * ld);
   if (pr.dq) {
-    if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
-      for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
-      gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
-    } else if (!elementwise(fp)) {
-      gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
-    }  // (elementwise scores: dq with dk, below)
+    if (!dz_zero) {
+      if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
+        for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
+        gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
+      } else if (!elementwise(fp)) {
+        gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
+      }  // (elementwise scores: dq with dk, below)
+    }
     double a = 0.0, b = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
     pr.sums[0] += a, pr.sums[1] += b;
   }
+  if (dz_zero) return;
   if constexpr (pairs) {  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
     if (pr.zscale != 1.0f)
       for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));

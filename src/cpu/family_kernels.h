@@ -65,7 +65,7 @@ struct family_params {
   // driver where the kernels' inputs (q, k, v, dout and the score's parameters) are all finite,
   // so that every score of such a block is -inf, its α and de exactly 0, and the products add
   // nothing — the same bits as running the block (NaN + -inf is NaN, 0·inf is NaN otherwise).
-  bool mask_skip = false;
+  bool zero_skip = false;
 };
 
 // Per-row statistics, one entry per row (lane or tile row):

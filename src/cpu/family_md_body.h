@@ -110,13 +110,13 @@ void md_lane_keys(const family_lanes& lb, std::int64_t j0, std::int64_t nb, std:
 // Scores of keys [j0, j0 + nb) (nb <= kLaneKeyBlock) for features [c0, c0 + fc) into S (key
 // j0 at S, feature stride sc.fs), kMdKeys keys per product, the block's mask tile filled once.
 // True where the mask hides the block from every lane and it was skipped (family_params::
-// mask_skip): S is then -inf, what every score would have been.
+// zero_skip): S is then -inf, what every score would have been.
 template <bool Exp, int CC>
 bool md_lane_block(const family_lanes& lb, const md_lane_scratch& sc, std::int64_t j0, std::int64_t nb, std::int64_t c0,
                    std::int64_t fc, float* S) {
   const family_params& fp = lb.fp;
   const std::int64_t L = CC * W;
-  if (fp.mask && fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L) == mask_tile_kind::excluded && fp.mask_skip) {
+  if (fp.mask && fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L) == mask_tile_kind::excluded && fp.zero_skip) {
     for (std::int64_t f = 0; f < fc; ++f)
       for (std::int64_t i = 0; i < nb * L; i += W) store(S + f * sc.fs + i, splat(-kInf));
     return true;
@@ -289,8 +289,8 @@ void md_dq(const family_lanes& lb, const family_dq_io& io) {
   const std::int64_t k0 = whole ? live.lo : kmin, k1 = whole ? live.hi : kmax;
   for (std::int64_t j0 = k0; j0 < k1; j0 += kLaneKeyBlock) {
     const std::int64_t nb = imin(kLaneKeyBlock, k1 - j0);
-    // A block the mask hides from every lane: de = 0 for every key and feature (mask_skip).
-    if (fp.mask && !whole && fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L) == mask_tile_kind::excluded && fp.mask_skip)
+    // A block the mask hides from every lane: de = 0 for every key and feature (zero_skip).
+    if (fp.mask && !whole && fp.mask(fp.mask_ctx, j0, nb, sc.mask, 1, L) == mask_tile_kind::excluded && fp.zero_skip)
       continue;
     for (std::int64_t jj = 0; jj < nb; ++jj) {
       const std::int64_t j = j0 + jj;
@@ -415,8 +415,8 @@ void md_dkdv(const family_rows& pr) {
     for (std::int64_t i = 0; i < Dv * Ap; ++i) dW[i] = 0.0f;
   vf sum_de{};
   if (fp.mask) {
-    // A block the mask hides from every row adds nothing to dv, dk, dq, dw_v or the sums (mask_skip).
-    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.mask_skip) return;
+    // A block the mask hides from every row adds nothing to dv, dk, dq, dw_v or the sums (zero_skip).
+    if (fp.mask(fp.mask_ctx, pr.j0, pr.nb, mask, ld, 1) == mask_tile_kind::excluded && fp.zero_skip) return;
     for (std::int64_t r = 0; r < nq; ++r)
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }

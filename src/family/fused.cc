@@ -275,19 +275,20 @@ struct fused_inputs {
   std::int64_t qpad = 0, ldt = 0;   // zero rows past Nq in Qw; Qt's row stride (words)
   float zscale = 1.0f;
 
-  // The kernels may skip key blocks the mask hides from every row (family_params::mask_skip).
-  bool mask_skip = false;
+  // The kernels may skip key blocks the mask hides from every row, and the products of blocks
+  // whose weights are all 0 (family_params::zero_skip).
+  bool zero_skip = false;
   // The mask rows' kept spans (cpu/mask_fill.h), where the kernels would read a mask row more
   // than once: a mask broadcast over heads, or the backward's two passes.
   mask_spans spans;
 
-  // dout: the backward's (its finiteness is part of mask_skip there).
+  // dout: the backward's (its finiteness is part of zero_skip there).
   fused_inputs(const fproblem& fp, const fused_source& src, use u = use::f32, const strided4* dout = nullptr)
       : kt(cpu::select_family_kernels()), L(kt.lanes), G(fp.group()), nlb(ceil_div(fp.Nq * G, L)),
         units(fp.B * fp.Hkv * nlb), w_v(fp.w_v.begin(), fp.w_v.end()) {
     const int nt = std::max(1, fp.p.num_threads);
     prepare(fp, src, u, nt, !dout);
-    mask_skip = may_skip(fp, src, dout, nt);
+    zero_skip = may_skip(fp, src, dout, nt);
     if (fp.p.mask != mask_kind::none && ((fp.p.mask_view.sh == 0 && fp.Hq > 1) || dout)) spans = find_mask_spans(fp.p, nt);
   }
 
@@ -364,13 +365,25 @@ struct fused_inputs {
     }
   }
 
-  // Whether a block the mask hides from every row may be skipped: every input the kernels read
-  // (the user's q, k, v — the bf16 products' words come from them — the prepared f32 rows, dout)
-  // and every parameter inside the score finite, so each score of the block is -inf and its
-  // α, de and products exactly 0. ATTN_FAMILY_MASK_SKIP=0 runs every block (for comparisons).
+  // Whether a block the mask hides from every row, or whose weights are all 0, may be skipped:
+  // every input the kernels read (the user's q, k, v — the bf16 products' words come from them —
+  // the prepared f32 rows, dout) and every parameter inside the score finite, so each score of a
+  // hidden block is -inf, and a block's α, de and products exactly 0 where its α are (0 · v = 0
+  // for finite v). Asked where blocks of zeros are likely: a mask, or a distribution with exact
+  // zeros (sparsemax, entmax15, hardmax, top-k, the box and triangle kernels — AdaSplash skips
+  // entmax's zero blocks the same way). ATTN_FAMILY_MASK_SKIP=0 runs every block (for comparisons).
   bool may_skip(const fproblem& fp, const fused_source& src, const strided4* dout, int nt) const {
-    if (fp.p.mask == mask_kind::none) return false;
+    const bool zeros = fp.dist == distribution_kind::sparsemax || fp.dist == distribution_kind::entmax15 ||
+                       fp.dist == distribution_kind::hardmax || fp.dist == distribution_kind::topk ||
+                       fp.dist == distribution_kind::kernel;
+    if (fp.p.mask == mask_kind::none && !zeros) return false;
     if (const char* env = std::getenv("ATTN_FAMILY_MASK_SKIP"); env && std::string_view(env) == "0") return false;
+    // The forward without a mask skips only Oᵀ += Vᵀ α of blocks whose α are all 0 (an α of a
+    // NaN score is NaN, not 0): V alone must be finite.
+    if (fp.p.mask == mask_kind::none && !dout) {
+      if (!V.empty()) return all_finite(V, nt);
+      return src.direct && cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
+    }
     if (!std::isfinite(fp.bias) || !std::isfinite(fp.h)) return false;
     for (const std::vector<float>* x : {&Q, &K, &V, &w_v})
       if (!all_finite(*x, nt)) return false;
@@ -497,7 +510,8 @@ struct lane_state {
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
         qtf(in.box_rows ? alloc_floats(fp.Pq * L) : fbuf{}), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data(), mc.spans = &in.spans;
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
+    prm.zero_skip = in.zero_skip;
   }
 
   cpu::family_lanes set(const fproblem& fp, const fused_inputs& in, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
@@ -792,7 +806,8 @@ struct row_pass {
         is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data(), mc.spans = &in.spans;
-    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc, prm.mask_skip = in.mask_skip;
+    if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
+    prm.zero_skip = in.zero_skip;
   }
 
   // dk, dv of the block's keys into the sink; single pass: also dq [G·Nq][Pp] of (b, hkv)

@@ -1428,6 +1428,79 @@ TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
       }
 }
 
+// Without a mask, the distributions with exact zeros (sparsemax, entmax15, hardmax, top-k, the
+// box and triangle kernels) skip the products of key blocks whose weights are all 0 — here the
+// keys past 128 score far below every query's support (dot scores: q in [0.5, 1], those keys in
+// [-1, -0.5]; distances: those keys 20 away), so every lane block and row block past them is
+// zeros. The same bits as running every block (ATTN_FAMILY_MASK_SKIP=0) and the float64
+// reference, f32 and bf16, every ISA, 1 and 2 threads; a NaN in v of such a key (a zero weight:
+// 0·NaN is NaN in the reference) or in dout keeps every block, NaN and all.
+TEST(FamilyFused, ZeroWeightBlocksSkippedWithTheSameBits) {
+  std::mt19937 rng(911);
+  const std::int64_t N = 300, cut = 128;
+  const std::vector<std::tuple<score_kind, distribution_kind>> pairs = {
+      {score_kind::scaled_dot, distribution_kind::sparsemax}, {score_kind::scaled_dot, distribution_kind::entmax15},
+      {score_kind::dot, distribution_kind::hardmax},          {score_kind::scaled_dot, distribution_kind::topk},
+      {score_kind::box, distribution_kind::kernel},           {score_kind::triangle, distribution_kind::kernel}};
+  for (const auto& [s, d] : pairs)
+    for (dtype t : {dtype::f32, dtype::bf16}) {
+      const bool distance = d == distribution_kind::kernel;
+      family_case c(s, d, rng, 1, 4, 2, N, N, 8, 6);
+      c.opt.distribution.k = 5;
+      if (distance) c.opt.score.bandwidth = 3.0;
+      std::uniform_real_distribution<double> half(0.5, 1.0);
+      for (std::int64_t h = 0; h < c.Hkv; ++h)
+        for (std::int64_t j = 0; j < N; ++j)
+          for (std::int64_t x = 0; x < c.Dk; ++x) {
+            const double e = half(rng);
+            c.k.set({0, h, j, x}, distance ? (j < cut ? 0.3 * (e - 0.75) : 20.0 + e) : (j < cut ? e : -e));
+          }
+      if (!distance)
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < N; ++i)
+            for (std::int64_t x = 0; x < c.D; ++x) c.q.set({0, h, i, x}, half(rng));
+      else
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < N; ++i)
+            for (std::int64_t x = 0; x < c.D; ++x) c.q.set({0, h, i, x}, 0.3 * (half(rng) - 0.75));
+      const Tensor q = c.q.to(t), k = c.k.to(t), v = c.v.to(t), dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, t, rng);
+      const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+      {  // the premise: no weight past the cut
+        const Tensor a = attention_family_weights(f64(q).view(), f64(k).view(), f64(v).view(), c.opt);
+        for (std::int64_t h = 0; h < c.Hq; ++h)
+          for (std::int64_t i = 0; i < N; ++i)
+            for (std::int64_t j = cut; j < N; ++j) ASSERT_EQ(a.get({0, h, i, j}), 0.0) << case_name(s, d);
+      }
+      for (const std::string& isa : isas()) {
+        isa_scope scope(isa.c_str());
+        const std::string what = isa + " " + case_name(s, d) + " " + std::string(dtype_name(t));
+        for (int threads : {1, 2}) {
+          const result got = run(c, q, k, v, dout, family_path::fused, threads);
+          // (bf16: dq = Σ dz k with every q·k positive is a difference of large terms, Σ dz = 0, each dz
+          // rounded to bf16 for the product: 4× the usual bound)
+          expect_close(got, ref, t == dtype::bf16 ? 4 * tolerance_for(dtype::bf16) : 2e-4, what);
+          setenv("ATTN_FAMILY_MASK_SKIP", "0", 1);
+          const result every = run(c, q, k, v, dout, family_path::fused, threads);
+          unsetenv("ATTN_FAMILY_MASK_SKIP");
+          expect_same(got, every, what + ": skipped vs every block, threads " + std::to_string(threads));
+        }
+        if (isa != isas().back()) continue;
+        for (int w = 0; w < 2; ++w) {  // NaN in v of a zero-weight key, or in dout of a row
+          Tensor vn = Tensor::copy_of(v.view()), dn = Tensor::copy_of(dout.view());
+          (w == 0 ? vn : dn).set({0, 1, N - 1, 0}, std::nan(""));
+          const result nan_got = run(c, q, k, vn, dn, family_path::fused, 2);
+          setenv("ATTN_FAMILY_MASK_SKIP", "0", 1);
+          const result nan_every = run(c, q, k, vn, dn, family_path::fused, 2);
+          unsetenv("ATTN_FAMILY_MASK_SKIP");
+          expect_same(nan_got, nan_every, what + " NaN in " + std::string(w == 0 ? "v" : "dout"));
+          if (w == 0) {
+            EXPECT_TRUE(std::isnan(nan_got.fwd.out.get({0, 2, 0, 0}))) << what << ": 0 · NaN in the output";
+          }
+        }
+      }
+    }
+}
+
 TEST(FamilyFused, AutomaticTakesItWhereItRunsAndRefusesWithAReason) {
   std::mt19937 rng(4);
   family_case c(score_kind::scaled_dot, distribution_kind::sigmoid, rng);
