@@ -331,6 +331,16 @@ TEST(Cli, BenchFamilyPairs) {
   r = sh(tiny + " --score box --distribution softmax --additive-hidden 0");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("--additive-hidden 0 must be >= 1"), std::string::npos) << r.out;
+  // box and triangle default to the median distance of the inputs (at 1 every key is outside)
+  r = sh(tiny + " --score box --distribution kernel --peers none");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("bandwidth 1 (gaussian), sqrt(2D/3) (box, triangle"), std::string::npos) << r.out;
+  r = sh(tiny + " --score triangle --distribution kernel --peers none --bandwidth 2.5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("topk k = 8, bandwidth 2.5\n"), std::string::npos) << r.out;
+  r = sh(tiny + " --score box --distribution kernel --bandwidth 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("attn bench: --bandwidth 0 must be > 0"), std::string::npos) << r.out;
 }
 
 TEST(Cli, BadInputExitsWithStatus2AndAMessage) {

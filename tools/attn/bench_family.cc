@@ -38,6 +38,15 @@ struct family_inputs {
   family_options o;
 };
 
+// The bandwidth of a pair at head size D: --bandwidth, else for box and triangle the median
+// distance of the bench's inputs (uniform in [-1, 1): E‖q − k‖² = 2D/3), so that about half of
+// the keys fall inside a query's box — at 1 every key lies outside and the output is zeros —,
+// and 1 for gaussian (its scores go through softmax: any h gives a distribution).
+double family_bandwidth(const family_bench_args& a, const std::string& score, std::int64_t D) {
+  if (a.bandwidth) return *a.bandwidth;
+  return score == "box" || score == "triangle" ? std::sqrt(2.0 * double(D) / 3.0) : 1.0;
+}
+
 family_inputs make_inputs(const family_bench_args& a, const workload& w, const std::string& score,
                           const std::string& dist) {
   family_inputs in;
@@ -51,7 +60,7 @@ family_inputs make_inputs(const family_bench_args& a, const workload& w, const s
   o.score.scale = a.scale;
   o.score.activation = parse_score_activation(a.activation);
   o.score.temperature = a.temperature;
-  o.score.bandwidth = a.bandwidth;
+  o.score.bandwidth = family_bandwidth(a, score, w.D);
   o.score.gaussian = parse_gaussian_form(a.gaussian_form);
   o.distribution.sigmoid_bias = a.sigmoid_bias;
   o.distribution.k = a.topk;
@@ -77,9 +86,9 @@ family_inputs make_inputs(const family_bench_args& a, const workload& w, const s
 }
 
 // The family fields of bench/peers.py's prepare line.
-std::string peer_spec(const family_bench_args& a, const std::string& score, const std::string& dist) {
+std::string peer_spec(const family_bench_args& a, const std::string& score, const std::string& dist, double bandwidth) {
   std::string s = fmt::format("family score={} dist={} A={} topk={} temperature={} bandwidth={} form={} activation={}",
-                              score, dist, a.A, a.topk, a.temperature, a.bandwidth, a.gaussian_form, a.activation);
+                              score, dist, a.A, a.topk, a.temperature, bandwidth, a.gaussian_form, a.activation);
   if (a.scale) s += fmt::format(" scale={}", *a.scale);
   if (a.multi_dim) s += " multi_dim=1";
   if (a.sigmoid_bias) s += fmt::format(" sigmoid_bias={}", *a.sigmoid_bias);
@@ -152,7 +161,7 @@ void time_pair(const family_bench_args& a, python_peers* py, const workload& w, 
   std::map<std::string, std::vector<double>> remote_ms;
   if (py) {
     config c{"family", w, fb};
-    remote = py->prepare(c, t, a.warmup, peer_spec(a, score, dist));
+    remote = py->prepare(c, t, a.warmup, peer_spec(a, score, dist, o.score.bandwidth));
   }
   for (auto& c : cs)
     for (int i = &c == &cs[0] ? attn_warm : 0; i < a.warmup; ++i) c.detail = c.call();
@@ -207,6 +216,7 @@ int run_family_bench(const family_bench_args& a) {
   if (a.reps < 1) throw error(fmt::format("attn bench: --reps {} must be >= 1", a.reps));
   if (a.warmup < 0) throw error(fmt::format("attn bench: --warmup {} must be >= 0", a.warmup));
   if (a.A < 1) throw error(fmt::format("attn bench: --additive-hidden {} must be >= 1", a.A));
+  if (a.bandwidth && !(*a.bandwidth > 0.0)) throw error(fmt::format("attn bench: --bandwidth {} must be > 0", *a.bandwidth));
   std::vector<std::pair<std::string, std::string>> pairs;
   std::vector<workload> shapes;
   if (a.grid) {
@@ -227,8 +237,10 @@ int run_family_bench(const family_bench_args& a) {
   for (const auto& [s, d] : pairs) parse_score_kind(s), parse_distribution_kind(d);  // names first
 
   fmt::print("# attn bench, the attention family: {} {}; learned parameters uniform in [-1, 1), additive A = {}, "
-             "topk k = {}\n",
-             short_dtype(a.type), a.causal ? "causal (top-left)" : "no mask", a.A, a.topk);
+             "topk k = {}, bandwidth {}\n",
+             short_dtype(a.type), a.causal ? "causal (top-left)" : "no mask", a.A, a.topk,
+             a.bandwidth ? fmt::format("{}", *a.bandwidth)
+                         : std::string("1 (gaussian), sqrt(2D/3) (box, triangle: about half the keys inside)"));
   fmt::print("# cpu: {}\n", cpu_model_name());
   std::unique_ptr<python_peers> py;
   if (a.torch) {

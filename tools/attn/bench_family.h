@@ -32,7 +32,9 @@ struct family_bench_args {
   std::string score, distribution;         // one pair (empty: scaled_dot, softmax)
   std::string activation = "tanh", gaussian_form = "sigma", hardmax_gradient = "zero", family_path = "automatic";
   std::optional<double> scale, sigmoid_bias;
-  double temperature = 1.0, bandwidth = 1.0;
+  // unset: box and triangle sqrt(2·D/3), gaussian 1 (family_bandwidth)
+  std::optional<double> bandwidth;
+  double temperature = 1.0;
   std::int64_t topk = 8, A = 64;           // topk's k; the additive score's hidden size
   bool multi_dim = false;                  // additive: w_v [Dv, A] (one distribution per value feature)
   std::vector<bool> passes{false};         // false: forward; true: forward + backward

@@ -662,7 +662,9 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"tanh", "relu", "sigmoid"}));
   s->add_option("--scale", f.scale, "family: scaled_dot's scale (default 1/sqrt(D))");
   s->add_option("--temperature", f.temperature, "family: cosine temperature (default 1)");
-  s->add_option("--bandwidth", f.bandwidth, "family: gaussian, box, triangle bandwidth (default 1)");
+  s->add_option("--bandwidth", f.bandwidth,
+                "family: gaussian, box, triangle bandwidth (default: gaussian 1; box, triangle sqrt(2D/3), the median "
+                "distance of the bench's uniform inputs, so that about half the keys fall inside)");
   s->add_option("--gaussian-form", f.gaussian_form, "family: gaussian sigma | width")
       ->check(CLI::IsMember({"sigma", "width"}));
   s->add_option("--sigmoid-bias", f.sigmoid_bias, "family: sigmoid bias (default -log Nk)");
