@@ -275,6 +275,7 @@ struct fused_inputs {
   std::int64_t qpad = 0, ldt = 0;   // zero rows past Nq in Qw; Qt's row stride (words)
   float zscale = 1.0f;
 
+  bool v_finite = false;  // V's words were packed, and V found finite on the way
   // The kernels may skip key blocks the mask hides from every row, and the products of blocks
   // whose weights are all 0 (family_params::zero_skip).
   bool zero_skip = false;
@@ -309,6 +310,7 @@ struct fused_inputs {
       Vt = {}, Vw = {}, ldvt = 0;
       return false;
     }
+    v_finite = true;
     zscale = float(src.scale);
     kpad = tiles ? 32 : 1;
     (tiles ? amx : pairs) = true;
@@ -381,6 +383,7 @@ struct fused_inputs {
     // The forward without a mask skips only Oᵀ += Vᵀ α of blocks whose α are all 0 (an α of a
     // NaN score is NaN, not 0): V alone must be finite.
     if (fp.p.mask == mask_kind::none && !dout) {
+      if (v_finite) return true;  // seen while V was packed (prepare_bf16_forward)
       if (!V.empty()) return all_finite(V, nt);
       return src.direct && cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
     }
