@@ -1438,15 +1438,18 @@ TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
 TEST(FamilyFused, ZeroWeightBlocksSkippedWithTheSameBits) {
   std::mt19937 rng(911);
   const std::int64_t N = 300, cut = 128;
-  const std::vector<std::tuple<score_kind, distribution_kind>> pairs = {
-      {score_kind::scaled_dot, distribution_kind::sparsemax}, {score_kind::scaled_dot, distribution_kind::entmax15},
-      {score_kind::dot, distribution_kind::hardmax},          {score_kind::scaled_dot, distribution_kind::topk},
-      {score_kind::box, distribution_kind::kernel},           {score_kind::triangle, distribution_kind::kernel}};
-  for (const auto& [s, d] : pairs)
+  // (score, distribution, hardmax's straight-through gradient: dense dz where α is one-hot)
+  const std::vector<std::tuple<score_kind, distribution_kind, bool>> pairs = {
+      {score_kind::scaled_dot, distribution_kind::sparsemax, false}, {score_kind::scaled_dot, distribution_kind::entmax15, false},
+      {score_kind::dot, distribution_kind::hardmax, false},          {score_kind::dot, distribution_kind::hardmax, true},
+      {score_kind::scaled_dot, distribution_kind::topk, false},      {score_kind::box, distribution_kind::kernel, false},
+      {score_kind::triangle, distribution_kind::kernel, false}};
+  for (const auto& [s, d, st] : pairs)
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const bool distance = d == distribution_kind::kernel;
       family_case c(s, d, rng, 1, 4, 2, N, N, 8, 6);
       c.opt.distribution.k = 5;
+      if (st) c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
       if (distance) c.opt.score.bandwidth = 3.0;
       std::uniform_real_distribution<double> half(0.5, 1.0);
       for (std::int64_t h = 0; h < c.Hkv; ++h)
