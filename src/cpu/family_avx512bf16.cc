@@ -145,16 +145,15 @@ void fam_dkdv_amx(const family_rows& pr) {
     for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
   amx_gemm(M16, ld, pr.Dv / 2, pr.dow, pr.dwsn, pr.vtw, ld, dP, ld, false);
   vf sum_dz{}, sum_de{};
-  row_weights<Dist>(pr, S, dP, mask, false, sum_dz, sum_de);
+  const weights_set set = row_weights<Dist>(pr, S, dP, mask, false, sum_dz, sum_de);
   const auto pack_pairs = [&](const float* X) {  // rows < nq in pairs [nqp][ld], zero pairs to K16
     Ops::pack_rows(X, nq, ld, packed);
     for (std::int64_t i = nqp * ld; i < K16 * ld; i += W) storeu(packed + i, vu{});
     return packed;
   };
   // Blocks of zero α (dz) skip their products, as fam_dkdv does (zero_skip).
-  if (!(fp.zero_skip && all_zero(S, nq * ld)))
-    amx_gemm(pr.Dv, ld, K16, pr.dot2, pr.ldt, pack_pairs(S), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
-  const bool dz_zero = fp.zero_skip && all_zero(dP, nq * ld);
+  if (!fp.zero_skip || set.alpha) amx_gemm(pr.Dv, ld, K16, pr.dot2, pr.ldt, pack_pairs(S), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
+  const bool dz_zero = fp.zero_skip && !set.dz;
   if (pr.dq) {  // single pass: dz as words of key pairs [M16][ld/2], then dq += dz K (rows < nq of the product)
     if (!dz_zero) {
       for (std::int64_t i = 0; i < M16 * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));

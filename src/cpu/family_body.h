@@ -593,13 +593,6 @@ inline void box_row_scores(const family_rows& pr, float* S) {
 template <int CC>
 void lane_transform(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, float* G, const float* mask);
 
-// Every one of the n floats at a (n a multiple of W) is 0 (a NaN is not).
-inline bool all_zero(const float* a, std::int64_t n) {
-  vi nz{};
-  for (std::int64_t i = 0; i < n; i += W) nz |= load(a + i) != vf{};
-  return !any_lane(nz);
-}
-
 // The mask tile of keys [j0, j0 + nb) into `mask` ([nb][L]). True where the block may be
 // skipped (family_params::zero_skip, the tile -inf for every row): S [nb][L] is then -inf, what
 // its scores would have been, and G (when not null) 0.
@@ -1145,18 +1138,24 @@ fam_stat load_stat(const family_lanes& lb, int c) {
   return st;
 }
 
-// S [nb][L] of keys j0.. → α in place.
+// S [nb][L] of keys j0.. → α in place. Returns whether any α is nonzero (or NaN): the bits OR-ed,
+// the sign's left out at the end (a ±0 product adds nothing to a sum that starts at +0),
+// zero_skip's test.
 template <family_dist Dist, int CC>
-void lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t nb) {
+bool lane_alpha(const family_lanes& lb, float* S, std::int64_t j0, std::int64_t nb) {
   const std::int64_t L = CC * W;
+  vi nz{};
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
     const fam_stat st = load_stat<CC>(lb, c);
     for (std::int64_t jj = 0; jj < nb; ++jj) {
       float* sj = S + jj * L + c * W;
-      store(sj, fam_alpha<Dist>(lb.fp, load(sj), splati(std::int32_t(j0 + jj)), st));
+      const vf a = fam_alpha<Dist>(lb.fp, load(sj), splati(std::int32_t(j0 + jj)), st);
+      nz |= (vi)a;
+      store(sj, a);
     }
   }
+  return any_lane(nz & splati(0x7fffffff));
 }
 
 // α for the bf16 products, which round it to bf16 (2^-9): the sigmoid 1 / (1 + 2^{-(s + b)·log2 e})
@@ -1196,11 +1195,11 @@ bool lane_alpha_pairs(const family_lanes& lb, const float* S, std::int64_t j0, s
       const vf s0 = load(S + jj * L + c * W), s1 = load(S + (jj + 1) * L + c * W);
       const vf a0 = fam_alpha_rounded<Dist>(fp, s0, j, st, scale);
       const vf a1 = fam_alpha_rounded<Dist>(fp, s1, j + splati(1), st, scale);
-      if (tell) nz |= (vi)a0 | (vi)a1;  // the bits: a -0 counts as nonzero (kept), two ORs per pair
+      if (tell) nz |= (vi)a0 | (vi)a1;  // the bits (as lane_alpha): two ORs per pair
       storeu(out + jj / 2 * L + c * W, Ops::pair_rows(a0, a1));
     }
   }
-  return !tell || any_lane(nz != vi{});
+  return !tell || any_lane(nz & splati(0x7fffffff));
 }
 
 template <int CC>
@@ -1250,11 +1249,11 @@ void fam_forward(const family_lanes& lb, float* ot) {
       if (!lane_alpha_pairs<Ops, Dist, CC>(lb, S, j0, nb, aw, pending) && lb.fp.zero_skip) continue;
       gemm<Ops>(lb.Dv, L, nb / 2, lb.vw + j0 / 2 * lb.vwss, 1, lb.vwss, aw, L, ot, L, true);  // Oᵀ += Vᵀ A
     } else {
-      lane_alpha<Dist, CC>(lb, S, j0, nb);
+      const bool nonzero = lane_alpha<Dist, CC>(lb, S, j0, nb);
       if (lb.alpha)
         for (std::int64_t x = 0; x < lb.nl; ++x)
           for (std::int64_t jj = 0; jj < nb; ++jj) lb.alpha[x * lb.alpha_ld + j0 + jj] = S[jj * L + x];
-      if (lb.fp.zero_skip && all_zero(S, nb * L)) continue;  // Oᵀ += Vᵀ 0: nothing
+      if (lb.fp.zero_skip && !nonzero) continue;  // Oᵀ += Vᵀ 0: nothing
       gemm<fam_ops>(lb.Dv, L, nb, lb.v + j0 * lb.vsn, 1, lb.vsn, S, L, ot, L, true);  // Oᵀ += Vᵀ A
     }
   }
@@ -1280,11 +1279,13 @@ void lane_r(const family_lanes& lb, const float* S, const float* dP, std::int64_
 
 // S [nb][L] of keys j0… ← dz = de·act′ (G: act′(z), null for 1), de from dP and the lanes'
 // statistics; Σ dz, Σ de (and Σ de ∂e/∂h for the triangle kernel, where sum_dh is given) added.
+// Returns whether any dz is nonzero (or NaN), as lane_alpha.
 template <family_dist Dist, int CC>
-void lane_dz(const family_lanes& lb, float* S, const float* dP, const float* G, std::int64_t j0, std::int64_t nb,
+bool lane_dz(const family_lanes& lb, float* S, const float* dP, const float* G, std::int64_t j0, std::int64_t nb,
              vf& sum_dz, vf& sum_de, vf* sum_dh) {
   const std::int64_t L = CC * W;
   const bool tri = sum_dh && lb.fp.act == family_act::triangle;
+  vi nz{};
 #pragma GCC unroll 4
   for (int c = 0; c < CC; ++c) {
     const fam_stat st = load_stat<CC>(lb, c);
@@ -1295,9 +1296,11 @@ void lane_dz(const family_lanes& lb, float* S, const float* dP, const float* G, 
       const vf g = G ? load(G + e) : splat(1.0f), dz = de * g;
       sum_de += de, sum_dz += dz;
       if (tri) *sum_dh += de * triangle_dh(g, lb.fp.h);
+      nz |= (vi)dz;
       store(S + e, dz);
     }
   }
+  return any_lane(nz & splati(0x7fffffff));
 }
 
 // ---- backward dq, lane layout ----
@@ -1350,11 +1353,11 @@ void fam_dq_with(const family_lanes& lb, const family_dq_io& io, ScoresDp&& scor
     float *S = sc.S + o, *dP = sc.dP + o, *G = sc.G + o;
     if (!keep && scores(j0, nb, S, dP, G)) continue;  // hidden by the mask: dz = 0
     vf sum_dz{}, sum_de{}, sum_dh{};
-    lane_dz<Dist, CC>(lb, S, dP, need_g ? G : nullptr, j0, nb, sum_dz, sum_de, &sum_dh);
+    const bool nonzero = lane_dz<Dist, CC>(lb, S, dP, need_g ? G : nullptr, j0, nb, sum_dz, sum_de, &sum_dh);
     double a = 0.0, b = 0.0, dh = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
-    if (fp.zero_skip && all_zero(S, nb * L)) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
+    if (fp.zero_skip && !nonzero) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
     dq_product(j0, nb, S, sc);
   }
 }
@@ -1396,12 +1399,18 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
 // The row layout's weights and score gradients, rows [0, nq) of S (the raw scores z) and dP
 // ([nq][ldk]): S ← α of s = act(z + bias) + mask, -inf outside each row's key range; unless
 // no_dz, dP ← dz = de·act′(z), with Σ dz and Σ de added into sum_dz, sum_de.
+// Whether a row block has any nonzero (or NaN) α, dz (row_weights; as lane_alpha).
+struct weights_set {
+  bool alpha, dz;
+};
 template <family_dist Dist>
-void row_weights(const family_rows& pr, float* S, float* dP, const float* mask, bool no_dz, vf& sum_dz, vf& sum_de) {
+weights_set row_weights(const family_rows& pr, float* S, float* dP, const float* mask, bool no_dz, vf& sum_dz,
+                        vf& sum_de) {
   const std::int64_t ld = pr.ldk;
   const family_params& fp = pr.fp;
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
   const vf bias = splat(fp.bias);
+  vi nza{}, nzd{};
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     const vi lo = splati(pr.lo[r]), hi = splati(std::int32_t(imin(pr.hi[r], pr.j0 + pr.nb)));
     fam_stat st;
@@ -1413,13 +1422,16 @@ void row_weights(const family_rows& pr, float* S, float* dP, const float* mask, 
       if (fp.mask) s += load(mask + r * ld + x);
       s = vselect((j >= lo) & (j < hi), s, splat(-kInf));
       const vf a = fam_alpha<Dist>(fp, s, j, st);
+      nza |= (vi)a;
       store(S + r * ld + x, a);
       if (no_dz) continue;
       const vf de = fam_de<Dist>(s, a, load(dP + r * ld + x), st), dz = de * g;
+      nzd |= (vi)dz;
       store(dP + r * ld + x, dz);
       sum_de += de, sum_dz += dz;
     }
   }
+  return {any_lane(nza & splati(0x7fffffff)), any_lane(nzd & splati(0x7fffffff))};
 }
 
 template <class Ops, family_dist Dist>
@@ -1453,10 +1465,10 @@ void fam_dkdv(const family_rows& pr) {
     if (!no_dz) gemm<fam_ops, true>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   }
   vf sum_dz{}, sum_de{};
-  row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de);
+  const weights_set set = row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de);
   // A block whose α (dz) are all 0 adds nothing to dv (dq, dk): its products are skipped
   // (zero_skip: every input finite). Σ de is still summed.
-  if (!(fp.zero_skip && all_zero(S, nq * ld))) {
+  if (!fp.zero_skip || set.alpha) {
     if constexpr (pairs) {
       gemm<Ops>(pr.Dv, ld, nqp, pr.don, 1, pr.Dv, Ops::pack_rows(S, nq, ld, packed), ld, pr.dvt, ld, true);  // dVᵀ += dOᵀ α
     } else {
@@ -1464,7 +1476,7 @@ void fam_dkdv(const family_rows& pr) {
     }
   }
   if (no_dz) return;
-  const bool dz_zero = fp.zero_skip && !elementwise(fp) && all_zero(dP, nq * ld);
+  const bool dz_zero = fp.zero_skip && !elementwise(fp) && !set.dz;
   if (pr.dq) {
     if (!dz_zero) {
       if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K

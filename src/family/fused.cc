@@ -207,6 +207,8 @@ bool all_finite(const std::vector<float>& x, int nt) {
 }
 
 // The prepared inputs in f32, and the problem's partition into lane blocks.
+std::int64_t sparse_rows(const fproblem& fp);  // (below: the kept-keys forms of hardmax, top-k)
+
 struct fused_inputs {
   const cpu::family_table& kt;
   std::int64_t L, G, nlb, units;
@@ -378,7 +380,8 @@ struct fused_inputs {
     const bool zeros = fp.dist == distribution_kind::sparsemax || fp.dist == distribution_kind::entmax15 ||
                        fp.dist == distribution_kind::hardmax || fp.dist == distribution_kind::topk ||
                        fp.dist == distribution_kind::kernel;
-    if (fp.p.mask == mask_kind::none && !zeros) return false;
+    // (hardmax and top-k on their kept keys form no block products to skip)
+    if (fp.p.mask == mask_kind::none && (!zeros || sparse_rows(fp) > 0)) return false;
     if (const char* env = std::getenv("ATTN_FAMILY_MASK_SKIP"); env && std::string_view(env) == "0") return false;
     // The forward without a mask skips only Oᵀ += Vᵀ α of blocks whose α are all 0 (an α of a
     // NaN score is NaN, not 0): V alone must be finite.
@@ -387,16 +390,19 @@ struct fused_inputs {
       if (!V.empty()) return all_finite(V, nt);
       return src.direct && cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt);
     }
+    // The backward without a mask skips products of zero α (with dout) or zero dz (with q, k):
+    // V enters none of them (dP = dO Vᵀ is always formed), so only a mask asks for V.
+    const bool hidden = fp.p.mask != mask_kind::none;
     if (!std::isfinite(fp.bias) || !std::isfinite(fp.h)) return false;
     for (const std::vector<float>* x : {&Q, &K, &V, &w_v})
-      if (!all_finite(*x, nt)) return false;
+      if ((hidden || x != &V) && !all_finite(*x, nt)) return false;
     // The user's tensors, where no f32 copy of them was checked above (a copy of a tensor with an
     // inf or NaN has one too: q·scale, k and v convert exactly or overflow; location's K is W_a).
     if (src.direct) {
       const bool q_seen = !Q.empty(), k_seen = !K.empty() && fp.kernel != kernel_kind::location, v_seen = !V.empty();
       if ((!q_seen && !cpu::view_all_finite(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt)) ||
           (!k_seen && !cpu::view_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt)) ||
-          (!v_seen && !cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt)))
+          (!v_seen && hidden && !cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt)))
         return false;
     }
     return !dout || cpu::view_all_finite(*dout, fp.B, fp.Hq, fp.Nq, fp.Dv, nt);

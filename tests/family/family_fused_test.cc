@@ -1438,17 +1438,19 @@ TEST(FamilyFused, MaskHiddenBlocksSkippedWithTheSameBits) {
 TEST(FamilyFused, ZeroWeightBlocksSkippedWithTheSameBits) {
   std::mt19937 rng(911);
   const std::int64_t N = 300, cut = 128;
-  // (score, distribution, hardmax's straight-through gradient: dense dz where α is one-hot)
-  const std::vector<std::tuple<score_kind, distribution_kind, bool>> pairs = {
-      {score_kind::scaled_dot, distribution_kind::sparsemax, false}, {score_kind::scaled_dot, distribution_kind::entmax15, false},
-      {score_kind::dot, distribution_kind::hardmax, false},          {score_kind::dot, distribution_kind::hardmax, true},
-      {score_kind::scaled_dot, distribution_kind::topk, false},      {score_kind::box, distribution_kind::kernel, false},
-      {score_kind::triangle, distribution_kind::kernel, false}};
-  for (const auto& [s, d, st] : pairs)
+  // (score, distribution, hardmax's straight-through gradient: dense dz where α is one-hot;
+  // top-k's k: 40 takes the dense products — k <= 32 and zero-gradient hardmax run on their kept
+  // keys, with no block products to skip)
+  const std::vector<std::tuple<score_kind, distribution_kind, bool, int>> pairs = {
+      {score_kind::scaled_dot, distribution_kind::sparsemax, false, 0}, {score_kind::scaled_dot, distribution_kind::entmax15, false, 0},
+      {score_kind::dot, distribution_kind::hardmax, false, 0},          {score_kind::dot, distribution_kind::hardmax, true, 0},
+      {score_kind::scaled_dot, distribution_kind::topk, false, 5},      {score_kind::scaled_dot, distribution_kind::topk, false, 40},
+      {score_kind::box, distribution_kind::kernel, false, 0},           {score_kind::triangle, distribution_kind::kernel, false, 0}};
+  for (const auto& [s, d, st, topk] : pairs)
     for (dtype t : {dtype::f32, dtype::bf16}) {
       const bool distance = d == distribution_kind::kernel;
       family_case c(s, d, rng, 1, 4, 2, N, N, 8, 6);
-      c.opt.distribution.k = 5;
+      c.opt.distribution.k = topk > 0 ? topk : 5;
       if (st) c.opt.distribution.hardmax_grad = hardmax_gradient::straight_through;
       if (distance) c.opt.score.bandwidth = 3.0;
       std::uniform_real_distribution<double> half(0.5, 1.0);
