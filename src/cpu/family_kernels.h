@@ -61,10 +61,12 @@ struct family_params {
   bias_fn mask = nullptr;     // fills the mask tile (0 / -inf for bool, the value for float); null: none
   const void* mask_ctx = nullptr;
   // The kernels may skip a key block whose mask tile is -inf for every row (mask_tile_kind::
-  // excluded), and the P·V or dq product of a block whose weights or dz are all 0: set by the
-  // driver where the kernels' inputs (q, k, v, dout and the score's parameters) are all finite,
-  // so that every score of such a block is -inf, its α and de exactly 0, and the products add
-  // nothing — the same bits as running the block (NaN + -inf is NaN, 0·inf is NaN otherwise).
+  // excluded), and the products of a block whose weights (α·V, dOᵀα) or dz (dq, dk) are all 0:
+  // set by the driver (fused.cc, may_skip) where the inputs those skips pass over are finite — with
+  // a mask every input the kernels read, so that every score of a hidden block is -inf and its α
+  // and de exactly 0; without one (sparsemax, entmax15, hardmax, top-k, box, triangle) the
+  // operands of the skipped products — so the products add nothing: the same bits as running the
+  // block (NaN + -inf is NaN, 0·inf is NaN otherwise).
   bool zero_skip = false;
 };
 
