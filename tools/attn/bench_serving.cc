@@ -275,7 +275,9 @@ int run_paged(const serving_args& a) {
           else attention(q, TensorView(dense.k.view()), TensorView(dense.v.view()), o, ex);
         },
         [&] { attention_paged(q, ch, o, ex); }, [&] { attention_paged(q, ct, o, ex); }};
+    const std::size_t bf16_at = fs.size();  // (int8) the bf16 dense cache, the tokens/s the goals compare with
     if (int8) fs.push_back([&] { attention(q16, TensorView(dense16.k.view()), TensorView(dense16.v.view()), o, ex); });
+    const std::size_t blocked_at = fs.size();  // blocked keys: dense, paged head-major
     if (blocked) {
       fs.push_back([&] { attention_paged(q, dense_b.view(one_page, lens), o, ex); });
       fs.push_back([&] { attention_paged(q, head_b.view(shuffled, lens), o, ex); });
@@ -315,20 +317,20 @@ int run_paged(const serving_args& a) {
                  ms[0].cpu, ms[1].cpu, 100 * ms[0].cpu / ms[1].cpu, ms[2].cpu, 100 * ms[0].cpu / ms[2].cpu);
       if (int8)
         fmt::print("    bf16 dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s: int8 dense {:.2f}x the bf16 tokens/s (cpu time {:.3f} vs {:.3f} ms: {:.2f}x)\n",
-                   ms[3].wall, gbs(kv_bytes(dtype::bf16), ms[3].wall), tok / ms[3].wall * 1e3, ms[3].wall / ms[0].wall,
-                   ms[0].cpu, ms[3].cpu, ms[3].cpu / ms[0].cpu);
+                   ms[bf16_at].wall, gbs(kv_bytes(dtype::bf16), ms[bf16_at].wall), tok / ms[bf16_at].wall * 1e3, ms[bf16_at].wall / ms[0].wall,
+                   ms[0].cpu, ms[bf16_at].cpu, ms[bf16_at].cpu / ms[0].cpu);
       if (blocked)
         fmt::print("    int8 blocked keys: dense {:.3f} ms {:.1f} GB/s {:.0f} tok/s ({:.2f}x the rows, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | "
                    "paged head-major {:.3f} ms ({:.0f}% of dense)\n",
-                   ms[4].wall, gbs(bytes, ms[4].wall), tok / ms[4].wall * 1e3, ms[0].wall / ms[4].wall, ms[3].wall / ms[4].wall,
-                   ms[4].cpu, ms[5].wall, 100 * ms[4].wall / ms[5].wall);
+                   ms[blocked_at].wall, gbs(bytes, ms[blocked_at].wall), tok / ms[blocked_at].wall * 1e3, ms[0].wall / ms[blocked_at].wall, ms[bf16_at].wall / ms[blocked_at].wall,
+                   ms[blocked_at].cpu, ms[blocked_at + 1].wall, 100 * ms[blocked_at].wall / ms[blocked_at + 1].wall);
       if (blocked) {
         const auto &m8 = ms[bytes_at], &h8 = ms[bytes_at + 1];
         fmt::print("    int8 blocked keys, q and weights in 8 bits (int8_query::int8): dense {:.3f} ms {:.1f} GB/s{} {:.0f} tok/s "
                    "({:.2f}x automatic, {:.2f}x the bf16 tokens/s; cpu time {:.3f} ms) | paged head-major {:.3f} ms ({:.0f}% of dense)\n",
                    m8.wall, gbs(bytes, m8.wall),
                    probe > 0 ? fmt::format(" ({:.0f}% of the probe)", 100 * gbs(bytes, m8.wall) / probe) : std::string(), tok / m8.wall * 1e3,
-                   ms[4].wall / m8.wall, ms[3].wall / m8.wall, m8.cpu, h8.wall, 100 * m8.wall / h8.wall);
+                   ms[blocked_at].wall / m8.wall, ms[bf16_at].wall / m8.wall, m8.cpu, h8.wall, 100 * m8.wall / h8.wall);
       }
       if (int8) {
         const auto& me = ms[exact_at];
@@ -338,7 +340,7 @@ int run_paged(const serving_args& a) {
         const auto& m8 = ms[rows8_at];
         fmt::print("    int8 dense rows, weights in 8 bits (int8_query::int8): {:.3f} ms {:.1f} GB/s {:.0f} tok/s ({:.2f}x automatic, "
                    "{:.2f}x the bf16 tokens/s; cpu time {:.3f} ms)\n",
-                   m8.wall, gbs(bytes, m8.wall), tok / m8.wall * 1e3, ms[0].wall / m8.wall, ms[3].wall / m8.wall, m8.cpu);
+                   m8.wall, gbs(bytes, m8.wall), tok / m8.wall * 1e3, ms[0].wall / m8.wall, ms[bf16_at].wall / m8.wall, m8.cpu);
       }
     };
     ab.run(fs, names, fmt::format("paged {} B{} Nq{} Nk{} K/V {}", ps, a.batch, a.nq, a.nk, dtype_name(kvt)), resolve_threads(t),
