@@ -102,7 +102,7 @@ void fam_dq_amx(const family_lanes& lb, const family_dq_io& io) {
     if (!no_dz) amx_gemm((nb + 31) / 32 * 32, L, lb.Dv / 2, lb.vrw + j0 * lb.vrwsn, lb.vrwsn, io.douttw, L, dP, L, false);
     return false;
   };
-  const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const lane_scratch& sc) {
+  const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const float*, const lane_scratch& sc) {
     const std::int64_t nt = (nb + 31) / 32 * 32;
     auto* dsw = reinterpret_cast<std::uint32_t*>(sc.G);  // dS as words [nt/2][L] in G's room
     Ops::pack_rows(S, nb, L, dsw);

@@ -433,6 +433,118 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
   }
 }
 
+// ---- distance scores: the gradients as products ----
+// z = ‖q − k‖² (distance_terms) has dq = 2 Σ_j dz_j (q − k_j) = 2(q Σ_j dz_j − Σ_j dz_j k_j) and
+// dk = 2(k Σ_r dz_r − Σ_r dz_r q_r): a product on the register tile and a sum of dz, where
+// elem_lane_grad / elem_row_grad take a difference, a product and two sums per (pair, feature).
+// The products' float32 rounding errs by about u·(‖q‖ + ‖k‖)·Σ|dz|, the differences' by
+// u·‖q − k‖·Σ|dz|; only pairs with dz ≠ 0 count (the triangle kernel's: 0 < ρ = ‖q − k‖ < h), and
+// for them ‖k‖ ≤ ‖q‖ + ρ. So a block takes the products where each such pair has ρ ≥ ‖q‖/8 — an
+// error at most 1 + 2‖q‖/ρ ≤ 17 times the differences' — and every dz is finite; elsewhere (keys
+// close to their queries at a large norm: the products would cancel) the differences, as before.
+// Only with q and k finite (qk_finite): the differences skip rows and keys whose dz are all 0,
+// where the products add 0·q and 0·k — the same zeros only for finite q and k.
+inline bool distance_products(const family_params& fp) {
+  return fp.score == family_score::distance && fp.act == family_act::triangle && fp.qk_finite;
+}
+inline vi not_finite(vf x) { return ((vi)x & splati(0x7f800000)) == splati(0x7f800000); }
+
+// Lane layout: dqt [P][L] += 2(q Σ_j dz − Kᵀ dz) for the keys j0 + [0, nb) where the block allows
+// it (above), judged on the act′ G = −1/(2hρ) of each pair (0 outside the support): ρ ≥ ‖q‖/8 ⟺
+// h²·G²·‖q‖² ≤ 16. dz [nb][L] is scaled by −2 in place. False (nothing done): the differences.
+template <int CC>
+bool distance_lane_products(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* dz, const float* G,
+                            float* dqt) {
+  const std::int64_t L = CC * W;
+  const float h = lb.fp.h;
+  vf qn[CC], sum[CC];
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) qn[c] = sum[c] = vf{};
+  for (std::int64_t x = 0; x < lb.P; ++x)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const vf a = load(lb.qt + x * L + c * W);
+      qn[c] += a * a;
+    }
+#pragma GCC unroll 4
+  for (int c = 0; c < CC; ++c) qn[c] *= splat(h * h);
+  vi bad{};
+  for (std::int64_t jj = 0; jj < nb; ++jj)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      const vf d = load(dz + jj * L + c * W), g = load(G + jj * L + c * W);
+      bad |= ~(g * g * qn[c] <= splat(16.0f)) | not_finite(d);  // (a NaN compares false: bad)
+      sum[c] += d;
+    }
+  if (any_lane(bad)) return false;
+  for (std::int64_t i = 0; i < nb * L; i += W) store(dz + i, load(dz + i) * splat(-2.0f));
+  gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, dz, L, dqt, L, true);  // dqᵀ += Kᵀ (−2 dz)
+  for (std::int64_t x = 0; x < lb.P; ++x)
+#pragma GCC unroll 4
+    for (int c = 0; c < CC; ++c) {
+      float* o = dqt + x * L + c * W;
+      store(o, load(o) + load(lb.qt + x * L + c * W) * (splat(2.0f) * sum[c]));
+    }
+  return true;
+}
+
+// Row layout, before row_weights turns the scores z [nq][ldk] into α: whether some pair may have
+// dz ≠ 0 (0 < z < 2h², a margin over ρ < h) with 64·z < ‖q‖² — dk then from the differences.
+inline bool distance_rows_close(const family_rows& pr, const float* S) {
+  const std::int64_t ld = pr.ldk;
+  const vf h2 = splat(2.0f * pr.fp.h * pr.fp.h);
+  vi close{};
+  for (std::int64_t r = 0; r < pr.nq; ++r) {
+    const float* qr = pr.q + r * pr.qsn;
+    float qn = 0.0f;
+    for (std::int64_t x = 0; x < pr.P; ++x) qn += qr[x] * qr[x];
+    const vf t = splat(qn);
+    for (std::int64_t y = 0; y < ld; y += W) {
+      const vf z = load(S + r * ld + y);
+      close |= (z > vf{}) & (z < h2) & ~(splat(64.0f) * z >= t);
+    }
+  }
+  return any_lane(close);
+}
+
+// Row layout: dkt [P][ldk] += 2(k Σ_r dz − Qᵀ dz) from dz [nq][ldk] (scaled by −2 in place) and,
+// single pass (pr.dq), dq [nq][Pp] += 2(q Σ_y dz − dz K) on the key rows kr; the column sums in
+// sums [ldk], the row sums after them ([nq]: the scratch's 64 spare floats cover ldk + nq). False
+// where some dz is not finite (nothing done: the differences).
+inline bool distance_row_products(const family_rows& pr, float* dz, float* sums) {
+  const std::int64_t ld = pr.ldk, nq = pr.nq;
+  float* rows = sums + ld;
+  vi bad{};
+  for (std::int64_t y = 0; y < ld; y += W) store(sums + y, vf{});
+  for (std::int64_t r = 0; r < nq; ++r) {
+    vf row{};
+    for (std::int64_t y = 0; y < ld; y += W) {
+      const vf d = load(dz + r * ld + y);
+      bad |= not_finite(d);
+      store(sums + y, load(sums + y) + d);
+      row += d;
+    }
+    float t = 0.0f;
+    for (int x = 0; x < W; ++x) t += row[x];
+    rows[r] = t;
+  }
+  if (any_lane(bad)) return false;
+  for (std::int64_t i = 0; i < nq * ld; i += W) store(dz + i, load(dz + i) * splat(-2.0f));
+  gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dz, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ (−2 dz)
+  for (std::int64_t x = 0; x < pr.P; ++x)
+    for (std::int64_t y = 0; y < ld; y += W) {
+      float* o = pr.dkt + x * ld + y;
+      store(o, load(o) + load(pr.kt + x * ld + y) * (splat(2.0f) * load(sums + y)));
+    }
+  if (!pr.dq) return true;
+  gemm<fam_ops>(nq, pr.Pp, ld, dz, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += (−2 dz) K
+  for (std::int64_t r = 0; r < nq; ++r) {
+    const float f = 2.0f * rows[r];
+    for (std::int64_t x = 0; x < pr.P; ++x) pr.dq[r * pr.dqs + x] += f * pr.q[r * pr.qsn + x];
+  }
+  return true;
+}
+
 inline bool elementwise(const family_params& fp) { return fp.score != family_score::dot; }
 
 // ---- box scores from products: only the side of h² matters ----
@@ -1311,8 +1423,9 @@ bool lane_dz(const family_lanes& lb, float* S, const float* dP, const float* G, 
 // The pass itself, with its two products given: scores_dp(j0, nb, S, dP, G, mask, no_dz) forms
 // the scores of keys [j0, j0 + nb) (act′ into G where need_g) and, unless no_dz, dP — true where
 // the mask hid the block (lane_mask; dP is then 0: α = 0 meets it in r's sums); dq_product(j0, nb,
-// dS, sc) adds Kᵀ dS into io.dqt (sc: the scratch — G's room is free for packed words). The AMX
-// pass (amx level) gives its tile products.
+// dS, G, sc) adds Kᵀ dS into io.dqt (G: the block's act′ where need_g, else null; sc: the
+// scratch — without act′, G's room is free for packed words). The AMX pass (amx level) gives its
+// tile products.
 template <class Ops, family_dist Dist, int CC, class ScoresDp, class DqProduct>
 void fam_dq_with(const family_lanes& lb, const family_dq_io& io, ScoresDp&& scores_dp, DqProduct&& dq_product) {
   constexpr bool pairs = Ops::kPack == 2;
@@ -1358,7 +1471,7 @@ void fam_dq_with(const family_lanes& lb, const family_dq_io& io, ScoresDp&& scor
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), dh += double(sum_dh[x]);
     io.sums[0] += a, io.sums[1] += b, io.sums[2] += dh;
     if (fp.zero_skip && !nonzero) continue;  // dqᵀ += Kᵀ 0 (and dw_v += 0): nothing
-    dq_product(j0, nb, S, sc);
+    dq_product(j0, nb, S, need_g ? G : nullptr, sc);
   }
 }
 
@@ -1379,12 +1492,13 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
       gemm<fam_ops, true>(nb, L, lb.Dv, lb.v + j0 * lb.vsn, lb.vsn, 1, io.doutt, L, dP, L, false);
     return skipped;
   };
-  const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const lane_scratch& sc) {
+  const auto dq_product = [&](std::int64_t j0, std::int64_t nb, float* S, const float* G, const lane_scratch& sc) {
     if constexpr (pairs) {  // dqᵀ += Kᵀ dS, dS as words [nb/2][L] in G's room (no act′ here)
       const auto* dsw = Ops::pack_rows(S, nb, L, reinterpret_cast<typename Ops::word*>(sc.G));
       gemm<Ops>(lb.P, L, nb / 2, lb.kpw + j0 / 2 * lb.kpwss, 1, lb.kpwss, dsw, L, io.dqt, L, true);
     } else if (elementwise(lb.fp)) {
-      with_terms(lb.fp, [&](const auto& tm) { elem_lane_grad<CC>(lb, tm, j0, nb, S, io.dqt, io.dw_v, sc.buf); });
+      if (!(distance_products(lb.fp) && distance_lane_products<CC>(lb, j0, nb, S, G, io.dqt)))
+        with_terms(lb.fp, [&](const auto& tm) { elem_lane_grad<CC>(lb, tm, j0, nb, S, io.dqt, io.dw_v, sc.buf); });
     } else {
       gemm<fam_ops>(lb.P, L, nb, lb.k + j0 * lb.ksn, 1, lb.ksn, S, L, io.dqt, L, true);  // dqᵀ += Kᵀ dS
     }
@@ -1398,17 +1512,19 @@ void fam_dq(const family_lanes& lb, const family_dq_io& io) {
 // product on bf16 pairs, α and dz rounded to bf16 for the products that take them.
 // The row layout's weights and score gradients, rows [0, nq) of S (the raw scores z) and dP
 // ([nq][ldk]): S ← α of s = act(z + bias) + mask, -inf outside each row's key range; unless
-// no_dz, dP ← dz = de·act′(z), with Σ dz and Σ de added into sum_dz, sum_de.
+// no_dz, dP ← dz = de·act′(z), with Σ dz and Σ de added into sum_dz, sum_de (and, given sum_dh,
+// the triangle kernel's Σ de·∂e/∂h).
 // Whether a row block has any nonzero (or NaN) α, dz (row_weights; as lane_alpha).
 struct weights_set {
   bool alpha, dz;
 };
 template <family_dist Dist>
 weights_set row_weights(const family_rows& pr, float* S, float* dP, const float* mask, bool no_dz, vf& sum_dz,
-                        vf& sum_de) {
+                        vf& sum_de, vf* sum_dh = nullptr) {
   const std::int64_t ld = pr.ldk;
   const family_params& fp = pr.fp;
   const bool plain = fp.act == family_act::identity && fp.bias == 0.0f;
+  const bool tri = sum_dh && fp.act == family_act::triangle;
   const vf bias = splat(fp.bias);
   vi nza{}, nzd{};
   for (std::int64_t r = 0; r < pr.nq; ++r) {
@@ -1429,6 +1545,7 @@ weights_set row_weights(const family_rows& pr, float* S, float* dP, const float*
       nzd |= (vi)dz;
       store(dP + r * ld + x, dz);
       sum_de += de, sum_dz += dz;
+      if (tri) *sum_dh += de * triangle_dh(g, fp.h);
     }
   }
   return {any_lane(nza & splati(0x7fffffff)), any_lane(nzd & splati(0x7fffffff))};
@@ -1464,8 +1581,10 @@ void fam_dkdv(const family_rows& pr) {
     else gemm<fam_ops, true>(nq, ld, pr.P, pr.q, pr.qsn, 1, pr.kt, ld, S, ld, false);
     if (!no_dz) gemm<fam_ops, true>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   }
-  vf sum_dz{}, sum_de{};
-  const weights_set set = row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de);
+  // (triangle: whether its dk (and dq) may come from products, judged on z before it becomes α)
+  const bool dz_products = !pairs && !no_dz && distance_products(fp) && !distance_rows_close(pr, S);
+  vf sum_dz{}, sum_de{}, sum_dh{};
+  const weights_set set = row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de, pr.dq ? &sum_dh : nullptr);
   // A block whose α (dz) are all 0 adds nothing to dv (dq, dk): its products are skipped
   // (zero_skip: every input finite). Σ de is still summed.
   if (!fp.zero_skip || set.alpha) {
@@ -1486,9 +1605,9 @@ void fam_dkdv(const family_rows& pr) {
         gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
       }  // (elementwise scores: dq with dk, below)
     }
-    double a = 0.0, b = 0.0;
-    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]);
-    pr.sums[0] += a, pr.sums[1] += b;
+    double a = 0.0, b = 0.0, c = 0.0;
+    for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), c += double(sum_dh[x]);
+    pr.sums[0] += a, pr.sums[1] += b, pr.sums[2] += c;
   }
   if (dz_zero) return;
   if constexpr (pairs) {  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
@@ -1496,8 +1615,9 @@ void fam_dkdv(const family_rows& pr) {
       for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));
     gemm<Ops>(pr.P, ld, nqp, pr.qn, 1, pr.P, Ops::pack_rows(dP, nq, ld, packed), ld, pr.dkt, ld, true);
   } else {
-    if (elementwise(fp)) with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
-    else gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+    if (!elementwise(fp)) gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
+    else if (!(dz_products && distance_row_products(pr, dP, mask + nq * ld)))
+      with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
   }
 }
 

@@ -68,6 +68,9 @@ struct family_params {
   // operands of the skipped products — so the products add nothing: the same bits as running the
   // block (NaN + -inf is NaN, 0·inf is NaN otherwise).
   bool zero_skip = false;
+  // The backward's q and k rows all finite (set by the driver for the triangle kernel): its dq and
+  // dk may come from products (family_body.h, distance_products).
+  bool qk_finite = false;
 };
 
 // Per-row statistics, one entry per row (lane or tile row):
@@ -223,7 +226,8 @@ struct family_rows {
   float* scratch = nullptr;           // family_row_scratch_floats(nq, ldk) floats
   // Single pass (sigmoid: no row statistics; or the forward's): also dq [nq][Pp] (row stride dqs) += dz K, with
   // kr [ldk][Pp] the key block's rows zero-padded to Pp (a multiple of W) and ldk, and
-  // sums[0] += Σ dz, sums[1] += Σ de over the block. Null dq: the dq pass does that.
+  // sums[0] += Σ dz, sums[1] += Σ de, sums[2] += Σ de·∂e/∂h (triangle; else 0) over the block.
+  // Null dq: the dq pass does that.
   float* dq = nullptr;
   std::int64_t dqs = 0, Pp = 0;
   const float* kr = nullptr;

@@ -281,6 +281,8 @@ struct fused_inputs {
   // The kernels may skip key blocks the mask hides from every row, and the products of blocks
   // whose weights are all 0 (family_params::zero_skip).
   bool zero_skip = false;
+  // The backward of the triangle kernel: q and k finite (family_params::qk_finite).
+  bool qk_finite = false;
   // The mask rows' kept spans (cpu/mask_fill.h), where the kernels would read a mask row more
   // than once: a mask broadcast over heads, or the backward's two passes.
   mask_spans spans;
@@ -292,6 +294,8 @@ struct fused_inputs {
     const int nt = std::max(1, fp.p.num_threads);
     prepare(fp, src, u, nt, !dout);
     zero_skip = may_skip(fp, src, dout, nt);
+    // (the backward's zero_skip has seen q and k finite)
+    qk_finite = dout && fp.kernel == kernel_kind::triangle && (zero_skip || rows_finite(fp, src, false, nt));
     if (fp.p.mask != mask_kind::none && ((fp.p.mask_view.sh == 0 && fp.Hq > 1) || dout)) spans = find_mask_spans(fp.p, nt);
   }
 
@@ -393,19 +397,22 @@ struct fused_inputs {
     // The backward without a mask skips products of zero α (with dout) or zero dz (with q, k):
     // V enters none of them (dP = dO Vᵀ is always formed), so only a mask asks for V.
     const bool hidden = fp.p.mask != mask_kind::none;
-    if (!std::isfinite(fp.bias) || !std::isfinite(fp.h)) return false;
-    for (const std::vector<float>* x : {&Q, &K, &V, &w_v})
-      if ((hidden || x != &V) && !all_finite(*x, nt)) return false;
-    // The user's tensors, where no f32 copy of them was checked above (a copy of a tensor with an
-    // inf or NaN has one too: q·scale, k and v convert exactly or overflow; location's K is W_a).
-    if (src.direct) {
-      const bool q_seen = !Q.empty(), k_seen = !K.empty() && fp.kernel != kernel_kind::location, v_seen = !V.empty();
-      if ((!q_seen && !cpu::view_all_finite(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt)) ||
-          (!k_seen && !cpu::view_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt)) ||
-          (!v_seen && hidden && !cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt)))
-        return false;
-    }
+    if (!std::isfinite(fp.bias) || !std::isfinite(fp.h) || !all_finite(w_v, nt)) return false;
+    if (!rows_finite(fp, src, hidden, nt)) return false;
     return !dout || cpu::view_all_finite(*dout, fp.B, fp.Hq, fp.Nq, fp.Dv, nt);
+  }
+
+  // Every element of q and k (and of V, with_v) finite: the f32 copies where there are some, else
+  // the user's tensors (a copy of a tensor with an inf or NaN has one too: q·scale, k and v
+  // convert exactly or overflow; location's K is W_a).
+  bool rows_finite(const fproblem& fp, const fused_source& src, bool with_v, int nt) const {
+    for (const std::vector<float>* x : {&Q, &K, &V})
+      if ((with_v || x != &V) && !all_finite(*x, nt)) return false;
+    if (!src.direct) return true;
+    const bool q_seen = !Q.empty(), k_seen = !K.empty() && fp.kernel != kernel_kind::location, v_seen = !V.empty();
+    return (q_seen || cpu::view_all_finite(src.q, fp.B, fp.Hq, fp.Nq, fp.Pq, nt)) &&
+           (k_seen || cpu::view_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt)) &&
+           (v_seen || !with_v || cpu::view_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt));
   }
 
  public:
@@ -520,7 +527,7 @@ struct lane_state {
         qtf(in.box_rows ? alloc_floats(fp.Pq * L) : fbuf{}), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
-    prm.zero_skip = in.zero_skip;
+    prm.zero_skip = in.zero_skip, prm.qk_finite = in.qk_finite;
   }
 
   cpu::family_lanes set(const fproblem& fp, const fused_inputs& in, std::int64_t b, std::int64_t hkv, std::int64_t lbi) {
@@ -809,18 +816,18 @@ struct row_pass {
   row_pass(const fproblem& fp_, const fused_inputs& in_, const float* dO_, cpu::family_stats st_, bool single)
       : fp(fp_), in(in_), dO(dO_), st(st_), P(fp.Pq), Dv(fp.Dv), W(in.kt.W),
         ldmax(ceil_div(cpu::kRowKeyBlock, W) * W), Pp(ceil_div(P, W) * W), kvt(alloc_floats(2 * (P + Dv) * ldmax)),
-        kr(single && fp.kernel == kernel_kind::dot ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
+        kr(single && (fp.kernel == kernel_kind::dot || fp.kernel == kernel_kind::triangle) ? alloc_floats(ldmax * Pp) : fbuf{}), scratch(alloc_floats(fp.F > 1 ? cpu::family_md_row_scratch_floats(kQueryBlock, ldmax, P, Dv)
                                       : cpu::family_row_scratch_floats(kQueryBlock, ldmax) + (in_.row_amx ? kQueryBlock * Pp : 0))),
         kbox(in_.box_rows ? alloc_floats(fp_.Pq * ldmax) : fbuf{}), lo(kQueryBlock), hi(kQueryBlock), hs(kQueryBlock),
         is(kQueryBlock), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     kt = kvt.get(), vt = kt + P * ldmax, dkt = vt + Dv * ldmax, dvt = dkt + P * ldmax;
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.h = hs.data(), mc.i = is.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
-    prm.zero_skip = in.zero_skip;
+    prm.zero_skip = in.zero_skip, prm.qk_finite = in.qk_finite;
   }
 
   // dk, dv of the block's keys into the sink; single pass: also dq [G·Nq][Pp] of (b, hkv)
-  // += dz K (rows g·Nq + i) and sums[0, 1] += Σ dz, Σ de.
+  // += dz K (rows g·Nq + i) and sums[0, 1, 2] += Σ dz, Σ de, Σ de·∂e/∂h.
   void key_block(std::int64_t b, std::int64_t hkv, std::int64_t kb, const fused_grad_sink& sink, float* dq,
                  double* sums) {
     const std::int64_t G = in.G, j0 = kb * cpu::kRowKeyBlock, nb = std::min(cpu::kRowKeyBlock, fp.Nk - j0);
@@ -855,7 +862,7 @@ struct row_pass {
       };
       for (std::int64_t x = 0; x < ld / 2; ++x)
         for (std::int64_t d = 0; d < Pp; ++d) krw[x * Pp + d] = half(j0 + 2 * x, d) | half(j0 + 2 * x + 1, d) << 16;
-    } else if (dq && kr) {  // (dot scores: dq += dS K; additive's terms read kt)
+    } else if (dq && kr) {  // (dot scores, triangle: dq += dS K; additive's terms read kt)
       for (std::int64_t x = 0; x < ld; ++x)
         for (std::int64_t d = 0; d < Pp; ++d) kr[x * Pp + d] = x < nb && d < P ? K[(j0 + x) * P + d] : 0.0f;
     }
@@ -984,8 +991,11 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   std::vector<float> T(std::size_t(nst), kInfF), LSE(std::size_t(nst), kInfF), Rr(std::size_t(nst), 0.0f);
   std::vector<std::int32_t> CUT(std::size_t(nst), -1);
   // Additive scores too take the single pass: their dq comes with dk from the same terms
-  // (elem_row_grad), so each tanh is formed twice (score, gradient) instead of four times.
-  const bool single_kind = fp.kernel == kernel_kind::dot || fp.kernel == kernel_kind::additive;
+  // (elem_row_grad), so each tanh is formed twice (score, gradient) instead of four times; and
+  // the triangle kernel: dq with dk from the same dz (distance_row_products), its scores formed
+  // twice instead of three times.
+  const bool single_kind = fp.kernel == kernel_kind::dot || fp.kernel == kernel_kind::additive ||
+                           fp.kernel == kernel_kind::triangle;
   const bool reuse = saved && fused_keeps_stats(fp) && !forced_two_pass() &&
                      (fp.kernel == kernel_kind::box || (single_kind && fp.B * fp.Hkv >= kSinglePassUnits)) &&
                      load_saved(fp, *saved, dout, T, LSE, Rr);
@@ -1056,7 +1066,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     const std::int64_t units = fp.B * fp.Hkv;
     const bool additive = fp.kernel == kernel_kind::additive;
     const std::int64_t nw = P * F;  // dw_v: [A], multi-dimensional [Dv, A]
-    std::vector<double> sums(std::size_t(2 * units), 0.0), dwv(additive ? std::size_t(units * nw) : 0, 0.0);
+    std::vector<double> sums(std::size_t(3 * units), 0.0), dwv(additive ? std::size_t(units * nw) : 0, 0.0);
 #pragma omp parallel num_threads(nt)
     {
       const cpu::denormals_flushed ftz;
@@ -1068,14 +1078,15 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
         const std::int64_t hkv = u % fp.Hkv, b = u / fp.Hkv;
         std::fill(dq.get(), dq.get() + G * fp.Nq * rp.Pp, 0.0f);
         rp.dw_v = additive ? dwv.data() + u * nw : nullptr;
-        for (std::int64_t kb = 0; kb < nkb; ++kb) rp.key_block(b, hkv, kb, sink, dq.get(), sums.data() + 2 * u);
+        for (std::int64_t kb = 0; kb < nkb; ++kb) rp.key_block(b, hkv, kb, sink, dq.get(), sums.data() + 3 * u);
         for (std::int64_t g = 0; g < G; ++g)
           for (std::int64_t i = 0; i < fp.Nq; ++i)
             put_row(sink.dq, b, hkv * G + g, i, P, dq.get() + (g * fp.Nq + i) * rp.Pp, 1, sink.dq_scale);
       }
     }
     for (std::int64_t u = 0; u < units; ++u) {
-      acc.dbias += sums[std::size_t(2 * u)], acc.dsigmoid_bias += sums[std::size_t(2 * u + 1)];
+      acc.dbias += sums[std::size_t(3 * u)], acc.dsigmoid_bias += sums[std::size_t(3 * u + 1)];
+      acc.dh += sums[std::size_t(3 * u + 2)];
       for (std::int64_t a = 0; additive && a < nw; ++a) acc.dw_v[std::size_t(a)] += dwv[std::size_t(u * nw + a)];
     }
     if (fp.dist != distribution_kind::sigmoid) acc.dsigmoid_bias = 0.0;

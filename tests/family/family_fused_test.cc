@@ -354,6 +354,65 @@ TEST(FamilyFused, BoxNearTheBandwidthWithLargeNorms) {
   }
 }
 
+// The triangle kernel's dq and dk come from products (2(q Σ dz − Kᵀ dz), family_body.h,
+// distance_products) only where every pair inside the support has ρ ≥ ‖q‖/8. Here queries of
+// norm ≈ 10⁵ each have keys 0.2h–0.9h away (h = 4): the products would cancel to about
+// 2^-24·10⁵·Σ|dz| — an error far past the tolerance next to ρ·Σ|dz| — so these blocks take the
+// differences, against the reference, for the kernel and sigmoid distributions, 2 threads: the
+// two passes (dq in the lane layout, dk in the row layout), and the single pass from the
+// forward's statistics (kernel; 8 (b, hkv) units: dq and dk in the row layout).
+TEST(FamilyFused, TriangleGradientsWithKeysCloseAtLargeNorms) {
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(91);
+    std::normal_distribution<double> n01(0.0, 1.0);
+    std::uniform_real_distribution<double> frac(0.2, 0.9);
+    for (distribution_kind d : {distribution_kind::kernel, distribution_kind::sigmoid}) {
+      const std::int64_t B = 2, Hq = 8, Hkv = 4, Nq = 37, Nk = 150, D = 16;
+      family_case c(score_kind::triangle, d, rng, B, Hq, Hkv, Nq, Nk, D, 3);
+      const double h = 4.0;
+      c.opt.score.bandwidth = h;
+      std::vector<double> center(static_cast<std::size_t>(D));
+      double cn = 0;
+      for (double& x : center) x = n01(rng), cn += x * x;
+      for (double& x : center) x *= 1e5 / std::sqrt(cn);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t hq = 0; hq < Hq; ++hq)
+          for (std::int64_t i = 0; i < Nq; ++i)
+            for (std::int64_t x = 0; x < D; ++x)
+              c.q.set({b, hq, i, x}, double(float(center[std::size_t(x)] + n01(rng))));
+      std::int64_t inside = 0;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t hkv = 0; hkv < Hkv; ++hkv)
+          for (std::int64_t j = 0; j < Nk; ++j) {
+            const std::int64_t hq = hkv * (Hq / Hkv), i = j % Nq;
+            std::vector<double> u(static_cast<std::size_t>(D));
+            double un = 0;
+            for (double& x : u) x = n01(rng), un += x * x;
+            const double r = h * frac(rng) / std::sqrt(un);
+            double d2 = 0;
+            for (std::int64_t x = 0; x < D; ++x) {  // inside the support of query i of head hq
+              c.k.set({b, hkv, j, x}, double(float(c.q.get({b, hq, i, x}) + r * u[std::size_t(x)])));
+              const double e = c.q.get({b, hq, i, x}) - c.k.get({b, hkv, j, x});
+              d2 += e * e;
+            }
+            inside += d2 < h * h;
+          }
+      EXPECT_EQ(inside, B * Hkv * Nk);
+      const std::string what = isa + " " + case_name(score_kind::triangle, d) + " close at large norms";
+      const Tensor q = c.q.to(dtype::f32), k = c.k.to(dtype::f32), v = c.v.to(dtype::f32);
+      const Tensor dout = random_tensor({B, Hq, Nq, c.Dv}, dtype::f32, rng);
+      const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+      expect_close(run(c, q, k, v, dout, family_path::fused, 2), ref, 2e-4, what + ", two passes");
+      if (d != distribution_kind::kernel) continue;
+      const execution e{.path = family_path::fused, .num_threads = 2};
+      const family_result fwd = attention_family(q, k, v, c.opt, e);
+      expect_close(result{fwd, attention_family_backward(q, k, v, dout, fwd, c.opt, e)}, ref, 2e-4,
+                   what + ", single pass");
+    }
+  }
+}
+
 TEST(FamilyFused, EmptyShapes) {
   std::mt19937 rng(5);
   for (auto [Nq, Nk] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {3, 0}, {0, 0}})
@@ -1079,7 +1138,7 @@ TEST(FamilyFused, BackwardFromTheForwardsStatistics) {
         const result again{fwd, attention_family_backward(q, k, v, dout, c.opt, e)};
         expect_family_close(got.fwd, got.g, again.fwd, again.g, 1e-5);
         expect_same_bits_at_threads(q, k, v, dout, c.opt, got.g);
-        if (mask != 0 || pc.sc.s == score_kind::triangle) continue;  // (triangle recomputes: it ignores lse)
+        if (mask != 0) continue;
         family_result shifted = fwd;
         shifted.lse = Tensor::copy_of(fwd.lse);
         for (std::int64_t i = 0; i < shifted.lse.numel(); ++i)
