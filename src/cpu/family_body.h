@@ -79,7 +79,7 @@ inline vf fam_act(family_act a, vf z, vf* g, float h) {
       return vselect(pos, z, vf{});
     }
     case family_act::sigmoid: {
-      const vf s = splat(1.0f) / (splat(1.0f) + vexp(-z));
+      const vf s = vsigmoid(z);
       *g = s * (splat(1.0f) - s);
       return s;
     }
@@ -126,7 +126,7 @@ inline vf fam_alpha(const family_params& fp, vf s, vi j, const fam_stat& st) {
   switch (Dist) {
     case family_dist::softmax: return exp_nat(s - st.t);  // s = -inf or t = +inf: exactly 0
     case family_dist::sigmoid:
-      return vselect(s == splat(-kInf), vf{}, splat(1.0f) / (splat(1.0f) + vexp(-(s + splat(fp.sigmoid_bias)))));
+      return vselect(s == splat(-kInf), vf{}, vsigmoid(s + splat(fp.sigmoid_bias)));
     case family_dist::sparsemax: return vmax((s - st.lse) - st.t, vf{});
     case family_dist::entmax15: {
       const vf u = vmax((s * splat(0.5f) - st.lse) - st.t, vf{});

@@ -210,6 +210,16 @@ inline vf vtanh(vf x) {
   return (vf)((vi)t | sign);
 }
 
+// σ(x) = 1 / (1 + 2^{−x·log2 e}) by vexp2 and vrecip (no division on AVX-512, where the f32
+// sigmoid's weights of the family kernels took vexp and a division). The exponent is capped at 126
+// so that 1 + 2^u stays finite for the reciprocal's Newton step (σ is then 2^-126 ≈ 1.2e-38 where
+// it is smaller — the division gave 0 or a flushed denormal there); σ(+inf) = 1, a NaN stays NaN.
+// Relative error ≈ 2^-22 (the reciprocal's; vexp2's 2.6e-9 below it).
+inline vf vsigmoid(vf x) {
+  const vf u = x * splat(-kLog2e);
+  return vrecip(splat(1.0f) + vexp2(splat(126.0f) < u ? splat(126.0f) : u));
+}
+
 // ---- bf16 ----
 
 // bf16 → f32 is a 16-bit shift.

@@ -545,10 +545,66 @@ TEST(cpu_kernel_body, vtanh_accuracy_and_special_values) {
     }
 }
 
+// vsigmoid (simd.h; the family's sigmoid distribution and activation) on the inputs of
+// check_vsigmoid: within 2^-21 + |x|·2^-23 of σ relatively where σ ≥ 2^-100 (the reciprocal's
+// 2^-22, and the rounding of u = −x·log2 e, which moves 2^u by |x|·2^-24 relatively), never
+// above 1, exactly 1 from 20 up and at +inf, 2^-126 (not 0, not a denormal) far below 0 and at
+// -inf — the exponent's cap keeps 1 + 2^u finite for the Newton step, where inf would give NaN —
+// and NaN kept.
+std::vector<float> vsigmoid_inputs() {
+  std::vector<float> x;
+  for (double v = -100.0; v <= 100.0; v += 0.00917) x.push_back(float(v));
+  for (float v : {0.0f, -0.0f, 20.0f, 88.0f, -87.0f, -88.0f, -200.0f, -1e30f, 1e30f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(v);
+  while (x.size() % 16) x.push_back(0.5f);
+  return x;
+}
+void check_vsigmoid(const std::vector<float>& x, const std::vector<float>& s) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(s[i]));
+      continue;
+    }
+    const double want = 1.0 / (1.0 + std::exp(-double(x[i])));
+    EXPECT_FALSE(std::isnan(s[i])) << x[i];
+    EXPECT_LE(s[i], 1.0f) << x[i];
+    EXPECT_NE(std::fpclassify(s[i]), FP_SUBNORMAL) << x[i];
+    if (x[i] >= 20.0f) {
+      EXPECT_EQ(s[i], 1.0f) << x[i];
+    }
+    if (x[i] <= -88.0f) {
+      EXPECT_EQ(s[i], 0x1p-126f) << x[i];
+    }
+    if (want >= 0x1p-100)
+      worst = std::max(worst, std::abs(double(s[i]) - want) / want / (0x1p-21 + std::abs(double(x[i])) * 0x1p-23));
+  }
+  EXPECT_LT(worst, 1.0);  // (the error over its bound)
+}
+
+TEST(cpu_kernel_body, vsigmoid_accuracy_and_special_values) {
+  const std::vector<float> x = vsigmoid_inputs();
+  std::vector<float> s(x.size());
+  for (std::size_t i = 0; i < x.size(); i += W) store(s.data() + i, vsigmoid(load(x.data() + i)));
+  check_vsigmoid(x, s);
+}
+
 }  // namespace
 void vexp2_avx512_probe(const float* u, float* out, std::int64_t n);  // simd_avx512_probe.cc
 void vtanh_avx512_probe(const float* x, float* out, std::int64_t n);
+void vsigmoid_avx512_probe(const float* x, float* out, std::int64_t n);
 namespace {
+
+// vsigmoid's AVX-512 form (vexp2's, and vrcp14ps with a Newton step): the same bounds, where the
+// CPU has AVX-512.
+TEST(cpu_kernel_body, vsigmoid_avx512_form) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const std::vector<float> x = vsigmoid_inputs();
+  std::vector<float> s(x.size());
+  vsigmoid_avx512_probe(x.data(), s.data(), std::int64_t(x.size()));
+  check_vsigmoid(x, s);
+}
 
 // vtanh's AVX-512 form (vexp2's, and vrcp14ps with a Newton step for the reciprocal): the same
 // bounds, where the CPU has AVX-512.

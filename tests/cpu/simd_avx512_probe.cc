@@ -1,5 +1,5 @@
-// tests/cpu/simd_avx512_probe.cc — simd.h's vexp2 and vtanh in their AVX-512 forms (vrndscaleps,
-// vscalefps; vrcp14ps),
+// tests/cpu/simd_avx512_probe.cc — simd.h's vexp2, vtanh and vsigmoid in their AVX-512 forms
+// (vrndscaleps, vscalefps; vrcp14ps),
 // for kernel_body_test: this unit alone is compiled with -mavx512f (tests/CMakeLists.txt), and
 // the test calls it only where the CPU has AVX-512. No static initialisation here, so nothing of
 // it runs on a CPU without.
@@ -21,5 +21,9 @@ void vexp2_avx512_probe(const float* u, float* out, std::int64_t n) {
 // out[i] = vtanh(x[i]) for i < n (n a multiple of 16).
 void vtanh_avx512_probe(const float* x, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i + W <= n; i += W) store(out + i, vtanh(load(x + i)));
+}
+// out[i] = vsigmoid(x[i]) for i < n (n a multiple of 16).
+void vsigmoid_avx512_probe(const float* x, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i + W <= n; i += W) store(out + i, vsigmoid(load(x + i)));
 }
 }  // namespace attn::detail::cpu
