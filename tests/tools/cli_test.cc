@@ -298,13 +298,20 @@ TEST(Cli, BenchAbAlternatesAKnob) {
 }
 
 // `attn bench --score/--distribution`: the family benchmark on a tiny shape, one rep, the
-// in-process peers (the tiled path, attn::attention itself); bad combinations refused.
+// in-process peers (the tiled path, attn::attention itself); the machine's probes in the header;
+// bad combinations refused.
 TEST(Cli, BenchFamilyPairs) {
-  const std::string tiny = "bench --hq 2 --nq 9 --d 4 --reps 1 --warmup 0 --threads 1";
+  const std::string tiny = "bench --hq 2 --nq 9 --d 4 --reps 1 --warmup 0 --threads 1 --probe-mib 0";
   auto r = sh(tiny + " --score scaled_dot --distribution softmax --pass both --peers tiled,core");
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("# probes, 1 thread: FMA peak f32 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DRAM read not probed (--probe-mib 0)"), std::string::npos) << r.out;
   for (const char* want : {"scaled_dot x softmax", "B1 Hq2 Nq9 Nk9 D4", "forward", "fwd+bwd", "attn_tiled",
                            "attn_core", "attn::attention, backend", "path core ("})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  r = sh("bench --hq 2 --nq 9 --d 4 --reps 1 --warmup 0 --score dot --peers none --probe-mib 8 --threads 1,2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* want : {"# probes, 1 thread: FMA peak f32 ", "# probes, 2 threads: FMA peak f32 ", " GB/s\n"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   r = sh(tiny + " --score additive --distribution entmax15 --additive-hidden 3 --causal --peers tiled");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -242,6 +242,15 @@ int run_family_bench(const family_bench_args& a) {
              a.bandwidth ? fmt::format("{}", *a.bandwidth)
                          : std::string("1 (gaussian), sqrt(2D/3) (box, triangle: about half the keys inside)"));
   fmt::print("# cpu: {}\n", cpu_model_name());
+  for (int t : a.threads) {  // what the machine can do, beside every time of this run
+    const int n = resolve_threads(t);
+    const probe_result f32 = probe_fma_peak(dtype::f32, n), b16 = probe_fma_peak(dtype::bf16, n);
+    const std::string dram = a.probe_mib > 0
+                                 ? fmt::format("{:.1f} GB/s", probe_dram_read(n, std::size_t(a.probe_mib) << 20).value)
+                                 : std::string("not probed (--probe-mib 0)");
+    fmt::print("# probes, {} thread{}: FMA peak f32 {:.0f} GFLOP/s ({}), bf16 {:.0f} GFLOP/s ({}); DRAM read {}\n", n,
+               n == 1 ? "" : "s", f32.value, f32.isa, b16.value, b16.isa, dram);
+  }
   std::unique_ptr<python_peers> py;
   if (a.torch) {
     const std::string python = find_python(a.python), script = find_peer_script(a.peer_script);

@@ -40,6 +40,7 @@ struct family_bench_args {
   std::vector<bool> passes{false};         // false: forward; true: forward + backward
   std::vector<int> threads{2};
   int reps = 3, warmup = 1;
+  std::int64_t probe_mib = 0;              // --probe-mib: the DRAM read probe's buffer (0: not probed)
   bool torch = true, tiled = true, core = true;  // --peers torch,tiled,core
   std::string python, peer_script;
   std::string ab;  // --ab VAR=A,B: attn twice, the knob at A and at B (bench_ab.h)
@@ -49,7 +50,8 @@ struct family_bench_args {
 // kernel) and every distribution once (with scaled_dot).
 std::vector<std::pair<std::string, std::string>> family_grid_pairs();
 
-// Prints the machine and one row per pair, pass, thread count and contender; returns the exit
+// Prints the machine — its name and, per thread count, the FMA peaks of f32 and bf16 and the
+// DRAM read probe — and one row per pair, pass, thread count and contender; returns the exit
 // status.
 int run_family_bench(const family_bench_args& a);
 

@@ -98,6 +98,7 @@ int run_family(const bench_args& a, bool pass_given, bool peers_given) {
     f.threads.push_back(t);
   }
   f.reps = a.reps, f.warmup = a.warmup, f.python = a.python, f.peer_script = a.peer_script, f.ab = a.ab;
+  f.probe_mib = a.probe_mib;
   f.torch = f.tiled = f.core = false;
   std::stringstream ss(peers_given ? a.peers : std::string("torch,tiled,core"));
   for (std::string name; std::getline(ss, name, ',');) {
