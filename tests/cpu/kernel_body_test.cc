@@ -596,24 +596,24 @@ void vtanh_avx512_probe(const float* x, float* out, std::int64_t n);
 void vsigmoid_avx512_probe(const float* x, float* out, std::int64_t n);
 namespace {
 
-// vsigmoid's AVX-512 form (vexp2's, and vrcp14ps with a Newton step): the same bounds, where the
-// CPU has AVX-512.
+// probe (one of simd_avx512_probe.cc's) over x.
+std::vector<float> on_avx512(void (*probe)(const float*, float*, std::int64_t), const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  probe(x.data(), y.data(), std::int64_t(x.size()));
+  return y;
+}
+
+// vsigmoid's and vtanh's AVX-512 forms (vexp2's, and vrcp14ps with a Newton step for the
+// reciprocal): the same bounds, where the CPU has AVX-512.
 TEST(cpu_kernel_body, vsigmoid_avx512_form) {
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
   const std::vector<float> x = vsigmoid_inputs();
-  std::vector<float> s(x.size());
-  vsigmoid_avx512_probe(x.data(), s.data(), std::int64_t(x.size()));
-  check_vsigmoid(x, s);
+  check_vsigmoid(x, on_avx512(vsigmoid_avx512_probe, x));
 }
-
-// vtanh's AVX-512 form (vexp2's, and vrcp14ps with a Newton step for the reciprocal): the same
-// bounds, where the CPU has AVX-512.
 TEST(cpu_kernel_body, vtanh_avx512_form) {
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
   const std::vector<float> x = vtanh_inputs();
-  std::vector<float> t(x.size());
-  vtanh_avx512_probe(x.data(), t.data(), std::int64_t(x.size()));
-  check_vtanh(x, t);
+  check_vtanh(x, on_avx512(vtanh_avx512_probe, x));
 }
 
 // The same for vexp2's AVX-512 form (vrndscaleps, vscalefps; the prefill softmax's exponential
