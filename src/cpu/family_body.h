@@ -447,7 +447,6 @@ void elem_row_grad(const family_rows& pr, const T& tm, const float* dz, float* s
 inline bool distance_products(const family_params& fp) {
   return fp.score == family_score::distance && fp.act == family_act::triangle && fp.qk_finite;
 }
-inline vi not_finite(vf x) { return ((vi)x & splati(0x7f800000)) == splati(0x7f800000); }
 
 // Lane layout: dqt [P][L] += 2(q Σ_j dz − Kᵀ dz) for the keys j0 + [0, nb) where the block allows
 // it (above), judged on the act′ G = −1/(2hρ) of each pair (0 outside the support): ρ ≥ ‖q‖/8 ⟺

@@ -122,7 +122,7 @@ inline void store_row_vector(vf r, std::int64_t n, void* row, std::int64_t d0, b
   typedef std::uint16_t vh __attribute__((vector_size(W * 2)));
   const vi lanes = iota() < splati(std::int32_t(n));  // (a short last d0: its own elements)
   if (!bf16) {
-    if (any_lane(lanes & (((vi)r & splati(0x7f800000)) == splati(0x7f800000)))) bad |= bit;
+    if (any_lane(lanes & not_finite(r))) bad |= bit;
     float* out = static_cast<float*>(row) + d0;
     if (n == W) store(out, r);
     else __builtin_memcpy(out, &r, std::size_t(n) * 4);

@@ -44,6 +44,8 @@ inline vi iota() {
   for (int i = 0; i < W; ++i) r[i] = i;
   return r;
 }
+// The lanes holding ±inf or NaN (an all-ones exponent).
+inline vi not_finite(vf x) { return ((vi)x & splati(0x7f800000)) == splati(0x7f800000); }
 inline std::int64_t imin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 inline std::int64_t imax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 constexpr float kInf = __builtin_inff();
