@@ -507,19 +507,28 @@ inline bool distance_rows_close(const family_rows& pr, const float* S) {
 }
 
 // Row layout: dkt [P][ldk] += 2(k Σ_r dz − Qᵀ dz) from dz [nq][ldk] (scaled by −2 in place) and,
-// single pass (pr.dq), dq [nq][Pp] += 2(q Σ_y dz − dz K) on the key rows kr; the column sums in
-// sums [ldk], the row sums after them ([nq]: the scratch's 64 spare floats cover ldk + nq). False
-// where some dz is not finite (nothing done: the differences).
-inline bool distance_row_products(const family_rows& pr, float* dz, float* sums) {
+// single pass (pr.dq), dq [nq][Pp] += 2(q Σ_y dz − dz K) on the key rows kr; room: the scratch's
+// last nq·ldk + 64 floats (the column sums [ldk], the row sums [nq]; on words, then dz's words).
+// False where some dz is not finite (nothing done: the differences).
+// On bf16 pair products (Ops, the row pass's words: Qᵀ dz on the query row pairs qn, dz K on the
+// key pairs krw), dz is rounded to bf16 first and the sums are of the rounded dz', so the two
+// terms are 2 Σ dz' (q − k) as the differences would form it: the rounding errs by 2^-9 of each
+// term, as the dot scores' dz do on words, rather than 2^-9 of |dz|·‖k‖ against a small ‖q − k‖.
+template <class Ops>
+bool distance_row_products(const family_rows& pr, float* dz, float* room) {
+  constexpr bool pairs = Ops::kPack == 2;
   const std::int64_t ld = pr.ldk, nq = pr.nq;
+  float* sums = room;
   float* rows = sums + ld;
   vi bad{};
+  for (std::int64_t i = 0; i < nq * ld; i += W) bad |= not_finite(load(dz + i));
+  if (any_lane(bad)) return false;
   for (std::int64_t y = 0; y < ld; y += W) store(sums + y, vf{});
   for (std::int64_t r = 0; r < nq; ++r) {
     vf row{};
     for (std::int64_t y = 0; y < ld; y += W) {
-      const vf d = load(dz + r * ld + y);
-      bad |= not_finite(d);
+      vf d = load(dz + r * ld + y);
+      if constexpr (pairs) d = round_to_bf16(d), store(dz + r * ld + y, d);
       store(sums + y, load(sums + y) + d);
       row += d;
     }
@@ -527,19 +536,27 @@ inline bool distance_row_products(const family_rows& pr, float* dz, float* sums)
     for (int x = 0; x < W; ++x) t += row[x];
     rows[r] = t;
   }
-  if (any_lane(bad)) return false;
-  for (std::int64_t i = 0; i < nq * ld; i += W) store(dz + i, load(dz + i) * splat(-2.0f));
-  gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dz, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ (−2 dz)
+  // the sums' terms first (on words the room then takes dz's words)
   for (std::int64_t x = 0; x < pr.P; ++x)
     for (std::int64_t y = 0; y < ld; y += W) {
       float* o = pr.dkt + x * ld + y;
       store(o, load(o) + load(pr.kt + x * ld + y) * (splat(2.0f) * load(sums + y)));
     }
-  if (!pr.dq) return true;
-  gemm<fam_ops>(nq, pr.Pp, ld, dz, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += (−2 dz) K
-  for (std::int64_t r = 0; r < nq; ++r) {
+  for (std::int64_t r = 0; pr.dq && r < nq; ++r) {
     const float f = 2.0f * rows[r];
     for (std::int64_t x = 0; x < pr.P; ++x) pr.dq[r * pr.dqs + x] += f * pr.q[r * pr.qsn + x];
+  }
+  for (std::int64_t i = 0; i < nq * ld; i += W) store(dz + i, load(dz + i) * splat(-2.0f));
+  if constexpr (pairs) {
+    auto* words = reinterpret_cast<typename Ops::word*>(room);
+    const std::int64_t nqp = (nq + 1) / 2;
+    gemm<Ops>(pr.P, ld, nqp, pr.qn, 1, pr.P, Ops::pack_rows(dz, nq, ld, words), ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ (−2 dz')
+    if (!pr.dq) return true;
+    for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(words + i / 2, load(dz + i));
+    gemm<Ops>(nq, pr.Pp, ld / 2, words, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);  // dq += (−2 dz') K
+  } else {
+    gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dz, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ (−2 dz)
+    if (pr.dq) gemm<fam_ops>(nq, pr.Pp, ld, dz, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += (−2 dz) K
   }
   return true;
 }
@@ -1569,10 +1586,14 @@ void fam_dkdv(const family_rows& pr) {
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
   if constexpr (pairs) {
-    gemm<Ops, true>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
-    if (box_by_products(fp)) box_row_finish(pr, S);  // (the box backward on words: zscale is 1)
-    if (pr.zscale != 1.0f)
-      for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
+    if (elementwise(fp) && !box_by_products(fp)) {  // triangle (fused.cc, triangle_pairs): z by differences from the f32 rows
+      elem_row_scores(pr, distance_terms{}, S);
+    } else {
+      gemm<Ops, true>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
+      if (box_by_products(fp)) box_row_finish(pr, S);  // (the box backward on words: zscale is 1)
+      if (pr.zscale != 1.0f)
+        for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
+    }
     if (!no_dz) gemm<Ops, true>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);
   } else {
     if (box_by_products(fp)) box_row_scores(pr, S);
@@ -1581,7 +1602,7 @@ void fam_dkdv(const family_rows& pr) {
     if (!no_dz) gemm<fam_ops, true>(nq, ld, pr.Dv, pr.dout, pr.dsn, 1, pr.vt, ld, dP, ld, false);
   }
   // (triangle: whether its dk (and dq) may come from products, judged on z before it becomes α)
-  const bool dz_products = !pairs && !no_dz && distance_products(fp) && !distance_rows_close(pr, S);
+  const bool dz_products = !no_dz && distance_products(fp) && !distance_rows_close(pr, S);
   vf sum_dz{}, sum_de{}, sum_dh{};
   const weights_set set = row_weights<Dist>(pr, S, dP, mask, no_dz, sum_dz, sum_de, pr.dq ? &sum_dh : nullptr);
   // A block whose α (dz) are all 0 adds nothing to dv (dq, dk): its products are skipped
@@ -1597,26 +1618,29 @@ void fam_dkdv(const family_rows& pr) {
   const bool dz_zero = fp.zero_skip && !elementwise(fp) && !set.dz;
   if (pr.dq) {
     if (!dz_zero) {
-      if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
+      if (elementwise(fp)) {
+        // (elementwise scores: dq with dk, below)
+      } else if constexpr (pairs) {  // dz as words of key pairs [nq][ld/2] in the packed room, then dq += dz K
         for (std::int64_t i = 0; i < nq * ld; i += W) store_lane_pairs(packed + i / 2, load(dP + i));
         gemm<Ops>(nq, pr.Pp, ld / 2, packed, ld / 2, 1, pr.krw, pr.Pp, pr.dq, pr.dqs, true);
-      } else if (!elementwise(fp)) {
+      } else {
         gemm<fam_ops>(nq, pr.Pp, ld, dP, ld, 1, pr.kr, pr.Pp, pr.dq, pr.dqs, true);  // dq += dz K
-      }  // (elementwise scores: dq with dk, below)
+      }
     }
     double a = 0.0, b = 0.0, c = 0.0;
     for (int x = 0; x < W; ++x) a += double(sum_dz[x]), b += double(sum_de[x]), c += double(sum_dh[x]);
     pr.sums[0] += a, pr.sums[1] += b, pr.sums[2] += c;
   }
   if (dz_zero) return;
-  if constexpr (pairs) {  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
+  if (elementwise(fp)) {  // (the differences where the products may not serve: on the f32 rows)
+    if (!(dz_products && distance_row_products<Ops>(pr, dP, mask + nq * ld)))
+      with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
+  } else if constexpr (pairs) {  // q unscaled: dKᵀ += Qᵀ (zscale·dz)
     if (pr.zscale != 1.0f)
       for (std::int64_t i = 0; i < nq * ld; i += W) store(dP + i, load(dP + i) * splat(pr.zscale));
     gemm<Ops>(pr.P, ld, nqp, pr.qn, 1, pr.P, Ops::pack_rows(dP, nq, ld, packed), ld, pr.dkt, ld, true);
   } else {
-    if (!elementwise(fp)) gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
-    else if (!(dz_products && distance_row_products(pr, dP, mask + nq * ld)))
-      with_terms(fp, [&](const auto& tm) { elem_row_grad(pr, tm, dP, mask + nq * ld); });
+    gemm<fam_ops>(pr.P, ld, nq, pr.q, 1, pr.qsn, dP, ld, pr.dkt, ld, true);  // dKᵀ += Qᵀ dz
   }
 }
 

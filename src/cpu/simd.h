@@ -237,6 +237,10 @@ inline vu bf16_bits(vf p) {
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
+// Finite floats rounded to the nearest bf16 (even on ties), as floats: what the words of
+// store_lane_pairs and pack_rows hold of them.
+inline vf round_to_bf16(vf p) { return (vf)(bf16_bits(p) << 16); }
+
 // W floats → W/2 words of bf16 pairs of adjacent lanes (word w = bf16(v[2w]) | bf16(v[2w + 1])
 // << 16, nearest even) stored at out.
 inline void store_lane_pairs(std::uint32_t* out, vf v) {

@@ -359,8 +359,9 @@ struct fused_inputs {
         Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
         if (u == use::backward_pairs_all) pairs = true, Kn = load_value_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt);
         // box's dv-only pass on words (box_bf16_products): ‖q‖², ‖k‖² and the differences from
-        // the f32 q and key rows too (cpu::box_row_finish), as the forward's lane blocks
-        if (fp.kernel == kernel_kind::box) box_rows = true;
+        // the f32 q and key rows too (cpu::box_row_finish), as the forward's lane blocks; the
+        // triangle kernel's single pass: its scores from them
+        if (fp.kernel == kernel_kind::box || fp.kernel == kernel_kind::triangle) box_rows = true;
       }
       if (u != use::backward_pairs_f32 && u != use::backward_amx_f32 && !box_rows) return;
     }
@@ -1012,7 +1013,12 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // box with the forward's statistics: its dv-only pass on words (q·k and αᵀ dout by vdpbf16ps)
   const bool box_pairs =
       dv_only && dout.type == dtype::bf16 && fp.Dv % 2 == 0 && fused_inputs::box_bf16_products(fp, src);
-  const bool pairs = box_pairs || amx_rows ||
+  // the triangle kernel's single pass likewise: dP = dO Vᵀ, αᵀ dout and its dq, dk as products
+  // (cpu::distance_row_products, dz rounded to bf16) on words; its scores, and the differences
+  // where keys lie close to their queries, from the f32 rows
+  const bool triangle_pairs = reuse_single && fp.kernel == kernel_kind::triangle && dout.type == dtype::bf16 &&
+                              fp.Dv % 2 == 0 && fused_inputs::box_bf16_products(fp, src);
+  const bool pairs = box_pairs || triangle_pairs || amx_rows ||
                      ((single || !sparse_keep(fp)) && dout.type == dtype::bf16 && fp.Dv % 2 == 0 &&
                       fused_inputs::bf16_products(fp, src));
   // (the dq pass widens key ranges to whole pairs, like the forward: K and V must be finite)
@@ -1021,7 +1027,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     return bf16_all_finite(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt0) && bf16_all_finite(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, nt0);
   };
   const use u = amx_rows ? (single ? use::backward_amx : kv_finite() ? use::backward_amx_all : use::backward_amx_f32)
-                : box_pairs ? use::backward_pairs
+                : box_pairs || triangle_pairs ? use::backward_pairs
                 : !pairs ? use::f32
                 : single ? use::backward_pairs
                 : kv_finite() ? use::backward_pairs_all

@@ -629,6 +629,82 @@ TEST(FamilyFused, Bf16BoxBackwardMatchesReference) {
   }
 }
 
+// The triangle kernel's backward from the forward's statistics (the single pass; B·Hkv >= 8) with
+// bf16 inputs and dout on an ISA with a bf16 dot product (not the amx level): dP = dO Vᵀ, αᵀ dout
+// and dq, dk as products 2(q Σ dz' − Kᵀ dz') with dz' = dz rounded to bf16 (family_body.h,
+// distance_row_products), the scores and the blocks whose keys lie close to their queries from
+// the f32 rows. Against the reference on the rounded inputs (dq, dk, dv, dbandwidth) and the f32
+// products (ATTN_FAMILY_BF16=0), 1 and 2 threads bit for bit: every bool mask kind, GQA, odd sizes over
+// several key blocks, and queries of norm ≈ 7·10⁷ whose keys differ from them in components below
+// 1 alone — those blocks take the differences (ρ < ‖q‖/8; the products fail this case).
+TEST(FamilyFused, Bf16TriangleBackwardMatchesReference) {
+  bool saw_pairs = false;
+  const auto check = [&](const std::string& isa, const family_case& c, std::mt19937& rng) {
+    const Tensor q = c.q.to(dtype::bf16), k = c.k.to(dtype::bf16), v = c.v.to(dtype::bf16);
+    const Tensor dout = random_tensor({c.B, c.Hq, c.Nq, c.Dv}, dtype::bf16, rng);
+    const execution e{.path = family_path::fused, .num_threads = 2};
+    const family_result fwd = attention_family(q, k, v, c.opt, e);
+    const family_grads got = attention_family_backward(q, k, v, dout, fwd, c.opt, e);
+    saw_pairs |= got.path.find("bf16 products") != std::string::npos;
+    if (isa == "avx512bf16") {
+      EXPECT_NE(got.path.find("bf16 products"), std::string::npos) << got.path;
+    }
+    const result ref = run(c, f64(q), f64(k), f64(v), f64(dout), family_path::reference);
+    expect_close(result{fwd, got}, ref, 2 * tolerance_for(dtype::bf16), isa + " against the reference");
+    const family_result fwd1 = attention_family(q, k, v, c.opt, {.path = family_path::fused, .num_threads = 1});
+    const family_grads one =
+        attention_family_backward(q, k, v, dout, fwd1, c.opt, {.path = family_path::fused, .num_threads = 1});
+    EXPECT_TRUE(same_bits(one.dq, got.dq) && same_bits(one.dk, got.dk) && same_bits(one.dv, got.dv));
+    EXPECT_EQ(one.dbandwidth, got.dbandwidth);
+    setenv("ATTN_FAMILY_BF16", "0", 1);
+    const family_result fwd32 = attention_family(q, k, v, c.opt, e);
+    const family_grads f32 = attention_family_backward(q, k, v, dout, fwd32, c.opt, e);
+    unsetenv("ATTN_FAMILY_BF16");
+    EXPECT_EQ(f32.path.find("bf16 products"), std::string::npos);
+    for (const auto& [name, a, b] : {std::tuple{"dq", &got.dq, &f32.dq}, {"dk", &got.dk, &f32.dk}, {"dv", &got.dv, &f32.dv}})
+      EXPECT_TRUE(all_close(*a, *b, 2 * tolerance_for(dtype::bf16))) << name << " " << got.path;
+  };
+  for (const std::string& isa : isas()) {
+    isa_scope scope(isa.c_str());
+    std::mt19937 rng(73);
+    for (int mask = 0; mask < 4; ++mask) {  // (the kernel weights take bool masks only)
+      const std::int64_t Nq = std::vector<std::int64_t>{1, 33, 9, 70}[std::size_t(mask)];
+      const std::int64_t Nk = std::vector<std::int64_t>{7, 300, 133, 65}[std::size_t(mask)];
+      const bool gqa = mask % 2;
+      family_case c(score_kind::triangle, distribution_kind::kernel, rng, 2, gqa ? 8 : 4, 4, Nq, Nk, 16,
+                    mask == 2 ? 6 : 10);
+      c.opt.score.bandwidth = 3.3;  // (√(2D/3): about half the pairs inside)
+      apply_mask(c, mask, rng);
+      SCOPED_TRACE(isa + " mask " + std::to_string(mask) + " Nq " + std::to_string(Nq) + " Nk " + std::to_string(Nk));
+      check(isa, c, rng);
+    }
+    // half the components 2^24·(1 + m/128) (on the bf16 grid), the same in every q and k: 0 in
+    // every q − k (the other half rounds to bf16 in check), where the products' float32 sums would err by about 2^-24·2^24·Σ|dz|
+    const std::int64_t Nq = 37, Nk = 150, D = 16;
+    family_case c(score_kind::triangle, distribution_kind::kernel, rng, 2, 4, 4, Nq, Nk, D, 6);
+    c.opt.score.bandwidth = 8.0;
+    std::uniform_int_distribution<int> grid(0, 127);
+    std::uniform_real_distribution<double> small(-1.0, 1.0);
+    std::vector<double> center(static_cast<std::size_t>(D / 2));
+    for (double& x : center) x = 0x1p24 * (1.0 + grid(rng) / 128.0);
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hq; ++h)
+        for (std::int64_t i = 0; i < Nq; ++i)
+          for (std::int64_t x = 0; x < D; ++x) c.q.set({b, h, i, x}, x < D / 2 ? center[std::size_t(x)] : small(rng));
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.Hkv; ++h)
+        for (std::int64_t j = 0; j < Nk; ++j)
+          for (std::int64_t x = 0; x < D; ++x)  // ρ < 2√8 < h from every query: all inside
+            c.k.set({b, h, j, x}, x < D / 2 ? center[std::size_t(x)] : small(rng));
+    SCOPED_TRACE(isa + " keys close at large norms");
+    check(isa, c, rng);
+  }
+  const std::vector<std::string> all = isas();
+  if (std::find(all.begin(), all.end(), "avx512bf16") != all.end()) {
+    EXPECT_TRUE(saw_pairs);
+  }
+}
+
 // On the amx level the forward of bf16 dot scores runs on AMX tiles (P a multiple of 32, Dv of
 // 16): every distribution, every mask kind, GQA, Nk from 1 to past two key blocks (odd, so the
 // zero keys and the tiles' padding are read), against the reference on the rounded inputs, the
