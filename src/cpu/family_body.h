@@ -580,6 +580,17 @@ inline vi box_uncertain(vf z, vf T, vf h2, vf tol) {
   const vf ad = (vf)((vi)d & splati(0x7fffffff));
   return ~(ad > tol * T);  // NaN or ±inf: uncertain
 }
+// The triangle kernel reads z itself (1 − √z/h, and act′ = −1/(2h√z)): on bf16 words its scores
+// come from the products where those err by at most 2^-12 of z — (4P + 20)·u·T·2^11 ≤ z', the
+// margin over (2P + 4)·u·T as for box — so α errs by at most 2^-13·ρ/h and act′ by 2^-13 of
+// itself, a sixteenth of the bf16 rounding α and dz take for their products; elsewhere (keys close
+// to their queries at a large norm, NaN, ±inf) the differences. (With f32 inputs the bound would
+// admit few pairs, T ≈ z there: the f32 path keeps the differences.)
+inline vi triangle_uncertain(vf z, vf T, vf tol) { return ~(splat(2048.0f) * tol * T <= z); }
+inline vi distance_uncertain(family_act act, vf z, vf T, vf h2, vf tol) {
+  return act == family_act::box ? box_uncertain(z, T, h2, tol) : triangle_uncertain(z, T, tol);
+}
+
 // Whether any lane of m is set: an or-tree of lane shuffles (no scalar test per lane).
 template <int H>
 inline vi or_lanes(vi m) {
@@ -600,11 +611,12 @@ inline float row_dot(const float* a, const float* b, std::int64_t n) {
 // Σ_x p[x]² for P contiguous floats.
 inline float sum_squares(const float* p, std::int64_t P) { return row_dot(p, p, P); }
 
-// Lane layout: S[jj][L] = q·k (the products, however taken) → as elem_lane_scores<distance_terms>
-// would give it, up to the side of h², from the f32 rows lb.qt and lb.k. Keys from kend on (which
+// Lane layout: S[jj][L] = q·k (the products, however taken) → z = ‖q − k‖² as elem_lane_scores
+// <distance_terms> would give it — box: up to the side of h²; triangle: within 2^-12 of z
+// (distance_uncertain) — from the f32 rows lb.qt and lb.k. Keys from kend on (which
 // no lane sees: the bf16 products' pair of the last key, past Nk) are not read; their S is left.
 template <int CC>
-void box_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, std::int64_t kend) {
+void distance_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, std::int64_t kend) {
   const std::int64_t L = CC * W;
   nb = imax(0, imin(nb, kend - j0));
   vf qn[CC];
@@ -642,7 +654,7 @@ void box_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
     for (int c = 0; c < CC; ++c) {
       float* sj = S + jj * L + c * W;
       const vf z = qn[c] + kn - splat(2.0f) * load(sj);
-      un[c] = box_uncertain(z, qn[c] + kn, h2, tol);
+      un[c] = distance_uncertain(lb.fp.act, z, qn[c] + kn, h2, tol);
       any |= un[c];
       store(sj, z);
     }
@@ -660,12 +672,13 @@ template <int CC>
 void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S) {
   const std::int64_t L = CC * W;
   gemm<fam_ops, true>(nb, L, lb.P, lb.k + j0 * lb.ksn, lb.ksn, 1, lb.qt, L, S, L, false);
-  box_lane_finish<CC>(lb, j0, nb, S, j0 + nb);
+  distance_lane_finish<CC>(lb, j0, nb, S, j0 + nb);
 }
 
-// Row layout: S[r][y] = q·k (the products, however taken) → as elem_row_scores<distance_terms>
-// would give it, up to the side of h², from the f32 rows pr.q and the f32 key block pr.kt.
-inline void box_row_finish(const family_rows& pr, float* S) {
+// Row layout: S[r][y] = q·k (the products, however taken) → z as elem_row_scores<distance_terms>
+// would give it (box: up to the side of h²; triangle: within 2^-12 of z), from the f32 rows pr.q
+// and the f32 key block pr.kt.
+inline void distance_row_finish(const family_rows& pr, float* S) {
   const std::int64_t ld = pr.ldk;
   alignas(64) float kn[kRowKeyBlock + 64];  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W)
   for (std::int64_t y = 0; y < ld; y += W) {
@@ -699,13 +712,13 @@ inline void box_row_finish(const family_rows& pr, float* S) {
       float* sr = S + r * ld + y;
       const vf T = qn + load(kn + y);
       const vf z = T - splat(2.0f) * load(sr);
-      any |= box_uncertain(z, T, h2, tol);
+      any |= distance_uncertain(pr.fp.act, z, T, h2, tol);
       store(sr, z);
     }
     if (!any_set(any)) continue;
     for (std::int64_t y = 0; y < ld; y += W) {
       const vf T = qn + load(kn + y);
-      if (!any_set(box_uncertain(load(S + r * ld + y), T, h2, tol))) continue;
+      if (!any_set(distance_uncertain(pr.fp.act, load(S + r * ld + y), T, h2, tol))) continue;
       vf acc{};
       for (std::int64_t x = 0; x < pr.P; ++x) acc += tm.term(x, splat(qr[x]), load(pr.kt + x * ld + y));
       store(S + r * ld + y, acc);
@@ -715,7 +728,7 @@ inline void box_row_finish(const family_rows& pr, float* S) {
 
 inline void box_row_scores(const family_rows& pr, float* S) {
   gemm<fam_ops, true>(pr.nq, pr.ldk, pr.P, pr.q, pr.qsn, 1, pr.kt, pr.ldk, S, pr.ldk, false);
-  box_row_finish(pr, S);
+  distance_row_finish(pr, S);
 }
 
 template <int CC>
@@ -794,19 +807,10 @@ bool lane_scores_pairs(const family_lanes& lb, std::int64_t j0, std::int64_t nb,
   const std::int64_t L = CC * W;
   if (pending) *pending = 1.0f;
   if (lane_mask<CC>(lb, j0, nb, S, nullptr, mask)) return true;
-  if (lb.fp.score == family_score::distance && !box_by_products(lb.fp)) {
-    // triangle (fused.cc, box_bf16_products): the words serve α·V alone; z by differences from
-    // the f32 rows (lb.qt, lb.k), as the f32 path's. Keys no lane sees (the pair past Nk) are
-    // not read: z = 0 there, and lane_transform gives them -inf.
-    const std::int64_t n = imax(0, imin(nb, seen_keys_end(lb) - j0));
-    elem_lane_scores<CC>(lb, distance_terms{}, j0, n, S);
-    for (std::int64_t i = n * L; i < nb * L; i += W) store(S + i, vf{});
-    lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
-    return false;
-  }
   gemm<Ops, true>(nb, L, lb.P / 2, lb.kw + j0 * lb.kwsn, lb.kwsn, 1, lb.qtw, L, S, L, false);
-  if (box_by_products(lb.fp)) {  // q·k from the words, the rest from the f32 rows (lb.qt, lb.k); zscale is 1
-    box_lane_finish<CC>(lb, j0, nb, S, seen_keys_end(lb));  // (keys no lane sees are not read)
+  if (lb.fp.score == family_score::distance) {  // box, triangle (fused.cc, box_bf16_products): q·k from the
+    // words, the rest from the f32 rows (lb.qt, lb.k); zscale is 1; keys no lane sees are not read
+    distance_lane_finish<CC>(lb, j0, nb, S, seen_keys_end(lb));
     lane_transform<CC>(lb, j0, nb, S, nullptr, mask);
     return false;
   }
@@ -1586,14 +1590,10 @@ void fam_dkdv(const family_rows& pr) {
       for (std::int64_t x = pr.nb; x < ld; ++x) mask[r * ld + x] = 0.0f;
   }
   if constexpr (pairs) {
-    if (elementwise(fp) && !box_by_products(fp)) {  // triangle (fused.cc, triangle_pairs): z by differences from the f32 rows
-      elem_row_scores(pr, distance_terms{}, S);
-    } else {
-      gemm<Ops, true>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
-      if (box_by_products(fp)) box_row_finish(pr, S);  // (the box backward on words: zscale is 1)
-      if (pr.zscale != 1.0f)
-        for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
-    }
+    gemm<Ops, true>(nq, ld, pr.P / 2, pr.qw, pr.qwsn, 1, pr.ktw, ld, S, ld, false);
+    if (elementwise(fp)) distance_row_finish(pr, S);  // (box, triangle on words: zscale is 1)
+    if (pr.zscale != 1.0f)
+      for (std::int64_t i = 0; i < nq * ld; i += W) store(S + i, load(S + i) * splat(pr.zscale));
     if (!no_dz) gemm<Ops, true>(nq, ld, pr.Dv / 2, pr.dow, pr.dwsn, 1, pr.vtw, ld, dP, ld, false);
   } else {
     if (box_by_products(fp)) box_row_scores(pr, S);

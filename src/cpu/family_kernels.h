@@ -240,7 +240,8 @@ struct family_rows {
   // key block transposed ktw [P/2][ldk] and vtw [Dv/2][ldk] (zero past nb), and for the single
   // pass its keys by pairs krw [ldk/2][Pp] (word (x', d) = k[2x'][d] | k[2x' + 1][d] << 16).
   // z = zscale·(q·k); α and dz are rounded to bf16 for the products that take them. Box scores
-  // (dv alone) take q·k from the words and the rest from the f32 rows q and kt (box_row_finish).
+  // (dv alone) and triangle scores take q·k from the words and the rest from the f32 rows q and kt
+  // (distance_row_finish; triangle: dq and dk too from the f32 rows where keys lie close).
   const std::uint32_t* qw = nullptr;
   const std::uint32_t* krw = nullptr;
   const std::uint32_t* dow = nullptr;

@@ -359,8 +359,8 @@ struct fused_inputs {
         Vd = load_pairs(src.v, fp.B, fp.Hkv, fp.Nk, fp.Dv, 1, nt);
         if (u == use::backward_pairs_all) pairs = true, Kn = load_value_pairs(src.k, fp.B, fp.Hkv, fp.Nk, fp.Pk, nt);
         // box's dv-only pass on words (box_bf16_products): ‖q‖², ‖k‖² and the differences from
-        // the f32 q and key rows too (cpu::box_row_finish), as the forward's lane blocks; the
-        // triangle kernel's single pass: its scores from them
+        // the f32 q and key rows too (cpu::distance_row_finish), as the forward's lane blocks; the
+        // triangle kernel's single pass likewise, and its dq, dk where keys lie close
         if (fp.kernel == kernel_kind::box || fp.kernel == kernel_kind::triangle) box_rows = true;
       }
       if (u != use::backward_pairs_f32 && u != use::backward_amx_f32 && !box_rows) return;
@@ -438,11 +438,12 @@ struct fused_inputs {
   // The box kernel's forward on bf16 products (vdpbf16ps; not on the AMX tiles, whose level keeps
   // f32 products for the other scores): q·k from the words, exact as for dot scores, and ‖q‖²,
   // ‖k‖² and the differences where q·k cannot tell the side of h² from the f32 rows
-  // (cpu::box_lane_finish), so the weights are the f32 path's bit for bit; α (0 or 1) rounds to
-  // itself for the product with V. The backward's dv-only pass likewise (cpu::box_row_finish;
+  // (cpu::distance_lane_finish), so the weights are the f32 path's bit for bit; α (0 or 1) rounds
+  // to itself for the product with V. The backward's dv-only pass likewise (cpu::distance_row_finish;
   // its α = K/ΣK rounded to bf16 for the product with dout, as the dot scores' pass rounds α).
-  // The triangle kernel's forward takes the words for α·V alone: its scores are the f32 path's
-  // differences (1 - √z/h needs z itself), from the same f32 rows; α rounded to bf16 for V.
+  // The triangle kernel (1 - √z/h needs z itself) takes the products where they give z within
+  // 2^-12 (cpu::distance_uncertain), the differences of the same f32 rows elsewhere; α rounded to
+  // bf16 for V; its single-pass backward the same way.
   static bool box_bf16_products(const fproblem& fp, const fused_source& src) {
     const char* env = std::getenv("ATTN_FAMILY_BF16");
     if (env && std::string_view(env) == "0") return false;
@@ -1013,9 +1014,9 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
   // box with the forward's statistics: its dv-only pass on words (q·k and αᵀ dout by vdpbf16ps)
   const bool box_pairs =
       dv_only && dout.type == dtype::bf16 && fp.Dv % 2 == 0 && fused_inputs::box_bf16_products(fp, src);
-  // the triangle kernel's single pass likewise: dP = dO Vᵀ, αᵀ dout and its dq, dk as products
-  // (cpu::distance_row_products, dz rounded to bf16) on words; its scores, and the differences
-  // where keys lie close to their queries, from the f32 rows
+  // the triangle kernel's single pass likewise: its scores (cpu::distance_row_finish), dP = dO Vᵀ,
+  // αᵀ dout and dq, dk as products (cpu::distance_row_products, dz rounded to bf16) on words; the
+  // differences of the f32 rows where keys lie close to their queries
   const bool triangle_pairs = reuse_single && fp.kernel == kernel_kind::triangle && dout.type == dtype::bf16 &&
                               fp.Dv % 2 == 0 && fused_inputs::box_bf16_products(fp, src);
   const bool pairs = box_pairs || triangle_pairs || amx_rows ||
