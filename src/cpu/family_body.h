@@ -620,15 +620,21 @@ void distance_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t 
   const std::int64_t L = CC * W;
   nb = imax(0, imin(nb, kend - j0));
   vf qn[CC];
+  if (lb.qn2) {  // (the norms of the call: fused.cc, find_norms)
 #pragma GCC unroll 4
-  for (int c = 0; c < CC; ++c) qn[c] = vf{};
-  for (std::int64_t x = 0; x < lb.P; ++x)
+    for (int c = 0; c < CC; ++c) qn[c] = load(lb.qn2 + c * W);
+  } else {
 #pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) qn[c] += load(lb.qt + x * L + c * W) * load(lb.qt + x * L + c * W);
+    for (int c = 0; c < CC; ++c) qn[c] = vf{};
+    for (std::int64_t x = 0; x < lb.P; ++x)
+#pragma GCC unroll 4
+      for (int c = 0; c < CC; ++c) qn[c] += load(lb.qt + x * L + c * W) * load(lb.qt + x * L + c * W);
+  }
   // ‖k‖² of the block's keys, W keys at a time: W sums of squares, then one transpose-add
   // (P a multiple of W; otherwise key by key).
   alignas(64) float knb[kLaneKeyBlock + W];
-  for (std::int64_t jj = 0; jj < nb; jj += W) {
+  const float* kn2 = lb.kn2 ? lb.kn2 + j0 : knb;
+  for (std::int64_t jj = 0; !lb.kn2 && jj < nb; jj += W) {
     if (lb.P % W != 0) {
       for (std::int64_t t = jj; t < imin(jj + W, nb); ++t) knb[t] = sum_squares(lb.k + (j0 + t) * lb.ksn, lb.P);
       continue;
@@ -645,22 +651,27 @@ void distance_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t 
     store(knb + jj, acc[0]);
   }
   const vf h2 = splat(lb.fp.h * lb.fp.h), tol = box_tolerance(lb.P);
-  const distance_terms tm;
+  const family_act act = lb.fp.act;
+  // z' of the whole block, then (rarely) the differences of the vectors some pair of which is
+  // uncertain
+  vi any{};
   for (std::int64_t jj = 0; jj < nb; ++jj) {
-    const float* kj = lb.k + (j0 + jj) * lb.ksn;
-    const vf kn = splat(knb[jj]);
-    vi any{}, un[CC];
+    const vf kn = splat(kn2[jj]);
 #pragma GCC unroll 4
     for (int c = 0; c < CC; ++c) {
       float* sj = S + jj * L + c * W;
       const vf z = qn[c] + kn - splat(2.0f) * load(sj);
-      un[c] = distance_uncertain(lb.fp.act, z, qn[c] + kn, h2, tol);
-      any |= un[c];
+      any |= distance_uncertain(act, z, qn[c] + kn, h2, tol);
       store(sj, z);
     }
-    if (!any_set(any)) continue;
+  }
+  if (!any_set(any)) return;
+  const distance_terms tm;
+  for (std::int64_t jj = 0; jj < nb; ++jj) {
+    const float* kj = lb.k + (j0 + jj) * lb.ksn;
+    const vf kn = splat(kn2[jj]);
     for (int c = 0; c < CC; ++c) {
-      if (!any_set(un[c])) continue;
+      if (!any_set(distance_uncertain(act, load(S + jj * L + c * W), qn[c] + kn, h2, tol))) continue;
       vf acc{};
       for (std::int64_t x = 0; x < lb.P; ++x) acc += tm.term(x, load(lb.qt + x * L + c * W), splat(kj[x]));
       store(S + jj * L + c * W, acc);
@@ -681,15 +692,19 @@ void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
 inline void distance_row_finish(const family_rows& pr, float* S) {
   const std::int64_t ld = pr.ldk;
   alignas(64) float kn[kRowKeyBlock + 64];  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W)
-  for (std::int64_t y = 0; y < ld; y += W) {
-    vf a{};
-    for (std::int64_t x = 0; x < pr.P; ++x) a += load(pr.kt + x * ld + y) * load(pr.kt + x * ld + y);
-    store(kn + y, a);
+  if (pr.kn2) {  // (the norms of the call: fused.cc, find_norms; 0 past nb, as the zero keys' there)
+    for (std::int64_t y = 0; y < ld; ++y) kn[y] = y < pr.nb ? pr.kn2[y] : 0.0f;
+  } else {
+    for (std::int64_t y = 0; y < ld; y += W) {
+      vf a{};
+      for (std::int64_t x = 0; x < pr.P; ++x) a += load(pr.kt + x * ld + y) * load(pr.kt + x * ld + y);
+      store(kn + y, a);
+    }
   }
   // ‖q‖² of the rows, W rows at a time as box_lane_scores does the keys (up to kBoxRows rows).
   constexpr std::int64_t kBoxRows = 128;
   alignas(64) float qnb[kBoxRows + W];
-  const bool grouped = pr.P % W == 0 && pr.nq <= kBoxRows;
+  const bool grouped = !pr.qn2 && pr.P % W == 0 && pr.nq <= kBoxRows;
   for (std::int64_t r0 = 0; grouped && r0 < pr.nq; r0 += W) {
     vf acc[W];
 #pragma GCC unroll 16
@@ -702,23 +717,30 @@ inline void distance_row_finish(const family_rows& pr, float* S) {
     transpose_add(acc);
     store(qnb + r0, acc[0]);
   }
+  const auto qnorm = [&](std::int64_t r) {
+    return splat(pr.qn2 ? pr.qn2[r] : grouped ? qnb[r] : sum_squares(pr.q + r * pr.qsn, pr.P));
+  };
   const vf h2 = splat(pr.fp.h * pr.fp.h), tol = box_tolerance(pr.P);
-  const distance_terms tm;
+  const family_act act = pr.fp.act;
+  vi any{};
   for (std::int64_t r = 0; r < pr.nq; ++r) {
-    const float* qr = pr.q + r * pr.qsn;
-    const vf qn = splat(grouped ? qnb[r] : sum_squares(qr, pr.P));
-    vi any{};
+    const vf qn = qnorm(r);
     for (std::int64_t y = 0; y < ld; y += W) {
       float* sr = S + r * ld + y;
       const vf T = qn + load(kn + y);
       const vf z = T - splat(2.0f) * load(sr);
-      any |= distance_uncertain(pr.fp.act, z, T, h2, tol);
+      any |= distance_uncertain(act, z, T, h2, tol);
       store(sr, z);
     }
-    if (!any_set(any)) continue;
+  }
+  if (!any_set(any)) return;
+  const distance_terms tm;
+  for (std::int64_t r = 0; r < pr.nq; ++r) {
+    const float* qr = pr.q + r * pr.qsn;
+    const vf qn = qnorm(r);
     for (std::int64_t y = 0; y < ld; y += W) {
       const vf T = qn + load(kn + y);
-      if (!any_set(distance_uncertain(pr.fp.act, load(S + r * ld + y), T, h2, tol))) continue;
+      if (!any_set(distance_uncertain(act, load(S + r * ld + y), T, h2, tol))) continue;
       vf acc{};
       for (std::int64_t x = 0; x < pr.P; ++x) acc += tm.term(x, splat(qr[x]), load(pr.kt + x * ld + y));
       store(S + r * ld + y, acc);

@@ -94,6 +94,10 @@ struct family_lanes {
   std::int64_t L = 0, nl = 0, P = 0, Dv = 0;
   const float* qt = nullptr;          // [P][L] prepared queries of the lanes
   const float* k = nullptr;           // prepared key j of this (b, hkv) at k + j·ksn
+  // ‖q‖² of the lanes [L] (0 past nl) and ‖k‖² of key j at kn2[j]: the box and triangle scores
+  // from products (distance_lane_finish); null: formed there, block by block.
+  const float* qn2 = nullptr;
+  const float* kn2 = nullptr;
   const float* v = nullptr;           // value j at v + j·vsn
   std::int64_t ksn = 0, vsn = 0;
   const std::int32_t* lo = nullptr;   // [L] key range of each lane
@@ -221,6 +225,9 @@ struct family_rows {
   family_stats st;                    // [nq], read only
   const float* kt = nullptr;
   const float* vt = nullptr;
+  // ‖q‖² of the rows [nq] and ‖k‖² of the block's keys [nb] (distance_row_finish; null: formed there)
+  const float* qn2 = nullptr;
+  const float* kn2 = nullptr;
   float* dkt = nullptr;
   float* dvt = nullptr;
   float* scratch = nullptr;           // family_row_scratch_floats(nq, ldk) floats

@@ -296,10 +296,32 @@ struct fused_inputs {
     zero_skip = may_skip(fp, src, dout, nt);
     // (the backward's zero_skip has seen q and k finite)
     qk_finite = dout && fp.kernel == kernel_kind::triangle && (zero_skip || rows_finite(fp, src, false, nt));
+    if (fp.kernel == kernel_kind::box || (fp.kernel == kernel_kind::triangle && box_rows)) find_norms(fp, nt);
     if (fp.p.mask != mask_kind::none && ((fp.p.mask_view.sh == 0 && fp.Hq > 1) || dout)) spans = find_mask_spans(fp.p, nt);
   }
 
+  // ‖q‖² of every f32 q row [B·Hq·Nq] and ‖k‖² of every key row [B·Hkv·Nk], in float32 in the
+  // order of the features (box, and triangle on words: their scores from products), or empty.
+  std::vector<float> QN2, KN2;
+  const float* key_norms(const fproblem& fp, std::int64_t b, std::int64_t hkv) const {
+    return KN2.empty() ? nullptr : KN2.data() + (b * fp.Hkv + hkv) * fp.Nk;
+  }
+
  private:
+  void find_norms(const fproblem& fp, int nt) {
+    const std::int64_t P = fp.Pq, nq = fp.B * fp.Hq * fp.Nq, nk = fp.B * fp.Hkv * fp.Nk;
+    QN2.assign(std::size_t(nq), 0.0f), KN2.assign(std::size_t(nk), 0.0f);
+    const float* Qf = kq();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (std::int64_t e = 0; e < nq + nk; ++e) {
+      const float* x = e < nq ? Qf + e * P : key_rows(fp, (e - nq) / fp.Nk / fp.Hkv, (e - nq) / fp.Nk % fp.Hkv) +
+                                                 (e - nq) % fp.Nk * key_step(fp);
+      float s = 0.0f;
+      for (std::int64_t d = 0; d < P; ++d) s += x[d] * x[d];
+      (e < nq ? QN2[std::size_t(e)] : KN2[std::size_t(e - nq)]) = s;
+    }
+  }
+
   // The bf16 forwards' words: V's in key pairs, and whether V is finite (the key pairs may put
   // a key no row sees beside the first one a row sees: its α = 0 must not meet an inf; false,
   // nothing kept, where it is not: the f32 products then); q and key rows read in place where
@@ -514,6 +536,7 @@ struct lane_state {
   std::vector<std::int64_t> h, i;
   fbuf qt, t, lse, r, scratch;
   fbuf qtf;  // box on words (fused_inputs::box_rows): the f32 qᵀ [P][L] beside the words in qt
+  std::vector<float> qn2;  // ‖q‖² of the lanes (fused_inputs::QN2, where there are norms)
   std::int64_t scratch_keys = -1;  // the key span `scratch` holds
   bias_ctx mc;  // the mask (cpu/mask_fill.h)
   cpu::family_params prm;
@@ -526,7 +549,8 @@ struct lane_state {
   lane_state(const fproblem& fp, const fused_inputs& in)
       : L(in.L), P(fp.Pq), F(fp.F), lo(L), hi(L), cut(std::size_t(L * F)), h(L), i(L), qt(alloc_floats(fp.Pq * L)),
         t(alloc_floats(L * F)), lse(alloc_floats(L * F)), r(alloc_floats(L * F)),
-        qtf(in.box_rows ? alloc_floats(fp.Pq * L) : fbuf{}), prm(make_params(fp, in.w_v.data(), in.exp_form)) {
+        qtf(in.box_rows ? alloc_floats(fp.Pq * L) : fbuf{}), qn2(in.QN2.empty() ? 0 : std::size_t(L), 0.0f),
+        prm(make_params(fp, in.w_v.data(), in.exp_form)) {
     mc.p = &fp.p, mc.kt = &cpu::select_kernels(), mc.total = L, mc.h = h.data(), mc.i = i.data(), mc.spans = &in.spans;
     if (fp.p.mask != mask_kind::none) prm.mask = fill_bias, prm.mask_ctx = &mc;
     prm.zero_skip = in.zero_skip, prm.qk_finite = in.qk_finite;
@@ -536,6 +560,7 @@ struct lane_state {
     const std::int64_t rows = fp.Nq * in.G;
     nl = std::min(L, rows - lbi * L);
     for (std::int64_t x = 0; x < L; ++x) {
+      if (!qn2.empty()) qn2[std::size_t(x)] = 0.0f;
       if (x >= nl) {
         lo[x] = hi[x] = 0, h[x] = i[x] = 0;
         for (std::int64_t d = 0; d < P; ++d) qt[d * L + x] = 0.0f;  // zero floats, or zero words [P/2][L]
@@ -548,6 +573,7 @@ struct lane_state {
       const auto [a, e] = fp.p.key_range(b, i[x]);
       lo[x] = std::int32_t(a), hi[x] = std::int32_t(e);
       const std::int64_t qrow = (b * fp.Hq + h[x]) * fp.Nq + i[x];
+      if (!qn2.empty()) qn2[std::size_t(x)] = in.QN2[std::size_t(qrow)];
       if (in.lane_words()) {  // words [P/2][L] in qt's room
         auto* qw = reinterpret_cast<std::uint32_t*>(qt.get());
         const std::int64_t bh = b * fp.Hq + h[x];
@@ -605,6 +631,7 @@ struct lane_state {
       lb.v = in.value_rows(fp, b, hkv), lb.vsn = in.value_step(fp);
     }
     lb.lo = lo.data(), lb.hi = hi.data();
+    if (!qn2.empty()) lb.qn2 = qn2.data(), lb.kn2 = in.key_norms(fp, b, hkv);
     lb.fp = prm;
     lb.st = {t.get(), lse.get(), cut.data(), r.get()};
     lb.scratch = scratch.get();
@@ -894,6 +921,7 @@ struct row_pass {
         const std::int64_t so = r0 * fp.F;  // statistics [row][F]
         pr.st = {st.t + so, st.lse + so, st.cut + so, st.r + so};
         pr.kt = in.box_rows ? kbox.get() : kt, pr.vt = vt, pr.dkt = dkt, pr.dvt = dvt;
+        if (!in.QN2.empty()) pr.qn2 = in.QN2.data() + r0, pr.kn2 = in.key_norms(fp, b, hkv) + j0;
         pr.scratch = scratch.get();
         if (dq) pr.dq = dq + (g * fp.Nq + i0) * Pp, pr.dqs = Pp, pr.Pp = Pp, pr.kr = kr.get(), pr.sums = sums, pr.dw_v = dw_v;
         if (in.row_pairs) {  // query blocks start on even rows: row pair i0/2 onwards
