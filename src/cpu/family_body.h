@@ -608,8 +608,6 @@ inline float row_dot(const float* a, const float* b, std::int64_t n) {
   for (; x < n; ++x) s += a[x] * b[x];
   return s;
 }
-// Σ_x p[x]² for P contiguous floats.
-inline float sum_squares(const float* p, std::int64_t P) { return row_dot(p, p, P); }
 
 // Lane layout: S[jj][L] = q·k (the products, however taken) → z = ‖q − k‖² as elem_lane_scores
 // <distance_terms> would give it — box: up to the side of h²; triangle: within 2^-12 of z
@@ -619,37 +617,10 @@ template <int CC>
 void distance_lane_finish(const family_lanes& lb, std::int64_t j0, std::int64_t nb, float* S, std::int64_t kend) {
   const std::int64_t L = CC * W;
   nb = imax(0, imin(nb, kend - j0));
-  vf qn[CC];
-  if (lb.qn2) {  // (the norms of the call: fused.cc, find_norms)
+  vf qn[CC];  // ‖q‖² of the lanes and ‖k‖² of the keys: the call's (fused.cc, find_norms)
 #pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) qn[c] = load(lb.qn2 + c * W);
-  } else {
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) qn[c] = vf{};
-    for (std::int64_t x = 0; x < lb.P; ++x)
-#pragma GCC unroll 4
-      for (int c = 0; c < CC; ++c) qn[c] += load(lb.qt + x * L + c * W) * load(lb.qt + x * L + c * W);
-  }
-  // ‖k‖² of the block's keys, W keys at a time: W sums of squares, then one transpose-add
-  // (P a multiple of W; otherwise key by key).
-  alignas(64) float knb[kLaneKeyBlock + W];
-  const float* kn2 = lb.kn2 ? lb.kn2 + j0 : knb;
-  for (std::int64_t jj = 0; !lb.kn2 && jj < nb; jj += W) {
-    if (lb.P % W != 0) {
-      for (std::int64_t t = jj; t < imin(jj + W, nb); ++t) knb[t] = sum_squares(lb.k + (j0 + t) * lb.ksn, lb.P);
-      continue;
-    }
-    vf acc[W];
-#pragma GCC unroll 16
-    for (int t = 0; t < W; ++t) {
-      acc[t] = vf{};
-      if (jj + t >= nb) continue;
-      const float* kj = lb.k + (j0 + jj + t) * lb.ksn;
-      for (std::int64_t x = 0; x < lb.P; x += W) acc[t] += load(kj + x) * load(kj + x);
-    }
-    transpose_add(acc);
-    store(knb + jj, acc[0]);
-  }
+  for (int c = 0; c < CC; ++c) qn[c] = load(lb.qn2 + c * W);
+  const float* kn2 = lb.kn2 + j0;
   const vf h2 = splat(lb.fp.h * lb.fp.h), tol = box_tolerance(lb.P);
   const family_act act = lb.fp.act;
   // z' of the whole block, then (rarely) the differences of the vectors some pair of which is
@@ -691,40 +662,15 @@ void box_lane_scores(const family_lanes& lb, std::int64_t j0, std::int64_t nb, f
 // and the f32 key block pr.kt.
 inline void distance_row_finish(const family_rows& pr, float* S) {
   const std::int64_t ld = pr.ldk;
-  alignas(64) float kn[kRowKeyBlock + 64];  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W)
-  if (pr.kn2) {  // (the norms of the call: fused.cc, find_norms; 0 past nb, as the zero keys' there)
-    for (std::int64_t y = 0; y < ld; ++y) kn[y] = y < pr.nb ? pr.kn2[y] : 0.0f;
-  } else {
-    for (std::int64_t y = 0; y < ld; y += W) {
-      vf a{};
-      for (std::int64_t x = 0; x < pr.P; ++x) a += load(pr.kt + x * ld + y) * load(pr.kt + x * ld + y);
-      store(kn + y, a);
-    }
-  }
-  // ‖q‖² of the rows, W rows at a time as box_lane_scores does the keys (up to kBoxRows rows).
-  constexpr std::int64_t kBoxRows = 128;
-  alignas(64) float qnb[kBoxRows + W];
-  const bool grouped = !pr.qn2 && pr.P % W == 0 && pr.nq <= kBoxRows;
-  for (std::int64_t r0 = 0; grouped && r0 < pr.nq; r0 += W) {
-    vf acc[W];
-#pragma GCC unroll 16
-    for (int t = 0; t < W; ++t) {
-      acc[t] = vf{};
-      if (r0 + t >= pr.nq) continue;
-      const float* qr = pr.q + (r0 + t) * pr.qsn;
-      for (std::int64_t x = 0; x < pr.P; x += W) acc[t] += load(qr + x) * load(qr + x);
-    }
-    transpose_add(acc);
-    store(qnb + r0, acc[0]);
-  }
-  const auto qnorm = [&](std::int64_t r) {
-    return splat(pr.qn2 ? pr.qn2[r] : grouped ? qnb[r] : sum_squares(pr.q + r * pr.qsn, pr.P));
-  };
+  // ‖k‖² of the block's keys (ld <= kRowKeyBlock rounded up to W), 0 past nb as the zero keys'
+  // there, and ‖q‖² of the rows: the call's (fused.cc, find_norms)
+  alignas(64) float kn[kRowKeyBlock + 64];
+  for (std::int64_t y = 0; y < ld; ++y) kn[y] = y < pr.nb ? pr.kn2[y] : 0.0f;
   const vf h2 = splat(pr.fp.h * pr.fp.h), tol = box_tolerance(pr.P);
   const family_act act = pr.fp.act;
   vi any{};
   for (std::int64_t r = 0; r < pr.nq; ++r) {
-    const vf qn = qnorm(r);
+    const vf qn = splat(pr.qn2[r]);
     for (std::int64_t y = 0; y < ld; y += W) {
       float* sr = S + r * ld + y;
       const vf T = qn + load(kn + y);
@@ -737,7 +683,7 @@ inline void distance_row_finish(const family_rows& pr, float* S) {
   const distance_terms tm;
   for (std::int64_t r = 0; r < pr.nq; ++r) {
     const float* qr = pr.q + r * pr.qsn;
-    const vf qn = qnorm(r);
+    const vf qn = splat(pr.qn2[r]);
     for (std::int64_t y = 0; y < ld; y += W) {
       const vf T = qn + load(kn + y);
       if (!any_set(distance_uncertain(act, load(S + r * ld + y), T, h2, tol))) continue;

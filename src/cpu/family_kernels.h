@@ -95,7 +95,7 @@ struct family_lanes {
   const float* qt = nullptr;          // [P][L] prepared queries of the lanes
   const float* k = nullptr;           // prepared key j of this (b, hkv) at k + j·ksn
   // ‖q‖² of the lanes [L] (0 past nl) and ‖k‖² of key j at kn2[j]: the box and triangle scores
-  // from products (distance_lane_finish); null: formed there, block by block.
+  // from products (distance_lane_finish) read them.
   const float* qn2 = nullptr;
   const float* kn2 = nullptr;
   const float* v = nullptr;           // value j at v + j·vsn
@@ -225,7 +225,7 @@ struct family_rows {
   family_stats st;                    // [nq], read only
   const float* kt = nullptr;
   const float* vt = nullptr;
-  // ‖q‖² of the rows [nq] and ‖k‖² of the block's keys [nb] (distance_row_finish; null: formed there)
+  // ‖q‖² of the rows [nq] and ‖k‖² of the block's keys [nb] (distance_row_finish reads them)
   const float* qn2 = nullptr;
   const float* kn2 = nullptr;
   float* dkt = nullptr;
