@@ -54,8 +54,14 @@ constexpr float kInfF = std::numeric_limits<float>::infinity();
 using cpu::fbuf;
 fbuf alloc_floats(std::int64_t n) { return cpu::alloc_floats(n, "attention_family (fused)"); }
 
-std::vector<float> to_f32(const std::vector<double>& x, int nt) {
-  std::vector<float> r(x.size());
+// The prepared inputs' f32 copies and the passes' large scratch: from the working memory kept
+// between calls (cpu/buffers.h, aligned64: blocks of a MiB or more come back to the next call
+// of their size), so a call repeated (a training step) writes into pages it already has rather
+// than faulting fresh ones in; elements are left unset until written, as new float[n].
+using fvec = std::vector<float, cpu::aligned64<float>>;
+
+fvec to_f32(const std::vector<double>& x, int nt) {
+  fvec r(x.size());
   const std::int64_t n = std::int64_t(x.size());
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) r[std::size_t(i)] = float(x[std::size_t(i)]);
@@ -64,9 +70,9 @@ std::vector<float> to_f32(const std::vector<double>& x, int nt) {
 
 // Rows of a [B, H, N, X] view (any float dtype, any strides) as contiguous f32, times mul
 // (applied in float64, rounded once).
-std::vector<float> load_f32(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X,
-                            double mul, int nt) {
-  std::vector<float> r(std::size_t(B * H * N * X));
+fvec load_f32(const strided4& s, std::int64_t B, std::int64_t H, std::int64_t N, std::int64_t X, double mul,
+              int nt) {
+  fvec r(std::size_t(B * H * N * X));
   const std::int64_t rows = B * H * N;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (std::int64_t row = 0; row < rows; ++row) {
@@ -198,7 +204,8 @@ cpu::family_params make_params(const fproblem& fp, const float* w_v, bool additi
 }
 
 // Every element of the f32 rows finite (a sum a compiler vectorises: inf - inf and NaN stay NaN).
-bool all_finite(const std::vector<float>& x, int nt) {
+template <class Floats>
+bool all_finite(const Floats& x, int nt) {
   const std::int64_t n = std::int64_t(x.size());
   float bad = 0.0f;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : bad)
@@ -212,11 +219,11 @@ std::int64_t sparse_rows(const fproblem& fp);  // (below: the kept-keys forms of
 struct fused_inputs {
   const cpu::family_table& kt;
   std::int64_t L, G, nlb, units;
-  std::vector<float> Q, K, V;
+  fvec Q, K, V;
   std::int64_t kstride = 0;  // floats from one (b, hkv)'s keys to the next (0: location's W_a, shared)
   std::vector<float> w_v;  // additive: [A]
   // additive in exp form (family_params::additive_exp): e^{2 qp}, e^{2 kp}, what the kernels read
-  std::vector<float> QE, KE;
+  fvec QE, KE;
   bool exp_form = false;
   const float* kq() const { return exp_form ? QE.data() : Q.data(); }
   const float* kk() const { return exp_form ? KE.data() : K.data(); }
@@ -429,7 +436,7 @@ struct fused_inputs {
   // the user's tensors (a copy of a tensor with an inf or NaN has one too: q·scale, k and v
   // convert exactly or overflow; location's K is W_a).
   bool rows_finite(const fproblem& fp, const fused_source& src, bool with_v, int nt) const {
-    for (const std::vector<float>* x : {&Q, &K, &V})
+    for (const fvec* x : {&Q, &K, &V})
       if ((with_v || x != &V) && !all_finite(*x, nt)) return false;
     if (!src.direct) return true;
     const bool q_seen = !Q.empty(), k_seen = !K.empty() && fp.kernel != kernel_kind::location, v_seen = !V.empty();
@@ -497,13 +504,13 @@ struct fused_inputs {
     return !(env && std::string_view(env) == "tanh");
   }
   // Every |x| <= bound (a NaN passes: it stays NaN in either form).
-  static bool within(const std::vector<float>& x, float bound) {
+  static bool within(const fvec& x, float bound) {
     for (const float v : x)
       if (std::abs(v) > bound) return false;
     return true;
   }
-  static std::vector<float> exp2x(const std::vector<float>& x, int nt) {
-    std::vector<float> r(x.size());
+  static fvec exp2x(const fvec& x, int nt) {
+    fvec r(x.size());
     const std::int64_t n = std::int64_t(x.size());
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (std::int64_t i = 0; i < n; ++i) r[std::size_t(i)] = std::exp(2.0f * x[std::size_t(i)]);
@@ -1070,8 +1077,8 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     return in.kt.name;
   }
   const int nt = std::max(1, fp.p.num_threads);
-  const std::vector<float> dO =
-      pairs && (single || box_pairs || in.lane_words()) ? std::vector<float>()
+  const fvec dO =
+      pairs && (single || box_pairs || in.lane_words()) ? fvec()
                                                         : load_f32(dout, fp.B, fp.Hq, fp.Nq, Dv, 1.0, nt);
   cpu::words dOw, dOn, dOt;
   if (amx_rows)  // (rows padded as q's; dOᵀ in row pairs as Qᵀ)
@@ -1149,7 +1156,7 @@ const char* backward_impl(const fproblem& fp, const fused_source& src, const str
     {
       const cpu::denormals_flushed ftz;
       const std::int64_t rows = G * fp.Nq;
-      std::vector<float> dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(std::size_t(rows * P));
+      fvec dk(std::size_t(fp.Nk * P)), dv(std::size_t(fp.Nk * Dv)), dq(std::size_t(rows * P));
       std::vector<float> dw(additive ? std::size_t(P) : 0);
 #pragma omp for schedule(dynamic, 1)
       for (std::int64_t u = 0; u < units; ++u) {
