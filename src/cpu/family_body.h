@@ -494,10 +494,7 @@ inline bool distance_rows_close(const family_rows& pr, const float* S) {
   const vf h2 = splat(2.0f * pr.fp.h * pr.fp.h);
   vi close{};
   for (std::int64_t r = 0; r < pr.nq; ++r) {
-    const float* qr = pr.q + r * pr.qsn;
-    float qn = 0.0f;
-    for (std::int64_t x = 0; x < pr.P; ++x) qn += qr[x] * qr[x];
-    const vf t = splat(qn);
+    const vf t = splat(pr.qn2[r]);  // ‖q‖² (the call's: fused.cc, find_norms)
     for (std::int64_t y = 0; y < ld; y += W) {
       const vf z = load(S + r * ld + y);
       close |= (z > vf{}) & (z < h2) & ~(splat(64.0f) * z >= t);

@@ -225,7 +225,8 @@ struct family_rows {
   family_stats st;                    // [nq], read only
   const float* kt = nullptr;
   const float* vt = nullptr;
-  // ‖q‖² of the rows [nq] and ‖k‖² of the block's keys [nb] (distance_row_finish reads them)
+  // ‖q‖² of the rows [nq] and ‖k‖² of the block's keys [nb] (distance_row_finish and, q's alone,
+  // distance_rows_close read them)
   const float* qn2 = nullptr;
   const float* kn2 = nullptr;
   float* dkt = nullptr;

@@ -303,12 +303,13 @@ struct fused_inputs {
     zero_skip = may_skip(fp, src, dout, nt);
     // (the backward's zero_skip has seen q and k finite)
     qk_finite = dout && fp.kernel == kernel_kind::triangle && (zero_skip || rows_finite(fp, src, false, nt));
-    if (fp.kernel == kernel_kind::box || (fp.kernel == kernel_kind::triangle && box_rows)) find_norms(fp, nt);
+    if (fp.kernel == kernel_kind::box || (fp.kernel == kernel_kind::triangle && (box_rows || dout))) find_norms(fp, nt);
     if (fp.p.mask != mask_kind::none && ((fp.p.mask_view.sh == 0 && fp.Hq > 1) || dout)) spans = find_mask_spans(fp.p, nt);
   }
 
   // ‖q‖² of every f32 q row [B·Hq·Nq] and ‖k‖² of every key row [B·Hkv·Nk], in float32 in the
-  // order of the features (box, and triangle on words: their scores from products), or empty.
+  // order of the features, or empty: box, and triangle on words (their scores from products), and
+  // triangle's backward (the guard of its gradients' products, cpu::distance_rows_close).
   std::vector<float> QN2, KN2;
   const float* key_norms(const fproblem& fp, std::int64_t b, std::int64_t hkv) const {
     return KN2.empty() ? nullptr : KN2.data() + (b * fp.Hkv + hkv) * fp.Nk;
