@@ -456,17 +456,9 @@ bool distance_lane_products(const family_lanes& lb, std::int64_t j0, std::int64_
                             float* dqt) {
   const std::int64_t L = CC * W;
   const float h = lb.fp.h;
-  vf qn[CC], sum[CC];
+  vf qn[CC], sum[CC];  // h²‖q‖² of the lanes (‖q‖²: the call's, fused.cc find_norms)
 #pragma GCC unroll 4
-  for (int c = 0; c < CC; ++c) qn[c] = sum[c] = vf{};
-  for (std::int64_t x = 0; x < lb.P; ++x)
-#pragma GCC unroll 4
-    for (int c = 0; c < CC; ++c) {
-      const vf a = load(lb.qt + x * L + c * W);
-      qn[c] += a * a;
-    }
-#pragma GCC unroll 4
-  for (int c = 0; c < CC; ++c) qn[c] *= splat(h * h);
+  for (int c = 0; c < CC; ++c) qn[c] = load(lb.qn2 + c * W) * splat(h * h), sum[c] = vf{};
   vi bad{};
   for (std::int64_t jj = 0; jj < nb; ++jj)
 #pragma GCC unroll 4

@@ -95,7 +95,8 @@ struct family_lanes {
   const float* qt = nullptr;          // [P][L] prepared queries of the lanes
   const float* k = nullptr;           // prepared key j of this (b, hkv) at k + j·ksn
   // ‖q‖² of the lanes [L] (0 past nl) and ‖k‖² of key j at kn2[j]: the box and triangle scores
-  // from products (distance_lane_finish) read them.
+  // from products (distance_lane_finish) read them, and ‖q‖² the guard of triangle's dq products
+  // (distance_lane_products).
   const float* qn2 = nullptr;
   const float* kn2 = nullptr;
   const float* v = nullptr;           // value j at v + j·vsn
